@@ -1,0 +1,205 @@
+"""The ``swabench`` command line. The only module that prints."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+import torch
+
+from . import __version__, environment, scenarios, sweep
+from .impls import registry
+from .results import RunFolderError, RunStore
+
+
+class InputError(click.ClickException):
+    """Bad input from the user: said plainly, exit status 2, nothing written."""
+
+    exit_code = 2
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+                         "use --device cpu or auto")
+    return torch.device(choice)
+
+
+def load_scenario(name: str | None, impls: tuple[str, ...], device: torch.device) -> scenarios.Scenario:
+    if name is None:
+        name = "default" if device.type == "cuda" else "cpu"
+        click.echo(f"no scenario given: running {name}.toml"
+                   + (" (the embedded CPU default: no GPU here)" if name == "cpu" else ""), err=True)
+    try:
+        return scenarios.load(scenarios.find(name), impl_filter=impls or None)
+    except scenarios.ScenarioError as e:
+        raise InputError(str(e)) from None
+
+
+def default_out(scenario: scenarios.Scenario, device: torch.device, what: str) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{scenario.name}-{what}-{device.type}-{stamp}"
+
+
+device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                             show_default=True, help="Where to run; auto picks CUDA when it is there.")
+impl_option = click.option("--impl", "impls", multiple=True, metavar="NAME",
+                           help="Only these implementations of the scenario (repeatable).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="swabench")
+def main():
+    """Correctness-gated benchmarks of sliding-window attention on FlashInfer."""
+
+
+def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool):
+    device = resolve_device(device_choice)
+    scenario = load_scenario(scenario_name, impls, device)
+    what = "run" if timing else "check"
+    if resume and out is None:
+        raise InputError("--resume needs --out DIR: the run folder to continue")
+    out = Path(out) if out else default_out(scenario, device, what)
+    options = sweep.SweepOptions(device=device, timed=timing)
+    try:
+        if resume:
+            store = RunStore.resume(out, scenario.text)
+        else:
+            meta = {**environment.collect(device), "what": what, "scenario": scenario.name,
+                    "scenario_path": scenario.path, "implementations": scenario.implementations,
+                    "method": sweep.timer_method(options),
+                    "embedded_backend": device.type == "cpu"}
+            store = RunStore.create(out, meta, scenario.text)
+    except RunFolderError as e:
+        raise InputError(str(e)) from None
+    if device.type == "cpu":
+        click.secho("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are host "
+                    "wall clock of PyTorch code, not GPU kernel times.", fg="yellow", err=True)
+    todo = len(scenario.points) - len(store.done() & {p.key for p in scenario.points})
+    click.echo(f"{scenario.name}: {len(scenario.cases)} cases, {len(scenario.points)} points, "
+               f"{todo} to {what} -> {out}", err=True)
+    state = "complete"
+    try:
+        with click.progressbar(length=todo, label=what, file=sys.stderr, show_pos=True,
+                               item_show_func=lambda r: r and f"{r['impl']} {r['status']}") as bar:
+            for row in sweep.run(scenario, store, options):
+                bar.update(1, row)
+    except KeyboardInterrupt:
+        state = "interrupted"
+    table = store.finalize(state=state)
+    _summary(table, out)
+    if state == "interrupted":
+        click.secho(f"interrupted: {len(table)} rows kept in {out}; continue with "
+                    f"`swabench {what} {scenario.path} --out {out} --resume`", fg="yellow", err=True)
+        sys.exit(130)
+    bad = table[table["status"].isin(["fail", "xpass"])] if len(table) else table
+    if len(bad):
+        click.secho(f"{len(bad)} points failed the gate or let a known bug through (see above)", fg="red", err=True)
+        sys.exit(1)
+
+
+def _summary(table, out: Path) -> None:
+    if not len(table):
+        click.echo("no rows")
+        return
+    click.echo(f"\nresults: {out}")
+    counts = table.groupby("impl", sort=False)["status"].value_counts().unstack(fill_value=0)
+    if "median_us" in table:
+        counts["median of medians (us)"] = table.groupby("impl", sort=False)["median_us"].median().round(1)
+    click.echo(counts.to_string())
+    for _, r in table[table["status"].isin(["fail", "xpass"])].head(20).iterrows():
+        click.secho(f"  {r['status'].upper()} {r['impl']} [{r['backend']}] {r['case']}: {r['reason']}", fg="red")
+
+
+@main.command()
+@click.argument("scenario", required=False)
+@click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-run-DEVICE-TIME).")
+@device_option
+@impl_option
+@click.option("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
+def run(scenario, out, device, impls, resume):
+    """Gate and time every point of SCENARIO (a file, or a name in scenarios/).
+
+    Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
+    _sweep(scenario, out, device, impls, resume, timing=True)
+
+
+@main.command()
+@click.argument("scenario")
+@click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-check-DEVICE-TIME).")
+@device_option
+@impl_option
+@click.option("--resume", is_flag=True, help="Continue the check in --out.")
+def check(scenario, out, device, impls, resume):
+    """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
+    _sweep(scenario, out, device, impls, resume, timing=False)
+
+
+@main.command("list")
+def list_cmd():
+    """Scenario files and implementations."""
+    click.echo("scenarios:")
+    for d in scenarios.scenario_dirs():
+        for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            try:
+                s = scenarios.load(path)
+                click.echo(f"  {s.name:10s} {len(s.points):5d} points  {s.description}")
+            except scenarios.ScenarioError as e:
+                click.secho(f"  {path.stem:10s} invalid: {e}", fg="red")
+    click.echo("\nimplementations:")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for impl in registry.all_implementations():
+        here = impl.availability(device)
+        click.echo(f"  {impl.name:22s} {impl.kind:9s} {impl.library:10s} {'/'.join(impl.storages):12s} "
+                   f"{impl.summary}" + (f"  [not here: {here}]" if here else ""))
+
+
+@main.command()
+@click.argument("scenario")
+@impl_option
+def show(scenario, impls):
+    """What SCENARIO expands to: cases, implementations, axes, skips."""
+    s = load_scenario(scenario, impls, torch.device("cpu"))
+    click.echo(f"{s.name}: {s.description}\nfile: {s.path}")
+    click.echo(f"{len(s.cases)} cases, {len(s.points)} points (case x implementation x backend)")
+    per_impl = Counter(p.impl for p in s.points)
+    for name in s.implementations:
+        impl = registry.get(name)
+        backends = sorted({p.backend for p in s.points if p.impl == name})
+        click.echo(f"  {name:22s} {impl.kind:9s} {per_impl[name]:5d} points  backends: {', '.join(backends) or '-'}")
+    click.echo("axes:")
+    for axis, values in _axis_values(s.cases).items():
+        click.echo(f"  {axis:14s} {', '.join(map(str, values))}")
+    if s.skipped:
+        click.echo(f"skipped by the scenario's rules: {len(s.skipped)} points")
+        for reason, n in Counter(s.skipped).most_common():
+            click.echo(f"  {n:5d}  {reason}")
+
+
+def _axis_values(cases) -> dict:
+    out = {}
+    for case in cases:
+        for k, v in case.axes().items():
+            if v is not None and v not in out.setdefault(k, []):
+                out[k].append(v)
+    return out
+
+
+@main.command()
+def env():
+    """What is installed and usable here: GPU, CUDA, torch, flashinfer, nsys."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = environment.collect(device)
+    for k, v in info.items():
+        click.echo(f"{k:28s} {v}")
+    usable = [i.name for i in registry.all_implementations() if not i.availability(device)]
+    click.echo(f"{'implementations usable here':28s} {', '.join(usable)}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,92 @@
+"""What a number was measured on: machine, GPU, driver, libraries, code version, command line."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from . import __version__
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd: list[str], cwd=None) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_state() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict:
+    """GPU name, memory, SM count, and nvidia-smi's driver and clocks (as found: never changed)."""
+    if not torch.cuda.is_available():
+        return {"gpu": None}
+    props = torch.cuda.get_device_properties(0)
+    info = {"gpu": props.name, "gpu_count": torch.cuda.device_count(),
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1), "gpu_sms": props.multi_processor_count,
+            "compute_capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}
+    fields = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu"
+    smi = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"])
+    if smi:
+        values = [v.strip() for v in smi.splitlines()[0].split(",")]
+        info.update({f"nvidia_smi.{k}": v for k, v in zip(fields.split(","), values)})
+    return info
+
+
+def nsys_path() -> str | None:
+    return shutil.which("nsys")
+
+
+def collect(device: torch.device | str = "cpu") -> dict:
+    """Everything needed to say where a number came from."""
+    nsys = nsys_path()
+    return {
+        "swabench": __version__,
+        **git_state(),
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),
+        "nvtx": package_version("nvtx"),
+        "nsys": nsys and (_run([nsys, "--version"]) or nsys),
+        "device": str(device),
+        **gpu_info(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }

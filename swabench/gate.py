@@ -1,0 +1,112 @@
+"""The correctness gate: no number is recorded for an output that has not been checked.
+
+Two kinds of input go through the *same* runner (same plan, same buffers that are then timed):
+random N(0, 1) data, which catches gross errors and measures accuracy, and probe data
+(``probes``), which makes a single leaked or missing key at any window or causal edge move its row
+by O(1).  The output buffer is poisoned with NaN before every checked call, so an unwritten row
+fails too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import probes, reference
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_l2: float  # whole output on random inputs: ||o - ref|| / ||ref||
+    row_rel_l2: float  # worst (query, head) row, random and probe inputs
+
+
+# Chosen from error distributions: correct bf16 paths give rel-L2 ~2e-3 overall and ~1e-2 on the
+# worst random row; every mask error the probes catch moves its row by 0.5 to 3.  fp16 has three
+# more mantissa bits than bf16; float32 here is the CPU SDPA against a float64 reference.
+TOLERANCES = {
+    "bfloat16": Tolerance(rel_l2=1e-2, row_rel_l2=5e-2),
+    "float16": Tolerance(rel_l2=2.5e-3, row_rel_l2=1.5e-2),
+    "float32": Tolerance(rel_l2=1e-4, row_rel_l2=1e-3),
+}
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    rel_l2: float  # random inputs, whole output
+    max_abs: float  # random inputs
+    row_rel_l2: float  # random inputs, worst row
+    probe_rel_l2: float  # probe inputs, worst row over every pass
+    unwritten_rows: int  # rows still NaN after the call (any pass)
+    reason: str  # why it failed ("" when it passed)
+
+    def columns(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Errors:
+    rel_l2: float
+    max_abs: float
+    row_rel_l2: torch.Tensor  # [total_q, heads]
+    unwritten: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_checked(runner, w) -> _Errors:
+    runner.out.fill_(float("nan"))
+    runner.run()
+    _sync(w.device)
+    ref = reference.attention(w)
+    out = runner.out.to(ref.dtype)
+    nan_rows = torch.isnan(out).any(dim=-1)
+    diff = torch.where(torch.isnan(out), torch.full_like(out, float("inf")), out - ref)
+    ref_norm = ref.norm()
+    row_norm = ref.norm(dim=-1).clamp_min(1e-6 * float(ref_norm) / max(1, ref[..., 0].numel()) ** 0.5)
+    return _Errors(rel_l2=float(diff.norm() / ref_norm), max_abs=float(diff.abs().max()),
+                   row_rel_l2=diff.norm(dim=-1) / row_norm, unwritten=int(nan_rows.sum()))
+
+
+def _where(w, token: int, head: int) -> str:
+    starts = w.qo_indptr_host
+    b = max(i for i in range(w.batch_size) if starts[i] <= token)
+    i = token - starts[b]
+    return f"request {b}, query {i} (position {w.prefix_lens[b] + i}), head {head}"
+
+
+def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None) -> GateResult:
+    """Gate one planned runner on its workload; leaves fresh random data in the buffers."""
+    tol = tolerance or TOLERANCES[w.case.dtype]
+    seed = w.case.seed if seed is None else seed
+    w.fill_random(seed)
+    rnd = _run_checked(runner, w)
+    reasons = []
+    if rnd.unwritten:
+        reasons.append(f"{rnd.unwritten} output rows never written")
+    if not rnd.rel_l2 <= tol.rel_l2:
+        reasons.append(f"random: rel-L2 {rnd.rel_l2:.3g} > {tol.rel_l2:g}")
+    worst_random = float(rnd.row_rel_l2.max())
+    if not worst_random <= tol.row_rel_l2:
+        t, h = divmod(int(rnd.row_rel_l2.argmax()), w.case.num_qo_heads)
+        reasons.append(f"random: row rel-L2 {worst_random:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
+    worst_probe, unwritten = 0.0, rnd.unwritten
+    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left)):
+        edge = probes.fill(w, s, seed)
+        pr = _run_checked(runner, w)
+        unwritten = max(unwritten, pr.unwritten)
+        row_max = float(pr.row_rel_l2.max())
+        if not row_max <= worst_probe:
+            worst_probe = row_max
+        if not row_max <= tol.row_rel_l2 and len(reasons) < 3:
+            t, h = divmod(int(pr.row_rel_l2.argmax()), w.case.num_qo_heads)
+            name = probes.edge_name(w.case.window_left, int(edge[t, h]))
+            reasons.append(f"probe ({name}): row rel-L2 {row_max:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
+    w.fill_random(seed)
+    return GateResult(passed=not reasons, rel_l2=rnd.rel_l2, max_abs=rnd.max_abs, row_rel_l2=worst_random,
+                      probe_rel_l2=worst_probe, unwritten_rows=unwritten, reason="; ".join(reasons))

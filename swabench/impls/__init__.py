@@ -1,0 +1,1 @@
+"""Implementations under test: a registry, and one module per library."""

@@ -1,0 +1,92 @@
+"""Probe inputs: data built so that one leaked or one missing key moves an output row by O(1).
+
+Random inputs are nearly blind at large windows (one extra key among 4096 moves a row by well
+under 1%).  Here every query row is tuned to one *edge* of its own window, at distance ``c`` from
+itself: the key just outside the window (``c = W + 1``), the key on the window's edge (``c = W``),
+the first future key (``c = -1``) or the diagonal (``c = 0``).  Its logits follow a deterministic
+profile that is highest at distance ``c`` and at least ``2 * SCALE`` nats lower at every other
+distance, so
+
+- a row tuned to an excluded key (W + 1, -1) is ruled by that key the moment it leaks in;
+- a row tuned to an included key (W, 0) loses the key that rules it the moment it is dropped.
+
+The profile is a sum of cosines at frequencies pi / 2^i (i = 0..n-1), realised exactly as q.k with
+q = f(p - c), k = f(j): it peaks at distance c with n, and any other distance x has some i where
+pi * (x - c) / 2^i is an odd multiple of pi, costing at least 2.  No randomness, so no row is
+ever left untested by chance; heads and passes rotate the four edges so every row meets all four.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, e^-16 ~ 1e-7
+
+
+def edges(window_left: int) -> list[tuple[int, str]]:
+    """(distance p - j a row is tuned to, name) for every edge the window has."""
+    causal = [(-1, "future key"), (0, "diagonal")]
+    if window_left < 0:
+        return causal
+    return [(window_left + 1, "outside window"), (window_left, "window edge")] + causal
+
+
+def frequencies_needed(max_kv_len: int, window_left: int) -> int:
+    """Enough octaves that the profile does not repeat over every distance a row can meet."""
+    span = 2 * max_kv_len + max(window_left, 0) + 4
+    return max(1, math.ceil(math.log2(span)))
+
+
+def required_head_dim(max_kv_len: int, window_left: int) -> int:
+    return 2 * frequencies_needed(max_kv_len, window_left)
+
+
+def features(x: torch.Tensor, n_freq: int, head_dim: int) -> torch.Tensor:
+    """[cos(pi x / 2^i), sin(pi x / 2^i)] for i < n_freq, zero-padded to head_dim (float64).
+
+    The angle is reduced with integer arithmetic first, so large positions lose no precision."""
+    x = x.to(torch.int64)
+    out = torch.zeros(*x.shape, head_dim, dtype=torch.float64, device=x.device)
+    for i in range(n_freq):
+        angle = torch.remainder(x, 2 ** (i + 1)).double() * (math.pi / 2 ** i)
+        out[..., 2 * i], out[..., 2 * i + 1] = torch.cos(angle), torch.sin(angle)
+    return out
+
+
+def profile(x: torch.Tensor, n_freq: int) -> torch.Tensor:
+    """The logit profile in units (before SCALE) at offset x from the tuned distance."""
+    return sum(torch.cos(torch.remainder(x, 2 ** (i + 1)).double() * (math.pi / 2 ** i)) for i in range(n_freq))
+
+
+def passes(num_qo_heads: int, window_left: int) -> int:
+    """Probe passes needed so that every row meets every edge in some head."""
+    return math.ceil(len(edges(window_left)) / num_qo_heads)
+
+
+def fill(w, pass_index: int, seed: int) -> torch.Tensor:
+    """Write probe data into the workload's buffers in place; return the edge index of every
+    (query row, head), for naming the row that failed."""
+    c = w.case
+    found = edges(c.window_left)
+    n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
+    if 2 * n_freq > c.head_dim:
+        raise ValueError(f"probe inputs need head_dim >= {2 * n_freq} for {max(w.kv_lens)} keys "
+                         f"(got {c.head_dim})")
+    dev = w.device
+    pos = torch.cat([torch.arange(k - q, k, device=dev) for q, k in zip(w.qo_lens, w.kv_lens)])
+    heads = torch.arange(c.num_qo_heads, device=dev)
+    edge = (heads[None, :] + pass_index * c.num_qo_heads + pos[:, None]) % len(found)
+    distance = torch.tensor([d for d, _ in found], device=dev)[edge]
+    q = features(pos[:, None] - distance, n_freq, c.head_dim) * (SCALE / w.sm_scale)
+    w.q.copy_(q.to(w.dtype))
+    k = features(torch.arange(max(w.kv_lens), device=dev), n_freq, c.head_dim)[:, None, :]
+    g = torch.Generator(device=dev).manual_seed(seed + 1000 + pass_index)
+    v = torch.randn(sum(w.kv_lens), c.num_kv_heads, c.head_dim, generator=g, device=dev)
+    w.write_kv(k, v)
+    return edge
+
+
+def edge_name(window_left: int, index: int) -> str:
+    return edges(window_left)[index][1]

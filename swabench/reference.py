@@ -1,0 +1,47 @@
+"""Reference attention: float64 on the CPU, float32 on a GPU, with the explicit window mask.
+
+It reads K/V back through the workload's page table, so it sees exactly the numbers the
+implementation under test reads.  It shares no code with the implementations: the mask is built
+here from the definition (``p - W <= j <= p``), not from ``semantics.Visibility``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .workloads import Workload
+
+CHUNK_ELEMENTS = 1 << 26  # scores per chunk (256 MiB in float32): bounds memory on 32k contexts
+
+
+def accumulate_dtype(device: torch.device) -> torch.dtype:
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+def attention(w: Workload) -> torch.Tensor:
+    """Exact output ``[total_q, num_qo_heads, head_dim]`` in the accumulate dtype."""
+    acc = accumulate_dtype(w.device)
+    c = w.case
+    group = c.num_qo_heads // c.num_kv_heads
+    out = torch.empty(w.q.shape, dtype=acc, device=w.device)
+    row = 0
+    for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
+        keys = w.keys(b).to(acc).repeat_interleave(group, dim=1)  # [kv, H, D]
+        values = w.values(b).to(acc).repeat_interleave(group, dim=1)
+        queries = w.queries(b).to(acc)
+        step = max(1, CHUNK_ELEMENTS // max(1, kv_len * c.num_qo_heads))
+        for i0 in range(0, qo_len, step):
+            i1 = min(qo_len, i0 + step)
+            pos = torch.arange(kv_len - qo_len + i0, kv_len - qo_len + i1, device=w.device)
+            lo = 0 if c.window_left < 0 else max(0, int(pos[0]) - c.window_left)
+            hi = int(pos[-1]) + 1
+            j = torch.arange(lo, hi, device=w.device)
+            visible = j[None, :] <= pos[:, None]
+            if c.window_left >= 0:
+                visible &= j[None, :] >= pos[:, None] - c.window_left
+            scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys[lo:hi]) * w.sm_scale
+            scores.masked_fill_(~visible, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out[row + i0:row + i1] = torch.einsum("hqk,khd->qhd", probs, values[lo:hi])
+        row += qo_len
+    return out

@@ -1,0 +1,174 @@
+"""The results store: one folder per run, written so that an interrupted sweep loses nothing.
+
+    rows.jsonl     every finished point, appended and fsynced as it finishes (the source of truth)
+    results.csv    the tidy table: one row per case x implementation x backend (rewritten atomically)
+    samples.csv    every timing sample, long format (case_id, impl, backend, kind, index, value_us)
+    meta.json      environment, command line, method, scenario name and hash, progress
+    scenario.toml  the scenario file exactly as run
+
+``--resume`` reopens a folder, drops a half-written last line, and skips the points already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+ROWS, TABLE, SAMPLES, META, SCENARIO = "rows.jsonl", "results.csv", "samples.csv", "meta.json", "scenario.toml"
+KEY = ("case_id", "impl", "backend")
+STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
+
+# The table's leading columns, in order; any others follow.
+COLUMNS = [
+    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "status", "reason",
+    "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+    "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
+    "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device",
+    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
+    "plan_us", "timer", "repeats", "median_us", "iqr_us", "noise", "eager_us",
+    "pairs", "flops", "min_bytes", "tflops", "tbps",
+]
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class RunFolderError(RuntimeError):
+    pass
+
+
+def atomic_write(path: Path, data: str) -> None:
+    """Write to a temporary file beside ``path``, fsync, then rename over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class RunStore:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    # ------------------------------------------------------------ opening
+    @classmethod
+    def create(cls, folder, meta: dict, scenario_text: str) -> "RunStore":
+        folder = Path(folder)
+        if folder.exists() and any(folder.iterdir()):
+            raise RunFolderError(f"{folder} already holds a run; pass --resume to continue it, "
+                                 f"or choose another --out (nothing was written)")
+        folder.mkdir(parents=True, exist_ok=True)
+        store = cls(folder)
+        atomic_write(folder / SCENARIO, scenario_text)
+        store.write_meta({**meta, "scenario_sha256": text_hash(scenario_text), "state": "running"})
+        (folder / ROWS).touch()
+        return store
+
+    @classmethod
+    def resume(cls, folder, scenario_text: str) -> "RunStore":
+        store = cls(folder)
+        if not (store.folder / META).exists() or not (store.folder / ROWS).exists():
+            raise RunFolderError(f"{folder} is not a swabench run folder (no {META} / {ROWS}); nothing to resume")
+        meta = store.meta()
+        if meta.get("scenario_sha256") != text_hash(scenario_text):
+            raise RunFolderError(f"{folder} was run with a different scenario file; "
+                                 f"resume it with the same file, or start a new --out")
+        store._drop_partial_line()
+        return store
+
+    def _drop_partial_line(self) -> None:
+        path = self.folder / ROWS
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    # ------------------------------------------------------------ rows
+    def append(self, row: dict) -> None:
+        """Record one finished point durably before the sweep moves on."""
+        with open(self.folder / ROWS, "a") as f:
+            f.write(json.dumps(row, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def rows(self) -> list[dict]:
+        """Every complete row, one per key (the last one wins)."""
+        out = {}
+        path = self.folder / ROWS
+        lines = path.read_text().split("\n") if path.exists() else []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by an interruption
+                continue
+            out[tuple(row[k] for k in KEY)] = row
+        return list(out.values())
+
+    def done(self) -> set[tuple]:
+        return {tuple(r[k] for k in KEY) for r in self.rows()}
+
+    # ------------------------------------------------------------ metadata and tables
+    def meta(self) -> dict:
+        return json.loads((self.folder / META).read_text())
+
+    def write_meta(self, meta: dict) -> None:
+        atomic_write(self.folder / META, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+    def finalize(self, **meta_updates) -> pd.DataFrame:
+        """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json."""
+        rows = self.rows()
+        table = to_table(rows)
+        atomic_write(self.folder / TABLE, table.to_csv(index=False))
+        atomic_write(self.folder / SAMPLES, to_samples(rows).to_csv(index=False))
+        counts = table["status"].value_counts().to_dict() if len(table) else {}
+        self.write_meta({**self.meta(), **meta_updates, "rows": len(table), "status_counts": counts})
+        return table
+
+
+def to_table(rows: list[dict]) -> pd.DataFrame:
+    flat = [{k: v for k, v in r.items() if k != "samples"} for r in rows]
+    df = pd.DataFrame(flat)
+    if df.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    lead = [c for c in COLUMNS if c in df.columns]
+    return df[lead + [c for c in df.columns if c not in lead]]
+
+
+def to_samples(rows: list[dict]) -> pd.DataFrame:
+    records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
+               for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]
+    return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
+
+
+def load(folder) -> tuple[pd.DataFrame, dict]:
+    """A run's table and metadata (rebuilt from rows.jsonl when the run never finished)."""
+    store = RunStore(folder)
+    if not (store.folder / META).exists():
+        raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
+    if (store.folder / ROWS).exists():
+        return to_table(store.rows()), store.meta()
+    return pd.read_csv(store.folder / TABLE), store.meta()
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,448 @@
+"""Scenario files: parse, validate, expand into points (case x implementation x backend).
+
+A scenario is a TOML file::
+
+    name = "quick"                      # optional, defaults to the file's stem
+    description = "..."
+    implementations = ["paged-window", "paged-mask"]
+
+    [fixed]                             # values shared by every sweep group
+    num_qo_heads = 8
+
+    [[sweep]]                           # lists expand to their cartesian product
+    mode = "verify"
+    draft_tokens = [4, 16]
+    window_left = [127, 1023]
+
+    [[skip]]                            # combinations that make no sense
+    when = "window_left >= seq_len"
+    reason = "window covers the whole context"
+
+Everything is checked before any work: a bad file raises ScenarioError naming the file, the field
+and the allowed values.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import semantics
+from .impls import registry
+
+MODES = ("extend", "verify", "draft_extend", "decode")
+STORAGES = ("paged", "ragged")
+PAGE_LAYOUTS = ("scattered", "contiguous")
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+          "half": "float16", "float32": "float32", "fp32": "float32"}
+BACKENDS = ("fa2", "fa3", "auto")
+ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
+QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}
+TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
+
+
+class ScenarioError(ValueError):
+    """A scenario file problem, phrased for the person who wrote the file."""
+
+    def __init__(self, path, field_name: str, message: str):
+        self.path, self.field = str(path), field_name
+        super().__init__(f"{path}: {field_name}: {message}")
+
+
+# ---------------------------------------------------------------- field checks
+
+def _int(lo: int, what: str):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"must be {what}, got {value!r}")
+        return value
+    return check
+
+
+def _choice(allowed, aliases=None):
+    aliases = aliases or {a: a for a in allowed}
+
+    def check(value):
+        if value not in aliases:
+            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}")
+        return aliases[value]
+    return check
+
+
+def _head_dim(value):
+    _int(8, "a positive multiple of 8")(value)
+    if value % 8:
+        raise ValueError(f"must be a positive multiple of 8, got {value!r}")
+    return value
+
+
+def _sliding_window(value):
+    if value == -1:
+        return value
+    return _int(1, "an integer >= 1 (HF convention: W + 1 keys), or -1 for no window")(value)
+
+
+def parse_accept(value) -> tuple[str, float]:
+    """'uniform' | 'full' | 'fixed:N' | 'geometric:P' -> (kind, parameter)."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
+    kind, _, arg = value.partition(":")
+    try:
+        if kind in ("uniform", "full") and not arg:
+            return kind, 0.0
+        if kind == "fixed" and int(arg) >= 1:
+            return kind, float(int(arg))
+        if kind == "geometric" and 0.0 < float(arg) < 1.0:
+            return kind, float(arg)
+    except ValueError:
+        pass
+    raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
+
+
+def _accept(value):
+    parse_accept(value)
+    return value
+
+
+AXES = {
+    "mode": _choice(MODES),
+    "storage": _choice(STORAGES),
+    "batch_size": _int(1, "an integer >= 1"),
+    "prefix_len": _int(0, "an integer >= 0"),
+    "seq_len": _int(1, "an integer >= 1"),
+    "qo_len": _int(1, "an integer >= 1"),
+    "extend_len": _int(1, "an integer >= 1"),
+    "draft_tokens": _int(1, "an integer >= 1"),
+    "accept": _accept,
+    "window_left": _int(-1, "an integer >= -1 (-1 = no window)"),
+    "sliding_window": _sliding_window,
+    "page_size": _int(1, "an integer >= 1"),
+    "page_layout": _choice(PAGE_LAYOUTS),
+    "num_qo_heads": _int(1, "an integer >= 1"),
+    "num_kv_heads": _int(1, "an integer >= 1"),
+    "head_dim": _head_dim,
+    "dtype": _choice(("bfloat16", "float16", "float32"), DTYPES),
+    "backend": _choice(BACKENDS),
+    "seed": _int(0, "an integer >= 0"),
+}
+DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
+            "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
+            "backend": "fa2", "seed": 0, "accept": "uniform"}
+
+
+# ---------------------------------------------------------------- cases and points
+
+@dataclass(frozen=True)
+class Case:
+    """One shape a server step presents; per-request lengths are drawn from it (workloads)."""
+
+    mode: str
+    storage: str
+    batch_size: int
+    prefix_len: int | None  # keys before the first query (None when seq_len fixes the total)
+    seq_len: int | None  # total keys per request (draft_extend: prefix = seq_len - accepted)
+    qo_len: int  # extend length, draft-token block, or 1 for decode
+    accept: str | None  # draft_extend's acceptance-length distribution
+    window_left: int
+    page_size: int | None  # None for ragged storage
+    page_layout: str | None
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    seed: int
+
+    @property
+    def sliding_window(self) -> int:
+        return semantics.sliding_window_of(self.window_left)
+
+    @property
+    def case_id(self) -> str:
+        """Stable across runs and machines: the same shape gets the same id (compare joins on it)."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    @property
+    def label(self) -> str:
+        ctx = f"p{self.prefix_len}" if self.prefix_len is not None else f"s{self.seq_len}"
+        q = f"q{self.qo_len}" + (f"~{self.accept}" if self.accept else "")
+        store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
+            if self.storage == "paged" else "ragged"
+        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
+                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype} s{self.seed}")
+
+    def axes(self) -> dict:
+        """The case's columns for the results table."""
+        row = asdict(self)
+        row["sliding_window"] = self.sliding_window
+        return row
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row of results: a case through one implementation on one backend."""
+
+    case: Case
+    impl: str
+    backend: str  # FlashInfer backend, or the implementation's library for the others
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.case.case_id, self.impl, self.backend)
+
+
+@dataclass
+class Scenario:
+    name: str
+    path: str
+    text: str
+    description: str
+    implementations: list[str]
+    points: list[Point]
+    skipped: list[str] = field(default_factory=list)  # the rule's reason, once per skipped point
+
+    @property
+    def cases(self) -> list[Case]:
+        return list(dict.fromkeys(p.case for p in self.points))
+
+
+# ---------------------------------------------------------------- skip rules
+
+_SAFE_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
+               ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn,
+               ast.Is, ast.IsNot, ast.Name, ast.Load, ast.Constant, ast.BinOp, ast.Add, ast.Sub,
+               ast.Mult, ast.FloorDiv, ast.Mod, ast.Tuple, ast.List)
+SKIP_NAMES = tuple(AXES) + ("kv_len", "impl", "backend", "group")
+
+
+def _compile_rule(expr, path, where):
+    if not isinstance(expr, str):
+        raise ScenarioError(path, where, f"must be an expression string, got {expr!r}")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ScenarioError(path, where, f"not a valid expression ({e.msg}): {expr!r}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _SAFE_NODES):
+            raise ScenarioError(path, where, f"only comparisons, and/or/not and + - * // % are "
+                                             f"allowed; found {type(node).__name__} in {expr!r}")
+        if isinstance(node, ast.Name) and node.id not in SKIP_NAMES:
+            raise ScenarioError(path, where, f"unknown name {node.id!r}{_did_you_mean(node.id, SKIP_NAMES)};"
+                                             f" allowed: {', '.join(SKIP_NAMES)}")
+    return compile(tree, where, "eval")
+
+
+def _rule_namespace(combo: dict, group: str) -> dict:
+    """What a skip rule sees: every axis (None when unset), with both window conventions and the
+    query count and total keys filled in whichever way the combination gives them."""
+    ns = {name: combo.get(name, DEFAULTS.get(name)) for name in AXES}
+    if ns["window_left"] is None and ns["sliding_window"] is not None:
+        ns["window_left"] = semantics.window_left_from(sliding_window=ns["sliding_window"])
+    if ns["window_left"] is not None:
+        ns["sliding_window"] = semantics.sliding_window_of(ns["window_left"])
+    if ns["qo_len"] is None:
+        ns["qo_len"] = 1 if ns["mode"] == "decode" else ns.get(QO_FIELD.get(ns["mode"], ""), None)
+    ns["kv_len"] = ns["seq_len"] if ns["seq_len"] is not None else \
+        (ns["prefix_len"] + ns["qo_len"] if None not in (ns["prefix_len"], ns["qo_len"]) else None)
+    ns["group"] = group
+    return ns
+
+
+def _skip_reason(rules, ns: dict, path) -> str | None:
+    for code, reason in rules:
+        try:
+            if eval(code, {"__builtins__": {}}, ns):
+                return reason
+        except TypeError as e:  # e.g. comparing an unset axis (None) with a number
+            raise ScenarioError(path, code.co_filename, f"cannot be evaluated for {ns['group']}: {e}") from None
+    return None
+
+
+# ---------------------------------------------------------------- loading
+
+def _did_you_mean(word, options) -> str:
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_axes(table: dict, path, where: str) -> dict:
+    """Validate a [fixed] or [[sweep]] table; every value becomes a non-empty list."""
+    if not isinstance(table, dict):
+        raise ScenarioError(path, where, "must be a table of axis = value(s)")
+    out = {}
+    for name, raw in table.items():
+        if name not in AXES:
+            raise ScenarioError(path, f"{where}.{name}", f"unknown axis{_did_you_mean(name, AXES)}; "
+                                                         f"allowed: {', '.join(AXES)}")
+        values = raw if isinstance(raw, list) else [raw]
+        if not values:
+            raise ScenarioError(path, f"{where}.{name}", "empty list: give at least one value")
+        try:
+            out[name] = [AXES[name](v) for v in values]
+        except ValueError as e:
+            raise ScenarioError(path, f"{where}.{name}", str(e)) from None
+    return out
+
+
+def _one_of(point: dict, names, path, where, required=True):
+    given = [n for n in names if n in point]
+    if len(given) > 1:
+        raise ScenarioError(path, where, f"give only one of {' / '.join(names)}, not {' and '.join(given)}")
+    if not given and required:
+        raise ScenarioError(path, where, f"needs one of {' / '.join(names)}")
+    return given[0] if given else None
+
+
+def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
+    """A Case from one expanded combination of axis values, with the cross-field checks."""
+    p = {**DEFAULTS, **point}
+    if "mode" not in p:
+        raise ScenarioError(path, f"{where}.mode", f"missing; allowed: {', '.join(MODES)}")
+    mode = p["mode"]
+    win = _one_of(p, ("window_left", "sliding_window"), path, where)
+    window_left = semantics.window_left_from(**{win: p[win]})
+    if mode == "decode":
+        qo_len = p.get("qo_len", 1)
+        if qo_len != 1:
+            raise ScenarioError(path, f"{where}.qo_len", f"decode has exactly one query, got {qo_len}")
+    else:
+        own = QO_FIELD[mode]
+        qo_name = _one_of({k: p[k] for k in (own, "qo_len") if k in p}, (own, "qo_len"), path, where,
+                          required=False)
+        if qo_name is None:
+            other = [n for n in ("extend_len", "draft_tokens") if n in p and n != own]
+            hint = f" ({other[0]} applies to {_modes_of(other[0])})" if other else ""
+            raise ScenarioError(path, f"{where}.{own}", f"mode {mode!r} needs {own} (or qo_len){hint}")
+        qo_len = p[qo_name]
+    if mode == "draft_extend":
+        kind, arg = parse_accept(p["accept"])
+        if kind == "fixed" and arg > qo_len:
+            raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
+                                                         f"the draft block of {qo_len}")
+    ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
+    if ctx == "seq_len" and qo_len > p["seq_len"]:
+        name = QO_FIELD.get(mode, "qo_len")
+        raise ScenarioError(path, f"{where}.{name}", f"{qo_len} is larger than seq_len {p['seq_len']}: "
+                                                     f"the queries must fit in the context")
+    if p["num_qo_heads"] % p["num_kv_heads"]:
+        raise ScenarioError(path, f"{where}.num_kv_heads", f"{p['num_kv_heads']} must divide "
+                                                           f"num_qo_heads {p['num_qo_heads']} (GQA groups)")
+    paged = p["storage"] == "paged"
+    return Case(mode=mode, storage=p["storage"], batch_size=p["batch_size"],
+                prefix_len=p.get("prefix_len"), seq_len=p.get("seq_len"), qo_len=qo_len,
+                accept=p["accept"] if mode == "draft_extend" else None, window_left=window_left,
+                page_size=p["page_size"] if paged else None,
+                page_layout=p["page_layout"] if paged else None,
+                num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
+                head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"])
+
+
+def _modes_of(qo_field: str) -> str:
+    return " and ".join(m for m, f in QO_FIELD.items() if f == qo_field)
+
+
+def _check_impls(names, path, where) -> list[str]:
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ScenarioError(path, where, f"must be a non-empty list of names; allowed: "
+                                         f"{', '.join(registry.names())}")
+    for n in names:
+        if n not in registry.names():
+            raise ScenarioError(path, where, f"unknown implementation {n!r}{_did_you_mean(n, registry.names())};"
+                                             f" allowed: {', '.join(registry.names())}")
+    return list(dict.fromkeys(names))
+
+
+def load(path, impl_filter=None) -> Scenario:
+    """Read, validate and expand a scenario file. Raises ScenarioError on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(path, "file", f"cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(path, "file", f"not valid TOML ({e})") from None
+    return parse(doc, path, text, impl_filter)
+
+
+def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
+    for key in doc:
+        if key not in TOP_LEVEL:
+            hint = " (sweep axes go under [fixed] or [[sweep]])" if key in AXES else _did_you_mean(key, TOP_LEVEL)
+            raise ScenarioError(path, key, f"unknown top-level key{hint}; allowed: {', '.join(TOP_LEVEL)}")
+    impls = _check_impls(doc.get("implementations"), path, "implementations")
+    if impl_filter:
+        impls = [n for n in _check_impls(list(impl_filter), path, "--impl") if n in impls] or \
+            _no_impl_left(path, impl_filter, impls)
+    fixed = _check_axes(doc.get("fixed", {}), path, "fixed")
+    groups = doc.get("sweep", [{}])
+    groups = [groups] if isinstance(groups, dict) else groups
+    if not isinstance(groups, list) or not groups:
+        raise ScenarioError(path, "sweep", "must be one [sweep] table or a list of [[sweep]] tables")
+    rules = []
+    for i, rule in enumerate(doc.get("skip", [])):
+        where = f"skip[{i}]"
+        if not isinstance(rule, dict) or set(rule) - {"when", "reason"} or "when" not in rule:
+            raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
+        rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
+
+    points, skipped = [], []
+    for gi, group in enumerate(groups):
+        group = dict(group) if isinstance(group, dict) else group
+        label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
+        where = f"sweep[{gi}]"
+        axes = {**fixed, **_check_axes(group, path, where)}
+        backends = axes.pop("backend", [DEFAULTS["backend"]])
+        names = list(axes)
+        for combo in itertools.product(*(axes[n] for n in names)):
+            combo = dict(zip(names, combo))
+            case = None
+            for impl_name in impls:
+                impl = registry.get(impl_name)
+                for backend in (backends if impl.backends else [impl.library]):
+                    ns = {**_rule_namespace(combo, label), "impl": impl_name, "backend": backend}
+                    if ns["storage"] not in impl.storages:
+                        continue
+                    reason = _skip_reason(rules, ns, path)
+                    if reason:
+                        skipped.append(reason)
+                        continue
+                    case = case or make_case(combo, path, where)
+                    points.append(Point(case, impl_name, backend))
+    points = list(dict.fromkeys(points))
+    return Scenario(name=str(doc.get("name", Path(path).stem)), path=str(path), text=text,
+                    description=str(doc.get("description", "")), implementations=impls,
+                    points=points, skipped=skipped)
+
+
+def _no_impl_left(path, wanted, available):
+    raise ScenarioError(path, "--impl", f"none of {', '.join(wanted)} is in this scenario; "
+                                        f"it runs: {', '.join(available)}")
+
+
+def find(name_or_path: str, search_dirs=None) -> Path:
+    """A scenario by path, or by name in ./scenarios and the checkout's scenarios/."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return p
+    dirs = search_dirs or scenario_dirs()
+    for d in dirs:
+        candidate = d / f"{name_or_path}.toml"
+        if candidate.exists():
+            return candidate
+    known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.toml")})
+    raise ScenarioError(name_or_path, "scenario", f"no such file or scenario name"
+                                                  f"{_did_you_mean(name_or_path, known)}; known: {', '.join(known)}")
+
+
+def scenario_dirs() -> list[Path]:
+    here = Path.cwd() / "scenarios"
+    shipped = Path(__file__).resolve().parent.parent / "scenarios"
+    return list(dict.fromkeys([here, shipped]))

@@ -1,0 +1,127 @@
+"""Window arithmetic, in one place, in FlashInfer's convention.
+
+``window_left = W`` lets the query at absolute position ``p`` see keys ``[p - W, p]`` (W + 1 keys,
+clipped at 0); ``W = -1`` means no window.  Queries are bottom-right aligned: with ``kv_len`` keys
+and ``qo_len`` queries, query ``i`` sits at ``p = kv_len - qo_len + i``.  Every visible set is an
+interval of key positions, so masks, trims, pair counts and "does this bug show here" are all
+interval arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NO_WINDOW = -1
+
+
+def window_left_from(window_left: int | None = None, sliding_window: int | None = None) -> int:
+    """FlashInfer's W from either convention (HF configs give ``sliding_window = W + 1``)."""
+    if (window_left is None) == (sliding_window is None):
+        raise ValueError("give exactly one of window_left and sliding_window")
+    if window_left is not None:
+        return int(window_left)
+    return NO_WINDOW if sliding_window == NO_WINDOW else int(sliding_window) - 1
+
+
+def sliding_window_of(window_left: int) -> int:
+    """HF ``sliding_window`` for a FlashInfer W (-1 stays -1: no window)."""
+    return NO_WINDOW if window_left < 0 else window_left + 1
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which keys a query sees: ``[max(first_key, p - window_left), p + future]``.
+
+    The exact semantics is ``Visibility(window_left=W)``; known bugs and planted mistakes are the
+    same shape with other numbers, which is what lets the suite say where each must fail.
+    """
+
+    window_left: int
+    first_key: int = 0
+    future: int = 0
+
+    def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = torch.full_like(positions, self.first_key)
+        if self.window_left >= 0:
+            lo = torch.maximum(lo, positions - self.window_left)
+        hi = torch.clamp(positions + self.future, max=kv_len - 1)
+        return lo, hi
+
+    def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None) -> torch.Tensor:
+        """Bool ``[qo_len, kv_len - key_offset]``, row-major, True = visible (FlashInfer's custom_mask)."""
+        positions = query_positions(qo_len, kv_len, device)
+        lo, hi = self.interval(positions, kv_len)
+        keys = torch.arange(key_offset, kv_len, device=device)
+        return (keys[None, :] >= lo[:, None]) & (keys[None, :] <= hi[:, None])
+
+
+def query_positions(qo_len: int, kv_len: int, device=None) -> torch.Tensor:
+    return torch.arange(kv_len - qo_len, kv_len, device=device)
+
+
+def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int) -> bool:
+    """True when some query of this request sees a different set of keys under a and b."""
+    positions = query_positions(qo_len, kv_len)
+    (alo, ahi), (blo, bhi) = a.interval(positions, kv_len), b.interval(positions, kv_len)
+    return bool(((alo != blo) | (ahi != bhi)).any())
+
+
+def trim_start(kv_len: int, qo_len: int, window_left: int, page_size: int = 1) -> int:
+    """First key the correct ``paged-trim`` keeps: the oldest key any query of the block can see,
+    rounded down to a page boundary (a page table can only start on one)."""
+    if window_left < 0:
+        return 0
+    start = max(0, kv_len - (window_left + qo_len))
+    return start - start % page_size
+
+
+def buggy_trim_start(prefix_len: int, window_left: int, page_size: int = 1) -> int:
+    """``paged-trim-causal``'s start: request-granular ``prefix - W``, which is right for the first
+    query of the block only; query j then sees j keys too many."""
+    if window_left < 0:
+        return 0
+    start = max(0, prefix_len - window_left)
+    return start - start % page_size
+
+
+def _sum_to(n: int) -> int:
+    """0 + 1 + ... + n (0 for n < 0)."""
+    return n * (n + 1) // 2 if n > 0 else 0
+
+
+def useful_pairs(qo_len: int, kv_len: int, window_left: int) -> int:
+    """Exact count of (query, key) pairs inside causal ∩ window for one request and one head.
+
+    Query at p sees min(p, W) + 1 keys (p + 1 without a window); sum over p in [prefix, kv_len).
+    """
+    first, last = kv_len - qo_len, kv_len - 1
+    if qo_len <= 0:
+        return 0
+    if window_left < 0:
+        return _sum_to(last + 1) - _sum_to(first)
+    w = window_left
+    below = max(0, min(last, w) - first + 1)  # queries with p <= W see p + 1 keys
+    below_sum = _sum_to(min(last, w) + 1) - _sum_to(first) if below else 0
+    above = qo_len - below  # queries with p > W see W + 1 keys
+    return below_sum + above * (w + 1)
+
+
+def window_keys(qo_len: int, kv_len: int, window_left: int) -> int:
+    """Keys some query of the block can see: the K/V rows a perfect kernel must read."""
+    if window_left < 0:
+        return kv_len
+    return kv_len - max(0, kv_len - qo_len - window_left)
+
+
+def attention_flops(pairs: int, head_dim: int, num_qo_heads: int) -> int:
+    """QK^T and PV: two multiply-adds per pair per head-dim element."""
+    return 4 * head_dim * pairs * num_qo_heads
+
+
+def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes) -> int:
+    """Q read + O written once, and every K/V row inside some window read once."""
+    q_rows = sum(qo_lens)
+    kv_rows = sum(window_keys(q, k, window_left) for q, k in zip(qo_lens, kv_lens))
+    return elem_bytes * head_dim * (2 * q_rows * num_qo_heads + 2 * kv_rows * num_kv_heads)

@@ -1,0 +1,137 @@
+"""Run a scenario: for each case build the workload once, then for each implementation
+plan -> gate -> time, and hand every finished row to the store before moving on.
+
+Library code: it yields rows and never prints; the CLI draws the progress bar.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from . import gate, semantics, timing, workloads
+from .impls import registry
+from .profiling import nvtx_range
+from .scenarios import Point, Scenario
+
+PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    device: torch.device
+    timed: bool = True  # False: gate only (``swabench check``)
+    host_timer: timing.HostTimerOptions = field(default_factory=timing.HostTimerOptions)
+
+
+def timer_method(options: SweepOptions) -> dict:
+    """How every number of the run was measured, for meta.json."""
+    return {"kernel_time": options.host_timer.describe() if options.timed else "not timed (gate only)",
+            "plan_time": f"host wall clock of plan(), median of {PLAN_TIMER.min_repeats}+ calls after "
+                         f"{PLAN_TIMER.warmup} warm-up",
+            "gate": "random N(0,1) pass + probe passes (swabench.probes) against the reference "
+                    "(float64 on CPU, float32 on GPU); output poisoned with NaN before each call",
+            "tolerances": {k: vars(v) for k, v in gate.TOLERANCES.items()}}
+
+
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -> dict:
+    """Every axis of the point, and the counts that do not depend on timing."""
+    impl, c = registry.get(point.impl), point.case
+    row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind,
+           "library": impl.library, "backend": point.backend, "device": str(device), **c.axes()}
+    if w is not None:
+        pairs = sum(semantics.useful_pairs(q, k, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens))
+        row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
+                   flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
+                   min_bytes=semantics.minimum_bytes(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
+                                                     c.num_kv_heads, c.head_dim, w.dtype.itemsize),
+                   must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
+    return row
+
+
+def verdict(expected_to_fail: bool, must_fail: bool, passed: bool) -> tuple[str, str]:
+    """(status, note) from what the gate saw and what was expected."""
+    if not expected_to_fail:
+        return ("pass", "") if passed else ("fail", "")
+    if must_fail:
+        return ("xfail", "known bug caught") if not passed else \
+            ("xpass", "KNOWN BUG NOT CAUGHT: fixed upstream, or the gate is blind here")
+    return ("pass", "case does not exercise the bug") if passed else \
+        ("fail", "failed where its known bug should not show")
+
+
+def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) -> dict:
+    impl = registry.get(point.impl)
+    row = base_row(point, w, options.device)
+    skip = impl.skip_reason(point.case, point.backend, options.device)
+    if skip:
+        return {**row, "status": "skip", "reason": skip}
+    sync = _sync(options.device)
+    try:
+        runner = impl.make(w, point.backend)
+        with nvtx_range("plan"):
+            plan = timing.host_time(runner.plan, sync, PLAN_TIMER)
+        row.update(resolved_backend=runner.resolved_backend, plan_us=plan.median_us)
+        with nvtx_range("check"):
+            result = gate.check(runner, w)
+        row.update(result.columns())
+        del row["passed"]
+        status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed)
+        row.update(status=status, reason="; ".join(s for s in (note, result.reason) if s))
+        samples = {"plan": plan.samples_us}
+        if status == "pass" and options.timed and not impl.expected_to_fail:
+            with nvtx_range("replay"):
+                kernel = timing.host_time(runner.run, sync, options.host_timer)
+            samples["kernel"] = kernel.samples_us
+            seconds = kernel.median_us * 1e-6
+            row.update(timer="host", repeats=len(kernel.samples_us), median_us=kernel.median_us,
+                       iqr_us=kernel.iqr_us, noise=kernel.noise,
+                       tflops=row["flops"] / seconds / 1e12, tbps=row["min_bytes"] / seconds / 1e12)
+        row["samples"] = samples
+        return row
+    except registry.Unsupported as e:
+        return {**row, "status": "skip", "reason": str(e)}
+    except torch.cuda.OutOfMemoryError:
+        return {**row, "status": "skip", "reason": "out of memory"}
+    except Exception as e:  # a crash is a failed point, not a failed sweep
+        return {**row, "status": "fail", "reason": f"{type(e).__name__}: {e}"}
+
+
+def points_by_case(points: list[Point]) -> dict:
+    grouped: dict = {}
+    for p in points:
+        grouped.setdefault(p.case, []).append(p)
+    return grouped
+
+
+def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
+    """Measure every point not yet in the store; yield each row once it is recorded."""
+    done = store.done()
+    todo = points_by_case([p for p in scenario.points if p.key not in done])
+    with nvtx_range(f"run {scenario.name}", payload=len(todo)):
+        for case_index, (case, points) in enumerate(todo.items()):
+            with nvtx_range(f"case {case.label}", payload=case_index):
+                try:
+                    w = workloads.build(case, options.device)
+                except torch.cuda.OutOfMemoryError:
+                    w = None
+                for point in points:
+                    if w is None:
+                        row = {**base_row(point, None, options.device), "status": "skip",
+                               "reason": "out of memory building the workload"}
+                    else:
+                        with nvtx_range(f"{point.impl} {point.backend}"):
+                            row = measure_point(point, w, options)
+                    store.append(row)
+                    yield row
+                del w
+                gc.collect()
+                if options.device.type == "cuda":
+                    torch.cuda.empty_cache()

@@ -1,0 +1,158 @@
+"""Tensors for a case: queries, a paged or ragged K/V store, page tables, per-request lengths.
+
+Everything is deterministic in the case's seed.  Every implementation reads the same buffers, and
+the reference reads them back through the same page table (``keys``/``values``), so a wrong page
+table shows up as a wrong answer rather than as two consistent mistakes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .scenarios import Case, parse_accept
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def request_lengths(case: Case) -> tuple[list[int], list[int]]:
+    """Per-request (qo_len, kv_len). draft_extend draws each request's accepted tokens."""
+    b = case.batch_size
+    if case.mode == "draft_extend":
+        qo = draw_accept_lengths(case.accept, case.qo_len, b, case.seed)
+    else:
+        qo = [case.qo_len] * b
+    if case.seq_len is not None:
+        return qo, [case.seq_len] * b
+    return qo, [case.prefix_len + q for q in qo]
+
+
+def draw_accept_lengths(spec: str, block: int, batch: int, seed: int) -> list[int]:
+    """Accepted tokens per request, in 1..block (the bonus token always counts)."""
+    kind, arg = parse_accept(spec)
+    g = torch.Generator().manual_seed(seed)
+    if kind == "full":
+        return [block] * batch
+    if kind == "fixed":
+        return [int(arg)] * batch
+    if kind == "uniform":
+        return torch.randint(1, block + 1, (batch,), generator=g).tolist()
+    # geometric: each draft token is accepted with probability arg until the first rejection
+    accepted = torch.rand(batch, block - 1, generator=g) < arg
+    return (1 + accepted.int().cumprod(dim=1).sum(dim=1)).tolist()
+
+
+def _indptr(lengths) -> torch.Tensor:
+    return torch.cumsum(torch.tensor([0, *lengths], dtype=torch.int64), 0)
+
+
+@dataclass
+class Workload:
+    case: Case
+    device: torch.device
+    dtype: torch.dtype
+    qo_lens: list[int]
+    kv_lens: list[int]
+    q: torch.Tensor  # [total_q, num_qo_heads, head_dim]
+    k_store: torch.Tensor  # paged: [num_pages, page_size, H, D] (NHD); ragged: [total_kv, H, D]
+    v_store: torch.Tensor
+    qo_indptr: torch.Tensor  # int32, device
+    kv_indptr: torch.Tensor  # int32, device: pages per request (paged) or tokens (ragged)
+    kv_indices: torch.Tensor | None  # int32, device: page ids (paged only)
+    kv_last_page_len: torch.Tensor | None  # int32, device (paged only)
+    kv_indptr_host: torch.Tensor  # int64, CPU copies for plan-time arithmetic
+    kv_indices_host: torch.Tensor | None
+    slots: torch.Tensor  # int64, device: flat K/V row of every (request, key position)
+    slot_indptr: torch.Tensor  # int64, CPU: request b's keys are slots[slot_indptr[b]:slot_indptr[b+1]]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.qo_lens)
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        return [k - q for q, k in zip(self.qo_lens, self.kv_lens)]
+
+    @property
+    def page_size(self) -> int:
+        return self.case.page_size or 1
+
+    @property
+    def sm_scale(self) -> float:
+        return self.case.head_dim ** -0.5
+
+    @property
+    def qo_indptr_host(self) -> list[int]:
+        return _indptr(self.qo_lens).tolist()
+
+    def _flat(self, store: torch.Tensor) -> torch.Tensor:
+        return store.view(-1, self.case.num_kv_heads, self.case.head_dim)
+
+    def request_slots(self, b: int) -> torch.Tensor:
+        return self.slots[self.slot_indptr[b]:self.slot_indptr[b + 1]]
+
+    def keys(self, b: int) -> torch.Tensor:
+        """Request b's keys in position order, read through its page table: [kv_len, H, D]."""
+        return self._flat(self.k_store)[self.request_slots(b)]
+
+    def values(self, b: int) -> torch.Tensor:
+        return self._flat(self.v_store)[self.request_slots(b)]
+
+    def queries(self, b: int) -> torch.Tensor:
+        lo, hi = self.qo_indptr_host[b:b + 2]
+        return self.q[lo:hi]
+
+    def fill_random(self, seed: int) -> None:
+        """Fresh N(0, 1) data in place (the buffers, page tables and plans stay the same)."""
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        for t in (self.q, self.k_store, self.v_store):
+            t.copy_(torch.randn(t.shape, generator=g, device=self.device, dtype=torch.float32))
+
+    def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
+        """Set every request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
+        and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
+        positions = torch.cat([torch.arange(n, device=self.device) for n in self.kv_lens])
+        k = k_by_position[positions].expand(-1, self.case.num_kv_heads, -1)
+        self._flat(self.k_store)[self.slots] = k.to(self.dtype)
+        self._flat(self.v_store)[self.slots] = v_rows.to(self.dtype)
+
+
+def build(case: Case, device="cpu") -> Workload:
+    """Allocate and fill the tensors for a case."""
+    device = torch.device(device)
+    dtype = TORCH_DTYPES[case.dtype]
+    qo_lens, kv_lens = request_lengths(case)
+    h, hkv, d = case.num_qo_heads, case.num_kv_heads, case.head_dim
+    slot_indptr = _indptr(kv_lens)
+    if case.storage == "paged":
+        ps = case.page_size
+        pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
+        num_pages = sum(pages_per_req)
+        g = torch.Generator().manual_seed(case.seed + 1)
+        order = torch.randperm(num_pages, generator=g) if case.page_layout == "scattered" \
+            else torch.arange(num_pages)
+        kv_indptr_host = _indptr(pages_per_req)
+        kv_indices_host = order.to(torch.int64)
+        last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
+        # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
+        req = torch.repeat_interleave(torch.arange(len(kv_lens)), torch.tensor(kv_lens))
+        pos = torch.arange(int(slot_indptr[-1])) - slot_indptr[req]
+        slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
+        k_store = torch.empty(num_pages, ps, hkv, d, dtype=dtype, device=device)
+        kv_indices = kv_indices_host.to(device, torch.int32)
+        kv_last = torch.tensor(last, dtype=torch.int32, device=device)
+    else:
+        kv_indptr_host, kv_indices_host = slot_indptr, None
+        slots = torch.arange(int(slot_indptr[-1]))
+        k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=dtype, device=device)
+        kv_indices = kv_last = None
+    w = Workload(case=case, device=device, dtype=dtype, qo_lens=qo_lens, kv_lens=kv_lens,
+                 q=torch.empty(sum(qo_lens), h, d, dtype=dtype, device=device),
+                 k_store=k_store, v_store=torch.empty_like(k_store),
+                 qo_indptr=_indptr(qo_lens).to(device, torch.int32),
+                 kv_indptr=kv_indptr_host.to(device, torch.int32), kv_indices=kv_indices,
+                 kv_last_page_len=kv_last, kv_indptr_host=kv_indptr_host,
+                 kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr)
+    w.fill_random(case.seed)
+    return w
