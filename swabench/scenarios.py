@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import semantics
-from .impls import registry
 
 MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
@@ -347,7 +346,14 @@ def _modes_of(qo_field: str) -> str:
     return " and ".join(m for m, f in QO_FIELD.items() if f == qo_field)
 
 
+def _registry():
+    """Imported on use: implementation modules import workloads, which import this module."""
+    from .impls import registry
+    return registry
+
+
 def _check_impls(names, path, where) -> list[str]:
+    registry = _registry()
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ScenarioError(path, where, f"must be a non-empty list of names; allowed: "
                                          f"{', '.join(registry.names())}")
@@ -393,6 +399,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
         rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
 
+    registry = _registry()
     points, skipped = [], []
     for gi, group in enumerate(groups):
         group = dict(group) if isinstance(group, dict) else group

@@ -125,3 +125,14 @@ def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, hea
     q_rows = sum(qo_lens)
     kv_rows = sum(window_keys(q, k, window_left) for q, k in zip(qo_lens, kv_lens))
     return elem_bytes * head_dim * (2 * q_rows * num_qo_heads + 2 * kv_rows * num_kv_heads)
+
+
+def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.Tensor:
+    """FlashInfer's flattened ``custom_mask``: each request's bool [qo_len, kv_len] mask, row-major,
+    concatenated (what the naive ``*-mask`` paths build on every step)."""
+    return torch.cat([visibility.mask(q, k, device=device).reshape(-1) for q, k in zip(qo_lens, kv_lens)])
+
+
+def packed_mask_bytes(qo_lens, kv_lens) -> int:
+    """Size of the bit-packed mask FlashInfer keeps per step: ceil(qo * kv / 8) bytes per request."""
+    return sum((q * k + 7) // 8 for q, k in zip(qo_lens, kv_lens))

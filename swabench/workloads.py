@@ -156,3 +156,17 @@ def build(case: Case, device="cpu") -> Workload:
                  kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr)
     w.fill_random(case.seed)
     return w
+
+
+def trim_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, starts, page_size: int):
+    """Drop each request's whole pages before its start key (``kv_start_idx`` trimming).
+
+    ``starts`` must be page-aligned. Returns (indptr, indices, kv_lens) of the trimmed table, all
+    on the CPU; the last page of every request is unchanged.
+    """
+    first = torch.tensor([s // page_size for s in starts], dtype=torch.int64)
+    begin = kv_indptr[:-1] + first
+    kept = kv_indptr[1:] - begin
+    req = torch.repeat_interleave(torch.arange(len(kept)), kept)
+    offset = torch.arange(int(kept.sum())) - torch.repeat_interleave(_indptr(kept.tolist())[:-1], kept)
+    return _indptr(kept.tolist()), kv_indices[begin[req] + offset], [k - s for k, s in zip(kv_lens, starts)]

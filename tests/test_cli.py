@@ -1,0 +1,170 @@
+"""The command line as a user meets it: end-to-end runs on the embedded backend, bad input, resume."""
+
+import json
+import textwrap
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from swabench import cli, results, sweep
+
+TINY = textwrap.dedent("""
+    name = "tiny"
+    description = "two modes, two storages"
+    implementations = ["torch-trim", "torch-mask", "planted-wide", "paged-window"]
+    [fixed]
+    num_qo_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    dtype = "bfloat16"
+    batch_size = 2
+    [[sweep]]
+    mode = ["verify", "draft_extend"]
+    draft_tokens = 4
+    prefix_len = 40
+    window_left = [3, 15]
+    storage = ["paged", "ragged"]
+    """)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_run_end_to_end_on_the_cpu(tiny, tmp_path):
+    out = tmp_path / "run"
+    r = invoke("run", tiny, "--out", out, "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    assert "embedded backend" in r.output
+    table = pd.read_csv(out / results.TABLE)
+    correct = table[table["impl"].isin(["torch-trim", "torch-mask"])]
+    assert (correct["status"] == "pass").all() and (correct["median_us"] > 0).all()
+    assert (correct["rel_l2"] < 1e-2).all() and (correct["tflops"] > 0).all()
+    planted = table[table["impl"] == "planted-wide"]
+    assert (planted["status"] == "xfail").all() and planted["median_us"].isna().all()
+    fi = table[table["impl"] == "paged-window"]
+    assert (fi["status"] == "skip").all() and fi["reason"].str.contains("needs CUDA").all()
+    assert set(table["storage"]) == {"paged", "ragged"}
+    for column in ["impl", "backend", "resolved_backend", "status", "mode", "storage", "batch_size",
+                   "prefix_len", "qo_len", "window_left", "page_size", "num_qo_heads", "num_kv_heads",
+                   "head_dim", "dtype", "rel_l2", "max_abs", "plan_us", "median_us", "iqr_us", "noise",
+                   "eager_us", "tflops", "tbps"]:
+        assert column in table.columns or column == "eager_us", column
+    meta = json.loads((out / results.META).read_text())
+    assert meta["state"] == "complete" and meta["torch"] and meta["embedded_backend"]
+    assert "host wall clock" in meta["method"]["kernel_time"]
+    assert (out / results.SCENARIO).read_text() == TINY
+    samples = pd.read_csv(out / results.SAMPLES)
+    assert set(samples["kind"]) == {"plan", "kernel"}
+
+
+def test_check_is_gate_only(tiny, tmp_path):
+    r = invoke("check", tiny, "--out", tmp_path / "c", "--device", "cpu", "--impl", "torch-trim", "--impl", "planted-wide")
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(tmp_path / "c" / results.TABLE)
+    assert set(table["impl"]) == {"torch-trim", "planted-wide"}
+    assert "median_us" not in table or table["median_us"].isna().all()
+    assert set(table["status"]) == {"pass", "xfail"}
+
+
+def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = sweep.measure_point, []
+
+    def interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sweep, "measure_point", interrupted)
+    r = invoke("run", tiny, "--out", out, "--device", "cpu")
+    assert r.exit_code == 130 and "--resume" in r.output
+    kept = pd.read_csv(out / results.TABLE)
+    assert len(kept) >= 4
+    monkeypatch.setattr(sweep, "measure_point", real)
+    r = invoke("run", tiny, "--out", out, "--device", "cpu", "--resume")
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(out / results.TABLE)
+    full = invoke("run", tiny, "--out", tmp_path / "full", "--device", "cpu")
+    assert full.exit_code == 0
+    expected = pd.read_csv(tmp_path / "full" / results.TABLE)
+    key = ["case_id", "impl", "backend"]
+    assert not table.duplicated(key).any()
+    assert sorted(map(tuple, table[key].values)) == sorted(map(tuple, expected[key].values))
+    assert json.loads((out / results.META).read_text())["state"] == "complete"
+
+
+@pytest.mark.parametrize("edit,words", [
+    (("window_left = [3, 15]", "windw_left = [3, 15]"), ["windw_left", "unknown axis", "did you mean 'window_left'"]),
+    (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", ">= -1"]),
+    (("storage = [", "page_size = 0\nstorage = ["), ["page_size", ">= 1"]),
+    (("prefix_len = 40", "seq_len = 2"), ["draft_tokens", "larger than seq_len 2"]),
+    (('"torch-mask"', '"torch-msak"'), ["unknown implementation 'torch-msak'", "did you mean 'torch-mask'"]),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, tiny, edit, words):
+    out = tmp_path / "existing"
+    assert invoke("run", tiny, "--out", out, "--device", "cpu", "--impl", "torch-trim").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.replace(*edit))
+    for command in ("run", "check", "show"):
+        args = [command, bad] + (["--out", out, "--resume"] if command != "show" else [])
+        r = invoke(*args)
+        assert r.exit_code == 2, (command, r.output)
+        assert str(bad) in r.output and all(w in r.output for w in words), r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_existing_run_is_never_overwritten(tiny, tmp_path):
+    out = tmp_path / "run"
+    invoke("run", tiny, "--out", out, "--device", "cpu", "--impl", "torch-trim")
+    before = (out / results.ROWS).read_bytes()
+    r = invoke("run", tiny, "--out", out, "--device", "cpu")
+    assert r.exit_code == 2 and "already holds a run" in r.output
+    assert (out / results.ROWS).read_bytes() == before
+
+
+def test_unreadable_file_and_unknown_scenario(tmp_path):
+    r = invoke("run", tmp_path / "nope.toml", "--device", "cpu")
+    assert r.exit_code == 2 and "cannot read it" in r.output
+    r = invoke("show", "defualt")
+    assert r.exit_code == 2 and "did you mean 'default'" in r.output
+
+
+def test_cuda_requested_without_a_gpu(tiny):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    r = invoke("run", tiny, "--device", "cuda")
+    assert r.exit_code == 2 and "no CUDA device" in r.output
+
+
+def test_show_list_env(tiny):
+    r = invoke("show", tiny)
+    assert r.exit_code == 0 and "16 cases" in r.output and "torch-trim" in r.output
+    r = invoke("list")
+    assert r.exit_code == 0 and "paged-window" in r.output and "cpu" in r.output
+    r = invoke("env")
+    assert r.exit_code == 0 and "torch" in r.output and "implementations usable here" in r.output
+
+
+def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the default is default.toml")
+    monkeypatch.chdir(tmp_path)
+    r = invoke("run")
+    assert r.exit_code == 0, r.output
+    assert "running cpu.toml" in r.output
+    (run,) = (tmp_path / "results").iterdir()
+    table = pd.read_csv(run / results.TABLE)
+    assert len(table) == 64 and (table["status"] == "pass").all() and (table["median_us"] > 0).all()

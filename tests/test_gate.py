@@ -1,0 +1,113 @@
+"""The gate must pass the right implementations and fail planted off-by-one mistakes, at small
+windows and at W = 4095, in bf16 tolerance: that is what lets the suite trust its own numbers."""
+
+import pytest
+import torch
+
+from swabench import gate, probes, scenarios, workloads
+from swabench.impls import registry
+
+
+def workload(window_left, prefix_len, qo_len, dtype="bfloat16", num_qo_heads=4, num_kv_heads=2, **kw):
+    c = scenarios.make_case(dict(mode="verify", draft_tokens=qo_len, prefix_len=prefix_len,
+                                 window_left=window_left, num_qo_heads=num_qo_heads,
+                                 num_kv_heads=num_kv_heads, head_dim=64, dtype=dtype, batch_size=2, **kw))
+    return workloads.build(c)
+
+
+def gated(name, w):
+    runner = registry.get(name).make(w, "torch")
+    runner.plan()
+    return gate.check(runner, w)
+
+
+SHAPES = [(4, 40, 8), (4095, 4100, 16)]  # (W, prefix, draft tokens): small window, and W = 4095
+
+
+@pytest.mark.parametrize("window_left,prefix,qo", SHAPES)
+@pytest.mark.parametrize("name", ["torch-trim", "torch-mask"])
+def test_correct_implementations_pass(name, window_left, prefix, qo):
+    result = gated(name, workload(window_left, prefix, qo))
+    assert result.passed, result.reason
+    assert result.rel_l2 < 5e-3 and result.probe_rel_l2 < 1e-2  # well inside the bf16 tolerance
+
+
+@pytest.mark.parametrize("window_left,prefix,qo", SHAPES)
+@pytest.mark.parametrize("name", ["planted-wide", "planted-narrow", "planted-future"])
+def test_planted_mistakes_fail_through_the_probe(name, window_left, prefix, qo):
+    w = workload(window_left, prefix, qo)
+    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens)
+    result = gated(name, w)
+    assert not result.passed
+    tol = gate.TOLERANCES["bfloat16"].row_rel_l2
+    assert result.probe_rel_l2 > 10 * tol, "the probe pass alone must catch it, by a wide margin"
+
+
+def test_random_inputs_alone_are_nearly_blind_at_large_windows():
+    """Why the probe exists: one extra key at W = 4095 barely moves the whole output."""
+    result = gated("planted-wide", workload(4095, 4100, 16))
+    assert result.rel_l2 < 0.05 < result.probe_rel_l2
+
+
+@pytest.mark.parametrize("heads", [(1, 1), (2, 1), (3, 3), (8, 2)])
+def test_probe_covers_every_edge_for_any_head_count(heads):
+    w = workload(16, 30, 4, num_qo_heads=heads[0], num_kv_heads=heads[1])
+    for name in ("planted-wide", "planted-narrow", "planted-future"):
+        assert gated(name, w).probe_rel_l2 > 0.5, name
+
+
+@pytest.mark.parametrize("n_freq", range(1, 13))
+def test_probe_profile_peaks_by_at_least_two_units(n_freq):
+    x = torch.arange(-(2 ** n_freq) + 1, 2 ** n_freq)
+    g = probes.profile(x, n_freq)
+    assert torch.isclose(g[x == 0], torch.tensor(float(n_freq), dtype=torch.float64)).all()
+    assert (g[x != 0] <= n_freq - 2 + 1e-9).all()
+
+
+def test_probe_logits_realise_the_profile():
+    f = probes.features(torch.arange(200), 9, 32)
+    logits = f[150] @ f.T  # query at 150 tuned to distance 0
+    torch.testing.assert_close(logits, probes.profile(150 - torch.arange(200), 9))
+
+
+class LazyRunner:
+    """Leaves the last row unwritten: the NaN poison must catch it."""
+
+    def __init__(self, inner):
+        self.inner, self.out, self.resolved_backend = inner, inner.out, "lazy"
+
+    def plan(self):
+        self.inner.plan()
+
+    def run(self):
+        keep = self.out[-1].clone()
+        self.inner.run()
+        self.out[-1] = keep
+
+
+def test_unwritten_rows_fail():
+    w = workload(4, 40, 8, dtype="float32")
+    runner = LazyRunner(registry.get("torch-trim").make(w, "torch"))
+    runner.plan()
+    result = gate.check(runner, w)
+    assert not result.passed and result.unwritten_rows > 0 and "never written" in result.reason
+
+
+def test_gate_leaves_random_data_for_timing():
+    w = workload(4, 40, 8)
+    runner = registry.get("torch-trim").make(w, "torch")
+    runner.plan()
+    gate.check(runner, w)
+    fresh = workload(4, 40, 8)
+    assert torch.equal(w.q, fresh.q) and torch.equal(w.k_store, fresh.k_store)
+
+
+@pytest.mark.parametrize("name,qo,kv,must", [
+    ("planted-wide", 1, 6, True), ("planted-wide", 1, 5, False),   # W = 4: the 6th key is the first outside
+    ("planted-narrow", 1, 5, True), ("planted-narrow", 1, 4, False),
+    ("planted-future", 2, 9, True), ("planted-future", 1, 9, False),  # decode has no future key
+    ("torch-trim", 4, 50, False),
+])
+def test_must_fail_is_where_the_visible_set_changes(name, qo, kv, must):
+    c = scenarios.make_case(dict(mode="verify", qo_len=qo, seq_len=kv, window_left=4))
+    assert registry.get(name).must_fail(c, [qo], [kv]) == must

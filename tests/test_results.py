@@ -1,0 +1,60 @@
+import json
+
+import pytest
+
+from swabench import results
+from swabench.results import RunFolderError, RunStore
+
+
+def row(i, **kw):
+    return {"case_id": f"c{i}", "impl": "torch-trim", "backend": "torch", "status": "pass",
+            "median_us": float(i), "samples": {"kernel": [1.0, 2.0, float(i)]}, **kw}
+
+
+def test_rows_survive_and_finalize_writes_tidy_tables(tmp_path):
+    store = RunStore.create(tmp_path / "run", {"gpu": None}, "name = 'x'\n")
+    for i in range(3):
+        store.append(row(i))
+    table = store.finalize(state="complete")
+    assert list(table["case_id"]) == ["c0", "c1", "c2"] and "samples" not in table
+    assert table.columns[0] == "case_id"
+    samples = results.load(tmp_path / "run")[0]
+    assert len(samples) == 3
+    long = (tmp_path / "run" / results.SAMPLES).read_text().splitlines()
+    assert long[0] == "case_id,impl,backend,kind,index,value_us" and len(long) == 1 + 9
+    meta = json.loads((tmp_path / "run" / results.META).read_text())
+    assert meta["state"] == "complete" and meta["rows"] == 3 and meta["status_counts"] == {"pass": 3}
+
+
+def test_create_refuses_an_existing_run(tmp_path):
+    RunStore.create(tmp_path / "run", {}, "a")
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        RunStore.create(tmp_path / "run", {}, "a")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+def test_resume_drops_a_half_written_line_and_checks_the_scenario(tmp_path):
+    store = RunStore.create(tmp_path / "run", {}, "scenario text")
+    store.append(row(0))
+    with open(tmp_path / "run" / results.ROWS, "a") as f:
+        f.write('{"case_id": "c1", "impl": "torch-tr')  # interrupted mid-write
+    assert store.done() == {("c0", "torch-trim", "torch")}
+    with pytest.raises(RunFolderError, match="different scenario"):
+        RunStore.resume(tmp_path / "run", "other text")
+    resumed = RunStore.resume(tmp_path / "run", "scenario text")
+    resumed.append(row(1))
+    assert resumed.done() == {("c0", "torch-trim", "torch"), ("c1", "torch-trim", "torch")}
+    assert all(json.loads(line) for line in (tmp_path / "run" / results.ROWS).read_text().splitlines())
+
+
+def test_resume_needs_a_run_folder(tmp_path):
+    with pytest.raises(RunFolderError, match="not a swabench run folder"):
+        RunStore.resume(tmp_path, "x")
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path):
+    results.atomic_write(tmp_path / "f.csv", "a,b\n")
+    results.atomic_write(tmp_path / "f.csv", "a,b\n1,2\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["f.csv"]
+    assert (tmp_path / "f.csv").read_text() == "a,b\n1,2\n"

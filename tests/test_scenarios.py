@@ -1,0 +1,126 @@
+import textwrap
+
+import pytest
+
+from swabench import scenarios
+from swabench.scenarios import ScenarioError
+
+SHIPPED = ["cpu", "quick", "edges", "default"]
+
+
+def parse(text, tmp_path, name="s.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return scenarios.load(path)
+
+
+BASE = """
+implementations = ["torch-trim"]
+[[sweep]]
+mode = "verify"
+draft_tokens = 4
+prefix_len = 100
+window_left = 16
+"""
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_scenarios_load(name):
+    s = scenarios.load(scenarios.find(name))
+    assert s.points and s.name == name and s.description
+    assert len({p.key for p in s.points}) == len(s.points), "points are unique"
+
+
+def test_cpu_scenario_runs_only_correct_embedded_implementations():
+    s = scenarios.load(scenarios.find("cpu"))
+    assert set(s.implementations) == {"torch-trim", "torch-mask"}
+    assert {c.mode for c in s.cases} == set(scenarios.MODES)
+    assert {c.storage for c in s.cases} == {"paged", "ragged"}
+
+
+def test_edges_scenario_sits_on_the_boundaries():
+    s = scenarios.load(scenarios.find("edges"))
+    kv_minus_w = {c.seq_len - c.window_left for c in s.cases if c.seq_len is not None}
+    assert kv_minus_w == {0, 1, 2}
+    assert {c.page_size for c in s.cases} == {1, 16, None}
+    assert any(c.num_qo_heads != c.num_kv_heads for c in s.cases)
+    assert {c.prefix_len for c in s.cases if c.prefix_len is not None} >= {0}
+
+
+def test_cartesian_expansion_and_ragged_collapse(tmp_path):
+    s = parse(BASE.replace('window_left = 16', 'window_left = [8, 16]\npage_size = [1, 16]\n'
+                           'storage = ["paged", "ragged"]').replace('["torch-trim"]', '["torch-trim", "torch-mask"]'),
+              tmp_path)
+    # paged: 2 windows x 2 page sizes; ragged: page_size does not apply, so 2 windows
+    assert len(s.cases) == 6 and len(s.points) == 12
+    assert {c.page_size for c in s.cases if c.storage == "ragged"} == {None}
+
+
+def test_sliding_window_is_hf_convention(tmp_path):
+    s = parse(BASE.replace("window_left = 16", "sliding_window = [17, -1]"), tmp_path)
+    assert [c.window_left for c in s.cases] == [16, -1]
+    assert [c.sliding_window for c in s.cases] == [17, -1]
+
+
+def test_skip_rules_and_groups(tmp_path):
+    s = parse(BASE.replace("window_left = 16", 'group = "g"\nwindow_left = [8, 200]') + textwrap.dedent("""
+        [[skip]]
+        when = "group == 'g' and window_left >= kv_len"
+        reason = "window covers everything"
+        """), tmp_path)
+    assert [c.window_left for c in s.cases] == [8] and s.skipped == ["window covers everything"]
+
+
+def test_case_id_is_stable_and_distinguishes_shapes(tmp_path):
+    a = parse(BASE, tmp_path, "a.toml").cases[0]
+    b = parse(BASE, tmp_path, "b.toml").cases[0]
+    c = parse(BASE.replace("draft_tokens = 4", "draft_tokens = 5"), tmp_path, "c.toml").cases[0]
+    assert a.case_id == b.case_id != c.case_id
+
+
+@pytest.mark.parametrize("edit,field,words", [
+    (("window_left = 16", "windw_left = 16"), "sweep[0].windw_left", ["unknown axis", "did you mean 'window_left'", "allowed:"]),
+    (("window_left = 16", "window_left = -2"), "sweep[0].window_left", ["integer >= -1", "-2"]),
+    (("window_left = 16", "window_left = 16\npage_size = 0"), "sweep[0].page_size", ["integer >= 1", "got 0"]),
+    (("prefix_len = 100", "seq_len = 3"), "sweep[0].draft_tokens", ["larger than seq_len 3"]),
+    (('["torch-trim"]', '["torch-trimm"]'), "implementations", ["unknown implementation 'torch-trimm'", "did you mean 'torch-trim'", "allowed:"]),
+    (('mode = "verify"', 'mode = "prefill"'), "sweep[0].mode", ["extend, verify, draft_extend, decode", "'prefill'"]),
+    (("draft_tokens = 4", "extend_len = 4"), "sweep[0].draft_tokens", ["needs draft_tokens", "extend_len applies to extend"]),
+    (("window_left = 16", "window_left = 16\nnum_qo_heads = 6\nnum_kv_heads = 4"), "sweep[0].num_kv_heads", ["must divide"]),
+    (("window_left = 16", "window_left = 16\nsliding_window = 17"), "sweep[0]", ["only one of window_left / sliding_window"]),
+    (("window_left = 16", "window_left = 16\ndtype = 'float8'"), "sweep[0].dtype", ["bfloat16, float16, float32"]),
+    (("implementations", "window_left = 3\nimplementations"), "window_left", ["sweep axes go under [fixed] or [[sweep]]"]),
+    (("window_left = 16", "window_left = 16\nbatch_size = []"), "sweep[0].batch_size", ["empty list"]),
+    (("window_left = 16", "window_left = 16\nhead_dim = 100"), "sweep[0].head_dim", ["multiple of 8"]),
+])
+def test_validation_errors_name_file_field_and_allowed_values(tmp_path, edit, field, words):
+    with pytest.raises(ScenarioError) as err:
+        parse(BASE.replace(*edit), tmp_path)
+    message = str(err.value)
+    assert err.value.field == field and str(tmp_path / "s.toml") in message
+    for w in words:
+        assert w in message, message
+
+
+def test_bad_skip_rule_names_the_rule(tmp_path):
+    with pytest.raises(ScenarioError, match=r"skip\[0\].when: unknown name 'windw'"):
+        parse(BASE + '[[skip]]\nwhen = "windw > 3"\nreason = "x"\n', tmp_path)
+    with pytest.raises(ScenarioError, match=r"skip\[0\].when: only comparisons"):
+        parse(BASE + '[[skip]]\nwhen = "__import__(\'os\')"\nreason = "x"\n', tmp_path)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ScenarioError, match="cannot read it"):
+        scenarios.load(tmp_path / "missing.toml")
+    with pytest.raises(ScenarioError, match="not valid TOML"):
+        parse("implementations = [", tmp_path)
+    with pytest.raises(ScenarioError, match="no such file or scenario name"):
+        scenarios.find("defualt")
+
+
+def test_impl_filter(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(BASE.replace('["torch-trim"]', '["torch-trim", "torch-mask"]'))
+    assert scenarios.load(path, impl_filter=["torch-mask"]).implementations == ["torch-mask"]
+    with pytest.raises(ScenarioError, match="none of planted-wide is in this scenario"):
+        scenarios.load(path, impl_filter=["planted-wide"])

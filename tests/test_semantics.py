@@ -1,0 +1,90 @@
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swabench import semantics
+from swabench.semantics import Visibility
+
+shapes = st.tuples(st.integers(1, 40), st.integers(0, 60), st.integers(-1, 50)).map(
+    lambda t: (t[0], t[0] + t[1], t[2]))  # (qo_len, kv_len >= qo_len, window_left)
+
+
+def brute_mask(qo_len, kv_len, w):
+    """The definition, element by element: query p sees key j iff j <= p and (no window or j >= p - w)."""
+    m = torch.zeros(qo_len, kv_len, dtype=torch.bool)
+    for i in range(qo_len):
+        p = kv_len - qo_len + i
+        for j in range(kv_len):
+            m[i, j] = j <= p and (w < 0 or j >= p - w)
+    return m
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes)
+def test_pair_count_matches_brute_force(shape):
+    qo, kv, w = shape
+    assert semantics.useful_pairs(qo, kv, w) == int(brute_mask(qo, kv, w).sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes)
+def test_mask_matches_definition(shape):
+    qo, kv, w = shape
+    assert torch.equal(Visibility(w).mask(qo, kv), brute_mask(qo, kv, w))
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes, st.integers(1, 64), st.integers(1, 8))
+def test_flops_and_bytes_match_brute_force(shape, head_dim, heads):
+    qo, kv, w = shape
+    m = brute_mask(qo, kv, w)
+    assert semantics.attention_flops(int(m.sum()), head_dim, heads) == 4 * head_dim * heads * int(m.sum())
+    keys_read = int(m.any(dim=0).sum())  # K/V rows some query can see
+    expect = 2 * (2 * qo * heads + 2 * keys_read * 1) * head_dim
+    assert semantics.minimum_bytes([qo], [kv], w, heads, 1, head_dim, 2) == expect
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes, st.integers(1, 32))
+def test_trim_keeps_every_visible_key_on_a_page_boundary(shape, page_size):
+    qo, kv, w = shape
+    start = semantics.trim_start(kv, qo, w, page_size)
+    m = brute_mask(qo, kv, w)
+    assert start % page_size == 0
+    assert not m[:, :start].any(), "trimmed away a key some query must see"
+    if page_size == 1 and w >= 0 and kv - qo - w > 0:
+        assert m[0, start], "page_size 1 trims exactly to the first query's window"
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes)
+def test_request_granular_trim_is_wrong_exactly_where_the_issue_says(shape):
+    """paged-trim-causal: kv_start = max(0, prefix - W), causal, no window. It must differ from the
+    exact semantics exactly when qo_len > 1 and prefix + qo_len - 1 > W."""
+    qo, kv, w = shape
+    if w < 0:
+        return
+    prefix = kv - qo
+    bug = Visibility(semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix, w))
+    brute_bug = torch.zeros(qo, kv, dtype=torch.bool)
+    for i in range(qo):
+        brute_bug[i, semantics.buggy_trim_start(prefix, w):prefix + i + 1] = True
+    assert torch.equal(bug.mask(qo, kv), brute_bug)
+    expected = qo > 1 and prefix + qo - 1 > w
+    assert semantics.differs(bug, Visibility(w), qo, kv) == expected
+    assert (not torch.equal(brute_bug, brute_mask(qo, kv, w))) == expected
+
+
+def test_window_conventions_round_trip():
+    assert semantics.window_left_from(sliding_window=4096) == 4095
+    assert semantics.window_left_from(window_left=127) == 127
+    assert semantics.window_left_from(sliding_window=-1) == -1
+    assert semantics.sliding_window_of(4095) == 4096
+    assert semantics.sliding_window_of(-1) == -1
+
+
+def test_plan_without_window_is_wrong_once_kv_len_exceeds_the_window():
+    causal = Visibility(semantics.NO_WINDOW)
+    for w in (0, 3, 16):
+        assert not semantics.differs(causal, Visibility(w), 1, w + 1)
+        assert semantics.differs(causal, Visibility(w), 1, w + 2)
