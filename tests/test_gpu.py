@@ -1,0 +1,88 @@
+"""On a CUDA machine: every implementation through the gate, and the runners capturable in a graph.
+
+Marked ``gpu``: skipped without CUDA (and the FlashInfer ones without flashinfer)."""
+
+import pytest
+import torch
+
+from swabench import gate, scenarios, workloads
+from swabench.impls import registry
+
+pytestmark = pytest.mark.gpu
+
+FLASHINFER = [i.name for i in registry.all_implementations() if i.library == "flashinfer"]
+CORRECT_FI = [n for n in FLASHINFER if registry.get(n).kind == "correct"]
+BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug"]
+
+
+def workload(impl, window_left, prefix_len, qo_len, page_size=16, mode="verify", batch_size=4):
+    storage = registry.get(impl).storages[0]
+    c = scenarios.make_case(dict(mode=mode, qo_len=qo_len, prefix_len=prefix_len, window_left=window_left,
+                                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16",
+                                 batch_size=batch_size, page_size=page_size, storage=storage, accept="uniform"))
+    return workloads.build(c, "cuda")
+
+
+def gated(impl, w, backend):
+    reason = registry.get(impl).skip_reason(w.case, backend, w.device)
+    if reason:
+        pytest.skip(reason)
+    runner = registry.get(impl).make(w, backend)
+    runner.plan()
+    return runner, gate.check(runner, w)
+
+
+SHAPES = [(4, 40, 8, 1), (127, 1000, 16, 16), (1023, 3000, 1, 16), (4095, 4200, 16, 64)]
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("window_left,prefix,qo,page_size", SHAPES)
+@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim", "torch-mask"])
+def test_correct_implementations_pass_on_the_gpu(impl, window_left, prefix, qo, page_size, backend):
+    if registry.get(impl).library == "torch" and backend == "fa3":
+        pytest.skip("torch has no backends")
+    w = workload(impl, window_left, prefix, qo, page_size)
+    runner, result = gated(impl, w, backend if registry.get(impl).backends else "torch")
+    assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("window_left,prefix,qo,page_size", SHAPES)
+@pytest.mark.parametrize("impl", BUGS_FI)
+def test_known_bugs_are_caught_where_they_must_fail(impl, window_left, prefix, qo, page_size, backend):
+    w = workload(impl, window_left, prefix, qo, page_size)
+    must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens)
+    runner, result = gated(impl, w, backend)
+    if must:
+        assert not result.passed, f"known bug not caught: {result}"
+        assert result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2
+    else:
+        assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim"])
+def test_runner_replays_in_a_cuda_graph(impl):
+    """run() allocates nothing and never syncs the host: the gated objects can be captured."""
+    w = workload(impl, 127, 1000, 16, mode="draft_extend")
+    runner, result = gated(impl, w, "fa2" if registry.get(impl).backends else "torch")
+    assert result.passed, result.reason
+    runner.run()
+    eager = runner.out.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner.run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.run()
+    runner.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(runner.out, eager, rtol=0, atol=0)
+
+
+def test_auto_backend_is_resolved_and_recorded():
+    w = workload("paged-window", 127, 1000, 16)
+    runner, result = gated("paged-window", w, "auto")
+    assert runner.resolved_backend in ("fa2", "fa3") and result.passed
