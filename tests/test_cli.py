@@ -150,7 +150,7 @@ def test_cuda_requested_without_a_gpu(tiny):
 
 def test_show_list_env(tiny):
     r = invoke("show", tiny)
-    assert r.exit_code == 0 and "16 cases" in r.output and "torch-trim" in r.output
+    assert r.exit_code == 0 and "8 cases, 28 points" in r.output and "torch-trim" in r.output
     r = invoke("list")
     assert r.exit_code == 0 and "paged-window" in r.output and "cpu" in r.output
     r = invoke("env")
