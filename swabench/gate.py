@@ -59,11 +59,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _reference(w) -> torch.Tensor:
+    """The exact output for the data now in the buffers; every implementation of a case shares it."""
+    if not w.data:  # buffers written by hand: nothing to share
+        return reference.attention(w)
+    if w.data not in w.references:
+        if len(w.references) >= 4:
+            w.references.clear()
+        w.references[w.data] = reference.attention(w)
+    return w.references[w.data]
+
+
 def _run_checked(runner, w) -> _Errors:
     runner.out.fill_(float("nan"))
     runner.run()
     _sync(w.device)
-    ref = reference.attention(w)
+    ref = _reference(w)
     out = runner.out.to(ref.dtype)
     nan_rows = torch.isnan(out).any(dim=-1)
     diff = torch.where(torch.isnan(out), torch.full_like(out, float("inf")), out - ref)

@@ -85,6 +85,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     g = torch.Generator(device=dev).manual_seed(seed + 1000 + pass_index)
     v = torch.randn(sum(w.kv_lens), c.num_kv_heads, c.head_dim, generator=g, device=dev)
     w.write_kv(k, v)
+    w.data = ("probe", pass_index, seed)
     return edge
 
 

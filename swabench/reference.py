@@ -26,22 +26,23 @@ def attention(w: Workload) -> torch.Tensor:
     out = torch.empty(w.q.shape, dtype=acc, device=w.device)
     row = 0
     for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
-        keys = w.keys(b).to(acc).repeat_interleave(group, dim=1)  # [kv, H, D]
-        values = w.values(b).to(acc).repeat_interleave(group, dim=1)
         queries = w.queries(b).to(acc)
         step = max(1, CHUNK_ELEMENTS // max(1, kv_len * c.num_qo_heads))
         for i0 in range(0, qo_len, step):
             i1 = min(qo_len, i0 + step)
             pos = torch.arange(kv_len - qo_len + i0, kv_len - qo_len + i1, device=w.device)
+            # gather only keys some query of the chunk could see; the mask below decides exactly
             lo = 0 if c.window_left < 0 else max(0, int(pos[0]) - c.window_left)
             hi = int(pos[-1]) + 1
+            keys = w.keys(b, lo, hi).to(acc).repeat_interleave(group, dim=1)  # [n, H, D]
+            values = w.values(b, lo, hi).to(acc).repeat_interleave(group, dim=1)
             j = torch.arange(lo, hi, device=w.device)
             visible = j[None, :] <= pos[:, None]
             if c.window_left >= 0:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
-            scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys[lo:hi]) * w.sm_scale
+            scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys) * w.sm_scale
             scores.masked_fill_(~visible, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
-            out[row + i0:row + i1] = torch.einsum("hqk,khd->qhd", probs, values[lo:hi])
+            out[row + i0:row + i1] = torch.einsum("hqk,khd->qhd", probs, values)
         row += qo_len
     return out

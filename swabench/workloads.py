@@ -7,7 +7,7 @@ table shows up as a wrong answer rather than as two consistent mistakes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,6 +58,7 @@ class Workload:
     k_store: torch.Tensor  # paged: [num_pages, page_size, H, D] (NHD); ragged: [total_kv, H, D]
     v_store: torch.Tensor
     qo_indptr: torch.Tensor  # int32, device
+    qo_indptr_host: list[int]
     kv_indptr: torch.Tensor  # int32, device: pages per request (paged) or tokens (ragged)
     kv_indices: torch.Tensor | None  # int32, device: page ids (paged only)
     kv_last_page_len: torch.Tensor | None  # int32, device (paged only)
@@ -65,6 +66,8 @@ class Workload:
     kv_indices_host: torch.Tensor | None
     slots: torch.Tensor  # int64, device: flat K/V row of every (request, key position)
     slot_indptr: torch.Tensor  # int64, CPU: request b's keys are slots[slot_indptr[b]:slot_indptr[b+1]]
+    data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
+    references: dict = field(default_factory=dict, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -82,22 +85,21 @@ class Workload:
     def sm_scale(self) -> float:
         return self.case.head_dim ** -0.5
 
-    @property
-    def qo_indptr_host(self) -> list[int]:
-        return _indptr(self.qo_lens).tolist()
 
     def _flat(self, store: torch.Tensor) -> torch.Tensor:
         return store.view(-1, self.case.num_kv_heads, self.case.head_dim)
 
-    def request_slots(self, b: int) -> torch.Tensor:
-        return self.slots[self.slot_indptr[b]:self.slot_indptr[b + 1]]
+    def request_slots(self, b: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Flat K/V rows of request b's key positions lo..hi-1."""
+        start, end = int(self.slot_indptr[b]), int(self.slot_indptr[b + 1])
+        return self.slots[start + lo:end if hi is None else start + hi]
 
-    def keys(self, b: int) -> torch.Tensor:
+    def keys(self, b: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """Request b's keys in position order, read through its page table: [kv_len, H, D]."""
-        return self._flat(self.k_store)[self.request_slots(b)]
+        return self._flat(self.k_store)[self.request_slots(b, lo, hi)]
 
-    def values(self, b: int) -> torch.Tensor:
-        return self._flat(self.v_store)[self.request_slots(b)]
+    def values(self, b: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        return self._flat(self.v_store)[self.request_slots(b, lo, hi)]
 
     def queries(self, b: int) -> torch.Tensor:
         lo, hi = self.qo_indptr_host[b:b + 2]
@@ -108,10 +110,12 @@ class Workload:
         g = torch.Generator(device=self.device).manual_seed(seed)
         for t in (self.q, self.k_store, self.v_store):
             t.copy_(torch.randn(t.shape, generator=g, device=self.device, dtype=torch.float32))
+        self.data = ("random", seed)
 
     def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
         """Set every request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
         and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
+        self.data = ()
         positions = torch.cat([torch.arange(n, device=self.device) for n in self.kv_lens])
         k = k_by_position[positions].expand(-1, self.case.num_kv_heads, -1)
         self._flat(self.k_store)[self.slots] = k.to(self.dtype)
@@ -150,7 +154,7 @@ def build(case: Case, device="cpu") -> Workload:
     w = Workload(case=case, device=device, dtype=dtype, qo_lens=qo_lens, kv_lens=kv_lens,
                  q=torch.empty(sum(qo_lens), h, d, dtype=dtype, device=device),
                  k_store=k_store, v_store=torch.empty_like(k_store),
-                 qo_indptr=_indptr(qo_lens).to(device, torch.int32),
+                 qo_indptr=_indptr(qo_lens).to(device, torch.int32), qo_indptr_host=_indptr(qo_lens).tolist(),
                  kv_indptr=kv_indptr_host.to(device, torch.int32), kv_indices=kv_indices,
                  kv_last_page_len=kv_last, kv_indptr_host=kv_indptr_host,
                  kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr)

@@ -53,7 +53,12 @@ def test_known_bugs_are_caught_where_they_must_fail(impl, window_left, prefix, q
     w = workload(impl, window_left, prefix, qo, page_size)
     must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens)
     runner, result = gated(impl, w, backend)
-    if must:
+    if impl == "paged-plan-no-window" and backend == "fa2" and qo == 1:
+        # Measured on the H200 with flashinfer 0.7.2.post1: fa2 applies the run-time window to
+        # single-query requests even when plan() had none, so the sweep reports these points as
+        # xpass (a finding) rather than xfail.  fa3, and fa2 with qo_len > 1, show the bug.
+        assert result.passed, result.reason
+    elif must:
         assert not result.passed, f"known bug not caught: {result}"
         assert result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2
     else:
