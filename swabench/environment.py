@@ -35,9 +35,12 @@ def package_version(name: str) -> str | None:
 
 
 def git_state() -> dict:
+    """The code's commit; SWABENCH_GIT_COMMIT stands in where the checkout travelled without .git."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    if commit is None:
+        return {"git_commit": os.environ.get("SWABENCH_GIT_COMMIT"), "git_dirty": None}
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
-    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+    return {"git_commit": commit, "git_dirty": bool(dirty)}
 
 
 def cpu_model() -> str:
@@ -88,5 +91,5 @@ def collect(device: torch.device | str = "cpu") -> dict:
         "nsys": nsys and (_run([nsys, "--version"]) or nsys),
         "device": str(device),
         **gpu_info(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join(["swabench", *sys.argv[1:]]),
     }

@@ -168,3 +168,30 @@ def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypat
     (run,) = (tmp_path / "results").iterdir()
     table = pd.read_csv(run / results.TABLE)
     assert len(table) == 64 and (table["status"] == "pass").all() and (table["median_us"] > 0).all()
+
+
+def test_exit_status_fail_is_fatal_xpass_only_with_strict(tiny, tmp_path, monkeypatch):
+    """A correct implementation that fails exits 1; a known bug that passes is a loud finding, fatal
+    only with --strict."""
+    from swabench import semantics
+    from swabench.impls import embedded, registry
+
+    trim = registry.get("torch-trim")
+    wrong = registry.Implementation("torch-wrong", "torch", trim.storages, "window too wide",
+                                    embedded._gather(lambda w, p, ps: semantics.Visibility(w + 1), True))
+    fixed_bug = registry.Implementation("torch-fixed-bug", "torch", trim.storages, "bug fixed upstream",
+                                        trim.make, kind="known-bug",
+                                        visibility=lambda w, p, ps: semantics.Visibility(w + 1))
+    monkeypatch.setitem(registry._REGISTRY, "torch-wrong", wrong)
+    monkeypatch.setitem(registry._REGISTRY, "torch-fixed-bug", fixed_bug)
+    for impl, strict, code, status in [("torch-wrong", False, 1, "fail"), ("torch-fixed-bug", False, 0, "xpass"),
+                                       ("torch-fixed-bug", True, 1, "xpass")]:
+        path = tmp_path / f"{impl}.toml"
+        path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"', f'"{impl}"'))
+        out = tmp_path / f"{impl}-{strict}"
+        r = invoke("check", path, "--out", out, "--device", "cpu", *(["--strict"] if strict else []))
+        assert r.exit_code == code, r.output
+        assert status.upper() in r.output
+        assert set(pd.read_csv(out / results.TABLE)["status"]) == {status}
+        summary = invoke("summary", out)
+        assert summary.exit_code == 0 and f"| {impl} |" in summary.output

@@ -1,0 +1,53 @@
+"""Markdown made from a run folder, never from hand-typed numbers."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+STATUS_ORDER = ["pass", "fail", "xfail", "xpass", "skip"]
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, row in df.iterrows():
+        lines.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return "" if pd.isna(value) else f"{value:.3g}"
+    return str(value)
+
+
+def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
+    """Per implementation and backend: how many points had each status, the worst error of the
+    points that passed, and the smallest error of the known bugs the gate caught."""
+    rows = []
+    impl_order = {name: i for i, name in enumerate(dict.fromkeys(table["impl"]))}
+    keys = sorted(table.groupby(["impl", "backend"]).groups, key=lambda k: (impl_order[k[0]], k[1]))
+    for impl, backend in keys:
+        group = table[(table["impl"] == impl) & (table["backend"] == backend)]
+        counts = group["status"].value_counts()
+        passed, caught = group[group["status"] == "pass"], group[group["status"] == "xfail"]
+        rows.append({"impl": impl, "kind": group["kind"].iloc[0], "backend": backend,
+                     **{s: int(counts.get(s, 0)) for s in STATUS_ORDER},
+                     "worst rel-L2 (pass)": passed["rel_l2"].max(),
+                     "worst probe row (pass)": passed["probe_rel_l2"].max(),
+                     "lowest probe row (xfail)": caught["probe_rel_l2"].min()})
+    return pd.DataFrame(rows)
+
+
+def environment_line(meta: dict) -> str:
+    gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
+    commit = (meta.get("git_commit") or "unknown")[:10]
+    return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
+            f"torch {meta.get('torch')}, flashinfer {meta.get('flashinfer') or 'n/a'}, "
+            f"swabench {meta.get('swabench')} @ {commit}; `{meta.get('command')}`")
+
+
+def correctness_summary(table: pd.DataFrame, meta: dict) -> str:
+    cases = table["case_id"].nunique()
+    return (f"**{meta.get('scenario')}**: {cases} cases, {len(table)} points. {environment_line(meta)}\n\n"
+            + markdown_table(correctness_matrix(table)))
