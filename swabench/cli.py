@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime
+import shutil
+import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import click
 import torch
 
-from . import __version__, environment, report, results, scenarios, sweep
+from . import __version__, environment, peaks, profiling, report, results, scenarios, sweep, timing
 from .impls import registry
 from .results import RunFolderError, RunStore
 
@@ -21,12 +24,12 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
-def resolve_device(choice: str) -> torch.device:
+def resolve_device(choice: str, what: str = "--device cuda") -> torch.device:
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
-                         "use --device cpu or auto")
+        raise InputError(f"{what}: no CUDA device is visible here (torch.cuda.is_available() is False)"
+                         + ("; use --device cpu or auto" if what == "--device cuda" else ""))
     return torch.device(choice)
 
 
@@ -50,6 +53,8 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              show_default=True, help="Where to run; auto picks CUDA when it is there.")
 strict_option = click.option("--strict", is_flag=True,
                              help="Also exit 1 when a known bug is not caught (xpass), e.g. in CI.")
+case_option = click.option("--case", "cases", multiple=True, metavar="ID|TEXT",
+                           help="Only cases whose id starts with, or whose label contains, this (repeatable).")
 impl_option = click.option("--impl", "impls", multiple=True, metavar="NAME",
                            help="Only these implementations of the scenario (repeatable).")
 
@@ -60,14 +65,28 @@ def main():
     """Correctness-gated benchmarks of sliding-window attention on FlashInfer."""
 
 
-def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, strict: bool):
+def select_cases(scenario: scenarios.Scenario, cases: tuple[str, ...]) -> scenarios.Scenario:
+    """Keep the points whose case id starts with, or whose label contains, one of ``cases``."""
+    if not cases:
+        return scenario
+    keep = [p for p in scenario.points
+            if any(p.case.case_id.startswith(c) or c in p.case.label for c in cases)]
+    if not keep:
+        raise InputError(f"--case: no case of {scenario.name} matches {', '.join(cases)} "
+                         f"(give a case_id prefix or part of a label, see `swabench show`)")
+    scenario.points = keep
+    return scenario
+
+
+def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, strict: bool,
+           cases: tuple[str, ...] = (), l2: str = "cold"):
     device = resolve_device(device_choice)
-    scenario = load_scenario(scenario_name, impls, device)
+    scenario = select_cases(load_scenario(scenario_name, impls, device), cases)
     what = "run" if timing else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
     out = Path(out) if out else default_out(scenario, device, what)
-    options = sweep.SweepOptions(device=device, timed=timing)
+    options = sweep.SweepOptions(device=device, timed=timing, graph_timer=timing_options(l2))
     try:
         if resume:
             store = RunStore.resume(out, scenario.text)
@@ -82,19 +101,24 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, stric
     if device.type == "cpu":
         click.secho("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are host "
                     "wall clock of PyTorch code, not GPU kernel times.", fg="yellow", err=True)
-    todo = len(scenario.points) - len(store.done() & {p.key for p in scenario.points})
+    done = store.done()
+    todo = [p for p in scenario.points if p.key not in done]
     click.echo(f"{scenario.name}: {len(scenario.cases)} cases, {len(scenario.points)} points, "
-               f"{todo} to {what} -> {out}", err=True)
-    state = "complete"
+               f"{len(todo)} to {what} -> {out}", err=True)
+    if device.type == "cuda":
+        _prepare_gpu(store, todo, device, timing)
+    state, started = "complete", time.perf_counter()
     try:
-        with click.progressbar(length=todo, label=what, file=sys.stderr, show_pos=True,
+        with click.progressbar(length=len(todo), label=what, file=sys.stderr, show_pos=True,
                                item_show_func=lambda r: r and f"{r['impl']} {r['status']}") as bar:
             for row in sweep.run(scenario, store, options):
                 bar.update(1, row)
     except KeyboardInterrupt:
         state = "interrupted"
-    table = store.finalize(state=state)
+    wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
+    table = store.finalize(state=state, wall_s=round(wall, 1))
     _summary(table, out)
+    click.echo(f"sweep wall time {wall:.1f} s", err=True)
     if state == "interrupted":
         click.secho(f"interrupted: {len(table)} rows kept in {out}; continue with "
                     f"`swabench {what} {scenario.path} --out {out} --resume`", fg="yellow", err=True)
@@ -108,6 +132,24 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, stric
         click.secho(f"{failed} points failed the gate" + (f", {xpassed} xpass (--strict)" if strict else ""),
                     fg="red", err=True)
         sys.exit(1)
+
+
+def timing_options(l2: str) -> timing.GraphTimerOptions:
+    return timing.GraphTimerOptions(l2=l2)
+
+
+def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> None:
+    """Measure the node's peaks (once per run folder) and build every JIT module before timing."""
+    meta = store.meta()
+    if timed and "peaks" not in meta:
+        click.echo("measuring the node's bf16 matmul rate and copy bandwidth ...", err=True)
+        meta["peaks"] = peaks.measure(device)
+    started = time.perf_counter()
+    built = sweep.warm_up(todo, device)
+    meta.setdefault("jit_warmup_s", {}).update({k: round(v, 3) for k, v in built.items()})
+    meta["jit_warmup_total_s"] = round(sum(meta["jit_warmup_s"].values()), 1)
+    store.write_meta(meta)
+    click.echo(f"JIT warm-up: {len(built)} module signatures in {time.perf_counter() - started:.1f} s", err=True)
 
 
 def _summary(table, out: Path) -> None:
@@ -132,14 +174,17 @@ def _summary(table, out: Path) -> None:
 @click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-run-DEVICE-TIME).")
 @device_option
 @impl_option
+@case_option
 @click.option("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
 @strict_option
-def run(scenario, out, device, impls, resume, strict):
+@click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
+              help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
+def run(scenario, out, device, impls, cases, resume, strict, l2):
     """Gate and time every point of SCENARIO (a file, or a name in scenarios/).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere.
     Exit status 1 when a correct implementation fails the gate."""
-    _sweep(scenario, out, device, impls, resume, timing=True, strict=strict)
+    _sweep(scenario, out, device, impls, resume, timing=True, strict=strict, cases=cases, l2=l2)
 
 
 @main.command()
@@ -147,11 +192,12 @@ def run(scenario, out, device, impls, resume, strict):
 @click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-check-DEVICE-TIME).")
 @device_option
 @impl_option
+@case_option
 @click.option("--resume", is_flag=True, help="Continue the check in --out.")
 @strict_option
-def check(scenario, out, device, impls, resume, strict):
+def check(scenario, out, device, impls, cases, resume, strict):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
-    _sweep(scenario, out, device, impls, resume, timing=False, strict=strict)
+    _sweep(scenario, out, device, impls, resume, timing=False, strict=strict, cases=cases)
 
 
 @main.command("list")
@@ -216,10 +262,64 @@ def summary(run_dir):
 
 
 @main.command()
-def env():
+@click.argument("scenario")
+@click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-profile-cuda-TIME).")
+@impl_option
+@case_option
+@click.option("--tool", type=click.Choice(["nsys", "torch"]), default="nsys", show_default=True,
+              help="nsys: re-run under Nsight Systems; torch: torch.profiler in this process.")
+@click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True)
+def profile(scenario, out, impls, cases, tool, l2):
+    """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
+    device = resolve_device("cuda", "profile")
+    s = select_cases(load_scenario(scenario, impls, device), cases)
+    out = Path(out) if out else default_out(s, device, "profile")
+    filters = [a for i in impls for a in ("--impl", i)] + [a for c in cases for a in ("--case", c)]
+    if tool == "torch":
+        _torch_profile(s, out, impls, cases, l2)
+        return
+    if shutil.which("nsys") is None:
+        raise InputError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
+    report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
+    child = ["run", s.path, "--out", str(out), "--device", "cuda", "--l2", l2, *filters]
+    code = subprocess.run(profiling.nsys_command(str(report), child)).returncode
+    if code not in (0, 1) or not (out / results.META).exists():
+        raise click.ClickException(f"the profiled run failed (exit {code})")
+    rep = report.with_name(report.name + ".nsys-rep")
+    rep.rename(out / "profile.nsys-rep")
+    sqlite = profiling.nsys_export_sqlite(out / "profile.nsys-rep")
+    stats = profiling.nsys_kernel_table(sqlite, results.load(out)[0])
+    results.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
+    click.echo(stats.to_string(index=False) if len(stats) else "no timed points to attribute")
+    click.echo(f"nsys report, sqlite export and nsys_stats.csv are in {out}")
+
+
+def _torch_profile(s, out: Path, impls, cases, l2) -> None:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        try:
+            _sweep(s.path, str(out), "cuda", impls, False, timing=True, strict=False, cases=cases, l2=l2)
+        except SystemExit as e:
+            if e.code not in (0, 1, None):
+                raise
+    prof.export_chrome_trace(str(out / "torch_trace.json"))
+    text = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
+    results.atomic_write(out / "torch_stats.txt", text + "\n")
+    click.echo(text)
+    click.echo(f"Chrome/Perfetto trace and torch_stats.txt are in {out}")
+
+
+@main.command()
+@click.option("--peaks", "measure_peaks", is_flag=True,
+              help="Also measure the node's bf16 matmul rate and copy bandwidth (needs CUDA).")
+def env(measure_peaks):
     """What is installed and usable here: GPU, CUDA, torch, flashinfer, nsys."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if measure_peaks and device.type != "cuda":
+        raise InputError("--peaks: no CUDA device here; peaks are GPU measurements")
     info = environment.collect(device)
+    if measure_peaks:
+        info.update({f"peak.{k}": v for k, v in peaks.measure(device).items()})
     for k, v in info.items():
         click.echo(f"{k:28s} {v}")
     usable = [i.name for i in registry.all_implementations() if not i.availability(device)]

@@ -30,8 +30,8 @@ COLUMNS = [
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
-    "plan_us", "timer", "repeats", "median_us", "iqr_us", "noise", "eager_us",
-    "pairs", "flops", "min_bytes", "tflops", "tbps",
+    "plan_us", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us", "noise", "eager_us",
+    "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps",
 ]
 
 
@@ -135,7 +135,7 @@ class RunStore:
     def finalize(self, **meta_updates) -> pd.DataFrame:
         """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json."""
         rows = self.rows()
-        table = to_table(rows)
+        table = add_derived(to_table(rows), self.meta().get("peaks"))
         atomic_write(self.folder / TABLE, table.to_csv(index=False))
         atomic_write(self.folder / SAMPLES, to_samples(rows).to_csv(index=False))
         counts = table["status"].value_counts().to_dict() if len(table) else {}
@@ -152,6 +152,33 @@ def to_table(rows: list[dict]) -> pd.DataFrame:
     return df[lead + [c for c in df.columns if c not in lead]]
 
 
+def baseline_impl(library: str, storage: str) -> str:
+    """The naive custom-mask path a speedup is measured against."""
+    return "torch-mask" if library == "torch" else f"{storage}-mask"
+
+
+def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
+    """Columns that need other rows or the node's peaks: speedup over the naive custom-mask
+    baseline of the same case (same backend, else fa2: fa3 has no masks), and percent of the
+    measured bf16 matmul rate and copy bandwidth."""
+    if table.empty or not {"median_us", "library", "storage"} <= set(table.columns):
+        return table
+    timed = table.dropna(subset=["median_us"])
+    medians = {(r.case_id, r.impl, r.backend): r.median_us for r in timed.itertuples()}
+
+    def speedup(r):
+        base = baseline_impl(r.library, r.storage)
+        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, "fa2")))
+        return ref / r.median_us if ref and r.median_us == r.median_us else float("nan")
+
+    table = table.copy()
+    table["speedup_vs_mask"] = [speedup(r) for r in table.itertuples()]
+    if peaks:
+        table["pct_peak_tflops"] = 100 * table["tflops"] / peaks["bf16_matmul_tflops"]
+        table["pct_peak_tbps"] = 100 * table["tbps"] / peaks["copy_tbps"]
+    return table
+
+
 def to_samples(rows: list[dict]) -> pd.DataFrame:
     records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
                for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]
@@ -164,7 +191,7 @@ def load(folder) -> tuple[pd.DataFrame, dict]:
     if not (store.folder / META).exists():
         raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
     if (store.folder / ROWS).exists():
-        return to_table(store.rows()), store.meta()
+        return add_derived(to_table(store.rows()), store.meta().get("peaks")), store.meta()
     return pd.read_csv(store.folder / TABLE), store.meta()
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import time
+
 import torch
 
-from . import gate, semantics, timing, workloads
+from . import gate, scenarios, semantics, timing, workloads
 from .impls import registry
 from .profiling import nvtx_range
 from .scenarios import Point, Scenario
@@ -24,13 +26,19 @@ class SweepOptions:
     device: torch.device
     timed: bool = True  # False: gate only (``swabench check``)
     host_timer: timing.HostTimerOptions = field(default_factory=timing.HostTimerOptions)
+    graph_timer: timing.GraphTimerOptions = field(default_factory=timing.GraphTimerOptions)
+
+    @property
+    def kernel_timer(self) -> str:
+        return "cuda-graph" if self.device.type == "cuda" else "host"
 
 
 def timer_method(options: SweepOptions) -> dict:
     """How every number of the run was measured, for meta.json."""
-    return {"kernel_time": options.host_timer.describe() if options.timed else "not timed (gate only)",
+    kernel = options.graph_timer.describe() if options.kernel_timer == "cuda-graph" else options.host_timer.describe()
+    return {"kernel_time": kernel if options.timed else "not timed (gate only)",
             "plan_time": f"host wall clock of plan(), median of {PLAN_TIMER.min_repeats}+ calls after "
-                         f"{PLAN_TIMER.warmup} warm-up",
+                         f"{PLAN_TIMER.warmup} warm-up (the warm-up absorbs module loading)",
             "gate": "random N(0,1) pass + probe passes (swabench.probes) against the reference "
                     "(float64 on CPU, float32 on GPU); output poisoned with NaN before each call",
             "tolerances": {k: vars(v) for k, v in gate.TOLERANCES.items()}}
@@ -90,13 +98,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         row.update(status=status, reason="; ".join(s for s in (note, result.reason) if s))
         samples = {"plan": plan.samples_us} if options.timed else {}
         if status == "pass" and options.timed and not impl.expected_to_fail:
-            with nvtx_range("replay"):
-                kernel = timing.host_time(runner.run, sync, options.host_timer)
-            samples["kernel"] = kernel.samples_us
-            seconds = kernel.median_us * 1e-6
-            row.update(timer="host", repeats=len(kernel.samples_us), median_us=kernel.median_us,
-                       iqr_us=kernel.iqr_us, noise=kernel.noise,
-                       tflops=row["flops"] / seconds / 1e12, tbps=row["min_bytes"] / seconds / 1e12)
+            samples.update(time_kernel(runner, sync, options, row))
         row["samples"] = samples
         return row
     except registry.Unsupported as e:
@@ -105,6 +107,47 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         return {**row, "status": "skip", "reason": "out of memory"}
     except Exception as e:  # a crash is a failed point, not a failed sweep
         return {**row, "status": "fail", "reason": f"{type(e).__name__}: {e}"}
+
+
+def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
+    """Time the gated runner; fill the row's timing columns; return the raw samples."""
+    if options.kernel_timer == "cuda-graph":
+        kernel, eager = timing.cuda_graph_time(runner.run, options.graph_timer)
+        row.update(eager_us=eager.median_us, **kernel.extra)
+        samples = {"kernel": kernel.samples_us, "eager": eager.samples_us}
+    else:
+        kernel = timing.host_time(runner.run, sync, options.host_timer)
+        samples = {"kernel": kernel.samples_us}
+    seconds = kernel.median_us * 1e-6
+    row.update(timer=options.kernel_timer, repeats=len(kernel.samples_us), median_us=kernel.median_us,
+               iqr_us=kernel.iqr_us, noise=kernel.noise,
+               tflops=row["flops"] / seconds / 1e12, tbps=row["min_bytes"] / seconds / 1e12)
+    return samples
+
+
+def warm_up(points: list[Point], device: torch.device) -> dict[str, float]:
+    """Build every GPU module the points will need on a tiny case, before anything is timed, so
+    no JIT compile or module load lands in a timed region. Returns seconds per module signature."""
+    seen: dict[str, float] = {}
+    for p in points:
+        impl, c = registry.get(p.impl), p.case
+        if not impl.needs_cuda or impl.skip_reason(c, p.backend, device):
+            continue
+        label = f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}"
+        if label in seen:
+            continue
+        tiny = scenarios.make_case(dict(
+            mode="verify", qo_len=4, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
+            storage=c.storage, page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads,
+            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype))
+        t0 = time.perf_counter()
+        with nvtx_range(f"warm-up {label}"):
+            runner = impl.make(workloads.build(tiny, device), p.backend)
+            runner.plan()
+            runner.run()
+            torch.cuda.synchronize(device)
+        seen[label] = time.perf_counter() - t0
+    return seen
 
 
 def points_by_case(points: list[Point]) -> dict:
@@ -130,7 +173,7 @@ def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
                         row = {**base_row(point, None, options.device), "status": "skip",
                                "reason": "out of memory building the workload"}
                     else:
-                        with nvtx_range(f"{point.impl} {point.backend}"):
+                        with nvtx_range(f"{point.impl} [{point.backend}] #{case.case_id}"):
                             row = measure_point(point, w, options)
                     store.append(row)
                     yield row

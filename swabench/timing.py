@@ -1,22 +1,32 @@
 """Small timing helpers: every sample is kept; summaries are median, IQR and noise (IQR / median).
 
-On a CPU there is no kernel to isolate, so the host timer measures wall clock around a synchronous
-call.  (The CUDA-graph timer for GPU kernels lives beside it once the measurement issue lands.)
+- ``host_time``: wall clock around a synchronous call (CPU runs, and plan() everywhere).
+- ``cuda_graph_time``: capture k calls in a CUDA graph, replay it, time each replay with CUDA
+  events, divide by k.  Cold L2 captures an L2 flush before every call and subtracts a graph of
+  the flushes alone, so the flush is not counted.
+- ``eager_time``: back-to-back launches timed with events, launch overhead included.
+
+All three repeat until the noise is under a target or a time budget is spent (``sample_until``).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
+
+from .profiling import nvtx_range
 
 
 @dataclass
 class Timing:
     samples_us: list[float]
     method: str
-    warmup: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -25,22 +35,44 @@ class Timing:
 
     @property
     def iqr_us(self) -> float:
-        if len(self.samples_us) < 2:
-            return 0.0
-        q1, _, q3 = statistics.quantiles(self.samples_us, n=4, method="inclusive")
-        return q3 - q1
+        return iqr(self.samples_us)
 
     @property
     def noise(self) -> float:
         return self.iqr_us / self.median_us if self.median_us > 0 else float("nan")
 
 
+def iqr(samples: list[float]) -> float:
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q3 - q1
+
+
+def sample_until(measure: Callable[[], float], min_samples: int, max_samples: int, noise_target: float,
+                 budget_s: float, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Call ``measure`` until min_samples are in and either the noise (IQR / median) is at most
+    noise_target or budget_s of wall time has passed; never more than max_samples."""
+    samples, start = [], clock()
+    while len(samples) < max_samples:
+        samples.append(measure())
+        if len(samples) < min_samples:
+            continue
+        median = statistics.median(samples)
+        if (median > 0 and iqr(samples) / median <= noise_target) or clock() - start >= budget_s:
+            break
+    return samples
+
+
+# ---------------------------------------------------------------- host
+
 @dataclass(frozen=True)
 class HostTimerOptions:
     warmup: int = 2
     min_repeats: int = 5
     max_repeats: int = 200
-    budget_s: float = 0.2  # stop repeating once this much time was spent (after min_repeats)
+    budget_s: float = 0.2
+    noise_target: float = 0.0  # 0: repeat until the budget is spent
 
     def describe(self) -> str:
         return (f"host wall clock around one synchronous call; {self.warmup} warm-up calls, then repeats "
@@ -53,12 +85,105 @@ def host_time(fn: Callable[[], None], sync: Callable[[], None] = lambda: None,
     for _ in range(options.warmup):
         fn()
         sync()
-    samples, spent = [], 0.0
-    while len(samples) < options.max_repeats and (len(samples) < options.min_repeats or spent < options.budget_s):
+
+    def once() -> float:
         t0 = time.perf_counter()
         fn()
         sync()
-        dt = time.perf_counter() - t0
-        samples.append(dt * 1e6)
-        spent += dt
-    return Timing(samples, options.describe(), options.warmup)
+        return (time.perf_counter() - t0) * 1e6
+
+    samples = sample_until(once, options.min_repeats, options.max_repeats, options.noise_target, options.budget_s)
+    return Timing(samples, options.describe())
+
+
+# ---------------------------------------------------------------- CUDA graph
+
+@dataclass(frozen=True)
+class GraphTimerOptions:
+    l2: str = "cold"  # "cold": flush L2 before every call (not counted); "warm": back-to-back calls
+    replay_us: float = 500.0  # aim for replays this long: k = replay_us / (one call), clamped to [1, max_calls]
+    max_calls: int = 100
+    min_replays: int = 10
+    max_replays: int = 200
+    noise_target: float = 0.01
+    budget_s: float = 1.0
+    eager_calls: int = 20  # per eager sample
+
+    def describe(self) -> str:
+        flush = ("an L2 flush captured before every call, its own graph's time subtracted"
+                 if self.l2 == "cold" else "calls back to back (warm L2)")
+        return (f"CUDA graph of k calls (k sized for ~{self.replay_us:g} us replays, at most {self.max_calls}); "
+                f"{flush}; each replay timed with CUDA events and divided by k; replays repeated "
+                f"({self.min_replays}..{self.max_replays}) until IQR/median <= {self.noise_target:g} or "
+                f"{self.budget_s:g} s; eager: {self.eager_calls} back-to-back launches timed with events")
+
+
+@functools.lru_cache(maxsize=None)
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    """Twice the L2 size: writing it evicts everything a previous call left in L2."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20) or (64 << 20)
+    return torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+
+
+def _capture(body: Callable[[], None], k: int) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the side-stream warm-up PyTorch asks for before capture
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            body()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _replay_us(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def eager_time(fn: Callable[[], None], calls: int) -> float:
+    """Per-call time of ``calls`` launches back to back (launch overhead included), in us."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def cuda_graph_time(fn: Callable[[], None], options: GraphTimerOptions = GraphTimerOptions()) -> tuple[Timing, Timing]:
+    """(kernel time per call from graph replays, eager time per call). ``fn`` must be capturable:
+    no allocation outside PyTorch's allocator, no host synchronisation."""
+    with nvtx_range("capture"):
+        fn()
+        once = statistics.median(eager_time(fn, 1) for _ in range(3))
+        k = max(1, min(options.max_calls, math.ceil(options.replay_us / max(once, 1.0))))
+        if options.l2 == "cold":
+            flush = _flush_buffer(torch.device("cuda", torch.cuda.current_device()))
+            work = _capture(lambda: (flush.zero_(), fn()), k)
+            base = _capture(flush.zero_, k)
+
+            def sample() -> float:
+                return (_replay_us(work) - _replay_us(base)) / k
+        else:
+            work = _capture(fn, k)
+
+            def sample() -> float:
+                return _replay_us(work) / k
+        sample()  # the first replay uploads the graph: not a sample
+    with nvtx_range("replay", payload=k):
+        samples = sample_until(sample, options.min_replays, options.max_replays, options.noise_target,
+                               options.budget_s)
+    with nvtx_range("eager"):
+        eager = sample_until(lambda: eager_time(fn, options.eager_calls), 3, 20, options.noise_target, 0.2)
+    extra = {"graph_calls": k, "replays": len(samples), "l2": options.l2}
+    return Timing(samples, options.describe(), extra), Timing(eager, "eager", {"eager_calls": options.eager_calls})

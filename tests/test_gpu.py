@@ -91,3 +91,17 @@ def test_auto_backend_is_resolved_and_recorded():
     w = workload("paged-window", 127, 1000, 16)
     runner, result = gated("paged-window", w, "auto")
     assert runner.resolved_backend in ("fa2", "fa3") and result.passed
+
+
+@pytest.mark.parametrize("l2", ["cold", "warm"])
+def test_graph_timer_measures_a_known_amount_of_work(l2):
+    """A copy of 256 MiB: the graph time must sit near bytes / bandwidth, the noise must be small,
+    and the eager time (launch overhead included) is never below it by more than noise."""
+    from swabench import timing
+    src = torch.randn(32 << 20, device="cuda")
+    dst = torch.empty_like(src)
+    kernel, eager = timing.cuda_graph_time(lambda: dst.copy_(src), timing.GraphTimerOptions(l2=l2))
+    tbps = 2 * src.numel() * 4 / (kernel.median_us * 1e-6) / 1e12
+    assert 1.0 < tbps < 5.5, tbps  # an H200 copies ~4.3 TB/s
+    assert kernel.noise < 0.05 and kernel.extra["replays"] >= 10 and kernel.extra["l2"] == l2
+    assert eager.median_us > 0.9 * kernel.median_us
