@@ -106,7 +106,7 @@ class GraphTimerOptions:
     min_replays: int = 10
     max_replays: int = 200
     noise_target: float = 0.01
-    budget_s: float = 1.0
+    budget_s: float = 0.3
     eager_calls: int = 20  # per eager sample
 
     def describe(self) -> str:
