@@ -42,9 +42,6 @@ def nvtx_range(message: str, payload: int | float | None = None):
 
 # ---------------------------------------------------------------- Nsight Systems
 
-FLUSH_KERNEL = "FillFunctor"  # the cold-L2 flush (a zero_ of twice the L2), not the implementation's
-
-
 def nsys_command(report: str, child_args: list[str]) -> list[str]:
     """Re-run swabench under nsys: CUDA + NVTX, graph nodes traced one by one."""
     return ["nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none",
@@ -75,6 +72,8 @@ SELECT replays.point AS point, s.value AS kernel, COUNT(*) AS launches, SUM(k.en
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k
 JOIN replays ON k.start >= replays.start AND k.end <= replays.end
 JOIN StringIds AS s ON s.id = k.shortName
+JOIN StringIds AS full ON full.id = k.demangledName
+WHERE full.value NOT LIKE '%FillFunctor%'  -- the cold-L2 flush: a zero_ of twice the L2
 GROUP BY replays.point, s.value
 """
 # Kernels are tied to a replay range by time: every replay is waited for (an event sync) inside
@@ -93,7 +92,6 @@ def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
     how far the CUDA-graph median is from it (agreement = graph / nsys - 1)."""
     with sqlite3.connect(sqlite_path) as con:
         kernels = pd.read_sql_query(_KERNELS_PER_REPLAY_RANGE, con)
-    kernels = kernels[~kernels["kernel"].str.contains(FLUSH_KERNEL)]
     rows = []
     timed = table.dropna(subset=["median_us"]).set_index(["case_id", "impl", "backend"])
     for point, group in kernels.groupby("point"):

@@ -25,7 +25,7 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 
 # The table's leading columns, in order; any others follow.
 COLUMNS = [
-    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "status", "reason",
+    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "wrapper", "status", "reason",
     "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device",

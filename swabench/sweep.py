@@ -89,7 +89,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
                 row["plan_us"] = plan.median_us
             else:
                 runner.plan()
-        row["resolved_backend"] = runner.resolved_backend
+        row.update(resolved_backend=runner.resolved_backend, wrapper=getattr(runner, "wrapper_mode", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)
         row.update(result.columns())

@@ -101,8 +101,8 @@ def host_time(fn: Callable[[], None], sync: Callable[[], None] = lambda: None,
 @dataclass(frozen=True)
 class GraphTimerOptions:
     l2: str = "cold"  # "cold": flush L2 before every call (not counted); "warm": back-to-back calls
-    replay_us: float = 500.0  # aim for replays this long: k = replay_us / (one call), clamped to [1, max_calls]
-    max_calls: int = 100
+    replay_us: float = 2000.0  # aim for replays this long: k = replay_us / (one call), clamped to [1, max_calls]
+    max_calls: int = 200
     min_replays: int = 10
     max_replays: int = 200
     noise_target: float = 0.01
@@ -165,7 +165,7 @@ def cuda_graph_time(fn: Callable[[], None], options: GraphTimerOptions = GraphTi
     no allocation outside PyTorch's allocator, no host synchronisation."""
     with nvtx_range("capture"):
         fn()
-        once = statistics.median(eager_time(fn, 1) for _ in range(3))
+        once = statistics.median(eager_time(fn, 10) for _ in range(3))  # per call, launches overlapped
         k = max(1, min(options.max_calls, math.ceil(options.replay_us / max(once, 1.0))))
         if options.l2 == "cold":
             flush = _flush_buffer(torch.device("cuda", torch.cuda.current_device()))

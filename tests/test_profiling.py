@@ -11,17 +11,19 @@ def fake_report(path):
     con.executescript("""
         CREATE TABLE StringIds (id INTEGER, value TEXT);
         CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, globalTid INTEGER, text TEXT, textId INTEGER);
-        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, shortName INTEGER);
-        INSERT INTO StringIds VALUES (1, 'BatchPrefillWithPagedKVCacheKernel'), (2, 'vectorized_elementwise_kernel<FillFunctor>'),
-                                     (3, 'case name'), (4, 'other');
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, shortName INTEGER, demangledName INTEGER);
+        INSERT INTO StringIds VALUES (1, 'BatchPrefillWithPagedKVCacheKernel'), (2, 'vectorized_elementwise_kernel'),
+                                     (3, 'case name'), (4, 'other'),
+                                     (5, 'void flashinfer::BatchPrefillWithPagedKVCacheKernel<...>(...)'),
+                                     (6, 'void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, ...>(...)');
         INSERT INTO NVTX_EVENTS VALUES (0, 10000, 7, 'run quick', NULL), (100, 9000, 7, NULL, 3),
             (200, 8000, 7, 'paged-window [fa2] #abc123', NULL), (1000, 5000, 7, 'replay', NULL),
             (6000, 7000, 7, 'eager', NULL);
         -- inside the replay range: 4 calls of 10 ns each, and flushes that must not count
-        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1100, 1110, 1), (1200, 1210, 1), (1300, 1310, 1), (1400, 1410, 1),
-            (1500, 1900, 2), (2000, 2400, 2);
+        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1100, 1110, 1, 5), (1200, 1210, 1, 5), (1300, 1310, 1, 5),
+            (1400, 1410, 1, 5), (1500, 1900, 2, 6), (2000, 2400, 2, 6);
         -- outside it (eager): must not count
-        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (6100, 6500, 1), (6600, 6700, 4);
+        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (6100, 6500, 1, 5), (6600, 6700, 4, 4);
     """)
     con.commit()
     con.close()

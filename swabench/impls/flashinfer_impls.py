@@ -9,6 +9,7 @@ gate can be captured and timed.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -48,29 +49,44 @@ class Variant:
     deprecated_forward: bool = False  # run through forward(..., window_left=W)
 
 
+def _accepts(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
 class FlashInferRunner:
-    def __init__(self, w: workloads.Workload, backend: str, variant: Variant):
+    """One wrapper, planned for one workload.
+
+    ``graph_wrapper``: build the wrapper in CUDA-graph mode (what a server capturing verify/decode
+    steps uses; its planner must allow any batch of this size).  ``uniform_hint``: when every
+    request has the same query count, tell the planner (``uniform_q_len``, where the installed
+    FlashInfer has it) so fa2 sizes its query tile for it rather than for the ragged worst case.
+    """
+
+    def __init__(self, w: workloads.Workload, backend: str, variant: Variant, graph_wrapper: bool = True,
+                 uniform_hint: bool = True):
         import flashinfer
 
         self.w, self.variant, self.backend = w, variant, backend
+        self.graph_wrapper, self.uniform_hint = graph_wrapper, uniform_hint
         self.resolved_backend = backend
         self.out = torch.empty_like(w.q)
         b, dev, i32 = w.batch_size, w.device, torch.int32
-        mask_bufs = {}
-        if variant.mask:
-            mask_bufs = dict(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, w.kv_lens),
-                                                         dtype=torch.uint8, device=dev),
-                             mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
-        common = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                      backend=backend, **mask_bufs)
-        if variant.storage == "paged":
-            self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                _workspace(dev), "NHD", paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
-                paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev), **common)
-        else:
-            self.wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                _workspace(dev), "NHD", kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev), **common)
+        paged = variant.storage == "paged"
+        bufs = {}
+        if graph_wrapper:  # fixed buffers sized for this workload, as CUDA-graph mode requires
+            bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+            if paged:
+                bufs.update(paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
+                            paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
+                            paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev))
+            else:
+                bufs.update(kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+            if variant.mask:
+                bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, w.kv_lens),
+                                                        dtype=torch.uint8, device=dev),
+                            mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+        cls = flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
+        self.wrapper = cls(_workspace(dev), "NHD", backend=backend, **bufs)
 
     def plan(self) -> None:
         """Host work of one serving step: trimmed page tables or the custom mask, then plan()."""
@@ -84,6 +100,8 @@ class FlashInferRunner:
             window = dict(causal=True, window_left=c.window_left if v.window_at_plan else semantics.NO_WINDOW)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim_qk=c.head_dim,
                      q_data_type=w.dtype, kv_data_type=w.dtype, **window)
+        if self.uniform_hint and len(set(w.qo_lens)) == 1 and _accepts(self.wrapper.plan, "uniform_q_len"):
+            shape["uniform_q_len"] = w.qo_lens[0]
         if v.storage == "ragged":
             self.wrapper.plan(qo_indptr, w.kv_indptr_host.to(i32), **shape)
         else:
@@ -94,6 +112,8 @@ class FlashInferRunner:
             self.wrapper.plan(qo_indptr, indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu(),
                               page_size=ps, **shape)
         self.resolved_backend = getattr(self.wrapper, "_backend", self.backend)
+        self.wrapper_mode = ("cuda-graph" if self.graph_wrapper else "plain") + \
+            (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
 
     def run(self) -> None:
         w = self.w
