@@ -76,6 +76,17 @@ JOIN StringIds AS full ON full.id = k.demangledName
 WHERE full.value NOT LIKE '%FillFunctor%'  -- the cold-L2 flush: a zero_ of twice the L2
 GROUP BY replays.point, s.value
 """
+
+_REPLAY_RANGES = """
+SELECT p.name AS point, SUM(r.end - r.start) AS replay_ns
+FROM (SELECT start, end, globalTid, COALESCE(text, (SELECT value FROM StringIds WHERE id = textId)) AS name
+      FROM NVTX_EVENTS WHERE end IS NOT NULL) AS r
+JOIN (SELECT start, end, globalTid, COALESCE(text, (SELECT value FROM StringIds WHERE id = textId)) AS name
+      FROM NVTX_EVENTS WHERE end IS NOT NULL) AS p
+  ON p.globalTid = r.globalTid AND p.start <= r.start AND p.end >= r.end AND p.name LIKE '%#%'
+WHERE r.name = 'replay'
+GROUP BY p.name
+"""
 # Kernels are tied to a replay range by time: every replay is waited for (an event sync) inside
 # the range and nothing else runs on the GPU meanwhile, so GPU work inside the range is its own.
 
@@ -89,9 +100,11 @@ def parse_point(range_name: str) -> tuple[str, str, str]:
 
 def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
     """Per timed point: the kernels Nsight saw inside its replay range, their time per call, and
-    how far the CUDA-graph median is from it (agreement = graph / nsys - 1)."""
+    how far the CUDA-graph median is from it (agreement = graph / nsys - 1; gap_us = graph - nsys,
+    which a graph pays per kernel boundary and a sum of kernel durations does not)."""
     with sqlite3.connect(sqlite_path) as con:
         kernels = pd.read_sql_query(_KERNELS_PER_REPLAY_RANGE, con)
+        replay_ns = pd.read_sql_query(_REPLAY_RANGES, con).set_index("point")["replay_ns"]
     rows = []
     timed = table.dropna(subset=["median_us"]).set_index(["case_id", "impl", "backend"])
     for point, group in kernels.groupby("point"):
@@ -103,6 +116,8 @@ def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
         nsys_us = group["total_ns"].sum() / 1e3 / calls
         rows.append({"case_id": key[0], "case": r["case"], "impl": key[1], "backend": key[2],
                      "kernels": "; ".join(f"{k} x{n // calls}" for k, n in zip(group["kernel"], group["launches"])),
+                     "kernels_per_call": group["launches"].sum() / calls,
+                     "replay_range_ms": replay_ns.get(point, float("nan")) / 1e6,
                      "graph_median_us": r["median_us"], "nsys_kernel_us": nsys_us,
-                     "agreement": r["median_us"] / nsys_us - 1})
+                     "gap_us": r["median_us"] - nsys_us, "agreement": r["median_us"] / nsys_us - 1})
     return pd.DataFrame(rows)

@@ -38,7 +38,8 @@ def test_kernels_are_tied_to_their_point(tmp_path):
     row = out.iloc[0]
     assert row["kernels"] == "BatchPrefillWithPagedKVCacheKernel x1"
     assert abs(row["nsys_kernel_us"] - 0.010) < 1e-12  # 40 ns over 4 calls
-    assert abs(row["agreement"] - 0.05) < 1e-9
+    assert abs(row["agreement"] - 0.05) < 1e-9 and row["kernels_per_call"] == 1
+    assert abs(row["replay_range_ms"] - 0.004) < 1e-12  # the replay range is 4000 ns
 
 
 def test_point_names_round_trip():
