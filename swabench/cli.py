@@ -253,12 +253,15 @@ def _axis_values(cases) -> dict:
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def summary(run_dir):
-    """Markdown correctness matrix of a run folder (status counts and errors per implementation)."""
+    """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
     try:
         table, meta = results.load(run_dir)
     except results.RunFolderError as e:
         raise InputError(str(e)) from None
     click.echo(report.correctness_summary(table, meta))
+    timings = report.timing_summary(table, meta)
+    if timings:
+        click.echo("\n" + timings)
 
 
 @main.command()

@@ -51,3 +51,32 @@ def correctness_summary(table: pd.DataFrame, meta: dict) -> str:
     cases = table["case_id"].nunique()
     return (f"**{meta.get('scenario')}**: {cases} cases, {len(table)} points. {environment_line(meta)}\n\n"
             + markdown_table(correctness_matrix(table)))
+
+
+def timing_matrix(table: pd.DataFrame) -> pd.DataFrame:
+    """Per mode, implementation and backend: timed points, median kernel time, median speedup over
+    the naive custom-mask path of the same cases, and how many points met the 2% noise bar."""
+    timed = table.dropna(subset=["median_us"])
+    rows = []
+    for (mode, impl, backend), g in timed.groupby(["mode", "impl", "backend"], sort=True):
+        rows.append({"mode": mode, "impl": impl, "backend": backend, "points": len(g),
+                     "median us": g["median_us"].median(),
+                     "median speedup vs mask": g["speedup_vs_mask"].median() if "speedup_vs_mask" in g else None,
+                     "noise <= 2%": f"{int((g['noise'] <= 0.02).sum())}/{len(g)}"})
+    return pd.DataFrame(rows)
+
+
+def timing_summary(table: pd.DataFrame, meta: dict) -> str:
+    timed = table.dropna(subset=["median_us"])
+    if timed.empty:
+        return ""
+    long = timed[timed["median_us"] >= 20]
+    lines = [f"**{meta.get('scenario')}** timings: {len(timed)} timed points, sweep wall time "
+             f"{meta.get('wall_s')} s, JIT warm-up {meta.get('jit_warmup_total_s')} s; "
+             f"{int((long['noise'] <= 0.02).sum())}/{len(long)} points of 20 us or more have noise <= 2%. "
+             f"Method: {meta.get('method', {}).get('kernel_time', '')}"]
+    peaks = meta.get("peaks")
+    if peaks:
+        lines.append(f"Node peaks: bf16 matmul {peaks['bf16_matmul_tflops']:.0f} TFLOP/s, "
+                     f"copy {peaks['copy_tbps']:.2f} TB/s ({peaks['method']}).")
+    return "\n\n".join(lines) + "\n\n" + markdown_table(timing_matrix(table))
