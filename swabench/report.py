@@ -67,9 +67,10 @@ def timing_matrix(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def timing_summary(table: pd.DataFrame, meta: dict) -> str:
-    timed = table.dropna(subset=["median_us"])
-    if timed.empty:
+    """The timing half of ``swabench summary`` ("" for a gate-only run)."""
+    if "median_us" not in table or table["median_us"].isna().all():
         return ""
+    timed = table.dropna(subset=["median_us"])
     long = timed[timed["median_us"] >= 20]
     lines = [f"**{meta.get('scenario')}** timings: {len(timed)} timed points, sweep wall time "
              f"{meta.get('wall_s')} s, JIT warm-up {meta.get('jit_warmup_total_s')} s; "

@@ -195,3 +195,12 @@ def test_exit_status_fail_is_fatal_xpass_only_with_strict(tiny, tmp_path, monkey
         assert set(pd.read_csv(out / results.TABLE)["status"]) == {status}
         summary = invoke("summary", out)
         assert summary.exit_code == 0 and f"| {impl} |" in summary.output
+
+
+def test_summary_of_a_timed_run(tiny, tmp_path):
+    out = tmp_path / "run"
+    assert invoke("run", tiny, "--out", out, "--device", "cpu", "--impl", "torch-trim", "--impl", "torch-mask").exit_code == 0
+    r = invoke("summary", out)
+    assert r.exit_code == 0
+    assert "| torch-trim | correct | torch | 8 | 0 |" in r.output  # 8 points, all passed
+    assert "timed points" in r.output and "| verify | torch-mask | torch | 4 |" in r.output
