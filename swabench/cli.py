@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import torch
 
-from . import __version__, environment, peaks, profiling, report, results, scenarios, sweep, timing
+from . import __version__, compare, environment, peaks, profiling, report, results, scenarios, sweep, timing
 from .impls import registry
 from .results import RunFolderError, RunStore
 
@@ -248,6 +248,25 @@ def _axis_values(cases) -> dict:
             if v is not None and v not in out.setdefault(k, []):
                 out[k].append(v)
     return out
+
+
+@main.command("compare")
+@click.argument("base", type=click.Path(exists=True, file_okay=False))
+@click.argument("new", type=click.Path(exists=True, file_okay=False))
+@click.option("--threshold", type=float, default=0.05, show_default=True,
+              help="Smallest relative change of the median that counts (0.05 = 5%).")
+@click.option("--alpha", type=float, default=0.01, show_default=True, help="Significance level of the U test.")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@click.option("--allow-different-gpus", is_flag=True, help="Compare runs made on different devices anyway.")
+def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
+    """Point-by-point timing comparison of two run folders; exit 1 on a significant regression."""
+    try:
+        table, bm, nm = compare.compare(base, new, threshold, alpha, allow_different_gpus)
+    except (compare.CompareError, results.RunFolderError) as e:
+        raise InputError(str(e)) from None
+    click.echo(compare.to_json(table) if fmt == "json" else compare.to_markdown(table, bm, nm, threshold, alpha))
+    if (table["verdict"] == "regression").any():
+        sys.exit(1)
 
 
 @main.command()

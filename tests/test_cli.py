@@ -204,3 +204,28 @@ def test_summary_of_a_timed_run(tiny, tmp_path):
     assert r.exit_code == 0
     assert "| torch-trim | correct | torch | 8 | 0 |" in r.output  # 8 points, all passed
     assert "timed points" in r.output and "| verify | torch-mask | torch | 4 |" in r.output
+
+
+def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeypatch):
+    """Two runs of the same scenario; in the second, torch-mask is made 30x slower: compare must
+    flag that one implementation and exit 1 (a CI gate), and nothing else."""
+    import time as _time
+
+    from swabench.impls import embedded, registry
+    args = ["--device", "cpu", "--impl", "torch-trim", "--impl", "torch-mask"]
+    assert invoke("run", tiny, "--out", tmp_path / "base", *args).exit_code == 0
+    real = embedded.GatherRunner.run
+
+    def slow_run(self):
+        real(self)
+        if not self.trim:  # torch-mask only
+            _time.sleep(0.02)
+
+    monkeypatch.setattr(embedded.GatherRunner, "run", slow_run)
+    assert invoke("run", tiny, "--out", tmp_path / "new", *args).exit_code == 0
+    r = invoke("compare", tmp_path / "base", tmp_path / "new", "--threshold", "2.0", "--format", "json")
+    assert r.exit_code == 1
+    flagged = {(p["impl"], p["verdict"]) for p in json.loads(r.output) if p["verdict"] != "same"}
+    assert flagged == {("torch-mask", "regression")}
+    same = invoke("compare", tmp_path / "base", tmp_path / "base")
+    assert same.exit_code == 0 and "No significant differences" in same.output
