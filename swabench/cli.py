@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import gzip
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +16,7 @@ from pathlib import Path
 import click
 import torch
 
-from . import __version__, compare, environment, peaks, profiling, report, results, scenarios, sweep, timing
+from . import __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, sweep, timing
 from .impls import registry
 from .results import RunFolderError, RunStore
 
@@ -269,14 +272,68 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
         sys.exit(1)
 
 
+def _load_run(run_dir):
+    try:
+        return results.load(run_dir)
+    except results.RunFolderError as e:
+        raise InputError(str(e)) from None
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
+def plot(run_dir, out):
+    """Figures of a run folder, PNG and SVG."""
+    table, meta = _load_run(run_dir)
+    out = Path(out) if out else Path("plots") / Path(run_dir).resolve().name
+    for name, paths in plots.make_all(table, meta, out).items():
+        click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
+
+
+@main.command("report")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
+def report_cmd(run_dir, out):
+    """One Markdown report (environment, method, correctness matrix, headline, figures) for a pull request."""
+    _load_run(run_dir)
+    out = Path(out) if out else Path("plots") / Path(run_dir).resolve().name
+    click.echo(report.write(run_dir, out))
+
+
+@main.command("bench-host")
+@click.option("--out", type=click.Path(file_okay=False), help="Run folder (default: results/host-bench-TIME).")
+@click.option("--quick", is_flag=True, help="Small batches and contexts only (seconds, for a smoke test).")
+def bench_host(out, quick):
+    """pytest-benchmark of the host work a step pays (mask build and packing, trimmed page tables,
+    indptr arrays), saved as JSON in a run folder and plotted beside it."""
+    bench_dir = environment.REPO / "benchmarks"
+    if not bench_dir.is_dir():
+        raise InputError(f"{bench_dir} is not there: run from a checkout (pip install -e .)")
+    out = Path(out) if out else Path("results") / f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} already holds files; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
+    results.atomic_write(out / results.META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    env = {**os.environ, "SWABENCH_BENCH_QUICK": "1" if quick else "0"}
+    code = subprocess.run([sys.executable, "-m", "pytest", str(bench_dir), "-q", "-p", "no:cacheprovider",
+                           f"--benchmark-json={out / 'host_benchmarks.json'}"], env=env).returncode
+    if code != 0:
+        raise click.ClickException(f"the benchmarks failed (pytest exit {code})")
+    raw = out / "host_benchmarks.json"
+    data = json.loads(raw.read_text())
+    with gzip.open(out / "host_benchmarks.json.gz", "wt") as f:  # every round is kept: compress it
+        json.dump(data, f)
+    raw.unlink()
+    for path in plots.save(plots.host_work(data, meta), out, "host_work"):
+        click.echo(path)
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def summary(run_dir):
     """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
-    try:
-        table, meta = results.load(run_dir)
-    except results.RunFolderError as e:
-        raise InputError(str(e)) from None
+    table, meta = _load_run(run_dir)
     click.echo(report.correctness_summary(table, meta))
     timings = report.timing_summary(table, meta)
     if timings:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
+
+from . import plots, results
 
 STATUS_ORDER = ["pass", "fail", "xfail", "xpass", "skip"]
 
@@ -81,3 +86,57 @@ def timing_summary(table: pd.DataFrame, meta: dict) -> str:
         lines.append(f"Node peaks: bf16 matmul {peaks['bf16_matmul_tflops']:.0f} TFLOP/s, "
                      f"copy {peaks['copy_tbps']:.2f} TB/s ({peaks['method']}).")
     return "\n\n".join(lines) + "\n\n" + markdown_table(timing_matrix(table))
+
+
+def headline(table: pd.DataFrame) -> pd.DataFrame:
+    """Speedup of paged-window and paged-trim over paged-mask (fa2), per mode and window: the median
+    over the run's cases, with how many cases each cell holds."""
+    t = table.dropna(subset=["median_us"]) if "median_us" in table else table.iloc[0:0]
+    t = t[(t["backend"] == "fa2") & t["impl"].isin(["paged-window", "paged-trim"])]
+    if t.empty or "speedup_vs_mask" not in t:
+        return pd.DataFrame()
+    grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
+    grid["cell"] = grid.apply(lambda r: f"{r['median']:.1f}x ({int(r['count'])})", axis=1)
+    wide = grid.pivot_table(index=["mode", "sliding_window"], columns="impl", values="cell", aggfunc="first")
+    order = {m: i for i, m in enumerate(plots.MODES)}
+    wide = wide.reset_index().sort_values(["mode", "sliding_window"], key=lambda c: c.map(order) if c.name == "mode" else c)
+    cols = ["mode", "sliding_window"] + [c for c in ("paged-window", "paged-trim") if c in wide.columns]
+    return wide[cols].rename(columns={"sliding_window": "window (keys)"})
+
+
+def write(run_dir: Path, out: Path) -> Path:
+    """REPORT.md and its figures in ``out``, from the run folder alone."""
+    run_dir, out = Path(run_dir), Path(out)
+    table, meta = results.load(run_dir)
+    made = plots.make_all(table, meta, out)
+    env_keys = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "flashinfer", "swabench", "git_commit",
+                "python", "cpu", "host", "time_utc", "command", "nvidia_smi.clocks.max.sm", "peaks"]
+    env = pd.DataFrame([{"": k, "value": json.dumps(meta[k]) if isinstance(meta.get(k), dict) else meta.get(k)}
+                        for k in env_keys if meta.get(k) is not None])
+    method = pd.DataFrame([{"what": k, "how": json.dumps(v) if isinstance(v, dict) else v}
+                           for k, v in meta.get("method", {}).items()])
+    bad = table[table["status"].isin(["fail", "xpass"])]
+    parts = [f"# swabench report: {meta.get('scenario')}",
+             f"Run folder `{run_dir}`; {len(table)} points over {table['case_id'].nunique()} cases. "
+             f"{environment_line(meta)}",
+             "## Environment", markdown_table(env),
+             "## Method", markdown_table(method),
+             "## Correctness", correctness_summary(table, meta)]
+    if len(bad):
+        parts += [f"{len(bad)} points failed the gate or let a known bug through:",
+                  markdown_table(bad[["status", "impl", "backend", "case", "reason"]].head(50))]
+    head = headline(table)
+    if len(head):
+        parts += ["## Headline: speedup over the custom-mask path",
+                  "Median over the run's cases of `paged-mask` time / time, fa2; (n) = cases in the cell.",
+                  markdown_table(head)]
+    timings = timing_summary(table, meta)
+    if timings:
+        parts += ["## Timings", timings]
+    parts.append("## Figures")
+    for name, paths in made.items():
+        doc = (plots.FIGURES[name].__doc__ or name).strip()
+        parts.append(f"![{name}]({paths[0].name})\n\n*{doc}*" if paths else f"*{name}: no points for it in this run.*")
+    path = out / "REPORT.md"
+    results.atomic_write(path, "\n\n".join(parts) + "\n")
+    return path

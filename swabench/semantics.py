@@ -136,3 +136,13 @@ def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.
 def packed_mask_bytes(qo_lens, kv_lens) -> int:
     """Size of the bit-packed mask FlashInfer keeps per step: ceil(qo * kv / 8) bytes per request."""
     return sum((q * k + 7) // 8 for q, k in zip(qo_lens, kv_lens))
+
+
+def pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
+    """Bool vector -> uint8, little-endian bit order within each byte (numpy.packbits(bitorder="little"),
+    FlashInfer's packed custom-mask layout for one segment)."""
+    n = bits.numel()
+    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=bits.device)
+    padded[:n] = bits.reshape(-1).to(torch.uint8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=bits.device)
+    return (padded.view(-1, 8) * weights).sum(dim=1, dtype=torch.int32).to(torch.uint8)

@@ -88,3 +88,11 @@ def test_plan_without_window_is_wrong_once_kv_len_exceeds_the_window():
     for w in (0, 3, 16):
         assert not semantics.differs(causal, Visibility(w), 1, w + 1)
         assert semantics.differs(causal, Visibility(w), 1, w + 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=100))
+def test_bit_packing_is_little_endian(bits):
+    packed = semantics.pack_bits_little(torch.tensor(bits))
+    expect = [sum(1 << i for i, b in enumerate(bits[k:k + 8]) if b) for k in range(0, len(bits), 8)]
+    assert packed.tolist() == expect

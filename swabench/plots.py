@@ -1,0 +1,318 @@
+"""Figures made from a run folder's table (never from typed-in numbers): PNG and SVG, Okabe-Ito
+colours (safe for colour-blind readers), the device and library versions in every caption, and
+points that failed the gate or were skipped drawn as such rather than dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
+IMPL_ORDER = ["paged-window", "paged-trim", "ragged-window", "paged-mask", "ragged-mask", "torch-trim", "torch-mask"]
+BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
+BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
+MODES = ["extend", "verify", "draft_extend", "decode"]
+
+
+def colour(impl: str) -> str:
+    i = IMPL_ORDER.index(impl) if impl in IMPL_ORDER else len(IMPL_ORDER) + hash(impl) % 3
+    return OKABE_ITO[i % len(OKABE_ITO)]
+
+
+def caption(meta: dict) -> str:
+    device = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
+    if meta.get("embedded_backend"):
+        device += ", embedded PyTorch backend"
+    commit = (meta.get("git_commit") or "?")[:8]
+    l2 = "cold L2" if "flush" in str(meta.get("method", {}).get("kernel_time", "")) else ""
+    return (f"{device} | flashinfer {meta.get('flashinfer') or 'n/a'} | torch {meta.get('torch')} | "
+            f"swabench {meta.get('swabench')}@{commit} | {meta.get('scenario')} | {l2}").rstrip(" |")
+
+
+def _figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2)):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
+                             squeeze=False, constrained_layout=True)
+    fig.suptitle(title, fontsize=11)
+    fig.text(0.5, -0.01, caption(meta), ha="center", va="top", fontsize=7, color="#444444")
+    return fig, axes
+
+
+def _log_x_ticks(ax, values) -> None:
+    """Log x axis labelled at the values measured, without the minor-tick clutter."""
+    values = sorted(v for v in set(values) if v == v)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
+
+
+def _timed(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["status"] == "pass"].dropna(subset=["median_us"]) if "median_us" in table else table.iloc[0:0]
+
+
+def _primary(table: pd.DataFrame) -> pd.DataFrame:
+    """Each library's most common backend only (fa2 for FlashInfer in the shipped scenarios), so a
+    median over the other axes compares series over the same cases; backends() compares backends."""
+    main = table.groupby("library")["backend"].agg(lambda b: b.value_counts().index[0]).to_dict()
+    return table[table["backend"] == table["library"].map(main)]
+
+
+def _mark_untimed(ax, rows: pd.DataFrame, x: str) -> None:
+    """Failed points as red crosses along the top, skipped as grey squares along the bottom."""
+    for status, y, marker, col, label in (("fail", 0.97, "X", "#D55E00", "failed gate"),
+                                          ("skip", 0.03, "s", "#999999", "skipped")):
+        xs = rows.loc[rows["status"] == status, x].dropna().unique()
+        if len(xs):
+            ax.scatter(xs, [y] * len(xs), marker=marker, color=col, s=30, transform=ax.get_xaxis_transform(),
+                       label=f"{label} ({int((rows['status'] == status).sum())})", zorder=5, clip_on=False)
+
+
+def time_vs_window(table, meta):
+    """Kernel time against the window, per implementation, faceted by mode and storage."""
+    every = table[table["kind"] == "correct"]
+    correct = _primary(every)
+    modes = [m for m in MODES if m in set(correct["mode"])]
+    storages = [s for s in ("paged", "ragged") if s in set(correct["storage"])]
+    if not modes or _timed(correct).empty:
+        return None
+    fig, axes = _figure(meta, "Kernel time vs window (lines: median over the other axes; marks: every "
+                              "failed or skipped point, any backend)", len(modes), len(storages))
+    for i, mode in enumerate(modes):
+        for j, storage in enumerate(storages):
+            ax = axes[i][j]
+            facet = (every["mode"] == mode) & (every["storage"] == storage)
+            rows = correct[(correct["mode"] == mode) & (correct["storage"] == storage)]
+            if rows.empty:
+                ax.set_axis_off()
+                ax.set_title(f"{mode}, {storage}: no points", fontsize=8)
+                continue
+            windows = sorted(rows["sliding_window"].unique())
+            for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
+                line = g.groupby("sliding_window")["median_us"].median()
+                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
+                        color=colour(impl), label=f"{impl} [{backend}]")
+            _mark_untimed(ax, every[facet], "sliding_window")
+            ax.set(yscale="log", title=f"{mode}, {storage}", xlabel="sliding window (keys)",
+                   ylabel="kernel time (us)")
+            _log_x_ticks(ax, windows)
+            ax.grid(alpha=0.3, which="both")
+            if len(ax.get_legend_handles_labels()[0]):
+                ax.legend(fontsize=6)
+    return fig
+
+
+def speedup_by_mode(table, meta):
+    """Median speedup of each correct path over the naive custom-mask path, per mode."""
+    t = _primary(_timed(table))
+    t = t[(t["kind"] == "correct") & ~t["impl"].str.endswith("-mask")].dropna(subset=["speedup_vs_mask"])
+    if t.empty:
+        return None
+    fig, axes = _figure(meta, "Speedup over the custom-mask baseline of the same case (median, IQR bars)")
+    ax = axes[0][0]
+    series = sorted({(r.impl, r.backend) for r in t.itertuples()}, key=lambda k: (IMPL_ORDER.index(k[0])
+                                                                                  if k[0] in IMPL_ORDER else 99, k[1]))
+    modes = [m for m in MODES if m in set(t["mode"])]
+    width = 0.8 / len(series)
+    for k, (impl, backend) in enumerate(series):
+        g = t[(t["impl"] == impl) & (t["backend"] == backend)].groupby("mode")["speedup_vs_mask"]
+        med, q1, q3 = g.median(), g.quantile(0.25), g.quantile(0.75)
+        xs = [i + (k - (len(series) - 1) / 2) * width for i, m in enumerate(modes) if m in med.index]
+        ms = [m for m in modes if m in med.index]
+        ax.bar(xs, med[ms], width, yerr=[med[ms] - q1[ms], q3[ms] - med[ms]], color=colour(impl),
+               hatch="" if backend in ("fa2", "torch") else "//", edgecolor="white", label=f"{impl} [{backend}]",
+               error_kw={"lw": 0.8})
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(xticks=range(len(modes)), xticklabels=modes, ylabel="speedup (x)", yscale="log")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    return fig
+
+
+def speedup_heatmap(table, meta):
+    """Speedup of the paged paths over paged-mask across window x page size."""
+    t = _timed(table)
+    t = t[t["impl"].isin(["paged-window", "paged-trim"]) & (t["backend"] == "fa2")
+          & (t["page_layout"] == "scattered")].dropna(subset=["speedup_vs_mask"])
+    # only shapes measured at several page sizes, so every cell compares the same cases
+    shape = [c for c in ("impl", "mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+                         "sliding_window", "num_qo_heads", "num_kv_heads", "head_dim", "dtype") if c in t]
+    t = t[t.groupby(shape, dropna=False)["page_size"].transform("nunique") > 1]
+    if t.empty:
+        return None
+    impls = [i for i in ("paged-window", "paged-trim") if i in set(t["impl"])]
+    fig, axes = _figure(meta, "Speedup over paged-mask by window and page size (fa2, scattered pages)",
+                        1, len(impls), size=(5.0, 4.0))
+    for ax, impl in zip(axes[0], impls):
+        grid = t[t["impl"] == impl].pivot_table(index="sliding_window", columns="page_size",
+                                                values="speedup_vs_mask", aggfunc="median")
+        im = ax.imshow(grid.values, cmap="cividis", aspect="auto", origin="lower")
+        for (r, c), v in np.ndenumerate(grid.values):
+            if v == v:
+                ax.text(c, r, f"{v:.1f}x", ha="center", va="center", fontsize=8,
+                        color="white" if v < np.nanmean(grid.values) else "black")
+        ax.set(title=impl, xticks=range(grid.shape[1]), xticklabels=[int(p) for p in grid.columns],
+               yticks=range(grid.shape[0]), yticklabels=[int(w) for w in grid.index],
+               xlabel="page size", ylabel="sliding window (keys)")
+        fig.colorbar(im, ax=ax, shrink=0.8, label="speedup (x)")
+    return fig
+
+
+def speculative(table, meta):
+    """Verify time against draft tokens, and draft-extend time against the acceptance distribution."""
+    t = _primary(table[(table["kind"] == "correct") & (table["storage"] == "paged")])
+    panels = [m for m in ("verify", "draft_extend") if m in set(t["mode"])]
+    if not panels or _timed(t).empty:
+        return None
+    fig, axes = _figure(meta, "Speculative decoding: verify and draft extend (median over the other axes)",
+                        1, len(panels))
+    for ax, mode in zip(axes[0], panels):
+        rows = t[t["mode"] == mode].copy()
+        key = "qo_len" if mode == "verify" else "block"
+        if mode == "draft_extend":
+            rows["block"] = rows["accept"].astype(str) + " / " + rows["qo_len"].astype(str)
+            categories = list(dict.fromkeys(rows.sort_values(["qo_len", "accept"])["block"]))
+        else:
+            categories = sorted(rows[key].dropna().unique())
+        pos = {c: i for i, c in enumerate(categories)}
+        for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
+            line = g.groupby(key)["median_us"].median()
+            ax.plot([pos[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
+                    color=colour(impl), label=f"{impl} [{backend}]")
+        rows["_x"] = rows[key].map(pos)
+        _mark_untimed(ax, rows, "_x")
+        ax.set(xticks=range(len(categories)), xticklabels=[str(c) for c in categories], yscale="log",
+               title=mode, ylabel="kernel time (us)",
+               xlabel="draft tokens" if mode == "verify" else "acceptance distribution / draft block")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    return fig
+
+
+def tflops_vs_context(table, meta):
+    """Achieved TFLOP/s against context length, with the node's measured bf16 matmul peak."""
+    t = _primary(_timed(table))
+    t = t[t["kind"] == "correct"].copy()
+    if t.empty:
+        return None
+    t["context"] = t["prefix_len"].fillna(t["seq_len"])
+    modes = [m for m in MODES if m in set(t["mode"])]
+    fig, axes = _figure(meta, "Achieved TFLOP/s vs context (useful pairs only)", 1, len(modes), size=(4.5, 4.0))
+    peak = (meta.get("peaks") or {}).get("bf16_matmul_tflops")
+    for ax, mode in zip(axes[0], modes):
+        for (impl, backend), g in t[t["mode"] == mode].groupby(["impl", "backend"]):
+            line = g.groupby("context")["tflops"].median()
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
+                    color=colour(impl), label=f"{impl} [{backend}]")
+        if peak:
+            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured bf16 peak {peak:.0f}")
+        ax.set(yscale="log", title=mode, xlabel="context (keys before the queries)", ylabel="TFLOP/s")
+        _log_x_ticks(ax, t.loc[t["mode"] == mode, "context"])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    return fig
+
+
+def backends(table, meta):
+    """fa2 against fa3 per shape, and what auto picked: a red note where auto is >5% off the best;
+    points that were skipped or failed are written where their bar would be."""
+    every = table[table["kind"] == "correct"]
+    every = every[every.groupby(["case_id", "impl"])["backend"].transform("nunique") > 1]
+    if _timed(every).empty:
+        return None
+    impls = [i for i in IMPL_ORDER if i in set(every["impl"])]
+    fig, axes = _figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
+    for ax, impl in zip(axes[:, 0], impls):
+        g = every[every["impl"] == impl]
+        cases = list(dict.fromkeys(g["case"]))
+        names = [b for b in ("fa2", "fa3", "auto") if b in set(g["backend"])]
+        width = 0.8 / len(names)
+        for k, backend in enumerate(names):
+            rows = g[g["backend"] == backend].set_index("case")
+            for i, case in enumerate(cases):
+                x = i + (k - (len(names) - 1) / 2) * width
+                if case not in rows.index:
+                    continue
+                r = rows.loc[case]
+                if r["status"] == "pass" and r["median_us"] == r["median_us"]:
+                    ax.bar(x, r["median_us"], width, color=BACKEND_COLOUR[backend], label=backend if i == 0 else None)
+                else:
+                    ax.text(x, 0.02, r["status"], transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                            va="bottom", fontsize=6, color="#999999" if r["status"] == "skip" else "#D55E00")
+        for i, case in enumerate(cases):
+            c = _timed(g[g["case"] == case]).set_index("backend")
+            if "auto" in c.index and c["median_us"].min() < c.loc["auto", "median_us"] / 1.05:
+                ax.text(i, c["median_us"].max() * 1.15, f"auto({c.loc['auto', 'resolved_backend']}) loses",
+                        ha="center", fontsize=6, color="#D55E00")
+        ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticklabels([c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], rotation=30, ha="right",
+                           fontsize=6)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def plan_vs_kernel(table, meta):
+    """Host plan() cost against kernel time: above the diagonal, planning costs more than the kernel."""
+    t = _timed(table).dropna(subset=["plan_us"])
+    if t.empty:
+        return None
+    fig, axes = _figure(meta, "Plan cost (host) vs kernel time, per point")
+    ax = axes[0][0]
+    for impl, g in t.groupby("impl"):
+        ax.scatter(g["median_us"], g["plan_us"], s=8, alpha=0.7, color=colour(impl), label=impl)
+    lo, hi = min(t["median_us"].min(), t["plan_us"].min()), max(t["median_us"].max(), t["plan_us"].max())
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="plan = kernel")
+    ax.set(xscale="log", yscale="log", xlabel="kernel time (us)", ylabel="plan() host time (us)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def host_work(benchmarks: dict, meta: dict):
+    """pytest-benchmark results of the host work per step: median time against batch, per context."""
+    rows = [{"test": b["name"].split("[")[0].removeprefix("test_"), **b["params"], "median_us": b["stats"]["median"] * 1e6}
+            for b in benchmarks["benchmarks"]]
+    t = pd.DataFrame(rows)
+    tests = list(dict.fromkeys(t["test"]))
+    fig, axes = _figure(meta, "Host work per serving step (pytest-benchmark medians)", 1, len(tests), size=(4.5, 3.8))
+    for ax, test in zip(axes[0], tests):
+        for k, (context, g) in enumerate(t[t["test"] == test].groupby("context")):
+            g = g.sort_values("batch")
+            ax.plot(g["batch"], g["median_us"], marker="o", ms=3, color=OKABE_ITO[k % len(OKABE_ITO)],
+                    label=f"context {context}")
+        ax.set(yscale="log", title=test.replace("_", " "), xlabel="batch (requests)", ylabel="host time (us)")
+        _log_x_ticks(ax, t["batch"])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def save(fig, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode,
+           "speedup_heatmap": speedup_heatmap, "speculative": speculative,
+           "tflops_vs_context": tflops_vs_context, "backends": backends, "plan_vs_kernel": plan_vs_kernel}
+
+
+def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:
+    """Every figure the run has data for, as PNG and SVG in ``out``; None for those it has none for."""
+    out.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for name, build in FIGURES.items():
+        fig = build(table, meta)
+        made[name] = None if fig is None else save(fig, out, name)
+    return made

@@ -1,0 +1,99 @@
+"""Figures and the report, made from a committed H200 run folder and from a CPU run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+
+from swabench import plots, report, results
+
+H200_RUN = Path(__file__).resolve().parent.parent / "results" / "h200-default-run"
+PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "speedup_heatmap": 4, "speculative": 2,
+          "tflops_vs_context": 4, "backends": 5, "plan_vs_kernel": 1}  # heatmap: 2 panels + 2 colour bars
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return results.load(H200_RUN)
+
+
+@pytest.mark.parametrize("name", list(PANELS))
+def test_each_figure_has_its_panels_and_a_caption(h200, name):
+    table, meta = h200
+    fig = plots.FIGURES[name](table, meta)
+    assert len(fig.axes) == PANELS[name]
+    texts = [t.get_text() for t in fig.texts]
+    assert any("NVIDIA H200" in t and "flashinfer 0.7.2.post1" in t for t in texts)
+    assert sum(len(ax.lines) + len(ax.collections) + len(ax.patches) + len(ax.images) for ax in fig.axes) > 0
+
+
+def test_files_are_real_images(h200, tmp_path):
+    made = plots.make_all(*h200, tmp_path)
+    assert all(made.values())
+    for name, (png, svg) in made.items():
+        image = mpimg.imread(png)
+        assert image.shape[0] > 300 and image.shape[1] > 500, name
+        assert image[..., :3].std() > 0.05, f"{name} is blank"
+        assert "NVIDIA H200" in svg.read_text()
+
+
+def test_failed_and_skipped_points_are_drawn_not_dropped(h200):
+    table, meta = h200
+    table = table.copy()
+    victim = table.index[(table["impl"] == "paged-window") & (table["mode"] == "verify") & (table["backend"] == "fa2")][0]
+    table.loc[victim, "status"] = "fail"
+    fig = plots.time_vs_window(table, meta)
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert "failed gate (1)" in labels and any(label.startswith("skipped") for label in labels)
+
+
+def test_report_has_the_correctness_matrix_and_headline(tmp_path):
+    path = report.write(H200_RUN, tmp_path)
+    text = path.read_text()
+    assert "| impl | kind | backend | pass | fail | xfail | xpass | skip |" in text
+    assert "| paged-trim-causal | known-bug | fa2 | 12 | 0 | 120 | 0 | 0 |" in text
+    assert "## Headline: speedup over the custom-mask path" in text and "| verify | 1024 |" in text
+    for name in PANELS:
+        assert f"![{name}]({name}.png)" in text and (tmp_path / f"{name}.png").exists()
+
+
+def test_headline_is_computed_from_the_table(h200):
+    table, _ = h200
+    head = report.headline(table)
+    cell = head[(head["mode"] == "verify") & (head["window (keys)"] == 1024)]["paged-window"].iloc[0]
+    expect = table[(table["impl"] == "paged-window") & (table["backend"] == "fa2") & (table["mode"] == "verify")
+                   & (table["sliding_window"] == 1024)]["speedup_vs_mask"]
+    assert cell == f"{expect.median():.1f}x ({expect.count()})"
+
+
+def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):
+    from click.testing import CliRunner
+
+    from swabench import cli
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('implementations = ["torch-trim", "torch-mask"]\n[fixed]\nhead_dim = 64\nnum_qo_heads = 4\n'
+                        '[[sweep]]\nmode = "verify"\ndraft_tokens = 4\nprefix_len = 64\nwindow_left = [7, 31]\n')
+    runner = CliRunner()
+    assert runner.invoke(cli.main, ["run", str(scenario), "--out", str(tmp_path / "run"), "--device", "cpu"]).exit_code == 0
+    r = runner.invoke(cli.main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "backends: no points for it in this run" in text and "![time_vs_window]" in text
+
+
+def test_bench_host_saves_json_and_plots(tmp_path):
+    out = tmp_path / "hb"
+    done = subprocess.run([sys.executable, "-m", "swabench", "bench-host", "--quick", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import gzip
+    import json
+    data = json.load(gzip.open(out / "host_benchmarks.json.gz", "rt"))
+    names = {b["name"].split("[")[0] for b in data["benchmarks"]}
+    assert names == {"test_custom_mask_build_and_pack", "test_trimmed_page_table", "test_indptr_and_last_page_arrays"}
+    assert all(len(b["stats"]["data"]) >= 1 for b in data["benchmarks"])
+    assert mpimg.imread(out / "host_work.png").shape[0] > 200
+    assert json.loads((out / "meta.json").read_text())["torch"]
