@@ -297,8 +297,8 @@ def host_work(benchmarks: dict, meta: dict):
 
 def save(fig, out: Path, name: str) -> list[Path]:
     paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths:
-        fig.savefig(p, dpi=150, bbox_inches="tight")
+    for p in paths:  # no timestamps inside: the same run gives the same files
+        fig.savefig(p, dpi=150, bbox_inches="tight", metadata={"Date": None} if p.suffix == ".svg" else None)
     plt.close(fig)
     return paths
 
