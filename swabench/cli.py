@@ -56,6 +56,8 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              show_default=True, help="Where to run; auto picks CUDA when it is there.")
 strict_option = click.option("--strict", is_flag=True,
                              help="Also exit 1 when a known bug is not caught (xpass), e.g. in CI.")
+l2_option = click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
+                         help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
 case_option = click.option("--case", "cases", multiple=True, metavar="ID|TEXT",
                            help="Only cases whose id starts with, or whose label contains, this (repeatable).")
 impl_option = click.option("--impl", "impls", multiple=True, metavar="NAME",
@@ -180,8 +182,7 @@ def _summary(table, out: Path) -> None:
 @case_option
 @click.option("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
 @strict_option
-@click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
-              help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
+@l2_option
 def run(scenario, out, device, impls, cases, resume, strict, l2):
     """Gate and time every point of SCENARIO (a file, or a name in scenarios/).
 
@@ -347,7 +348,7 @@ def summary(run_dir):
 @case_option
 @click.option("--tool", type=click.Choice(["nsys", "torch"]), default="nsys", show_default=True,
               help="nsys: re-run under Nsight Systems; torch: torch.profiler in this process.")
-@click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True)
+@l2_option
 def profile(scenario, out, impls, cases, tool, l2):
     """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
     device = resolve_device("cuda", "profile")
