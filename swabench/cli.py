@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import torch
 
-from . import __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, sweep, timing
+from . import __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, shards, sweep, timing
 from .impls import registry
 from .results import RunFolderError, RunStore
 
@@ -84,9 +84,14 @@ def select_cases(scenario: scenarios.Scenario, cases: tuple[str, ...]) -> scenar
 
 
 def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, strict: bool,
-           cases: tuple[str, ...] = (), l2: str = "cold"):
+           cases: tuple[str, ...] = (), l2: str = "cold", shard: str | None = None):
     device = resolve_device(device_choice)
     scenario = select_cases(load_scenario(scenario_name, impls, device), cases)
+    if shard:
+        try:
+            scenario = shards.shard(scenario, *shards.parse_shard(shard))
+        except shards.ShardError as e:
+            raise InputError(str(e)) from None
     what = "run" if timing else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
@@ -183,12 +188,48 @@ def _summary(table, out: Path) -> None:
 @click.option("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
 @strict_option
 @l2_option
-def run(scenario, out, device, impls, cases, resume, strict, l2):
+@click.option("--shard", metavar="I/N", help="Only every N-th case, starting at I (for several nodes; merge after).")
+@click.option("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
+def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus):
     """Gate and time every point of SCENARIO (a file, or a name in scenarios/).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere.
     Exit status 1 when a correct implementation fails the gate."""
-    _sweep(scenario, out, device, impls, resume, timing=True, strict=strict, cases=cases, l2=l2)
+    if gpus:
+        _run_on_gpus(scenario, out, impls, cases, l2, gpus)
+        return
+    _sweep(scenario, out, device, impls, resume, timing=True, strict=strict, cases=cases, l2=l2, shard=shard)
+
+
+def _filters(impls, cases) -> list[str]:
+    return [a for i in impls for a in ("--impl", i)] + [a for c in cases for a in ("--case", c)]
+
+
+def _merge_into(out: Path, folders) -> None:
+    try:
+        shards.merge(out, folders)
+    except (shards.ShardError, RunFolderError) as e:
+        raise InputError(str(e)) from None
+    _summary(results.load(out)[0], out)
+
+
+def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
+    device = resolve_device("cuda", "--gpus")
+    scenario = select_cases(load_scenario(scenario_name, impls, device), cases)  # validate before launching
+    try:
+        chosen = shards.parse_gpus(gpus, torch.cuda.device_count())
+    except shards.ShardError as e:
+        raise InputError(str(e)) from None
+    out = Path(out) if out else default_out(scenario, device, "run")
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} already holds a run; choose another --out (the shards resume on their own)")
+    started = time.perf_counter()
+    click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
+               f"{shards.work_dir(out)}", err=True)
+    folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases)],
+                                 chosen, out)
+    _merge_into(out, folders)
+    click.echo(f"{len(chosen)} GPUs: wall time {time.perf_counter() - started:.1f} s", err=True)
 
 
 @main.command()
@@ -252,6 +293,45 @@ def _axis_values(cases) -> dict:
             if v is not None and v not in out.setdefault(k, []):
                 out[k].append(v)
     return out
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+def merge(out, folders):
+    """Merge run folders of the same scenario (shards from several GPUs or nodes) into OUT."""
+    _merge_into(Path(out), [Path(f) for f in folders])
+
+
+@main.command()
+@click.argument("scenario")
+@click.option("--shards", "count", type=click.IntRange(1), required=True, help="How many array tasks.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The merged run folder.")
+@click.option("--executor", type=click.Choice(["auto", "local"]), default="auto", show_default=True,
+              help="auto: Slurm where sbatch exists, else local processes (submitit).")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--time-min", type=int, default=60, show_default=True, help="Slurm time limit per task, minutes.")
+@impl_option
+@case_option
+@l2_option
+def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2):
+    """Spread SCENARIO over a job array (submitit: Slurm, or local processes), wait, merge into --out."""
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise InputError("submit needs submitit: pip install 'swabench[slurm]'") from None
+    s = select_cases(load_scenario(scenario, impls, torch.device("cpu")), cases)  # validate before submitting
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} already holds a run; choose another --out")
+    slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}
+    if partition:
+        slurm["slurm_partition"] = partition
+    try:
+        folders = shards.submit([s.path, "--l2", l2, *_filters(impls, cases)], count, out, executor, **slurm)
+    except shards.ShardError as e:
+        raise click.ClickException(str(e)) from None
+    _merge_into(out, folders)
 
 
 @main.command("compare")
@@ -354,7 +434,7 @@ def profile(scenario, out, impls, cases, tool, l2):
     device = resolve_device("cuda", "profile")
     s = select_cases(load_scenario(scenario, impls, device), cases)
     out = Path(out) if out else default_out(s, device, "profile")
-    filters = [a for i in impls for a in ("--impl", i)] + [a for c in cases for a in ("--case", c)]
+    filters = _filters(impls, cases)
     if tool == "torch":
         _torch_profile(s, out, impls, cases, l2)
         return

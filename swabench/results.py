@@ -185,6 +185,24 @@ def to_samples(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
 
 
+def read_rows(folder) -> list[dict]:
+    """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv
+    (published folders do not carry the journal)."""
+    store = RunStore(folder)
+    if (store.folder / ROWS).exists():
+        return store.rows()
+    table = pd.read_csv(store.folder / TABLE)
+    samples = pd.read_csv(store.folder / SAMPLES)
+    grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
+               for key, rows in samples.groupby(list(KEY))}
+    rows = []
+    for row in table.to_dict("records"):
+        row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}
+        row["samples"] = grouped.get(tuple(row[k] for k in KEY), {})
+        rows.append(row)
+    return rows
+
+
 def load(folder) -> tuple[pd.DataFrame, dict]:
     """A run's table and metadata (rebuilt from rows.jsonl when the run never finished)."""
     store = RunStore(folder)

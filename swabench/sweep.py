@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import os
+import socket
 import time
 
 import torch
@@ -18,6 +20,7 @@ from .impls import registry
 from .profiling import nvtx_range
 from .scenarios import Point, Scenario
 
+HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
 
 
@@ -52,7 +55,8 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -
     """Every axis of the point, and the counts that do not depend on timing."""
     impl, c = registry.get(point.impl), point.case
     row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind,
-           "library": impl.library, "backend": point.backend, "device": str(device), **c.axes()}
+           "library": impl.library, "backend": point.backend, "device": str(device), "host": HOST,
+           "gpu_id": gpu_identity(device), **c.axes()}
     if w is not None:
         pairs = sum(semantics.useful_pairs(q, k, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens))
         row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
@@ -61,6 +65,13 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -
                                                      c.num_kv_heads, c.head_dim, w.dtype.itemsize),
                    must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
     return row
+
+
+def gpu_identity(device: torch.device) -> str | None:
+    """Which physical GPU ran the row: the index a multi-GPU launch gave the worker."""
+    if device.type != "cuda":
+        return None
+    return os.environ.get("SWABENCH_GPU_ID") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 
 def verdict(expected_to_fail: bool, must_fail: bool, passed: bool) -> tuple[str, str]:

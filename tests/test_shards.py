@@ -1,0 +1,118 @@
+"""Several GPUs and nodes: shards are disjoint and complete, merging gives back the one-run table,
+and the job-array launch path works through submitit's local executor."""
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from swabench import cli, results, scenarios, shards
+
+TINY = """
+implementations = ["torch-trim", "torch-mask", "planted-wide"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+[[sweep]]
+mode = ["verify", "decode"]
+draft_tokens = 4
+prefix_len = [40, 90]
+window_left = [3, 15, 31]
+"""
+KEY = list(results.KEY)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def keys(folder):
+    t = pd.read_csv(folder / results.TABLE)
+    return sorted(map(tuple, t[KEY].values)), t
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_shards_are_disjoint_and_complete(tiny, count):
+    full = scenarios.load(tiny)
+    parts = [shards.shard(scenarios.load(tiny), i, count).points for i in range(count)]
+    assert sorted(p.key for part in parts for p in part) == sorted(p.key for p in full.points)
+    assert all(len({p.case for p in part} & {p.case for p in other}) == 0
+               for a, part in enumerate(parts) for other in parts[a + 1:])
+    assert [p.key for p in shards.shard(scenarios.load(tiny), 0, count).points] == [p.key for p in parts[0]]
+
+
+@pytest.mark.parametrize("text", ["1/1", "3", "a/b", "-1/2"])
+def test_bad_shard_spec(text):
+    with pytest.raises(shards.ShardError, match="--shard"):
+        shards.parse_shard(text)
+
+
+def test_gpu_lists():
+    assert shards.parse_gpus("all", 4) == [0, 1, 2, 3]
+    assert shards.parse_gpus("2", 4) == [0, 1]
+    assert shards.parse_gpus("0,2", 4) == [0, 2]
+    for bad in ("5", "0,0", "1,x", "0,9"):
+        with pytest.raises(shards.ShardError, match="--gpus"):
+            shards.parse_gpus(bad, 4)
+
+
+def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
+    for i in range(2):
+        assert invoke("run", tiny, "--device", "cpu", "--shard", f"{i}/2", "--out", tmp_path / f"s{i}").exit_code == 0
+    assert invoke("run", tiny, "--device", "cpu", "--out", tmp_path / "single").exit_code == 0
+    r = invoke("merge", tmp_path / "merged", tmp_path / "s0", tmp_path / "s1")
+    assert r.exit_code == 0, r.output
+    merged_keys, merged = keys(tmp_path / "merged")
+    single_keys, single = keys(tmp_path / "single")
+    assert merged_keys == single_keys and not merged.duplicated(KEY).any()
+    status = lambda t: dict(zip(map(tuple, t[KEY].values), t["status"]))  # noqa: E731
+    assert status(merged) == status(single)
+    meta = json.loads((tmp_path / "merged" / results.META).read_text())
+    assert len(meta["shards"]) == 2 and meta["state"] == "complete"
+    samples = pd.read_csv(tmp_path / "merged" / results.SAMPLES)
+    assert set(samples["kind"]) == {"plan", "kernel"}
+    # published folders carry no journal: merging them again works from results.csv + samples.csv
+    for i in range(2):
+        (tmp_path / f"s{i}" / results.ROWS).unlink()
+    assert invoke("merge", tmp_path / "again", tmp_path / "s0", tmp_path / "s1").exit_code == 0
+    assert keys(tmp_path / "again")[0] == single_keys
+    assert len(pd.read_csv(tmp_path / "again" / results.SAMPLES)) == len(samples)
+
+
+def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
+    assert invoke("run", tiny, "--device", "cpu", "--shard", "0/2", "--out", tmp_path / "a").exit_code == 0
+    r = invoke("merge", tmp_path / "m", tmp_path / "a", tmp_path / "a")
+    assert r.exit_code == 2 and "overlapping shards" in r.output
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.replace("window_left = [3, 15, 31]", "window_left = [3]"))
+    assert invoke("run", other, "--device", "cpu", "--out", tmp_path / "b").exit_code == 0
+    r = invoke("merge", tmp_path / "m2", tmp_path / "a", tmp_path / "b")
+    assert r.exit_code == 2 and "different scenario files" in r.output
+
+
+def test_gpus_need_cuda(tiny):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    r = invoke("run", tiny, "--gpus", "all")
+    assert r.exit_code == 2 and "--gpus: no CUDA device" in r.output
+
+
+def test_job_array_through_submitit_local_executor(tiny, tmp_path):
+    pytest.importorskip("submitit")
+    r = invoke("submit", tiny, "--shards", "2", "--executor", "local", "--out", tmp_path / "array",
+               "--impl", "torch-trim")
+    assert r.exit_code == 0, r.output
+    merged_keys, merged = keys(tmp_path / "array")
+    expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    assert merged_keys == expect and (merged["status"] == "pass").all()
+    assert len(json.loads((tmp_path / "array" / results.META).read_text())["shards"]) == 2
