@@ -155,7 +155,7 @@ def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> No
         click.echo("measuring the node's bf16 matmul rate and copy bandwidth ...", err=True)
         meta["peaks"] = peaks.measure(device)
     started = time.perf_counter()
-    built = sweep.warm_up(todo, device)
+    built = sweep.warm_up(todo, device, jobs=8)
     meta.setdefault("jit_warmup_s", {}).update({k: round(v, 3) for k, v in built.items()})
     meta["jit_warmup_total_s"] = round(sum(meta["jit_warmup_s"].values()), 1)
     store.write_meta(meta)
@@ -332,6 +332,24 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     except shards.ShardError as e:
         raise click.ClickException(str(e)) from None
     _merge_into(out, folders)
+
+
+@main.command()
+@click.argument("scenario")
+@click.option("--jobs", type=click.IntRange(1), default=8, show_default=True, help="Modules built at once.")
+@impl_option
+def warmup(scenario, jobs, impls):
+    """Build every FlashInfer JIT module SCENARIO needs (in parallel) and say what it built and how long
+    it took; `swabench run` does the same before timing, so no compile lands in a timed region."""
+    device = resolve_device("cuda", "warmup")
+    s = load_scenario(scenario, impls, device)
+    started = time.perf_counter()
+    built = sweep.warm_up(s.points, device, jobs)
+    wall = time.perf_counter() - started
+    for label, seconds in sorted(built.items(), key=lambda kv: -kv[1]):
+        click.echo(f"{seconds:8.1f} s  {label}")
+    click.echo(f"{len(built)} module signatures: {wall:.1f} s wall with {jobs} at once "
+               f"(their times add up to {sum(built.values()):.1f} s)")
 
 
 @main.command("compare")

@@ -30,7 +30,7 @@ COLUMNS = [
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
-    "plan_us", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us", "noise", "eager_us",
+    "plan_us", "compile_s", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us", "noise", "eager_us",
     "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps",
 ]
 

@@ -12,6 +12,7 @@ from typing import Iterator
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -100,7 +101,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
                 row["plan_us"] = plan.median_us
             else:
                 runner.plan()
-        row.update(resolved_backend=runner.resolved_backend, wrapper=getattr(runner, "wrapper_mode", None))
+        row.update(resolved_backend=runner.resolved_backend, wrapper=getattr(runner, "wrapper_mode", None),
+                   compile_s=getattr(runner, "compile_s", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)
         row.update(result.columns())
@@ -136,29 +138,34 @@ def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
     return samples
 
 
-def warm_up(points: list[Point], device: torch.device) -> dict[str, float]:
+def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> dict[str, float]:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
-    no JIT compile or module load lands in a timed region. Returns seconds per module signature."""
-    seen: dict[str, float] = {}
+    no JIT compile or module load lands in a timed region; ``jobs`` builds run at once.
+    Returns seconds per module signature."""
+    todo: dict[str, Point] = {}
     for p in points:
         impl, c = registry.get(p.impl), p.case
-        if not impl.needs_cuda or impl.skip_reason(c, p.backend, device):
-            continue
-        label = f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}"
-        if label in seen:
-            continue
+        if impl.needs_cuda and not impl.skip_reason(c, p.backend, device):
+            window = "window" if c.window_left >= 0 else "no-window"
+            todo.setdefault(f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {window}", p)
+
+    def build(item: tuple[str, Point]) -> tuple[str, float]:
+        label, p = item
+        c = p.case
         tiny = scenarios.make_case(dict(
             mode="verify", qo_len=4, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
             storage=c.storage, page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads,
             num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype))
         t0 = time.perf_counter()
         with nvtx_range(f"warm-up {label}"):
-            runner = impl.make(workloads.build(tiny, device), p.backend)
+            runner = registry.get(p.impl).make(workloads.build(tiny, device), p.backend)
             runner.plan()
             runner.run()
             torch.cuda.synchronize(device)
-        seen[label] = time.perf_counter() - t0
-    return seen
+        return label, time.perf_counter() - t0
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return dict(pool.map(build, todo.items()))
 
 
 def points_by_case(points: list[Point]) -> dict:

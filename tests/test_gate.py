@@ -25,7 +25,7 @@ SHAPES = [(4, 40, 8), (4095, 4100, 16)]  # (W, prefix, draft tokens): small wind
 
 
 @pytest.mark.parametrize("window_left,prefix,qo", SHAPES)
-@pytest.mark.parametrize("name", ["torch-trim", "torch-mask"])
+@pytest.mark.parametrize("name", ["torch-trim", "torch-mask", "flex-window"])
 def test_correct_implementations_pass(name, window_left, prefix, qo):
     result = gated(name, workload(window_left, prefix, qo))
     assert result.passed, result.reason

@@ -37,10 +37,10 @@ SHAPES = [(4, 40, 8, 1), (127, 1000, 16, 16), (1023, 3000, 1, 16), (4095, 4200, 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize("window_left,prefix,qo,page_size", SHAPES)
-@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim", "torch-mask"])
+@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim", "torch-mask", "flex-window"])
 def test_correct_implementations_pass_on_the_gpu(impl, window_left, prefix, qo, page_size, backend):
-    if registry.get(impl).library == "torch" and backend == "fa3":
-        pytest.skip("torch has no backends")
+    if not registry.get(impl).backends and backend == "fa3":
+        pytest.skip("no backend axis")
     w = workload(impl, window_left, prefix, qo, page_size)
     runner, result = gated(impl, w, backend if registry.get(impl).backends else "torch")
     assert result.passed, result.reason

@@ -95,4 +95,4 @@ def all_implementations() -> list[Implementation]:
     return list(_REGISTRY.values())
 
 
-from . import embedded, flashinfer_impls  # noqa: E402,F401  (each registers its implementations)
+from . import embedded, flashinfer_impls, flex  # noqa: E402,F401  (each registers its implementations)

@@ -1,0 +1,97 @@
+"""PyTorch FlexAttention peer: one flex_attention call over the whole batch, the window and the
+request boundaries expressed as a mask_mod, compiled into a block mask.
+
+Keys are the storage's own rows, read in place: the ragged store (dense K/V), or every physical
+slot of the paged store (the page table becomes a slot -> (request, position) lookup the mask_mod
+reads).  So on a paged cache a key block of 128 slots mixes pages of several requests: the block
+mask can skip fewer blocks than the window alone would allow, which is what using FlexAttention on
+a page table costs.  plan() builds the lookups and the block mask (its time is the plan cost);
+the first compile is recorded apart as ``compile_s``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from .registry import Implementation, register
+
+
+def _compiled_flex(device: torch.device):
+    from torch.nn.attention.flex_attention import flex_attention
+    if device.type != "cuda":
+        return flex_attention  # eager flex on the CPU: the unfused reference path, fine for small shapes
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(flex_attention)  # recompiles as dynamic once a second shape arrives
+    return _COMPILED
+
+
+_COMPILED = None
+
+
+class FlexRunner:
+    def __init__(self, w):
+        self.w = w
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = "flex-triton" if w.device.type == "cuda" else "flex-eager"
+        self.compile_s = None
+
+    def plan(self) -> None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        w, c, dev = self.w, self.w.case, self.w.device
+        n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
+        slot_request = torch.full((n_slots,), -1, dtype=torch.int32, device=dev)
+        slot_pos = torch.zeros(n_slots, dtype=torch.int32, device=dev)
+        requests = torch.repeat_interleave(torch.arange(w.batch_size, device=dev),
+                                           torch.tensor(w.kv_lens, device=dev))
+        positions = torch.cat([torch.arange(n, device=dev) for n in w.kv_lens])
+        slot_request[w.slots] = requests.to(torch.int32)
+        slot_pos[w.slots] = positions.to(torch.int32)
+        q_request = torch.repeat_interleave(torch.arange(w.batch_size, device=dev),
+                                            torch.tensor(w.qo_lens, device=dev)).to(torch.int32)
+        q_pos = torch.cat([torch.arange(k - q, k, device=dev) for q, k in zip(w.qo_lens, w.kv_lens)]).to(torch.int32)
+        window = c.window_left
+
+        def mask_mod(b, h, q, kv):
+            seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
+            return seen & (q_pos[q] - slot_pos[kv] <= window) if window >= 0 else seen
+
+        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev)
+        self.flex = _compiled_flex(dev)
+        if self.compile_s is None:
+            t0 = time.perf_counter()
+            self.run()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            self.compile_s = time.perf_counter() - t0
+
+    def run(self) -> None:
+        if self.w.device.type != "cuda":
+            with warnings.catch_warnings():  # eager flex warns that it is unfused: known, and fine here
+                warnings.simplefilter("ignore", UserWarning)
+                return self._run()
+        return self._run()
+
+    def _run(self) -> None:
+        w, c = self.w, self.w.case
+        k = w.k_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
+        v = w.v_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
+        q = w.q.transpose(0, 1)[None]
+        o = self.flex(q, k, v, block_mask=self.block_mask, scale=w.sm_scale, enable_gqa=True)
+        self.out.copy_(o[0].transpose(0, 1))
+
+
+def _unsupported(case, backend):
+    if case.num_qo_heads % case.num_kv_heads:
+        return "FlexAttention GQA needs num_qo_heads divisible by num_kv_heads"
+    return None
+
+
+register(Implementation(
+    "flex-window", "flex", ("paged", "ragged"),
+    "PyTorch FlexAttention, window and request boundaries as a mask_mod over the storage's rows (peer)",
+    lambda w, backend: FlexRunner(w), unsupported=_unsupported))
