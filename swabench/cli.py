@@ -83,7 +83,7 @@ def select_cases(scenario: scenarios.Scenario, cases: tuple[str, ...]) -> scenar
     return scenario
 
 
-def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, strict: bool,
+def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict: bool,
            cases: tuple[str, ...] = (), l2: str = "cold", shard: str | None = None):
     device = resolve_device(device_choice)
     scenario = select_cases(load_scenario(scenario_name, impls, device), cases)
@@ -92,11 +92,11 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, stric
             scenario = shards.shard(scenario, *shards.parse_shard(shard))
         except shards.ShardError as e:
             raise InputError(str(e)) from None
-    what = "run" if timing else "check"
+    what = "run" if timed else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
     out = Path(out) if out else default_out(scenario, device, what)
-    options = sweep.SweepOptions(device=device, timed=timing, graph_timer=timing_options(l2))
+    options = sweep.SweepOptions(device=device, timed=timed, graph_timer=timing.GraphTimerOptions(l2=l2))
     try:
         if resume:
             store = RunStore.resume(out, scenario.text)
@@ -116,7 +116,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, stric
     click.echo(f"{scenario.name}: {len(scenario.cases)} cases, {len(scenario.points)} points, "
                f"{len(todo)} to {what} -> {out}", err=True)
     if device.type == "cuda":
-        _prepare_gpu(store, todo, device, timing)
+        _prepare_gpu(store, todo, device, timed)
     state, started = "complete", time.perf_counter()
     try:
         with click.progressbar(length=len(todo), label=what, file=sys.stderr, show_pos=True,
@@ -142,10 +142,6 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timing: bool, stric
         click.secho(f"{failed} points failed the gate" + (f", {xpassed} xpass (--strict)" if strict else ""),
                     fg="red", err=True)
         sys.exit(1)
-
-
-def timing_options(l2: str) -> timing.GraphTimerOptions:
-    return timing.GraphTimerOptions(l2=l2)
 
 
 def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> None:
@@ -198,7 +194,7 @@ def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus):
     if gpus:
         _run_on_gpus(scenario, out, impls, cases, l2, gpus)
         return
-    _sweep(scenario, out, device, impls, resume, timing=True, strict=strict, cases=cases, l2=l2, shard=shard)
+    _sweep(scenario, out, device, impls, resume, timed=True, strict=strict, cases=cases, l2=l2, shard=shard)
 
 
 def _filters(impls, cases) -> list[str]:
@@ -242,7 +238,7 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
 @strict_option
 def check(scenario, out, device, impls, cases, resume, strict):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
-    _sweep(scenario, out, device, impls, resume, timing=False, strict=strict, cases=cases)
+    _sweep(scenario, out, device, impls, resume, timed=False, strict=strict, cases=cases)
 
 
 @main.command("list")
@@ -476,7 +472,7 @@ def _torch_profile(s, out: Path, impls, cases, l2) -> None:
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         try:
-            _sweep(s.path, str(out), "cuda", impls, False, timing=True, strict=False, cases=cases, l2=l2)
+            _sweep(s.path, str(out), "cuda", impls, False, timed=True, strict=False, cases=cases, l2=l2)
         except SystemExit as e:
             if e.code not in (0, 1, None):
                 raise

@@ -67,7 +67,7 @@ class FlashInferRunner:
         import flashinfer
 
         self.w, self.variant, self.backend = w, variant, backend
-        self.graph_wrapper, self.uniform_hint = graph_wrapper, uniform_hint
+        self.graph_wrapper = graph_wrapper
         self.resolved_backend = backend
         self.out = torch.empty_like(w.q)
         b, dev, i32 = w.batch_size, w.device, torch.int32
@@ -87,6 +87,7 @@ class FlashInferRunner:
                             mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
         cls = flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         self.wrapper = cls(_workspace(dev), "NHD", backend=backend, **bufs)
+        self.hint = uniform_hint and len(set(w.qo_lens)) == 1 and _accepts(self.wrapper.plan, "uniform_q_len")
 
     def plan(self) -> None:
         """Host work of one serving step: trimmed page tables or the custom mask, then plan()."""
@@ -100,7 +101,7 @@ class FlashInferRunner:
             window = dict(causal=True, window_left=c.window_left if v.window_at_plan else semantics.NO_WINDOW)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim_qk=c.head_dim,
                      q_data_type=w.dtype, kv_data_type=w.dtype, **window)
-        if self.uniform_hint and len(set(w.qo_lens)) == 1 and _accepts(self.wrapper.plan, "uniform_q_len"):
+        if self.hint:
             shape["uniform_q_len"] = w.qo_lens[0]
         if v.storage == "ragged":
             self.wrapper.plan(qo_indptr, w.kv_indptr_host.to(i32), **shape)
