@@ -10,7 +10,6 @@ whose run() is still captured (legal while nothing re-plans).  Usage: python scr
 import sys
 
 import pandas as pd
-import torch
 
 from swabench import gate, scenarios, timing, workloads
 from swabench.impls import flashinfer_impls as fi

@@ -5,9 +5,9 @@ import textwrap
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
+from conftest import invoke
 
-from swabench import cli, results, sweep
+from swabench import results, sweep
 
 TINY = textwrap.dedent("""
     name = "tiny"
@@ -29,14 +29,8 @@ TINY = textwrap.dedent("""
 
 
 @pytest.fixture
-def tiny(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
-    return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+def tiny(write_scenario):
+    return write_scenario(TINY)
 
 
 def test_run_end_to_end_on_the_cpu(tiny, tmp_path):
@@ -211,7 +205,7 @@ def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeyp
     flag that one implementation and exit 1 (a CI gate), and nothing else."""
     import time as _time
 
-    from swabench.impls import embedded, registry
+    from swabench.impls import embedded
     args = ["--device", "cpu", "--impl", "torch-trim", "--impl", "torch-mask"]
     assert invoke("run", tiny, "--out", tmp_path / "base", *args).exit_code == 0
     real = embedded.GatherRunner.run

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from swabench import compare, results
+from swabench import compare
 from swabench.results import RunStore
 
 

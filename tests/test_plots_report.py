@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
-import pandas as pd
 import pytest
 
 from swabench import plots, report, results

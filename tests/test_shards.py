@@ -5,9 +5,9 @@ import json
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
+from conftest import invoke
 
-from swabench import cli, results, scenarios, shards
+from swabench import results, scenarios, shards
 
 TINY = """
 implementations = ["torch-trim", "torch-mask", "planted-wide"]
@@ -25,14 +25,8 @@ KEY = list(results.KEY)
 
 
 @pytest.fixture
-def tiny(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
-    return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+def tiny(write_scenario):
+    return write_scenario(TINY)
 
 
 def keys(folder):
