@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -118,6 +119,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
     if device.type == "cuda":
         _prepare_gpu(store, todo, device, timed)
     state, started = "complete", time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _terminated)  # a scheduler's SIGTERM ends the run like Ctrl-C
     try:
         with click.progressbar(length=len(todo), label=what, file=sys.stderr, show_pos=True,
                                item_show_func=lambda r: r and f"{r['impl']} {r['status']}") as bar:
@@ -125,6 +127,11 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
                 bar.update(1, row)
     except KeyboardInterrupt:
         state = "interrupted"
+    except BaseException:
+        store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
     table = store.finalize(state=state, wall_s=round(wall, 1))
     _summary(table, out)
@@ -142,6 +149,10 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         click.secho(f"{failed} points failed the gate" + (f", {xpassed} xpass (--strict)" if strict else ""),
                     fg="red", err=True)
         sys.exit(1)
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> None:

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
-from swabench import results, sweep
+from swabench import results, scenarios, sweep
 
 TINY = textwrap.dedent("""
     name = "tiny"
@@ -223,3 +223,29 @@ def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeyp
     assert flagged == {("torch-mask", "regression")}
     same = invoke("compare", tmp_path / "base", tmp_path / "base")
     assert same.exit_code == 0 and "No significant differences" in same.output
+
+
+def test_sigterm_keeps_finished_rows_and_resume_completes(tmp_path):
+    """A scheduler's SIGTERM (Slurm, timeout) ends the run like Ctrl-C: rows kept, table written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(TINY.replace("window_left = [3, 15]", "window_left = [3, 7, 15, 31, 63, 127, 255]"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline and not ((out / results.ROWS).exists() and (out / results.ROWS).stat().st_size):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130, output
+    total = len(scenarios.load(scenario).points)
+    kept = pd.read_csv(out / results.TABLE)
+    assert 1 <= len(kept) < total and json.loads((out / results.META).read_text())["state"] == "interrupted"
+    r = invoke("run", scenario, "--device", "cpu", "--out", out, "--resume")
+    assert r.exit_code == 0
+    assert len(pd.read_csv(out / results.TABLE)) == total
