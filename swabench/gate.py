@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import probes, reference
+from . import probes, reference, timing
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,6 @@ class _Errors:
     unwritten: int
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reference(w) -> torch.Tensor:
     """The exact output for the data now in the buffers; every implementation of a case shares it."""
     if not w.data:  # buffers written by hand: nothing to share
@@ -74,7 +69,7 @@ def _reference(w) -> torch.Tensor:
 def _run_checked(runner, w) -> _Errors:
     runner.out.fill_(float("nan"))
     runner.run()
-    _sync(w.device)
+    timing.device_sync(w.device)()
     ref = _reference(w)
     out = runner.out.to(ref.dtype)
     nan_rows = torch.isnan(out).any(dim=-1)
@@ -86,10 +81,9 @@ def _run_checked(runner, w) -> _Errors:
 
 
 def _where(w, token: int, head: int) -> str:
-    starts = w.qo_indptr_host
-    b = max(i for i in range(w.batch_size) if starts[i] <= token)
-    i = token - starts[b]
-    return f"request {b}, query {i} (position {w.prefix_lens[b] + i}), head {head}"
+    b = int(w.query_request[token])
+    return (f"request {b}, query {token - w.qo_indptr_host[b]} (position {int(w.query_position[token])}), "
+            f"head {head}")
 
 
 def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None) -> GateResult:

@@ -75,7 +75,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
         raise ValueError(f"probe inputs need head_dim >= {2 * n_freq} for {max(w.kv_lens)} keys "
                          f"(got {c.head_dim})")
     dev = w.device
-    pos = torch.cat([torch.arange(k - q, k, device=dev) for q, k in zip(w.qo_lens, w.kv_lens)])
+    pos = w.query_position
     heads = torch.arange(c.num_qo_heads, device=dev)
     edge = (heads[None, :] + pass_index * c.num_qo_heads + pos[:, None]) % len(found)
     distance = torch.tensor([d for d, _ in found], device=dev)[edge]

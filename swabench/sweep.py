@@ -48,10 +48,6 @@ def timer_method(options: SweepOptions) -> dict:
             "tolerances": {k: vars(v) for k, v in gate.TOLERANCES.items()}}
 
 
-def _sync(device: torch.device):
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
 def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -> dict:
     """Every axis of the point, and the counts that do not depend on timing."""
     impl, c = registry.get(point.impl), point.case
@@ -92,7 +88,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
     skip = impl.skip_reason(point.case, point.backend, options.device)
     if skip:
         return {**row, "status": "skip", "reason": skip}
-    sync = _sync(options.device)
+    sync = timing.device_sync(options.device)
     try:
         runner = impl.make(w, point.backend)
         with nvtx_range("plan"):

@@ -49,6 +49,11 @@ def iqr(samples: list[float]) -> float:
     return q3 - q1
 
 
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work: a CUDA synchronize, or nothing on the CPU."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
 def sample_until(measure: Callable[[], float], min_samples: int, max_samples: int, noise_target: float,
                  budget_s: float, clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Call ``measure`` until min_samples are in and either the noise (IQR / median) is at most

@@ -47,6 +47,12 @@ def _indptr(lengths) -> torch.Tensor:
     return torch.cumsum(torch.tensor([0, *lengths], dtype=torch.int64), 0)
 
 
+def _owners(lengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a request-major array of rows: each row's request, and its index within the request."""
+    request = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths), dtype=torch.int64))
+    return request, torch.arange(int(sum(lengths))) - _indptr(lengths)[request]
+
+
 @dataclass
 class Workload:
     case: Case
@@ -66,6 +72,10 @@ class Workload:
     kv_indices_host: torch.Tensor | None
     slots: torch.Tensor  # int64, device: flat K/V row of every (request, key position)
     slot_indptr: torch.Tensor  # int64, CPU: request b's keys are slots[slot_indptr[b]:slot_indptr[b+1]]
+    key_request: torch.Tensor  # int64, device: request of every entry of slots
+    key_position: torch.Tensor  # int64, device: its position j within the request
+    query_request: torch.Tensor  # int64, device: request of every query row
+    query_position: torch.Tensor  # int64, device: its absolute position p = prefix + i
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
 
@@ -116,8 +126,7 @@ class Workload:
         """Set every request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
         and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
         self.data = ()
-        positions = torch.cat([torch.arange(n, device=self.device) for n in self.kv_lens])
-        k = k_by_position[positions].expand(-1, self.case.num_kv_heads, -1)
+        k = k_by_position[self.key_position].expand(-1, self.case.num_kv_heads, -1)
         self._flat(self.k_store)[self.slots] = k.to(self.dtype)
         self._flat(self.v_store)[self.slots] = v_rows.to(self.dtype)
 
@@ -129,6 +138,9 @@ def build(case: Case, device="cpu") -> Workload:
     qo_lens, kv_lens = request_lengths(case)
     h, hkv, d = case.num_qo_heads, case.num_kv_heads, case.head_dim
     slot_indptr = _indptr(kv_lens)
+    req, pos = _owners(kv_lens)
+    q_req, q_index = _owners(qo_lens)
+    q_pos = q_index + torch.tensor([k - q for q, k in zip(qo_lens, kv_lens)], dtype=torch.int64)[q_req]
     if case.storage == "paged":
         ps = case.page_size
         pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
@@ -140,8 +152,6 @@ def build(case: Case, device="cpu") -> Workload:
         kv_indices_host = order.to(torch.int64)
         last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
         # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
-        req = torch.repeat_interleave(torch.arange(len(kv_lens)), torch.tensor(kv_lens))
-        pos = torch.arange(int(slot_indptr[-1])) - slot_indptr[req]
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
         k_store = torch.empty(num_pages, ps, hkv, d, dtype=dtype, device=device)
         kv_indices = kv_indices_host.to(device, torch.int32)
@@ -157,7 +167,9 @@ def build(case: Case, device="cpu") -> Workload:
                  qo_indptr=_indptr(qo_lens).to(device, torch.int32), qo_indptr_host=_indptr(qo_lens).tolist(),
                  kv_indptr=kv_indptr_host.to(device, torch.int32), kv_indices=kv_indices,
                  kv_last_page_len=kv_last, kv_indptr_host=kv_indptr_host,
-                 kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr)
+                 kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr,
+                 key_request=req.to(device), key_position=pos.to(device), query_request=q_req.to(device),
+                 query_position=q_pos.to(device))
     w.fill_random(case.seed)
     return w
 
@@ -170,7 +182,6 @@ def trim_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, 
     """
     first = torch.tensor([s // page_size for s in starts], dtype=torch.int64)
     begin = kv_indptr[:-1] + first
-    kept = kv_indptr[1:] - begin
-    req = torch.repeat_interleave(torch.arange(len(kept)), kept)
-    offset = torch.arange(int(kept.sum())) - torch.repeat_interleave(_indptr(kept.tolist())[:-1], kept)
-    return _indptr(kept.tolist()), kv_indices[begin[req] + offset], [k - s for k, s in zip(kv_lens, starts)]
+    kept = (kv_indptr[1:] - begin).tolist()
+    req, offset = _owners(kept)
+    return _indptr(kept), kv_indices[begin[req] + offset], [k - s for k, s in zip(kv_lens, starts)]

@@ -2,6 +2,9 @@ import pytest
 import torch
 
 
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: this checks behaviour without one")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -5,7 +5,7 @@ import textwrap
 
 import pandas as pd
 import pytest
-from conftest import invoke
+from conftest import cpu_only, invoke
 
 from swabench import results, scenarios, sweep
 
@@ -134,10 +134,8 @@ def test_unreadable_file_and_unknown_scenario(tmp_path):
     assert r.exit_code == 2 and "did you mean 'default'" in r.output
 
 
+@cpu_only
 def test_cuda_requested_without_a_gpu(tiny):
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here")
     r = invoke("run", tiny, "--device", "cuda")
     assert r.exit_code == 2 and "no CUDA device" in r.output
 
@@ -151,10 +149,8 @@ def test_show_list_env(tiny):
     assert r.exit_code == 0 and "torch" in r.output and "implementations usable here" in r.output
 
 
+@cpu_only
 def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypatch):
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here: the default is default.toml")
     monkeypatch.chdir(tmp_path)
     r = invoke("run")
     assert r.exit_code == 0, r.output

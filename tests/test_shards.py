@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import invoke
+from conftest import cpu_only, invoke
 
 from swabench import results, scenarios, shards
 
@@ -93,10 +93,8 @@ def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
     assert r.exit_code == 2 and "different scenario files" in r.output
 
 
+@cpu_only
 def test_gpus_need_cuda(tiny):
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here")
     r = invoke("run", tiny, "--gpus", "all")
     assert r.exit_code == 2 and "--gpus: no CUDA device" in r.output
 

@@ -46,14 +46,9 @@ class FlexRunner:
         n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
         slot_request = torch.full((n_slots,), -1, dtype=torch.int32, device=dev)
         slot_pos = torch.zeros(n_slots, dtype=torch.int32, device=dev)
-        requests = torch.repeat_interleave(torch.arange(w.batch_size, device=dev),
-                                           torch.tensor(w.kv_lens, device=dev))
-        positions = torch.cat([torch.arange(n, device=dev) for n in w.kv_lens])
-        slot_request[w.slots] = requests.to(torch.int32)
-        slot_pos[w.slots] = positions.to(torch.int32)
-        q_request = torch.repeat_interleave(torch.arange(w.batch_size, device=dev),
-                                            torch.tensor(w.qo_lens, device=dev)).to(torch.int32)
-        q_pos = torch.cat([torch.arange(k - q, k, device=dev) for q, k in zip(w.qo_lens, w.kv_lens)]).to(torch.int32)
+        slot_request[w.slots] = w.key_request.to(torch.int32)
+        slot_pos[w.slots] = w.key_position.to(torch.int32)
+        q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
         window = c.window_left
 
         def mask_mod(b, h, q, kv):
