@@ -57,6 +57,7 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              show_default=True, help="Where to run; auto picks CUDA when it is there.")
 strict_option = click.option("--strict", is_flag=True,
                              help="Also exit 1 when a known bug is not caught (xpass), e.g. in CI.")
+WARMUP_JOBS = 8  # JIT modules built at once before a sweep
 l2_option = click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
                          help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
 case_option = click.option("--case", "cases", multiple=True, metavar="ID|TEXT",
@@ -161,12 +162,12 @@ def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> No
     if timed and "peaks" not in meta:
         click.echo("measuring the node's bf16 matmul rate and copy bandwidth ...", err=True)
         meta["peaks"] = peaks.measure(device)
-    started = time.perf_counter()
-    built = sweep.warm_up(todo, device, jobs=8)
-    meta.setdefault("jit_warmup_s", {}).update({k: round(v, 3) for k, v in built.items()})
-    meta["jit_warmup_total_s"] = round(sum(meta["jit_warmup_s"].values()), 1)
+    warm = sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
+    meta.setdefault("jit_warmups", []).append(warm.describe())  # one per start of this run folder
+    meta["jit_warmup_total_s"] = round(sum(w["jit_warmup_wall_s"] for w in meta["jit_warmups"]), 1)
     store.write_meta(meta)
-    click.echo(f"JIT warm-up: {len(built)} module signatures in {time.perf_counter() - started:.1f} s", err=True)
+    click.echo(f"JIT warm-up: {len(warm.seconds)} module signatures in {warm.wall_s:.1f} s"
+               + (f", compiled {len(warm.built)} FlashInfer modules" if warm.built else ""), err=True)
 
 
 def _summary(table, out: Path) -> None:
@@ -212,12 +213,13 @@ def _filters(impls, cases) -> list[str]:
     return [a for i in impls for a in ("--impl", i)] + [a for c in cases for a in ("--case", c)]
 
 
-def _merge_into(out: Path, folders) -> None:
+def _merge_into(out: Path, folders) -> RunStore:
     try:
-        shards.merge(out, folders)
+        store = shards.merge(out, folders)
     except (shards.ShardError, RunFolderError) as e:
         raise InputError(str(e)) from None
     _summary(results.load(out)[0], out)
+    return store
 
 
 def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
@@ -233,9 +235,16 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
     started = time.perf_counter()
     click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
                f"{shards.work_dir(out)}", err=True)
-    folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases)],
-                                 chosen, out)
-    _merge_into(out, folders)
+    with click.progressbar(length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
+                           show_pos=True) as bar:
+        def progress(rows):
+            bar.update(rows - bar.pos)
+        folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases)],
+                                     chosen, out, on_progress=progress)
+    store = _merge_into(out, folders)
+    meta = store.meta()
+    meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included
+    store.write_meta(meta)
     click.echo(f"{len(chosen)} GPUs: wall time {time.perf_counter() - started:.1f} s", err=True)
 
 
@@ -343,20 +352,20 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
 
 @main.command()
 @click.argument("scenario")
-@click.option("--jobs", type=click.IntRange(1), default=8, show_default=True, help="Modules built at once.")
+@click.option("--jobs", type=click.IntRange(1), default=WARMUP_JOBS, show_default=True, help="Modules built at once.")
 @impl_option
 def warmup(scenario, jobs, impls):
     """Build every FlashInfer JIT module SCENARIO needs (in parallel) and say what it built and how long
     it took; `swabench run` does the same before timing, so no compile lands in a timed region."""
     device = resolve_device("cuda", "warmup")
     s = load_scenario(scenario, impls, device)
-    started = time.perf_counter()
-    built = sweep.warm_up(s.points, device, jobs)
-    wall = time.perf_counter() - started
-    for label, seconds in sorted(built.items(), key=lambda kv: -kv[1]):
+    warm = sweep.warm_up(s.points, device, jobs)
+    for label, seconds in sorted(warm.seconds.items(), key=lambda kv: -kv[1]):
         click.echo(f"{seconds:8.1f} s  {label}")
-    click.echo(f"{len(built)} module signatures: {wall:.1f} s wall with {jobs} at once "
-               f"(their times add up to {sum(built.values()):.1f} s)")
+    click.echo(f"JIT cache: {warm.cache_dir}")
+    click.echo(f"compiled {len(warm.built)} FlashInfer module(s)" + "".join(f"\n  {m}" for m in warm.built))
+    click.echo(f"{len(warm.seconds)} module signatures: {warm.wall_s:.1f} s wall with {jobs} at once "
+               f"(their times add up to {sum(warm.seconds.values()):.1f} s)")
 
 
 @main.command("compare")

@@ -62,7 +62,10 @@ def gpu_info() -> dict:
             "gpu_memory_gib": round(props.total_memory / 2**30, 1), "gpu_sms": props.multi_processor_count,
             "compute_capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}
     fields = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu"
-    smi = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"])
+    # nvidia-smi ignores CUDA_VISIBLE_DEVICES: ask it about the physical GPU this process was given
+    physical = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    info["gpu_uuid"] = str(getattr(props, "uuid", "")) or None
+    smi = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", physical])
     if smi:
         values = [v.strip() for v in smi.splitlines()[0].split(",")]
         info.update({f"nvidia_smi.{k}": v for k, v in zip(fields.split(","), values)})
@@ -90,6 +93,7 @@ def collect(device: torch.device | str = "cpu") -> dict:
         "nvtx": package_version("nvtx"),
         "nsys": nsys and (_run([nsys, "--version"]) or nsys),
         "device": str(device),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         **gpu_info(),
         "command": " ".join(["swabench", *sys.argv[1:]]),
     }

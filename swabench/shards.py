@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 from . import results
 from .scenarios import Scenario
@@ -60,9 +62,19 @@ def work_dir(out: Path) -> Path:
     return out.with_name(out.name + "-shards")
 
 
-def run_on_gpus(child_args: list[str], gpus: list[int], out: Path) -> list[Path]:
+def rows_written(folder: Path) -> int:
+    """Rows a worker has journaled so far (complete lines; a resumed run counts its earlier ones)."""
+    try:
+        with open(Path(folder) / results.ROWS, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
+                on_progress: Callable[[int], None] | None = None, poll_s: float = 1.0) -> list[Path]:
     """One ``swabench run`` per GPU, each seeing only its GPU, each on its own shard; returns their
-    run folders once all have finished."""
+    run folders once all have finished.  ``on_progress(rows)`` hears the rows journaled so far."""
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     procs, folders = [], []
@@ -74,10 +86,16 @@ def run_on_gpus(child_args: list[str], gpus: list[int], out: Path) -> list[Path]
         log = open(work / f"gpu{gpu}.log", "a")
         procs.append((subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         folders.append(folder)
+    while any(proc.poll() is None for proc, _ in procs):
+        if on_progress:
+            on_progress(sum(rows_written(f) for f in folders))
+        time.sleep(poll_s)
     codes = []
     for proc, log in procs:
         codes.append(proc.wait())
         log.close()
+    if on_progress:
+        on_progress(sum(rows_written(f) for f in folders))
     if any(c not in (0, 1) for c in codes):
         raise ShardError(f"a GPU worker failed (exit codes {codes}); see {work}/gpu*.log, then rerun to resume")
     return folders
@@ -98,8 +116,9 @@ def merge(out: Path, folders: list[Path]) -> results.RunStore:
                 raise ShardError(f"point {key} is in both {seen[key]} and {folder}: overlapping shards")
             seen[key] = folder
             rows.append(row)
-    meta = {k: v for k, v in metas[0].items() if k not in ("rows", "status_counts", "wall_s", "state")}
-    meta.update(merged_from=[str(f) for f in folders], shards=metas, what=f"merge of {len(folders)} shards",
+    per_shard = ("rows", "status_counts", "wall_s", "state", "cuda_visible_devices", "gpu_uuid", "host")
+    meta = {k: v for k, v in metas[0].items() if k not in per_shard}
+    meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), merged_from=[str(f) for f in folders], shards=metas, what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas))
     store = results.RunStore.create(out, meta, text)
     for row in rows:

@@ -134,10 +134,27 @@ def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
     return samples
 
 
-def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> dict[str, float]:
+@dataclass
+class WarmUp:
+    seconds: dict[str, float]  # per module signature (impl, backend, dtype, head_dim, window or not)
+    built: list[str]  # FlashInfer JIT modules this warm-up compiled (the rest were loaded from the cache)
+    wall_s: float
+    jobs: int
+    cache_dir: str | None
+
+    def describe(self) -> dict:
+        return {"jit_warmup_s": {k: round(v, 3) for k, v in self.seconds.items()}, "jit_built": self.built,
+                "jit_warmup_wall_s": round(self.wall_s, 1), "jit_warmup_jobs": self.jobs,
+                "jit_cache_dir": self.cache_dir}
+
+
+def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
-    no JIT compile or module load lands in a timed region; ``jobs`` builds run at once.
-    Returns seconds per module signature."""
+    no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
+    the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
+    apart)."""
+    from .impls import flashinfer_impls
+
     todo: dict[str, Point] = {}
     for p in points:
         impl, c = registry.get(p.impl), p.case
@@ -160,8 +177,13 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> dict[st
             torch.cuda.synchronize(device)
         return label, time.perf_counter() - t0
 
+    before, started = flashinfer_impls.jit_modules(), time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return dict(pool.map(build, todo.items()))
+        seconds = dict(pool.map(build, todo.items()))
+    wall = time.perf_counter() - started
+    after = flashinfer_impls.jit_modules()
+    built = sorted(name for name, mtime in after.items() if before.get(name) != mtime)
+    return WarmUp(seconds, built, wall, jobs, flashinfer_impls.jit_cache_dir())
 
 
 def points_by_case(points: list[Point]) -> dict:

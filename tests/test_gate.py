@@ -111,3 +111,19 @@ def test_gate_leaves_random_data_for_timing():
 def test_must_fail_is_where_the_visible_set_changes(name, qo, kv, must):
     c = scenarios.make_case(dict(mode="verify", qo_len=qo, seq_len=kv, window_left=4))
     assert registry.get(name).must_fail(c, [qo], [kv]) == must
+
+
+@pytest.mark.parametrize("queries,group,block", [(64, 4, 256), (16, 4, 128), (32, 4, 128), (100, 4, 512),
+                                                  (127, 1, 128), (128, 4, 128), (8192, 4, 128)])
+def test_flex_query_block_holds_what_the_decoding_kernel_packs(queries, group, block):
+    from swabench.impls.flex import q_block_size
+    assert q_block_size(queries, group) == block
+
+
+def test_flex_runs_a_decode_batch_with_a_grown_query_block():
+    c = scenarios.make_case(dict(mode="decode", batch_size=40, prefix_len=30, window_left=7, num_qo_heads=8,
+                                 num_kv_heads=2, head_dim=64, dtype="float32", page_size=4))
+    runner = registry.get("flex-window").make(workloads.build(c), "flex")
+    runner.plan()
+    assert runner.block_mask.BLOCK_SIZE == (256, 128)
+    assert gate.check(runner, runner.w).passed

@@ -105,3 +105,14 @@ def test_graph_timer_measures_a_known_amount_of_work(l2):
     assert 1.0 < tbps < 5.5, tbps  # an H200 copies ~4.3 TB/s
     assert kernel.noise < 0.05 and kernel.extra["replays"] >= 10 and kernel.extra["l2"] == l2
     assert eager.median_us > 0.9 * kernel.median_us
+
+
+@pytest.mark.parametrize("storage", ["paged", "ragged"])
+def test_flex_decode_batch_compiles_and_passes(storage):
+    """64 single-query requests with 4 query heads per KV head: Inductor's flex-decoding kernel needs
+    a 256-row query block here; with the default 128 the H200 peers run failed (NoValidChoicesError)."""
+    c = scenarios.make_case(dict(mode="decode", batch_size=64, prefix_len=2048, window_left=127, num_qo_heads=8,
+                                 num_kv_heads=2, head_dim=128, dtype="bfloat16", page_size=16, storage=storage))
+    runner, result = gated("flex-window", workloads.build(c, "cuda"), "flex")
+    assert result.passed, result.reason
+    assert runner.block_mask.BLOCK_SIZE[0] == 256

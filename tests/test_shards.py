@@ -108,3 +108,19 @@ def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
     assert merged_keys == expect and (merged["status"] == "pass").all()
     assert len(json.loads((tmp_path / "array" / results.META).read_text())["shards"]) == 2
+
+
+def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path):
+    """The --gpus launch path with CPU workers: every worker is told its device, works its own shard,
+    and the progress callback ends at the scenario's point count."""
+    heard = []
+    folders = shards.run_on_gpus([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0, 1],
+                                 tmp_path / "run", on_progress=heard.append, poll_s=0.05)
+    expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    tables = [keys(f)[1] for f in folders]
+    assert sorted(k for t in tables for k in map(tuple, t[KEY].values)) == expect
+    assert heard[-1] == len(expect) and heard == sorted(heard)
+    logs = sorted(p.name for p in shards.work_dir(tmp_path / "run").glob("gpu*.log"))
+    assert logs == ["gpu0.log", "gpu1.log"]
+    metas = [json.loads((f / results.META).read_text()) for f in folders]
+    assert [m["cuda_visible_devices"] for m in metas] == ["0", "1"]

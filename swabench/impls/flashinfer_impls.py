@@ -34,6 +34,22 @@ def _import_error() -> str | None:
     return None
 
 
+def jit_modules() -> dict[str, float]:
+    """FlashInfer's compiled JIT modules on disk, name -> modification time ({} without flashinfer).
+    Taken before and after a warm-up, the difference is what the warm-up built."""
+    if _import_error():
+        return {}
+    from flashinfer.jit import env
+    return {so.parent.name: so.stat().st_mtime for so in env.FLASHINFER_JIT_DIR.glob("*/*.so")}
+
+
+def jit_cache_dir() -> str | None:
+    if _import_error():
+        return None
+    from flashinfer.jit import env
+    return str(env.FLASHINFER_JIT_DIR)
+
+
 @lru_cache(maxsize=None)
 def _workspace(device: torch.device) -> torch.Tensor:
     """One float workspace per device, shared by every wrapper (as serving engines do)."""

@@ -19,17 +19,37 @@ import torch
 from .registry import Implementation, register
 
 
+RECOMPILE_LIMIT = 64  # a sweep meets a few dozen (shape, block size, window on/off) combinations
+SPARSE_BLOCK = 128  # FlexAttention's default block-mask block, in queries and in keys
+
+
 def _compiled_flex(device: torch.device):
     from torch.nn.attention.flex_attention import flex_attention
     if device.type != "cuda":
         return flex_attention  # eager flex on the CPU: the unfused reference path, fine for small shapes
     global _COMPILED
     if _COMPILED is None:
+        # Past the recompile limit Dynamo would quietly run the unfused eager path and its times would
+        # be filed under FlexAttention: raise instead (the point fails with the reason).
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            config.fail_on_recompile_limit_hit = True
         _COMPILED = torch.compile(flex_attention)  # recompiles as dynamic once a second shape arrives
     return _COMPILED
 
 
 _COMPILED = None
+
+
+def q_block_size(total_queries: int, group: int) -> int:
+    """The block mask's query block.  Under 128 queries Inductor lowers to its flex-decoding kernel,
+    which packs every query of a KV head's group into one tile of next_pow2(queries x group) rows
+    and needs that tile to divide the query block; a decode batch of 64 with 4 query heads per KV
+    head makes 256 and leaves no valid kernel config (NoValidChoicesError).  Grow the block to it."""
+    if total_queries >= SPARSE_BLOCK:
+        return SPARSE_BLOCK
+    return max(SPARSE_BLOCK, 1 << (total_queries * group - 1).bit_length())
 
 
 class FlexRunner:
@@ -49,13 +69,15 @@ class FlexRunner:
         slot_request[w.slots] = w.key_request.to(torch.int32)
         slot_pos[w.slots] = w.key_position.to(torch.int32)
         q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
-        window = c.window_left
+        windowed = c.window_left >= 0
+        window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W
 
         def mask_mod(b, h, q, kv):
             seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
-            return seen & (q_pos[q] - slot_pos[kv] <= window) if window >= 0 else seen
+            return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
 
-        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev)
+        block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
+        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev, BLOCK_SIZE=block)
         self.flex = _compiled_flex(dev)
         if self.compile_s is None:
             t0 = time.perf_counter()
