@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
 # How the committed H200 runs are made: run from the checkout's root on the GPU node, after
 # `source .gpu/setup.sh` (the offline bundle: ../shared/gpu-kit).  Usage: scripts/h200.sh OUTDIR [STEP...]
-# Steps (default: all): tests peaks quick default reference wrappers profile check peers
+# Steps (default: all but the last three): tests peaks quick default reference wrappers profile check peers
+#   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin)
+#   compare  the one-GPU run against the all-GPU run, point by point
+#   coldjit  `swabench warmup default` on an empty JIT cache, 8 modules at once, then one by one
+# Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$out"
 sb() { python3 -m swabench "$@"; }
+fresh_compile_cache() { export TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)"; }
 for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
     tests)     timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -5 ;;
     peaks)     sb env --peaks | grep -E '^(gpu|peak|nvidia_smi.clocks)' ;;
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
-    default)   ( time sb run default --out "$out/h200-default-run" ) 2>&1 | tail -30 ;;
+    default)   fresh_compile_cache
+               ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
+    gpus)      fresh_compile_cache
+               ( time sb run default --gpus all --out "$out/h200x2-default-run" ) 2>&1 | tail -40
+               tail -3 "$out"/h200x2-default-run-shards/gpu*.log ;;
+    compare)   sb compare "$out/h200-default-run" "$out/h200x2-default-run" > "$out/h200x2-vs-1gpu-compare.md"
+               head -5 "$out/h200x2-vs-1gpu-compare.md" ;;
+    coldjit)   for jobs in 8 1; do
+                 FLASHINFER_WORKSPACE_BASE="$(mktemp -d)" sb warmup default --jobs "$jobs" 2>&1 \
+                   | tee "$out/h200-warmup-cold-jobs$jobs.txt"
+               done ;;
     reference) sb run default --case "verify b32 p8192 q16 W1023 ps16 h8/2" --impl paged-window --impl paged-mask \
                  --l2 warm --out "$out/h200-reference-warm" 2>&1 | tail -6 ;;
     wrappers)  python3 scripts/wrapper_modes.py "$out/wrapper_modes.csv" ;;
