@@ -23,7 +23,7 @@ for step in $steps; do
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
     gpus)      fresh_compile_cache
                ( time sb run default --gpus all --out "$out/h200x2-default-run" ) 2>&1 | tail -40
-               tail -3 "$out"/h200x2-default-run-shards/gpu*.log ;;
+               tail -n 3 "$out"/h200x2-default-run-shards/gpu*.log ;;
     compare)   sb compare "$out/h200-default-run" "$out/h200x2-default-run" > "$out/h200x2-vs-1gpu-compare.md"
                head -5 "$out/h200x2-vs-1gpu-compare.md" ;;
     coldjit)   for jobs in 8 1; do

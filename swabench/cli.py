@@ -218,6 +218,9 @@ def _merge_into(out: Path, folders) -> RunStore:
         store = shards.merge(out, folders)
     except (shards.ShardError, RunFolderError) as e:
         raise InputError(str(e)) from None
+    meta = store.meta()
+    meta["command"] = environment.collect_command()  # the launch or merge, not shard 0's own command
+    store.write_meta(meta)
     _summary(results.load(out)[0], out)
     return store
 

@@ -35,10 +35,14 @@ def package_version(name: str) -> str | None:
 
 
 def git_state() -> dict:
-    """The code's commit; SWABENCH_GIT_COMMIT stands in where the checkout travelled without .git."""
+    """The code's commit.  SWABENCH_GIT_COMMIT, where set, wins: a checkout copied to a GPU node can
+    carry a stale .git (or none) beside newer files, and then only the sender knows the commit."""
+    sent = os.environ.get("SWABENCH_GIT_COMMIT")
+    if sent:
+        return {"git_commit": sent, "git_dirty": None, "git_commit_from": "SWABENCH_GIT_COMMIT"}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
     if commit is None:
-        return {"git_commit": os.environ.get("SWABENCH_GIT_COMMIT"), "git_dirty": None}
+        return {"git_commit": None, "git_dirty": None}
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     return {"git_commit": commit, "git_dirty": bool(dirty)}
 
@@ -95,5 +99,9 @@ def collect(device: torch.device | str = "cpu") -> dict:
         "device": str(device),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         **gpu_info(),
-        "command": " ".join(["swabench", *sys.argv[1:]]),
+        "command": collect_command(),
     }
+
+
+def collect_command() -> str:
+    return " ".join(["swabench", *sys.argv[1:]])

@@ -259,6 +259,38 @@ def backends(table, meta):
     return fig
 
 
+PEER_MARKERS = "osD^vP*Xh"
+
+
+def peers(table, meta):
+    """Each path's time over fa2's window path on the same case (log scale, 1 = as fast as fa2), on
+    the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats fa2."""
+    from .results import versus_fa2_window
+
+    r = versus_fa2_window(table)
+    peer_cases = set(r.loc[r["library"] != "flashinfer", "case_id"])
+    r = r[r["case_id"].isin(peer_cases) & ~((r["library"] == "flashinfer") & r["impl"].str.endswith("-mask"))]
+    if r.empty:
+        return None
+    cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case"]))
+    paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
+    fig, axes = _figure(meta, "Against fa2's window path: time / fa2 time per case", size=(8.0, 0.22 * len(cases) + 1.5))
+    ax = axes[0][0]
+    y = {c: i for i, c in enumerate(cases)}
+    for k, (impl, backend) in enumerate(paths):
+        g = r[(r["impl"] == impl) & (r["backend"] == backend)]
+        ax.scatter(g["ratio"], g["case"].map(y), s=18, marker=PEER_MARKERS[k % len(PEER_MARKERS)],
+                   color=OKABE_ITO[k % len(OKABE_ITO)], label=f"{impl} [{backend}]", alpha=0.85)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(cases)), [c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], fontsize=6)
+    ax.set_xlabel("time / fa2 window-path time (below 1: faster than fa2)")
+    ax.invert_yaxis()
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 def plan_vs_kernel(table, meta):
     """Host plan() cost against kernel time: above the diagonal, planning costs more than the kernel."""
     t = _timed(table).dropna(subset=["plan_us"])
@@ -303,7 +335,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
     return paths
 
 
-FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode,
+FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative,
            "tflops_vs_context": tflops_vs_context, "backends": backends, "plan_vs_kernel": plan_vs_kernel}
 

@@ -104,6 +104,24 @@ def headline(table: pd.DataFrame) -> pd.DataFrame:
     return wide[cols].rename(columns={"sliding_window": "window (keys)"})
 
 
+def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
+    """results.versus_fa2_window summarised per mode, storage, window and path: median, best and
+    worst time / fa2 time over the cases; "faster in" counts the cases below 1.  FlashInfer's
+    custom-mask paths are left to the headline table."""
+    per_point = results.versus_fa2_window(table)
+    per_point = per_point[~((per_point["library"] == "flashinfer") & per_point["impl"].str.endswith("-mask"))]
+    if per_point.empty:
+        return pd.DataFrame()
+    keys = ["mode", "storage", "sliding_window", "impl", "backend"]
+    ratio = per_point.groupby(keys)["ratio"]
+    out = ratio.agg(cases="count", median="median", best="min", worst="max")
+    out["faster in"] = ratio.apply(lambda r: f"{int((r < 1).sum())}/{len(r)}")
+    order = {m: i for i, m in enumerate(plots.MODES)}
+    out = out.reset_index().sort_values(keys, key=lambda c: c.map(order) if c.name == "mode" else c)
+    return out.rename(columns={"sliding_window": "window (keys)", "median": "time / fa2 (median)"}) \
+        .reset_index(drop=True)
+
+
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
     run_dir, out = Path(run_dir), Path(out)
@@ -130,6 +148,13 @@ def write(run_dir: Path, out: Path) -> Path:
         parts += ["## Headline: speedup over the custom-mask path",
                   "Median over the run's cases of `paged-mask` time / time, fa2; (n) = cases in the cell.",
                   markdown_table(head)]
+    versus = versus_fa2_window(table)
+    if len(versus):
+        parts += ["## Against fa2's window path",
+                  "Time of each path / time of fa2 `paged-window` (paged cases) or `ragged-window` (ragged "
+                  "cases) on the same case: below 1 is faster than fa2.  fa3, auto, the custom-mask paths "
+                  "and the peers (FlexAttention, SDPA) on the cases where the run timed both.",
+                  markdown_table(versus)]
     timings = timing_summary(table, meta)
     if timings:
         parts += ["## Timings", timings]

@@ -179,6 +179,21 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     return table
 
 
+WINDOW_PATH = {"paged": "paged-window", "ragged": "ragged-window"}  # fa2, planned with window_left
+
+
+def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
+    """Every other timed correct path against fa2's window path on the same case (paged-window on a
+    paged case, ragged-window on a ragged one): one row per point with ``ratio`` = its time / fa2's."""
+    if table.empty or "median_us" not in table:
+        return table.iloc[0:0].assign(ratio=[])
+    t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
+    is_base = (t["backend"] == "fa2") & (t["impl"] == t["storage"].map(WINDOW_PATH))
+    base = t[is_base].set_index("case_id")["median_us"].rename("fa2_window_us")
+    others = t[~is_base].join(base, on="case_id", how="inner")
+    return others.assign(ratio=others["median_us"] / others["fa2_window_us"])
+
+
 def to_samples(rows: list[dict]) -> pd.DataFrame:
     records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
                for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]

@@ -9,8 +9,8 @@ import pytest
 
 from swabench import plots, report, results
 
-H200_RUN = Path(__file__).resolve().parent.parent / "results" / "h200-default-run"
-PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "speedup_heatmap": 4, "speculative": 2,
+H200_RUN = Path(__file__).resolve().parent.parent / "results" / "h200x2-default-2gpu"  # default.toml with peers
+PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatmap": 4, "speculative": 2,
           "tflops_vs_context": 4, "backends": 5, "plan_vs_kernel": 1}  # heatmap: 2 panels + 2 colour bars
 
 
@@ -66,6 +66,19 @@ def test_headline_is_computed_from_the_table(h200):
     expect = table[(table["impl"] == "paged-window") & (table["backend"] == "fa2") & (table["mode"] == "verify")
                    & (table["sliding_window"] == 1024)]["speedup_vs_mask"]
     assert cell == f"{expect.median():.1f}x ({expect.count()})"
+
+
+def test_versus_fa2_window_divides_by_fa2_on_the_same_case(h200):
+    table, _ = h200
+    per_point = results.versus_fa2_window(table)
+    flex = per_point[(per_point["impl"] == "flex-window") & (per_point["storage"] == "ragged")].iloc[0]
+    fa2 = table[(table["case_id"] == flex["case_id"]) & (table["impl"] == "ragged-window") & (table["backend"] == "fa2")]
+    assert flex["ratio"] == pytest.approx(flex["median_us"] / fa2["median_us"].iloc[0])
+    assert not ((per_point["impl"] == per_point["storage"].map(results.WINDOW_PATH)) & (per_point["backend"] == "fa2")).any()
+    summary = report.versus_fa2_window(table)
+    row = summary[(summary["impl"] == "flex-window") & (summary["mode"] == "decode")]
+    assert len(row) and (row["faster in"].str.startswith("0/")).all()  # flex never beat fa2 on decode here
+    assert not summary["impl"].isin(["paged-mask", "ragged-mask"]).any()
 
 
 def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):

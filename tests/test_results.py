@@ -58,3 +58,14 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
     results.atomic_write(tmp_path / "f.csv", "a,b\n1,2\n")
     assert [p.name for p in tmp_path.iterdir()] == ["f.csv"]
     assert (tmp_path / "f.csv").read_text() == "a,b\n1,2\n"
+
+
+def test_commit_sent_with_the_checkout_wins_over_its_git(monkeypatch):
+    """A copy on a GPU node may carry a stale .git; the commit its sender names is the one recorded."""
+    from swabench import environment
+    monkeypatch.delenv("SWABENCH_GIT_COMMIT", raising=False)
+    own = environment.git_state()
+    monkeypatch.setenv("SWABENCH_GIT_COMMIT", "0123abcd" * 5)
+    sent = environment.git_state()
+    assert sent["git_commit"] == "0123abcd" * 5 and sent["git_commit_from"] == "SWABENCH_GIT_COMMIT"
+    assert own.get("git_commit_from") is None
