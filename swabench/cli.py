@@ -62,6 +62,8 @@ l2_option = click.option("--l2", type=click.Choice(["cold", "warm"]), default="c
                          help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
 case_option = click.option("--case", "cases", multiple=True, metavar="ID|TEXT",
                            help="Only cases whose id starts with, or whose label contains, this (repeatable).")
+costs_option = click.option("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False),
+                            metavar="RUN_DIR", help="Balance the shards by each case's time in this earlier run.")
 impl_option = click.option("--impl", "impls", multiple=True, metavar="NAME",
                            help="Only these implementations of the scenario (repeatable).")
 
@@ -86,14 +88,19 @@ def select_cases(scenario: scenarios.Scenario, cases: tuple[str, ...]) -> scenar
 
 
 def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict: bool,
-           cases: tuple[str, ...] = (), l2: str = "cold", shard: str | None = None):
+           cases: tuple[str, ...] = (), l2: str = "cold", shard: str | None = None, costs_from=None):
     device = resolve_device(device_choice)
     scenario = select_cases(load_scenario(scenario_name, impls, device), cases)
+    sharding = None
     if shard:
         try:
-            scenario = shards.shard(scenario, *shards.parse_shard(shard))
+            index, count = shards.parse_shard(shard)
+            scenario = shards.shard(scenario, index, count, _costs(costs_from))
         except shards.ShardError as e:
             raise InputError(str(e)) from None
+        sharding = {"index": index, "count": count, "cases": len(scenario.cases),
+                    "costs": f"measured in {costs_from}" if costs_from else
+                    f"estimated ({shards.POINT_S} s a point, {shards.COMPILE_S} s a per-process compile group)"}
     what = "run" if timed else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
@@ -105,7 +112,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         else:
             meta = {**environment.collect(device), "what": what, "scenario": scenario.name,
                     "scenario_path": scenario.path, "implementations": scenario.implementations,
-                    "method": sweep.timer_method(options),
+                    "method": sweep.timer_method(options), "sharding": sharding,
                     "embedded_backend": device.type == "cpu"}
             store = RunStore.create(out, meta, scenario.text)
     except RunFolderError as e:
@@ -196,17 +203,40 @@ def _summary(table, out: Path) -> None:
 @click.option("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
 @strict_option
 @l2_option
-@click.option("--shard", metavar="I/N", help="Only every N-th case, starting at I (for several nodes; merge after).")
+@click.option("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
 @click.option("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
-def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus):
+@costs_option
+def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, costs_from):
     """Gate and time every point of SCENARIO (a file, or a name in scenarios/).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere.
     Exit status 1 when a correct implementation fails the gate."""
     if gpus:
-        _run_on_gpus(scenario, out, impls, cases, l2, gpus)
+        _run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from)
         return
-    _sweep(scenario, out, device, impls, resume, timed=True, strict=strict, cases=cases, l2=l2, shard=shard)
+    if costs_from and not shard:
+        raise InputError("--costs-from balances shards: use it with --shard or --gpus")
+    _sweep(scenario, out, device, impls, resume, timed=True, strict=strict, cases=cases, l2=l2, shard=shard,
+           costs_from=costs_from)
+
+
+def _costs(costs_from) -> dict | None:
+    """Per-case seconds from an earlier run folder, or None (estimate)."""
+    if not costs_from:
+        return None
+    try:
+        return shards.case_costs(costs_from)
+    except RunFolderError as e:
+        raise InputError(f"--costs-from: {e}") from None
+    except shards.ShardError as e:
+        raise InputError(str(e)) from None
+
+
+def _forward_costs(costs_from) -> list[str]:
+    if costs_from:
+        _costs(costs_from)  # fail here, before any worker starts
+        return ["--costs-from", str(Path(costs_from).resolve())]
+    return []
 
 
 def _filters(impls, cases) -> list[str]:
@@ -225,7 +255,7 @@ def _merge_into(out: Path, folders) -> RunStore:
     return store
 
 
-def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
+def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) -> None:
     device = resolve_device("cuda", "--gpus")
     scenario = select_cases(load_scenario(scenario_name, impls, device), cases)  # validate before launching
     try:
@@ -235,6 +265,7 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
     out = Path(out) if out else default_out(scenario, device, "run")
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already holds a run; choose another --out (the shards resume on their own)")
+    forward = _forward_costs(costs_from)
     started = time.perf_counter()
     click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
                f"{shards.work_dir(out)}", err=True)
@@ -242,8 +273,8 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus) -> None:
                            show_pos=True) as bar:
         def progress(rows):
             bar.update(rows - bar.pos)
-        folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases)],
-                                     chosen, out, on_progress=progress)
+        folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases),
+                                      *forward], chosen, out, on_progress=progress)
     store = _merge_into(out, folders)
     meta = store.meta()
     meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included
@@ -333,7 +364,8 @@ def merge(out, folders):
 @impl_option
 @case_option
 @l2_option
-def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2):
+@costs_option
+def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2, costs_from):
     """Spread SCENARIO over a job array (submitit: Slurm, or local processes), wait, merge into --out."""
     try:
         import submitit  # noqa: F401
@@ -347,7 +379,8 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     if partition:
         slurm["slurm_partition"] = partition
     try:
-        folders = shards.submit([s.path, "--l2", l2, *_filters(impls, cases)], count, out, executor, **slurm)
+        child_args = [s.path, "--l2", l2, *_filters(impls, cases), *_forward_costs(costs_from)]
+        folders = shards.submit(child_args, count, out, executor, **slurm)
     except shards.ShardError as e:
         raise click.ClickException(str(e)) from None
     _merge_into(out, folders)

@@ -32,6 +32,7 @@ COLUMNS = [
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
     "plan_us", "compile_s", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us", "noise", "eager_us",
     "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps",
+    "point_s", "workload_s",
 ]
 
 

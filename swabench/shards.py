@@ -1,9 +1,12 @@
 """Spreading a sweep: deterministic shards, one worker process per GPU, job arrays across nodes,
 and merging the shards' run folders back into one.
 
-A shard is every n-th *case* of the scenario (all of a case's implementations stay together, so
-a case's rows share one workload and one GPU).  Each worker writes an ordinary run folder; ``merge``
-checks they ran the same scenario file and unions their rows, keeping each row's GPU identity.
+A shard is a set of whole *cases* (a case's implementations share one workload and one GPU).
+Cases are dealt longest-first to the least-loaded shard, by their cost in an earlier run when one
+is given (``--costs-from``), else by an estimate.  Cases that run an implementation compiled per
+process (FlexAttention) stay on one shard when that fits, so its compiles are not paid once per
+worker.  Each worker writes an ordinary run folder; ``merge`` checks they ran the same scenario
+file and unions their rows, keeping each row's GPU identity.
 """
 
 from __future__ import annotations
@@ -34,10 +37,64 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def shard(scenario: Scenario, index: int, count: int) -> Scenario:
-    """Keep the points of every count-th case, starting at index (in the scenario's case order)."""
-    keep = {case for k, case in enumerate(scenario.cases) if k % count == index}
-    scenario.points = [p for p in scenario.points if p.case in keep]
+# Estimates for a scenario no earlier run has costed, from default.toml on one H200
+# (results/h200x2-default-1gpu): 972 points in 315 s, and 48 s of FlexAttention compile_s over
+# about five shape classes.
+POINT_S = 0.35
+COMPILE_S = 10.0
+
+
+def case_costs(folder) -> dict[str, float]:
+    """Seconds each case took in an earlier run folder: its workload build plus its points."""
+    table, _ = results.load(folder)
+    if "point_s" not in table:
+        raise ShardError(f"--costs-from {folder}: this run has no point_s column (made before swabench "
+                         f"recorded it); give a newer run folder, or leave the option out")
+    per_case = table.groupby("case_id")
+    return (per_case["point_s"].sum() + per_case["workload_s"].first().fillna(0.0)).to_dict()
+
+
+def _affinity(points) -> tuple[str, ...]:
+    from .impls import registry
+    return tuple(sorted({p.impl for p in points if registry.get(p.impl).compiles_per_process}))
+
+
+def assign(scenario: Scenario, count: int, costs: dict[str, float] | None = None) -> dict:
+    """Case -> shard index: longest first onto the least-loaded shard (ties to the lower index and
+    the earlier case, so every process computes the same answer)."""
+    by_case: dict = {}
+    for p in scenario.points:
+        by_case.setdefault(p.case, []).append(p)
+    cost = {case: (costs or {}).get(case.case_id, POINT_S * len(pts)) for case, pts in by_case.items()}
+    groups: dict = {}
+    for case, pts in by_case.items():
+        key = _affinity(pts)
+        groups.setdefault(key or ("", case.case_id), []).append(case)
+    # An estimate holds no compiles: charge one to each group that shares one (measured costs have it).
+    charge = COMPILE_S if costs is None else 0.0
+    share = (sum(cost.values()) + charge * sum(1 for key in groups if key[0])) / count
+    units = []  # (cost, first case's position, cases)
+    order = {case: i for i, case in enumerate(by_case)}
+    for key, cases in groups.items():
+        whole = sum(cost[c] for c in cases) + (charge if key[0] else 0.0)
+        # Split a group only when keeping it whole would cost more than paying its compile twice.
+        if not key[0] or whole <= share + COMPILE_S:
+            units.append((whole, order[cases[0]], cases))
+        else:
+            units += [(cost[c], order[c], [c]) for c in cases]
+    units.sort(key=lambda u: (-u[0], u[1]))
+    load, where = [0.0] * count, {}
+    for unit_cost, _, cases in units:
+        target = min(range(count), key=lambda i: (load[i], i))
+        load[target] += unit_cost
+        where.update({c: target for c in cases})
+    return where
+
+
+def shard(scenario: Scenario, index: int, count: int, costs: dict[str, float] | None = None) -> Scenario:
+    """Keep the points of the cases ``assign`` gives to shard ``index``."""
+    where = assign(scenario, count, costs)
+    scenario.points = [p for p in scenario.points if where[p.case] == index]
     return scenario
 
 

@@ -200,17 +200,22 @@ def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
     with nvtx_range(f"run {scenario.name}", payload=len(todo)):
         for case_index, (case, points) in enumerate(todo.items()):
             with nvtx_range(f"case {case.label}", payload=case_index):
+                started = time.perf_counter()
                 try:
                     w = workloads.build(case, options.device)
                 except torch.cuda.OutOfMemoryError:
                     w = None
+                workload_s = time.perf_counter() - started
                 for point in points:
+                    started = time.perf_counter()
                     if w is None:
                         row = {**base_row(point, None, options.device), "status": "skip",
                                "reason": "out of memory building the workload"}
                     else:
                         with nvtx_range(f"{point.impl} [{point.backend}] #{case.case_id}"):
                             row = measure_point(point, w, options)
+                    # where the sweep's time goes (plan, gate, timing and compiles), for the next run's shards
+                    row.update(point_s=time.perf_counter() - started, workload_s=workload_s)
                     store.append(row)
                     yield row
                 if w is not None and options.device.type == "cuda" and w.k_store.numel() > 1 << 28:

@@ -124,3 +124,62 @@ def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path):
     assert logs == ["gpu0.log", "gpu1.log"]
     metas = [json.loads((f / results.META).read_text()) for f in folders]
     assert [m["cuda_visible_devices"] for m in metas] == ["0", "1"]
+
+
+AFFINE = """
+implementations = ["torch-trim", "flex-window"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+[[sweep]]
+mode = "verify"
+draft_tokens = 4
+prefix_len = [40, 90, 150]
+window_left = [3, 15, 31, 63]
+[[skip]]
+when = "impl == 'flex-window' and window_left > 3"
+reason = "flex on the smallest window only"
+"""
+
+
+def test_cases_sharing_a_per_process_compile_stay_on_one_shard(write_scenario):
+    s = scenarios.load(write_scenario(AFFINE))
+    where = shards.assign(s, 2)
+    flex_cases = {p.case for p in s.points if p.impl == "flex-window"}
+    assert len(flex_cases) == 3 and len({where[c] for c in flex_cases}) == 1
+    assert shards.assign(scenarios.load(write_scenario(AFFINE)), 2) == where  # the same answer in every process
+    points = [sum(1 for p in s.points if where[p.case] == i) for i in range(2)]
+    assert abs(points[0] - points[1]) <= 3, points
+
+
+def test_measured_costs_balance_the_shards(write_scenario):
+    s = scenarios.load(write_scenario(AFFINE))
+    heavy = s.cases[0]
+    costs = {c.case_id: (100.0 if c is heavy else 1.0) for c in s.cases}  # one case costs as much as all others
+    where = shards.assign(s, 2, costs)
+    assert [c for c in s.cases if where[c] == where[heavy]] == [heavy]
+    with pytest.raises(KeyError):
+        where[object()]
+
+
+def test_costs_come_from_an_earlier_run(tiny, tmp_path):
+    assert invoke("run", tiny, "--device", "cpu", "--out", tmp_path / "first").exit_code == 0
+    table = pd.read_csv(tmp_path / "first" / results.TABLE)
+    assert (table["point_s"] > 0).all() and (table["workload_s"] >= 0).all()
+    costs = shards.case_costs(tmp_path / "first")
+    assert set(costs) == set(table["case_id"]) and sum(costs.values()) >= table["point_s"].sum()
+    r = invoke("run", tiny, "--device", "cpu", "--shard", "1/2", "--costs-from", tmp_path / "first",
+               "--out", tmp_path / "s1")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "s1" / results.META).read_text())
+    assert meta["sharding"]["count"] == 2 and "measured in" in meta["sharding"]["costs"]
+    old = tmp_path / "old"
+    (old).mkdir()
+    for name in (results.META, results.SCENARIO, results.SAMPLES):
+        (old / name).write_bytes((tmp_path / "first" / name).read_bytes())
+    table.drop(columns=["point_s", "workload_s"]).to_csv(old / results.TABLE, index=False)
+    r = invoke("run", tiny, "--device", "cpu", "--shard", "0/2", "--costs-from", old, "--out", tmp_path / "s0")
+    assert r.exit_code == 2 and "no point_s column" in r.output and not (tmp_path / "s0").exists()
+    r = invoke("run", tiny, "--device", "cpu", "--costs-from", tmp_path / "first", "--out", tmp_path / "x")
+    assert r.exit_code == 2 and "use it with --shard or --gpus" in r.output

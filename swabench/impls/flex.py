@@ -111,4 +111,4 @@ def _unsupported(case, backend):
 register(Implementation(
     "flex-window", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention, window and request boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlexRunner(w), unsupported=_unsupported))
+    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compiles_per_process=True))

@@ -50,6 +50,9 @@ class Implementation:
     visibility: Callable[[int, int, int], semantics.Visibility] = exact
     unsupported: Callable[..., str | None] = lambda case, backend: None
     available: Callable[[], str | None] = lambda: None  # None = usable here, else why not
+    # Its kernels are compiled inside the process that first runs them (Inductor), so the cases that
+    # run it share that compile only when they run in one worker: sharding keeps them together.
+    compiles_per_process: bool = False
 
     @property
     def expected_to_fail(self) -> bool:
