@@ -119,8 +119,19 @@ class GraphTimerOptions:
                  if self.l2 == "cold" else "calls back to back (warm L2)")
         return (f"CUDA graph of k calls (k sized for ~{self.replay_us:g} us replays, at most {self.max_calls}); "
                 f"{flush}; each replay timed with CUDA events and divided by k; replays repeated "
-                f"({self.min_replays}..{self.max_replays}) until IQR/median <= {self.noise_target:g} or "
-                f"{self.budget_s:g} s; eager: {self.eager_calls} back-to-back launches timed with events")
+                f"({self.min_replays}..{self.max_replays}, at least 3 when {self.min_replays} would outlast the "
+                f"budget) until IQR/median <= {self.noise_target:g} or {self.budget_s:g} s; eager: up to "
+                f"{self.eager_calls} back-to-back launches per sample (fewer for calls over "
+                f"{self.replay_us / self.eager_calls:g} us) timed with events")
+
+    def counts(self, call_us: float) -> tuple[int, int, int]:
+        """(calls per graph, least replays, calls per eager sample) for a call of ``call_us``: about
+        replay_us per replay and per eager sample, so a 250 ms call costs a few seconds, not 30."""
+        call_us = max(call_us, 1.0)
+        k = max(1, min(self.max_calls, math.ceil(self.replay_us / call_us)))
+        least = max(3, min(self.min_replays, int(self.budget_s * 1e6 / (k * call_us))))
+        eager = max(1, min(self.eager_calls, math.ceil(self.replay_us / call_us)))
+        return k, least, eager
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,8 +181,10 @@ def cuda_graph_time(fn: Callable[[], None], options: GraphTimerOptions = GraphTi
     no allocation outside PyTorch's allocator, no host synchronisation."""
     with nvtx_range("capture"):
         fn()
-        once = statistics.median(eager_time(fn, 10) for _ in range(3))  # per call, launches overlapped
-        k = max(1, min(options.max_calls, math.ceil(options.replay_us / max(once, 1.0))))
+        once = eager_time(fn, 1)
+        if once < options.replay_us:  # short calls: a steadier per-call figure, launches overlapped
+            once = statistics.median(eager_time(fn, 10) for _ in range(3))
+        k, least, eager_calls = options.counts(once)
         if options.l2 == "cold":
             flush = _flush_buffer(torch.device("cuda", torch.cuda.current_device()))
             work = _capture(lambda: (flush.zero_(), fn()), k)
@@ -186,9 +199,8 @@ def cuda_graph_time(fn: Callable[[], None], options: GraphTimerOptions = GraphTi
                 return _replay_us(work) / k
         sample()  # the first replay uploads the graph: not a sample
     with nvtx_range("replay", payload=k):
-        samples = sample_until(sample, options.min_replays, options.max_replays, options.noise_target,
-                               options.budget_s)
+        samples = sample_until(sample, least, options.max_replays, options.noise_target, options.budget_s)
     with nvtx_range("eager"):
-        eager = sample_until(lambda: eager_time(fn, options.eager_calls), 3, 20, options.noise_target, 0.2)
+        eager = sample_until(lambda: eager_time(fn, eager_calls), 3, 20, options.noise_target, 0.2)
     extra = {"graph_calls": k, "replays": len(samples), "l2": options.l2}
-    return Timing(samples, options.describe(), extra), Timing(eager, "eager", {"eager_calls": options.eager_calls})
+    return Timing(samples, options.describe(), extra), Timing(eager, "eager", {"eager_calls": eager_calls})

@@ -1,6 +1,7 @@
 import itertools
 
 import pandas as pd
+import pytest
 
 from swabench import results, timing
 
@@ -45,3 +46,15 @@ def test_speedup_over_the_mask_baseline_and_percent_of_peaks():
     assert list(table["speedup_vs_mask"]) == [5.0, 1.0, 2.0, 1.0]
     assert list(table["pct_peak_tflops"]) == [12.5, 2.5, 0.125, 0.0625]
     assert table["pct_peak_tbps"].iloc[0] == 25.0
+
+
+@pytest.mark.parametrize("call_us,expect", [
+    (5.0, (200, 10, 20)),        # short: the graph holds max_calls, ten replays at least, 20 eager launches
+    (100.0, (20, 10, 20)),       # ~2 ms replays
+    (3000.0, (1, 10, 1)),        # one call per replay; ten replays of 3 ms fit the 0.3 s budget
+    (250_000.0, (1, 3, 1)),      # a 250 ms call: three replays, not ten (the budget buys one)
+])
+def test_graph_timer_sizes_its_work_by_the_call(call_us, expect):
+    assert timing.GraphTimerOptions().counts(call_us) == expect
+    k, least, eager = expect
+    assert k * call_us * least <= 0.3e6 or least == 3
