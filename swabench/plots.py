@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .results import versus_fa2_window  # noqa: E402
+
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 IMPL_ORDER = ["paged-window", "paged-trim", "ragged-window", "paged-mask", "ragged-mask", "torch-trim", "torch-mask"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
@@ -265,16 +267,14 @@ PEER_MARKERS = "osD^vP*Xh"
 def peers(table, meta):
     """Each path's time over fa2's window path on the same case (log scale, 1 = as fast as fa2), on
     the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats fa2."""
-    from .results import versus_fa2_window
-
-    r = versus_fa2_window(table)
-    peer_cases = set(r.loc[r["library"] != "flashinfer", "case_id"])
-    r = r[r["case_id"].isin(peer_cases) & ~((r["library"] == "flashinfer") & r["impl"].str.endswith("-mask"))]
+    r = versus_fa2_window(table, mask_paths=False)
+    r = r[r["case_id"].isin(set(r.loc[r["library"] != "flashinfer", "case_id"]))]
     if r.empty:
         return None
     cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case"]))
     paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
-    fig, axes = _figure(meta, "Against fa2's window path: time / fa2 time per case", size=(8.0, 0.22 * len(cases) + 1.5))
+    fig, axes = _figure(meta, "Against fa2's window path: time / fa2 time per case",
+                        size=(8.0, 0.22 * len(cases) + 1.5))
     ax = axes[0][0]
     y = {c: i for i, c in enumerate(cases)}
     for k, (impl, backend) in enumerate(paths):

@@ -108,8 +108,7 @@ def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
     """results.versus_fa2_window summarised per mode, storage, window and path: median, best and
     worst time / fa2 time over the cases; "faster in" counts the cases below 1.  FlashInfer's
     custom-mask paths are left to the headline table."""
-    per_point = results.versus_fa2_window(table)
-    per_point = per_point[~((per_point["library"] == "flashinfer") & per_point["impl"].str.endswith("-mask"))]
+    per_point = results.versus_fa2_window(table, mask_paths=False)
     if per_point.empty:
         return pd.DataFrame()
     keys = ["mode", "storage", "sliding_window", "impl", "backend"]

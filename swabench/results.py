@@ -183,12 +183,15 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 WINDOW_PATH = {"paged": "paged-window", "ragged": "ragged-window"}  # fa2, planned with window_left
 
 
-def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
+def versus_fa2_window(table: pd.DataFrame, mask_paths: bool = True) -> pd.DataFrame:
     """Every other timed correct path against fa2's window path on the same case (paged-window on a
-    paged case, ragged-window on a ragged one): one row per point with ``ratio`` = its time / fa2's."""
+    paged case, ragged-window on a ragged one): one row per point with ``ratio`` = its time / fa2's.
+    ``mask_paths=False`` leaves out FlashInfer's custom-mask paths (the headline's subject)."""
     if table.empty or "median_us" not in table:
         return table.iloc[0:0].assign(ratio=[])
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
+    if not mask_paths:
+        t = t[~((t["library"] == "flashinfer") & t["impl"].str.endswith("-mask"))]
     is_base = (t["backend"] == "fa2") & (t["impl"] == t["storage"].map(WINDOW_PATH))
     base = t[is_base].set_index("case_id")["median_us"].rename("fa2_window_us")
     others = t[~is_base].join(base, on="case_id", how="inner")

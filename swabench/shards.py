@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import results
+from .impls import registry
 from .scenarios import Scenario
+from .sweep import points_by_case
 
 
 class ShardError(ValueError):
@@ -55,16 +57,13 @@ def case_costs(folder) -> dict[str, float]:
 
 
 def _affinity(points) -> tuple[str, ...]:
-    from .impls import registry
     return tuple(sorted({p.impl for p in points if registry.get(p.impl).compiles_per_process}))
 
 
 def assign(scenario: Scenario, count: int, costs: dict[str, float] | None = None) -> dict:
     """Case -> shard index: longest first onto the least-loaded shard (ties to the lower index and
     the earlier case, so every process computes the same answer)."""
-    by_case: dict = {}
-    for p in scenario.points:
-        by_case.setdefault(p.case, []).append(p)
+    by_case = points_by_case(scenario.points)
     cost = {case: (costs or {}).get(case.case_id, POINT_S * len(pts)) for case, pts in by_case.items()}
     groups: dict = {}
     for case, pts in by_case.items():
@@ -175,7 +174,8 @@ def merge(out: Path, folders: list[Path]) -> results.RunStore:
             rows.append(row)
     per_shard = ("rows", "status_counts", "wall_s", "state", "cuda_visible_devices", "gpu_uuid", "host")
     meta = {k: v for k, v in metas[0].items() if k not in per_shard}
-    meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), merged_from=[str(f) for f in folders], shards=metas, what=f"merge of {len(folders)} shards",
+    meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
+                merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas))
     store = results.RunStore.create(out, meta, text)
     for row in rows:
