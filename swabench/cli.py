@@ -269,12 +269,20 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) ->
     started = time.perf_counter()
     click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
                f"{shards.work_dir(out)}", err=True)
-    with click.progressbar(length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
-                           show_pos=True) as bar:
-        def progress(rows):
-            bar.update(rows - bar.pos)
-        folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases),
-                                      *forward], chosen, out, on_progress=progress)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with click.progressbar(length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
+                               show_pos=True) as bar:
+            def progress(rows):
+                bar.update(rows - bar.pos)
+            folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases),
+                                          *forward], chosen, out, on_progress=progress)
+    except KeyboardInterrupt:
+        click.secho(f"interrupted: each GPU's rows are kept in {shards.work_dir(out)}; run the same command "
+                    f"again to finish them and merge", fg="yellow", err=True)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     store = _merge_into(out, folders)
     meta = store.meta()
     meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included

@@ -12,6 +12,7 @@ file and unions their rows, keeping each row's GPU identity.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -142,10 +143,19 @@ def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
         log = open(work / f"gpu{gpu}.log", "a")
         procs.append((subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         folders.append(folder)
-    while any(proc.poll() is None for proc, _ in procs):
-        if on_progress:
-            on_progress(sum(rows_written(f) for f in folders))
-        time.sleep(poll_s)
+    try:
+        while any(proc.poll() is None for proc, _ in procs):
+            if on_progress:
+                on_progress(sum(rows_written(f) for f in folders))
+            time.sleep(poll_s)
+    except KeyboardInterrupt:  # Ctrl-C or the scheduler's SIGTERM: stop the workers the same way
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # each keeps its rows and writes its table
+        for proc, log in procs:
+            proc.wait()
+            log.close()
+        raise
     codes = []
     for proc, log in procs:
         codes.append(proc.wait())

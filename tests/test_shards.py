@@ -181,3 +181,26 @@ def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     assert r.exit_code == 2 and "no point_s column" in r.output and not (tmp_path / "s0").exists()
     r = invoke("run", tiny, "--device", "cpu", "--costs-from", tmp_path / "first", "--out", tmp_path / "x")
     assert r.exit_code == 2 and "use it with --shard or --gpus" in r.output
+
+
+def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_scenario, tmp_path):
+    """Ctrl-C (or a scheduler's SIGTERM) in the launching process reaches the workers as SIGTERM:
+    each keeps what it finished, marks its folder interrupted, and the same launch resumes it."""
+    many = write_scenario(TINY.replace("window_left = [3, 15, 31]", "window_left = " + str(list(range(1, 61)))))
+    work = shards.work_dir(tmp_path / "run")
+
+    def stop_once_rows_arrive(rows):  # once every worker is under way
+        if all(shards.rows_written(work / f"gpu{g}") for g in (0, 1)):
+            raise KeyboardInterrupt
+
+    args = [str(many), "--device", "cpu", "--impl", "torch-mask"]
+    with pytest.raises(KeyboardInterrupt):
+        shards.run_on_gpus(args, [0, 1], tmp_path / "run", on_progress=stop_once_rows_arrive, poll_s=0.01)
+    expect = sorted(p.key for p in scenarios.load(many, impl_filter=["torch-mask"]).points)
+    kept = [len(results.RunStore(work / f"gpu{g}").rows()) for g in (0, 1)]
+    assert 0 < sum(kept) < len(expect)
+    for g in (0, 1):
+        meta = json.loads((work / f"gpu{g}" / results.META).read_text())
+        assert meta["state"] == "interrupted" and meta["rows"] == kept[g]
+    folders = shards.run_on_gpus(args, [0, 1], tmp_path / "run", poll_s=0.01)  # the same launch resumes
+    assert sorted(k for f in folders for k in keys(f)[0]) == expect
