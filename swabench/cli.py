@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gzip
 import json
@@ -127,10 +128,10 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
     if device.type == "cuda":
         _prepare_gpu(store, todo, device, timed)
     state, started = "complete", time.perf_counter()
-    previous = signal.signal(signal.SIGTERM, _terminated)  # a scheduler's SIGTERM ends the run like Ctrl-C
     try:
-        with click.progressbar(length=len(todo), label=what, file=sys.stderr, show_pos=True,
-                               item_show_func=lambda r: r and f"{r['impl']} {r['status']}") as bar:
+        with _sigterm_as_ctrl_c(), click.progressbar(
+                length=len(todo), label=what, file=sys.stderr, show_pos=True,
+                item_show_func=lambda r: r and f"{r['impl']} {r['status']}") as bar:
             for row in sweep.run(scenario, store, options):
                 bar.update(1, row)
     except KeyboardInterrupt:
@@ -138,8 +139,6 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
     except BaseException:
         store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
         raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
     table = store.finalize(state=state, wall_s=round(wall, 1))
     _summary(table, out)
@@ -159,8 +158,17 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         sys.exit(1)
 
 
-def _terminated(signum, frame):
-    raise KeyboardInterrupt
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """A scheduler's SIGTERM (Slurm, timeout) ends what runs inside like Ctrl-C: rows kept, resumable."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> None:
@@ -269,10 +277,10 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) ->
     started = time.perf_counter()
     click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
                f"{shards.work_dir(out)}", err=True)
-    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        with click.progressbar(length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
-                               show_pos=True) as bar:
+        with _sigterm_as_ctrl_c(), click.progressbar(
+                length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
+                show_pos=True) as bar:
             def progress(rows):
                 bar.update(rows - bar.pos)
             folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases),
@@ -281,8 +289,6 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) ->
         click.secho(f"interrupted: each GPU's rows are kept in {shards.work_dir(out)}; run the same command "
                     f"again to finish them and merge", fg="yellow", err=True)
         sys.exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     store = _merge_into(out, folders)
     meta = store.meta()
     meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included
