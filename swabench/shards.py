@@ -4,8 +4,8 @@ and merging the shards' run folders back into one.
 A shard is a set of whole *cases* (a case's implementations share one workload and one GPU).
 Cases are dealt longest-first to the least-loaded shard, by their cost in an earlier run when one
 is given (``--costs-from``), else by an estimate.  Cases that run an implementation compiled per
-process (FlexAttention) stay on one shard when that fits, so its compiles are not paid once per
-worker.  Each worker writes an ordinary run folder; ``merge`` checks they ran the same scenario
+process (FlexAttention) stay on one shard per compiled kernel when that fits, so each compile is
+paid by one worker, not by every worker.  Each worker writes an ordinary run folder; ``merge`` checks they ran the same scenario
 file and unions their rows, keeping each row's GPU identity.
 """
 
@@ -57,8 +57,10 @@ def case_costs(folder) -> dict[str, float]:
     return (per_case["point_s"].sum() + per_case["workload_s"].first().fillna(0.0)).to_dict()
 
 
-def _affinity(points) -> tuple[str, ...]:
-    return tuple(sorted({p.impl for p in points if registry.get(p.impl).compiles_per_process}))
+def _compile_classes(case, points) -> tuple:
+    """The per-process compiled kernels the case's implementations run (empty for most cases)."""
+    impls = sorted({p.impl for p in points})
+    return tuple((name, cls(case)) for name in impls if (cls := registry.get(name).compile_class))
 
 
 def assign(scenario: Scenario, count: int, costs: dict[str, float] | None = None) -> dict:
@@ -68,7 +70,7 @@ def assign(scenario: Scenario, count: int, costs: dict[str, float] | None = None
     cost = {case: (costs or {}).get(case.case_id, POINT_S * len(pts)) for case, pts in by_case.items()}
     groups: dict = {}
     for case, pts in by_case.items():
-        key = _affinity(pts)
+        key = _compile_classes(case, pts)
         groups.setdefault(key or ("", case.case_id), []).append(case)
     # An estimate holds no compiles: charge one to each group that shares one (measured costs have it).
     charge = COMPILE_S if costs is None else 0.0

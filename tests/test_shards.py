@@ -153,6 +153,30 @@ def test_cases_sharing_a_per_process_compile_stay_on_one_shard(write_scenario):
     assert abs(points[0] - points[1]) <= 3, points
 
 
+TWO_KERNELS = """
+implementations = ["torch-trim", "flex-window"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 1
+head_dim = 64
+[[sweep]]
+mode = "decode"
+batch_size = [32, 64]
+prefix_len = [100, 200, 300]
+window_left = [7, 31]
+"""
+
+
+def test_each_compiled_kernel_stays_whole_but_kernels_spread(write_scenario):
+    """Decode batches of 32 and 64 (x4 query heads per KV head) build two flex-decoding kernels:
+    each kernel's cases stay on one shard, and the two kernels go to different shards."""
+    s = scenarios.load(write_scenario(TWO_KERNELS))
+    where = shards.assign(s, 2)
+    by_batch = {b: {where[c] for c in s.cases if c.batch_size == b} for b in (32, 64)}
+    assert [len(v) for v in by_batch.values()] == [1, 1] and by_batch[32] != by_batch[64]
+    assert shards.assign(s, 1) == {c: 0 for c in s.cases}
+
+
 def test_measured_costs_balance_the_shards(write_scenario):
     s = scenarios.load(write_scenario(AFFINE))
     heavy = s.cases[0]

@@ -35,7 +35,10 @@ def _compiled_flex(device: torch.device):
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         if hasattr(config, "fail_on_recompile_limit_hit"):
             config.fail_on_recompile_limit_hit = True
-        _COMPILED = torch.compile(flex_attention)  # recompiles as dynamic once a second shape arrives
+        # Dynamic from the first call: every case of a compile class then runs the one kernel, whatever
+        # ran before it in this process (by default the first shape compiles static, and the second
+        # recompiles dynamic: which case paid which compile would hang on the order of the sweep).
+        _COMPILED = torch.compile(flex_attention, dynamic=True)
     return _COMPILED
 
 
@@ -102,6 +105,18 @@ class FlexRunner:
         self.out.copy_(o[0].transpose(0, 1))
 
 
+def _compile_class(case) -> tuple:
+    """Which kernel Inductor builds for the case: under 128 queries in all, a flex-decoding kernel
+    per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the H200, 10 s
+    and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic shapes).  Queries
+    are counted at the most a case can have (some modes draw fewer per request)."""
+    queries, group = case.batch_size * case.qo_len, case.num_qo_heads // max(case.num_kv_heads, 1)
+    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype)
+    if queries < SPARSE_BLOCK:
+        return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
+    return ("flex-attention", *heads)
+
+
 def _unsupported(case, backend):
     if case.num_qo_heads % case.num_kv_heads:
         return "FlexAttention GQA needs num_qo_heads divisible by num_kv_heads"
@@ -111,4 +126,4 @@ def _unsupported(case, backend):
 register(Implementation(
     "flex-window", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention, window and request boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compiles_per_process=True))
+    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compile_class=_compile_class))

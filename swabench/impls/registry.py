@@ -8,7 +8,7 @@ a pre-allocated ``out`` (gated, then timed).  Adding a library is one module tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Hashable, Protocol
 
 import torch
 
@@ -50,9 +50,10 @@ class Implementation:
     visibility: Callable[[int, int, int], semantics.Visibility] = exact
     unsupported: Callable[..., str | None] = lambda case, backend: None
     available: Callable[[], str | None] = lambda: None  # None = usable here, else why not
-    # Its kernels are compiled inside the process that first runs them (Inductor), so the cases that
-    # run it share that compile only when they run in one worker: sharding keeps them together.
-    compiles_per_process: bool = False
+    # For an implementation whose kernels are compiled inside the process that first runs them
+    # (Inductor): case -> which compiled kernel the case runs.  Cases of one class share a compile
+    # only when they run in one worker, so sharding keeps each class together.  None: nothing is.
+    compile_class: Callable[..., Hashable] | None = None
 
     @property
     def expected_to_fail(self) -> bool:
