@@ -91,6 +91,7 @@ def collect(device: torch.device | str = "cpu") -> dict:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),  # a --gpus worker gets its share of the cores
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),

@@ -130,6 +130,10 @@ def rows_written(folder: Path) -> int:
         return 0
 
 
+def worker_threads(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
                 on_progress: Callable[[int], None] | None = None, poll_s: float = 1.0) -> list[Path]:
     """One ``swabench run`` per GPU, each seeing only its GPU, each on its own shard; returns their
@@ -137,11 +141,15 @@ def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     procs, folders = [], []
+    # Each worker's CPU ops (page tables, lookups, references) get their share of the cores: with
+    # every worker running one thread per core, OpenMP's spinning threads slowed both (as torchrun,
+    # unless the caller chose).
+    threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(worker_threads(len(gpus)))}
     for i, gpu in enumerate(gpus):
         folder = work / f"gpu{gpu}"
         args = [sys.executable, "-m", "swabench", "run", *child_args, "--shard", f"{i}/{len(gpus)}",
                 "--out", str(folder), *(["--resume"] if (folder / results.META).exists() else [])]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "SWABENCH_GPU_ID": str(gpu)}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "SWABENCH_GPU_ID": str(gpu), **threads}
         log = open(work / f"gpu{gpu}.log", "a")
         procs.append((subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         folders.append(folder)

@@ -110,9 +110,10 @@ def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     assert len(json.loads((tmp_path / "array" / results.META).read_text())["shards"]) == 2
 
 
-def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path):
-    """The --gpus launch path with CPU workers: every worker is told its device, works its own shard,
-    and the progress callback ends at the scenario's point count."""
+def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
+    """The --gpus launch path with CPU workers: every worker is told its device and its share of the
+    CPU threads, works its own shard, and the progress callback ends at the scenario's point count."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     heard = []
     folders = shards.run_on_gpus([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0, 1],
                                  tmp_path / "run", on_progress=heard.append, poll_s=0.05)
@@ -124,6 +125,7 @@ def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path):
     assert logs == ["gpu0.log", "gpu1.log"]
     metas = [json.loads((f / results.META).read_text()) for f in folders]
     assert [m["cuda_visible_devices"] for m in metas] == ["0", "1"]
+    assert [m["torch_threads"] for m in metas] == [shards.worker_threads(2)] * 2
 
 
 AFFINE = """
