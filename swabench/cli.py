@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 import torch
 
-from . import __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, shards, sweep, timing
+from . import STARTED, __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, shards, sweep, timing
 from .impls import registry
 from .results import RunFolderError, RunStore
 
@@ -127,6 +127,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
                f"{len(todo)} to {what} -> {out}", err=True)
     if device.type == "cuda":
         _prepare_gpu(store, todo, device, timed)
+    store.write_meta({**store.meta(), "setup_s": round(time.perf_counter() - STARTED, 1)})
     state, started = "complete", time.perf_counter()
     try:
         with _sigterm_as_ctrl_c(), click.progressbar(
