@@ -101,7 +101,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
             raise InputError(str(e)) from None
         sharding = {"index": index, "count": count, "cases": len(scenario.cases),
                     "costs": f"measured in {costs_from}" if costs_from else
-                    f"estimated ({shards.POINT_S} s a point, {shards.COMPILE_S} s a per-process compile group)"}
+                    f"estimated ({shards.POINT_S} s a point, {shards.COMPILE_S} s a per-process compiled kernel)"}
     what = "run" if timed else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
@@ -234,7 +234,7 @@ def _costs(costs_from) -> dict | None:
     if not costs_from:
         return None
     try:
-        return shards.case_costs(costs_from)
+        return shards.point_costs(costs_from)
     except RunFolderError as e:
         raise InputError(f"--costs-from: {e}") from None
     except shards.ShardError as e:

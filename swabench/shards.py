@@ -1,12 +1,12 @@
 """Spreading a sweep: deterministic shards, one worker process per GPU, job arrays across nodes,
 and merging the shards' run folders back into one.
 
-A shard is a set of whole *cases* (a case's implementations share one workload and one GPU).
-Cases are dealt longest-first to the least-loaded shard, by their cost in an earlier run when one
-is given (``--costs-from``), else by an estimate.  Cases that run an implementation compiled per
-process (FlexAttention) stay on one shard per compiled kernel when that fits, so each compile is
-paid by one worker, not by every worker.  Each worker writes an ordinary run folder; ``merge`` checks they ran the same scenario
-file and unions their rows, keeping each row's GPU identity.
+A shard is a set of points; a case's points stay together (one workload build, one set of
+references), except those of an implementation compiled per process (FlexAttention), which gather
+where their compiles are paid once.  Units are dealt longest-first to the least-loaded shard, by
+their cost in an earlier run when one is given (``--costs-from``), else by an estimate.  Each
+worker writes an ordinary run folder; ``merge`` checks they ran the same scenario file and unions
+their rows, keeping each row's GPU identity.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Callable
 from . import results
 from .impls import registry
 from .scenarios import Scenario
-from .sweep import points_by_case
 
 
 class ShardError(ValueError):
@@ -40,63 +39,80 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-# Estimates for a scenario no earlier run has costed, from default.toml on one H200
-# (results/h200x2-default-1gpu): 972 points in 315 s, and 48 s of FlexAttention compile_s over
-# about five shape classes.
-POINT_S = 0.35
-COMPILE_S = 10.0
+# Estimates for a scenario no earlier run has costed, from default.toml on the H200 x2 node: a
+# point takes 0.1-0.15 s outside FlexAttention's compiles, which take 10-45 s a kernel.
+POINT_S = 0.12
+COMPILE_S = 20.0
 
 
-def case_costs(folder) -> dict[str, float]:
-    """Seconds each case took in an earlier run folder: its workload build plus its points."""
+def point_costs(folder) -> dict[tuple, float]:
+    """Seconds each point took in an earlier run folder, its case's workload build charged to the
+    case's first point."""
     table, _ = results.load(folder)
     if "point_s" not in table:
         raise ShardError(f"--costs-from {folder}: this run has no point_s column (made before swabench "
                          f"recorded it); give a newer run folder, or leave the option out")
-    per_case = table.groupby("case_id")
-    return (per_case["point_s"].sum() + per_case["workload_s"].first().fillna(0.0)).to_dict()
+    first = ~table["case_id"].duplicated()
+    seconds = table["point_s"] + table["workload_s"].fillna(0.0).where(first, 0.0)
+    return dict(zip(map(tuple, table[list(results.KEY)].values), seconds))
 
 
-def _compile_classes(case, points) -> tuple:
-    """The per-process compiled kernels the case's implementations run (empty for most cases)."""
-    impls = sorted({p.impl for p in points})
-    return tuple((name, cls(case)) for name in impls if (cls := registry.get(name).compile_class))
+def _units(points, cost: dict, count: int, charge: float) -> list[tuple[float, int, list]]:
+    """Sets of points that go to one shard together, as (cost, first point's position, points).
 
-
-def assign(scenario: Scenario, count: int, costs: dict[str, float] | None = None) -> dict:
-    """Case -> shard index: longest first onto the least-loaded shard (ties to the lower index and
-    the earlier case, so every process computes the same answer)."""
-    by_case = points_by_case(scenario.points)
-    cost = {case: (costs or {}).get(case.case_id, POINT_S * len(pts)) for case, pts in by_case.items()}
-    groups: dict = {}
-    for case, pts in by_case.items():
-        key = _compile_classes(case, pts)
-        groups.setdefault(key or ("", case.case_id), []).append(case)
-    # An estimate holds no compiles: charge one to each group that shares one (measured costs have it).
-    charge = COMPILE_S if costs is None else 0.0
-    share = (sum(cost.values()) + charge * sum(1 for key in groups if key[0])) / count
-    units = []  # (cost, first case's position, cases)
-    order = {case: i for i, case in enumerate(by_case)}
-    for key, cases in groups.items():
-        whole = sum(cost[c] for c in cases) + (charge if key[0] else 0.0)
-        # Split a group only when keeping it whole would cost more than paying its compile twice.
-        if not key[0] or whole <= share + COMPILE_S:
-            units.append((whole, order[cases[0]], cases))
+    A case's points stay together: they share one workload build and one set of references.  The
+    points of an implementation compiled per process (FlexAttention) gather apart from their cases
+    (a split case only builds its workload twice): all in one shard when they fit in its share, so
+    its one-time set-up is paid once and no two workers compile at once (on the H200 x2 node,
+    concurrent compiles ran up to 50% slower); else one shard per compiled kernel
+    (``compile_class``); a kernel bigger than a share is split into its points.  An estimate holds no
+    compiles: ``charge`` adds one per kernel.
+    """
+    order = {p.key: i for i, p in enumerate(points)}
+    plain: dict = {}  # case -> points
+    compiled: dict = {}  # implementation -> compile class -> points
+    for p in points:
+        make_class = registry.get(p.impl).compile_class
+        if make_class:
+            compiled.setdefault(p.impl, {}).setdefault(make_class(p.case), []).append(p)
         else:
-            units += [(cost[c], order[c], [c]) for c in cases]
-    units.sort(key=lambda u: (-u[0], u[1]))
+            plain.setdefault(p.case, []).append(p)
+
+    def unit(pts, kernels):
+        return (sum(cost[p.key] for p in pts) + charge * kernels, order[pts[0].key], pts)
+
+    kernels = sum(len(classes) for classes in compiled.values())
+    share = (sum(cost.values()) + charge * kernels) / count
+    units = [unit(pts, 0) for pts in plain.values()]
+    for classes in compiled.values():
+        whole = unit([p for pts in classes.values() for p in pts], len(classes))
+        if whole[0] <= share + COMPILE_S:
+            units.append(whole)
+            continue
+        for pts in classes.values():
+            one = unit(pts, 1)
+            units += [one] if one[0] <= share + COMPILE_S else [unit([p], 0) for p in pts]
+    return units
+
+
+def assign(scenario: Scenario, count: int, costs: dict[tuple, float] | None = None) -> dict:
+    """Point key -> shard index: units (``_units``) longest first onto the least-loaded shard (ties
+    to the lower index and the earlier point, so every process computes the same answer)."""
+    cost = {p.key: (costs or {}).get(p.key, POINT_S) for p in scenario.points}
+    units = sorted(_units(scenario.points, cost, count, COMPILE_S if costs is None else 0.0),
+                   key=lambda u: (-u[0], u[1]))
     load, where = [0.0] * count, {}
-    for unit_cost, _, cases in units:
+    for unit_cost, _, pts in units:
         target = min(range(count), key=lambda i: (load[i], i))
         load[target] += unit_cost
-        where.update({c: target for c in cases})
+        where.update({p.key: target for p in pts})
     return where
 
 
-def shard(scenario: Scenario, index: int, count: int, costs: dict[str, float] | None = None) -> Scenario:
-    """Keep the points of the cases ``assign`` gives to shard ``index``."""
+def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] | None = None) -> Scenario:
+    """Keep the points ``assign`` gives to shard ``index``."""
     where = assign(scenario, count, costs)
-    scenario.points = [p for p in scenario.points if where[p.case] == index]
+    scenario.points = [p for p in scenario.points if where[p.key] == index]
     return scenario
 
 

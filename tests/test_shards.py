@@ -145,14 +145,22 @@ reason = "flex on the smallest window only"
 """
 
 
-def test_cases_sharing_a_per_process_compile_stay_on_one_shard(write_scenario):
+def shards_of(where, points) -> set[int]:
+    return {where[p.key] for p in points}
+
+
+def test_a_cases_points_stay_together_and_compiled_ones_gather(write_scenario):
     s = scenarios.load(write_scenario(AFFINE))
-    where = shards.assign(s, 2)
-    flex_cases = {p.case for p in s.points if p.impl == "flex-window"}
-    assert len(flex_cases) == 3 and len({where[c] for c in flex_cases}) == 1
-    assert shards.assign(scenarios.load(write_scenario(AFFINE)), 2) == where  # the same answer in every process
-    points = [sum(1 for p in s.points if where[p.case] == i) for i in range(2)]
-    assert abs(points[0] - points[1]) <= 3, points
+    flex = [p for p in s.points if p.impl == "flex-window"]
+    where = shards.assign(s, 2)  # estimated: flex's compile outweighs every other point here
+    assert len(flex) == 3 and shards_of(where, [p for p in s.points if p not in flex]) == {1 - where[flex[0].key]}
+    where = shards.assign(s, 2, {p.key: 1.0 for p in s.points})
+    assert len(shards_of(where, flex)) == 1
+    for case in s.cases:
+        assert len(shards_of(where, [p for p in s.points if p.case == case and p not in flex])) == 1
+    assert shards.assign(scenarios.load(write_scenario(AFFINE)), 2) == shards.assign(s, 2)  # the same in every process
+    points = [sum(1 for p in s.points if where[p.key] == i) for i in range(2)]
+    assert abs(points[0] - points[1]) <= 1, points
 
 
 TWO_KERNELS = """
@@ -170,29 +178,43 @@ window_left = [7, 31]
 
 
 def test_each_compiled_kernel_stays_whole_but_kernels_spread(write_scenario):
-    """Decode batches of 32 and 64 (x4 query heads per KV head) build two flex-decoding kernels:
-    each kernel's cases stay on one shard, and the two kernels go to different shards."""
+    """Decode batches of 32 and 64 (x4 query heads per KV head) build two flex-decoding kernels.
+    When FlexAttention's points are more than a shard's share, each kernel's points stay on one
+    shard and the two kernels go to different shards."""
     s = scenarios.load(write_scenario(TWO_KERNELS))
-    where = shards.assign(s, 2)
-    by_batch = {b: {where[c] for c in s.cases if c.batch_size == b} for b in (32, 64)}
-    assert [len(v) for v in by_batch.values()] == [1, 1] and by_batch[32] != by_batch[64]
-    assert shards.assign(s, 1) == {c: 0 for c in s.cases}
+    costs = {p.key: (10.0 if p.impl == "flex-window" else 0.1) for p in s.points}
+    where = shards.assign(s, 2, costs)
+    by_batch = [shards_of(where, [p for p in s.points if p.impl == "flex-window" and p.case.batch_size == b])
+                for b in (32, 64)]
+    assert [len(v) for v in by_batch] == [1, 1] and by_batch[0] != by_batch[1]
+    assert set(shards.assign(s, 1, costs).values()) == {0}
+
+
+def test_compiled_points_that_fit_in_a_share_stay_on_one_shard(write_scenario):
+    """With enough other work to balance against, both kernels go to one worker: its one-time
+    set-up is paid once and no two workers compile at once."""
+    s = scenarios.load(write_scenario(TWO_KERNELS))
+    flex = [p for p in s.points if p.impl == "flex-window"]
+    where = shards.assign(s, 2, {p.key: 1.0 for p in s.points})
+    assert len(shards_of(where, flex)) == 1
+    assert shards_of(where, [p for p in s.points if p not in flex]) == {1 - where[flex[0].key]}
 
 
 def test_measured_costs_balance_the_shards(write_scenario):
     s = scenarios.load(write_scenario(AFFINE))
-    heavy = s.cases[0]
-    costs = {c.case_id: (100.0 if c is heavy else 1.0) for c in s.cases}  # one case costs as much as all others
+    heavy = next(p for p in s.points if p.impl == "torch-trim")
+    costs = {p.key: (100.0 if p is heavy else 1.0) for p in s.points}  # one point costs as much as all others
     where = shards.assign(s, 2, costs)
-    assert [c for c in s.cases if where[c] == where[heavy]] == [heavy]
+    assert [p for p in s.points if where[p.key] == where[heavy.key]] == [heavy]
 
 
 def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     assert invoke("run", tiny, "--device", "cpu", "--out", tmp_path / "first").exit_code == 0
     table = pd.read_csv(tmp_path / "first" / results.TABLE)
     assert (table["point_s"] > 0).all() and (table["workload_s"] >= 0).all()
-    costs = shards.case_costs(tmp_path / "first")
-    assert set(costs) == set(table["case_id"]) and sum(costs.values()) >= table["point_s"].sum()
+    costs = shards.point_costs(tmp_path / "first")
+    assert set(costs) == set(map(tuple, table[KEY].values))
+    assert sum(costs.values()) == pytest.approx(table["point_s"].sum() + table.groupby("case_id")["workload_s"].first().sum())
     r = invoke("run", tiny, "--device", "cpu", "--shard", "1/2", "--costs-from", tmp_path / "first",
                "--out", tmp_path / "s1")
     assert r.exit_code == 0, r.output
