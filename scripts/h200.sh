@@ -2,8 +2,8 @@
 # How the committed H200 runs are made: run from the checkout's root on the GPU node, after
 # `source .gpu/setup.sh` (the offline bundle: ../shared/gpu-kit).  Usage: scripts/h200.sh OUTDIR [STEP...]
 # Steps (default: all but the last three): tests peaks quick default reference wrappers profile check peers
-#   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin,
-#            and when it ran first its per-case times balance the shards)
+#   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
+#            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first
 #   compare  the one-GPU run against the all-GPU run, point by point
 #   coldjit  `swabench warmup default` on an empty JIT cache, 8 modules at once, then one by one
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
@@ -23,7 +23,8 @@ for step in $steps; do
     default)   fresh_compile_cache
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
     gpus)      fresh_compile_cache
-               costs=(); [ -f "$out/h200-default-run/results.csv" ] && costs=(--costs-from "$out/h200-default-run")
+               src="${COSTS_FROM:-$out/h200-default-run}"
+               costs=(); [ -f "$src/results.csv" ] && costs=(--costs-from "$src")
                ( time sb run default --gpus all "${costs[@]}" --out "$out/h200x2-default-run" ) 2>&1 | tail -40
                tail -n 3 "$out"/h200x2-default-run-shards/gpu*.log ;;
     compare)   sb compare "$out/h200-default-run" "$out/h200x2-default-run" > "$out/h200x2-vs-1gpu-compare.md"
