@@ -103,8 +103,12 @@ class RunStore:
     # ------------------------------------------------------------ rows
     def append(self, row: dict) -> None:
         """Record one finished point durably before the sweep moves on."""
+        self.extend([row])
+
+    def extend(self, rows: list[dict]) -> None:
+        """Record several rows durably with one flush to disk (a merge writes hundreds at once)."""
         with open(self.folder / ROWS, "a") as f:
-            f.write(json.dumps(row, default=_json_default) + "\n")
+            f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
             f.flush()
             os.fsync(f.fileno())
 

@@ -151,7 +151,7 @@ def worker_threads(workers: int) -> int:
 
 
 def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
-                on_progress: Callable[[int], None] | None = None, poll_s: float = 1.0) -> list[Path]:
+                on_progress: Callable[[int], None] | None = None, poll_s: float = 0.25) -> list[Path]:
     """One ``swabench run`` per GPU, each seeing only its GPU, each on its own shard; returns their
     run folders once all have finished.  ``on_progress(rows)`` hears the rows journaled so far."""
     work = work_dir(out)
@@ -214,8 +214,7 @@ def merge(out: Path, folders: list[Path]) -> results.RunStore:
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas))
     store = results.RunStore.create(out, meta, text)
-    for row in rows:
-        store.append(row)
+    store.extend(rows)
     store.finalize(state="complete" if all(m.get("state") == "complete" for m in metas) else "incomplete")
     return store
 
