@@ -1,0 +1,31 @@
+"""scripts/scaling_table.py reads the shell's `time` output per step of scripts/h200.sh."""
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "scaling_table.py"
+spec = importlib.util.spec_from_file_location("scaling_table", SCRIPT)
+scaling_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(scaling_table)
+
+LOG = """=== gpus 17:38:36
+2 GPUs: wall time 100.3 s
+real\t1m48.753s
+user\t7m11.646s
+=== default 17:40:25
+sweep wall time 176.5 s
+real\t3m6.860s
+=== compare 17:43:32
+"""
+
+
+def test_each_steps_real_time_in_seconds_in_the_order_run():
+    times = scaling_table.real_seconds(LOG)
+    assert list(times) == ["gpus", "default"]
+    assert times["gpus"] == 108.753 and times["default"] == 186.86
+
+
+def test_the_committed_calls_tabulate():
+    root = SCRIPT.parent.parent / "results" / "h200x2-scaling"
+    rows = [scaling_table.row(p) for p in sorted(root.iterdir()) if (p / "call.log").exists()]
+    assert rows and all(r.count("|") == 11 and "x** |" in r for r in rows)
