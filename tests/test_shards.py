@@ -72,6 +72,7 @@ def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
     assert status(merged) == status(single)
     meta = json.loads((tmp_path / "merged" / results.META).read_text())
     assert len(meta["shards"]) == 2 and meta["state"] == "complete" and "--shard" not in meta["command"]
+    assert "sharding" not in meta and [m["sharding"]["index"] for m in meta["shards"]] == [0, 1]
     samples = pd.read_csv(tmp_path / "merged" / results.SAMPLES)
     assert set(samples["kind"]) == {"plan", "kernel"}
     # published folders carry no journal: merging them again works from results.csv + samples.csv

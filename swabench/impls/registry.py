@@ -51,8 +51,8 @@ class Implementation:
     unsupported: Callable[..., str | None] = lambda case, backend: None
     available: Callable[[], str | None] = lambda: None  # None = usable here, else why not
     # For an implementation whose kernels are compiled inside the process that first runs them
-    # (Inductor): case -> which compiled kernel the case runs.  Cases of one class share a compile
-    # only when they run in one worker, so sharding keeps each class together.  None: nothing is.
+    # (Inductor): case -> which compiled kernel the case runs.  Points share a compile only when
+    # they run in one worker, so sharding gathers them (shards._units).  None: nothing compiled.
     compile_class: Callable[..., Hashable] | None = None
 
     @property
