@@ -5,6 +5,8 @@
 #   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
 #            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first
 #   compare  the one-GPU run against the all-GPU run, point by point
+#   warm     import swabench, torch and flashinfer once, so the first timed command on a fresh node
+#            does not pay its cold file cache (run it before `default` and `gpus`)
 #   coldjit  `swabench warmup default` on an empty JIT cache, 8 modules at once, then one by one
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
@@ -18,6 +20,7 @@ for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
     tests)     timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -5 ;;
+    warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3 ;;
     peaks)     sb env --peaks | grep -E '^(gpu|peak|nvidia_smi.clocks)' ;;
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
     default)   fresh_compile_cache

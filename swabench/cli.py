@@ -127,7 +127,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
                f"{len(todo)} to {what} -> {out}", err=True)
     if device.type == "cuda":
         _prepare_gpu(store, todo, device, timed)
-    store.write_meta({**store.meta(), "setup_s": round(time.perf_counter() - STARTED, 1)})
+    store.write_meta({**store.meta(), "setup_s": _since_start()})
     state, started = "complete", time.perf_counter()
     try:
         with _sigterm_as_ctrl_c(), click.progressbar(
@@ -141,9 +141,9 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
         raise
     wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
-    table = store.finalize(state=state, wall_s=round(wall, 1))
+    table = store.finalize(state=state, wall_s=round(wall, 1), total_s=_since_start())
     _summary(table, out)
-    click.echo(f"sweep wall time {wall:.1f} s", err=True)
+    click.echo(f"sweep wall time {wall:.1f} s ({_since_start():.1f} s since swabench started)", err=True)
     if state == "interrupted":
         click.secho(f"interrupted: {len(table)} rows kept in {out}; continue with "
                     f"`swabench {what} {scenario.path} --out {out} --resume`", fg="yellow", err=True)
@@ -157,6 +157,11 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         click.secho(f"{failed} points failed the gate" + (f", {xpassed} xpass (--strict)" if strict else ""),
                     fg="red", err=True)
         sys.exit(1)
+
+
+def _since_start() -> float:
+    """Seconds since this process imported swabench (its start-up included), to 0.1 s."""
+    return round(time.perf_counter() - STARTED, 1)
 
 
 @contextlib.contextmanager
@@ -293,8 +298,10 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) ->
     store = _merge_into(out, folders)
     meta = store.meta()
     meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included
+    meta["total_s"] = _since_start()  # the launcher's own start-up too: compare with a one-GPU run's total_s
     store.write_meta(meta)
-    click.echo(f"{len(chosen)} GPUs: wall time {time.perf_counter() - started:.1f} s", err=True)
+    click.echo(f"{len(chosen)} GPUs: wall time {meta['launch_wall_s']:.1f} s ({meta['total_s']:.1f} s since swabench "
+               f"started)", err=True)
 
 
 @main.command()

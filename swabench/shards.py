@@ -208,8 +208,8 @@ def merge(out: Path, folders: list[Path]) -> results.RunStore:
                 raise ShardError(f"point {key} is in both {seen[key]} and {folder}: overlapping shards")
             seen[key] = folder
             rows.append(row)
-    per_shard = ("rows", "status_counts", "wall_s", "setup_s", "sharding", "state", "cuda_visible_devices",
-                 "gpu_uuid", "host")
+    per_shard = ("rows", "status_counts", "wall_s", "setup_s", "total_s", "sharding", "state",
+                 "cuda_visible_devices", "gpu_uuid", "host")
     meta = {k: v for k, v in metas[0].items() if k not in per_shard}
     meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
