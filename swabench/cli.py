@@ -270,10 +270,15 @@ def _merge_into(out: Path, folders) -> RunStore:
 
 
 def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) -> None:
-    device = resolve_device("cuda", "--gpus")
+    # The launcher only counts GPUs (through NVML where it can): it never starts CUDA itself, so
+    # its own start-up stays short and the workers are the only CUDA processes.
+    available = torch.cuda.device_count()
+    if not available:
+        raise InputError("--gpus: no CUDA device is visible here (torch.cuda.device_count() is 0)")
+    device = torch.device("cuda")
     scenario = select_cases(load_scenario(scenario_name, impls, device), cases)  # validate before launching
     try:
-        chosen = shards.parse_gpus(gpus, torch.cuda.device_count())
+        chosen = shards.parse_gpus(gpus, available)
     except shards.ShardError as e:
         raise InputError(str(e)) from None
     out = Path(out) if out else default_out(scenario, device, "run")
