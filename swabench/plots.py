@@ -8,13 +8,12 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.ticker
+import numpy as np
+import pandas as pd
+
+from .results import versus_fa2_window
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .results import versus_fa2_window  # noqa: E402
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 IMPL_ORDER = ["paged-window", "paged-trim", "ragged-window", "paged-mask", "ragged-mask", "torch-trim", "torch-mask"]
@@ -38,8 +37,15 @@ def caption(meta: dict) -> str:
             f"swabench {meta.get('swabench')}@{commit} | {meta.get('scenario')} | {l2}").rstrip(" |")
 
 
+def _pyplot():
+    """pyplot, imported when a figure is drawn: every run imports this module, and pyplot alone
+    takes a quarter of a second to import."""
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def _figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2)):
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
+    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
                              squeeze=False, constrained_layout=True)
     fig.suptitle(title, fontsize=11)
     fig.text(0.5, -0.01, caption(meta), ha="center", va="top", fontsize=7, color="#444444")
@@ -331,7 +337,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     for p in paths:  # no timestamps inside: the same run gives the same files
         fig.savefig(p, dpi=150, bbox_inches="tight", metadata={"Date": None} if p.suffix == ".svg" else None)
-    plt.close(fig)
+    _pyplot().close(fig)
     return paths
 
 
