@@ -64,7 +64,7 @@ l2_option = click.option("--l2", type=click.Choice(["cold", "warm"]), default="c
 case_option = click.option("--case", "cases", multiple=True, metavar="ID|TEXT",
                            help="Only cases whose id starts with, or whose label contains, this (repeatable).")
 costs_option = click.option("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False),
-                            metavar="RUN_DIR", help="Balance the shards by each case's time in this earlier run.")
+                            metavar="RUN_DIR", help="Balance the shards by each point's time in this earlier run.")
 impl_option = click.option("--impl", "impls", multiple=True, metavar="NAME",
                            help="Only these implementations of the scenario (repeatable).")
 
@@ -141,9 +141,10 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
         store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
         raise
     wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
-    table = store.finalize(state=state, wall_s=round(wall, 1), total_s=_since_start())
+    total = _since_start()
+    table = store.finalize(state=state, wall_s=round(wall, 1), total_s=total)
     _summary(table, out)
-    click.echo(f"sweep wall time {wall:.1f} s ({_since_start():.1f} s since swabench started)", err=True)
+    click.echo(f"sweep wall time {wall:.1f} s ({total:.1f} s since swabench started)", err=True)
     if state == "interrupted":
         click.secho(f"interrupted: {len(table)} rows kept in {out}; continue with "
                     f"`swabench {what} {scenario.path} --out {out} --resume`", fg="yellow", err=True)
@@ -235,7 +236,7 @@ def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, co
 
 
 def _costs(costs_from) -> dict | None:
-    """Per-case seconds from an earlier run folder, or None (estimate)."""
+    """Per-point seconds from an earlier run folder, or None (estimate)."""
     if not costs_from:
         return None
     try:
