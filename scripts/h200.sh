@@ -20,7 +20,8 @@ for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
     tests)     timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -5 ;;
-    warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3 ;;
+    warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3
+               echo "import swabench.cli alone, warm:"; ( time python3 -c "import swabench.cli" ) 2>&1 | tail -3 ;;
     peaks)     sb env --peaks | grep -E '^(gpu|peak|nvidia_smi.clocks)' ;;
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
     default)   fresh_compile_cache
