@@ -4,6 +4,7 @@
 # Steps (default: all but the last three): tests peaks quick default reference wrappers profile check peers
 #   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
 #            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first
+#   gpus-again  the same once more (h200x2-default-run-again), to see how much the end-to-end time varies
 #   compare  the one-GPU run against the all-GPU run, point by point
 #   warm     import swabench, torch and flashinfer once, so the first timed command on a fresh node
 #            does not pay its cold file cache (run it before `default` and `gpus`)
@@ -26,11 +27,13 @@ for step in $steps; do
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
     default)   fresh_compile_cache
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
-    gpus)      fresh_compile_cache
+    gpus|gpus-again)
+               fresh_compile_cache
+               run="$out/h200x2-default-run${step#gpus}"
                src="${COSTS_FROM:-$out/h200-default-run}"
                costs=(); [ -f "$src/results.csv" ] && costs=(--costs-from "$src")
-               ( time sb run default --gpus all "${costs[@]}" --out "$out/h200x2-default-run" ) 2>&1 | tail -40
-               tail -n 3 "$out"/h200x2-default-run-shards/gpu*.log ;;
+               ( time sb run default --gpus all "${costs[@]}" --out "$run" ) 2>&1 | tail -40
+               tail -n 3 "$run"-shards/gpu*.log ;;
     compare)   sb compare "$out/h200-default-run" "$out/h200x2-default-run" > "$out/h200x2-vs-1gpu-compare.md"
                head -5 "$out/h200x2-vs-1gpu-compare.md" ;;
     coldjit)   for jobs in 8 1; do

@@ -26,27 +26,37 @@ def real_seconds(log: str) -> dict[str, float]:
     return times
 
 
-def row(folder: Path) -> str:
+def rows(folder: Path) -> list[str]:
+    """One row per `--gpus` run of the call (`gpus`, and `gpus-again` when it ran)."""
     one = json.loads((folder / "1gpu-meta.json").read_text())
-    two = json.loads((folder / "2gpu-meta.json").read_text())
     real = real_seconds((folder / "call.log").read_text())
-    shards = [s["wall_s"] for s in two["shards"]]
-    order = "2 GPUs first" if list(real).index("gpus") < list(real).index("default") else "1 GPU first"
-    return (f"| {folder.name} | {one['git_commit'][:7]} | {order} | {real['default']:.1f} | {one['wall_s']:.1f} | "
-            f"{real['gpus']:.1f} | {two['launch_wall_s']:.1f} | {' / '.join(f'{s:.1f}' for s in shards)} | "
-            f"**{real['default'] / real['gpus']:.2f}x** | {one['wall_s'] / max(shards):.2f}x |")
+    out = []
+    for step in ("gpus", "gpus-again"):
+        meta_file = folder / f"2{step.replace('gpus', 'gpu')}-meta.json"
+        if step not in real or not meta_file.exists():
+            continue
+        two = json.loads(meta_file.read_text())
+        shards = [s["wall_s"] for s in two["shards"]]
+        order = "2 GPUs first" if list(real).index(step) < list(real).index("default") else "1 GPU first"
+        start = f"{two['total_s'] - two['launch_wall_s']:.1f}" if "total_s" in two else "-"
+        out.append(f"| {folder.name}{' (again)' if step != 'gpus' else ''} | {one['git_commit'][:7]} | {order} | "
+                   f"{real['default']:.1f} | {one['wall_s']:.1f} | {real[step]:.1f} | {start} | "
+                   f"{two['launch_wall_s']:.1f} | {' / '.join(f'{s:.1f}' for s in shards)} | "
+                   f"**{real['default'] / real[step]:.2f}x** | {one['wall_s'] / max(shards):.2f}x |")
+    return out
 
 
 def main(root: str = "results/h200x2-scaling") -> None:
     print("# `swabench run default`: one GPU against `--gpus all` on a two-H200 node\n")
     print("Made by `scripts/scaling_table.py` from each call's `call.log` and metas. *real*: the shell's wall "
-          "time of the command; *sweep*: the sweep alone (`wall_s`); *launch*: the `--gpus` launcher from "
-          "starting the workers to the merged folder (`launch_wall_s`).\n")
-    print("| call | code | order | 1 GPU real (s) | 1 GPU sweep (s) | 2 GPUs real (s) | launch (s) | shard sweeps (s) "
-          "| speedup, real | speedup, sweep |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "time of the command; *sweep*: the sweep alone (`wall_s`); *launcher start*: the `--gpus` launcher "
+          "from its start to starting the workers (`total_s - launch_wall_s`, recorded since 2eb2841); *launch*: "
+          "from starting the workers to the merged folder (`launch_wall_s`).\n")
+    print("| call | code | order | 1 GPU real (s) | 1 GPU sweep (s) | 2 GPUs real (s) | launcher start (s) | "
+          "launch (s) | shard sweeps (s) | speedup, real | speedup, sweep |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for folder in sorted(p for p in Path(root).iterdir() if (p / "call.log").exists()):
-        print(row(folder))
+        print("\n".join(rows(folder)))
 
 
 if __name__ == "__main__":

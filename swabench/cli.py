@@ -1,4 +1,8 @@
-"""The ``swabench`` command line. The only module that prints."""
+"""The ``swabench`` command line. The only module that prints.
+
+Modules that import torch (or pandas' plotting and analysis) are imported inside the commands that
+use them: ``swabench --help`` answers at once, and ``run --gpus`` starts its workers before it has
+imported torch itself (about 4 s on the H200 node, paid once more by every worker)."""
 
 from __future__ import annotations
 
@@ -15,12 +19,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import click
-import torch
+from typing import TYPE_CHECKING
 
-from . import STARTED, __version__, compare, environment, peaks, plots, profiling, report, results, scenarios, shards, sweep, timing
-from .impls import registry
+import click
+
+from . import STARTED, __version__, launch, results, scenarios
 from .results import RunFolderError, RunStore
+
+if TYPE_CHECKING:
+    import torch
 
 
 class InputError(click.ClickException):
@@ -30,6 +37,8 @@ class InputError(click.ClickException):
 
 
 def resolve_device(choice: str, what: str = "--device cuda") -> torch.device:
+    import torch
+
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice == "cuda" and not torch.cuda.is_available():
@@ -38,20 +47,29 @@ def resolve_device(choice: str, what: str = "--device cuda") -> torch.device:
     return torch.device(choice)
 
 
-def load_scenario(name: str | None, impls: tuple[str, ...], device: torch.device) -> scenarios.Scenario:
+def scenario_path(name: str | None, device_type: str) -> Path:
+    """The scenario file to run: NAME's, or the default for this device."""
     if name is None:
-        name = "default" if device.type == "cuda" else "cpu"
+        name = "default" if device_type == "cuda" else "cpu"
         click.echo(f"no scenario given: running {name}.toml"
                    + (" (the embedded CPU default: no GPU here)" if name == "cpu" else ""), err=True)
     try:
-        return scenarios.load(scenarios.find(name), impl_filter=impls or None)
+        return scenarios.find(name)
     except scenarios.ScenarioError as e:
         raise InputError(str(e)) from None
 
 
-def default_out(scenario: scenarios.Scenario, device: torch.device, what: str) -> Path:
+def load_scenario(name: str | Path | None, impls: tuple[str, ...], device_type: str) -> scenarios.Scenario:
+    path = name if isinstance(name, Path) else scenario_path(name, device_type)
+    try:
+        return scenarios.load(path, impl_filter=impls or None)
+    except scenarios.ScenarioError as e:
+        raise InputError(str(e)) from None
+
+
+def default_out(scenario_name: str, device_type: str, what: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"{scenario.name}-{what}-{device.type}-{stamp}"
+    return Path("results") / f"{scenario_name}-{what}-{device_type}-{stamp}"
 
 
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
@@ -90,8 +108,10 @@ def select_cases(scenario: scenarios.Scenario, cases: tuple[str, ...]) -> scenar
 
 def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict: bool,
            cases: tuple[str, ...] = (), l2: str = "cold", shard: str | None = None, costs_from=None):
+    from . import environment, shards, sweep, timing
+
     device = resolve_device(device_choice)
-    scenario = select_cases(load_scenario(scenario_name, impls, device), cases)
+    scenario = select_cases(load_scenario(scenario_name, impls, device.type), cases)
     sharding = None
     if shard:
         try:
@@ -105,7 +125,7 @@ def _sweep(scenario_name, out, device_choice, impls, resume, timed: bool, strict
     what = "run" if timed else "check"
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
-    out = Path(out) if out else default_out(scenario, device, what)
+    out = Path(out) if out else default_out(scenario.name, device.type, what)
     options = sweep.SweepOptions(device=device, timed=timed, graph_timer=timing.GraphTimerOptions(l2=l2))
     try:
         if resume:
@@ -180,6 +200,8 @@ def _sigterm_as_ctrl_c():
 
 def _prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool) -> None:
     """Measure the node's peaks (once per run folder) and build every JIT module before timing."""
+    from . import peaks, sweep
+
     meta = store.meta()
     if timed and "peaks" not in meta:
         click.echo("measuring the node's bf16 matmul rate and copy bandwidth ...", err=True)
@@ -237,6 +259,8 @@ def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, co
 
 def _costs(costs_from) -> dict | None:
     """Per-point seconds from an earlier run folder, or None (estimate)."""
+    from . import shards
+
     if not costs_from:
         return None
     try:
@@ -259,52 +283,72 @@ def _filters(impls, cases) -> list[str]:
 
 
 def _merge_into(out: Path, folders) -> RunStore:
+    from . import environment, shards
+
     try:
-        store = shards.merge(out, folders)
+        store, table = shards.merge(out, folders)
     except (shards.ShardError, RunFolderError) as e:
         raise InputError(str(e)) from None
     meta = store.meta()
     meta["command"] = environment.collect_command()  # the launch or merge, not shard 0's own command
     store.write_meta(meta)
-    _summary(results.load(out)[0], out)
+    _summary(table, out)
     return store
 
 
 def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) -> None:
-    # The launcher only counts GPUs (through NVML where it can): it never starts CUDA itself, so
-    # its own start-up stays short and the workers are the only CUDA processes.
-    available = torch.cuda.device_count()
-    if not available:
-        raise InputError("--gpus: no CUDA device is visible here (torch.cuda.device_count() is 0)")
-    device = torch.device("cuda")
-    scenario = select_cases(load_scenario(scenario_name, impls, device), cases)  # validate before launching
+    """Workers first, then the full check: the launcher counts GPUs through NVML, starts CUDA nowhere,
+    and imports torch only once the workers are starting.  Each worker checks the same input before
+    any GPU work; input the launcher rejects stops them all, and nothing is kept."""
+    visible = launch.visible_gpus()
+    if not visible:
+        raise InputError("--gpus: no CUDA device is visible here (NVML counts none, or CUDA_VISIBLE_DEVICES "
+                         "hides them)")
     try:
-        chosen = shards.parse_gpus(gpus, available)
-    except shards.ShardError as e:
+        chosen = launch.parse_gpus(gpus, len(visible))
+    except launch.LaunchError as e:
         raise InputError(str(e)) from None
-    out = Path(out) if out else default_out(scenario, device, "run")
+    path = scenario_path(scenario_name, "cuda")
+    if not out:
+        try:
+            out = default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
+        except scenarios.ScenarioError as e:
+            raise InputError(str(e)) from None
+    out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already holds a run; choose another --out (the shards resume on their own)")
-    forward = _forward_costs(costs_from)
-    started = time.perf_counter()
-    click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in "
-               f"{shards.work_dir(out)}", err=True)
+    forward = ["--costs-from", str(Path(costs_from).resolve())] if costs_from else []
+    workers = launch.Workers([str(path), "--device", "cuda", "--l2", l2, *_filters(impls, cases), *forward],
+                             chosen, out, visible)
+    spawned_s = _since_start()
+    try:
+        scenario = select_cases(load_scenario(path, impls, "cuda"), cases)
+        _costs(costs_from)
+    except BaseException:
+        workers.stop()
+        if workers.created_work:
+            shutil.rmtree(workers.work)
+        raise
+    click.echo(f"{scenario.name}: {len(scenario.points)} points over GPUs {chosen}; shards in {workers.work}", err=True)
     try:
         with _sigterm_as_ctrl_c(), click.progressbar(
                 length=len(scenario.points), label=f"run on {len(chosen)} GPUs", file=sys.stderr,
                 show_pos=True) as bar:
-            def progress(rows):
-                bar.update(rows - bar.pos)
-            folders = shards.run_on_gpus([scenario.path, "--device", "cuda", "--l2", l2, *_filters(impls, cases),
-                                          *forward], chosen, out, on_progress=progress)
+            folders = workers.wait(on_progress=lambda rows: bar.update(rows - bar.pos))
     except KeyboardInterrupt:
-        click.secho(f"interrupted: each GPU's rows are kept in {shards.work_dir(out)}; run the same command "
+        click.secho(f"interrupted: each GPU's rows are kept in {workers.work}; run the same command "
                     f"again to finish them and merge", fg="yellow", err=True)
         sys.exit(130)
+    except launch.LaunchError as e:
+        raise click.ClickException(str(e)) from None
+    merging = time.perf_counter()
     store = _merge_into(out, folders)
     meta = store.meta()
-    meta["launch_wall_s"] = round(time.perf_counter() - started, 1)  # workers' start-up and the merge included
-    meta["total_s"] = _since_start()  # the launcher's own start-up too: compare with a one-GPU run's total_s
+    meta.update(launch_spawned_s=spawned_s,  # from swabench's start to the workers' start
+                launch_worker_end_s=workers.ended_s,  # from the workers' start to each one's exit
+                launch_merge_s=round(time.perf_counter() - merging, 1),
+                launch_wall_s=round(time.perf_counter() - workers.started, 1),  # workers' start to merged folder
+                total_s=_since_start())  # the launcher's own start too: compare with a one-GPU run's total_s
     store.write_meta(meta)
     click.echo(f"{len(chosen)} GPUs: wall time {meta['launch_wall_s']:.1f} s ({meta['total_s']:.1f} s since swabench "
                f"started)", err=True)
@@ -334,6 +378,9 @@ def list_cmd():
                 click.echo(f"  {s.name:10s} {len(s.points):5d} points  {s.description}")
             except scenarios.ScenarioError as e:
                 click.secho(f"  {path.stem:10s} invalid: {e}", fg="red")
+    import torch
+    from .impls import registry
+
     click.echo("\nimplementations:")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for impl in registry.all_implementations():
@@ -347,7 +394,9 @@ def list_cmd():
 @impl_option
 def show(scenario, impls):
     """What SCENARIO expands to: cases, implementations, axes, skips."""
-    s = load_scenario(scenario, impls, torch.device("cpu"))
+    from .impls import registry
+
+    s = load_scenario(scenario, impls, "cpu")
     click.echo(f"{s.name}: {s.description}\nfile: {s.path}")
     click.echo(f"{len(s.cases)} cases, {len(s.points)} points (case x implementation x backend)")
     per_impl = Counter(p.impl for p in s.points)
@@ -399,7 +448,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
         import submitit  # noqa: F401
     except ImportError:
         raise InputError("submit needs submitit: pip install 'swabench[slurm]'") from None
-    s = select_cases(load_scenario(scenario, impls, torch.device("cpu")), cases)  # validate before submitting
+    s = select_cases(load_scenario(scenario, impls, "cpu"), cases)  # validate before submitting
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already holds a run; choose another --out")
@@ -408,8 +457,8 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
         slurm["slurm_partition"] = partition
     try:
         child_args = [s.path, "--l2", l2, *_filters(impls, cases), *_forward_costs(costs_from)]
-        folders = shards.submit(child_args, count, out, executor, **slurm)
-    except shards.ShardError as e:
+        folders = launch.submit(child_args, count, out, executor, **slurm)
+    except launch.LaunchError as e:
         raise click.ClickException(str(e)) from None
     _merge_into(out, folders)
 
@@ -421,8 +470,10 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
 def warmup(scenario, jobs, impls):
     """Build every FlashInfer JIT module SCENARIO needs (in parallel) and say what it built and how long
     it took; `swabench run` does the same before timing, so no compile lands in a timed region."""
+    from . import sweep
+
     device = resolve_device("cuda", "warmup")
-    s = load_scenario(scenario, impls, device)
+    s = load_scenario(scenario, impls, device.type)
     warm = sweep.warm_up(s.points, device, jobs)
     for label, seconds in sorted(warm.seconds.items(), key=lambda kv: -kv[1]):
         click.echo(f"{seconds:8.1f} s  {label}")
@@ -442,6 +493,8 @@ def warmup(scenario, jobs, impls):
 @click.option("--allow-different-gpus", is_flag=True, help="Compare runs made on different devices anyway.")
 def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
     """Point-by-point timing comparison of two run folders; exit 1 on a significant regression."""
+    from . import compare
+
     try:
         table, bm, nm = compare.compare(base, new, threshold, alpha, allow_different_gpus)
     except (compare.CompareError, results.RunFolderError) as e:
@@ -463,6 +516,8 @@ def _load_run(run_dir):
 @click.option("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
 def plot(run_dir, out):
     """Figures of a run folder, PNG and SVG."""
+    from . import plots
+
     table, meta = _load_run(run_dir)
     out = Path(out) if out else Path("plots") / Path(run_dir).resolve().name
     for name, paths in plots.make_all(table, meta, out).items():
@@ -474,6 +529,8 @@ def plot(run_dir, out):
 @click.option("--out", type=click.Path(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
 def report_cmd(run_dir, out):
     """One Markdown report (environment, method, correctness matrix, headline, figures) for a pull request."""
+    from . import report
+
     _load_run(run_dir)
     out = Path(out) if out else Path("plots") / Path(run_dir).resolve().name
     click.echo(report.write(run_dir, out))
@@ -485,6 +542,8 @@ def report_cmd(run_dir, out):
 def bench_host(out, quick):
     """pytest-benchmark of the host work a step pays (mask build and packing, trimmed page tables,
     indptr arrays), saved as JSON in a run folder and plotted beside it."""
+    from . import environment, plots
+
     bench_dir = environment.REPO / "benchmarks"
     if not bench_dir.is_dir():
         raise InputError(f"{bench_dir} is not there: run from a checkout (pip install -e .)")
@@ -512,6 +571,8 @@ def bench_host(out, quick):
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def summary(run_dir):
     """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
+    from . import report
+
     table, meta = _load_run(run_dir)
     click.echo(report.correctness_summary(table, meta))
     timings = report.timing_summary(table, meta)
@@ -529,9 +590,11 @@ def summary(run_dir):
 @l2_option
 def profile(scenario, out, impls, cases, tool, l2):
     """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
+    from . import profiling
+
     device = resolve_device("cuda", "profile")
-    s = select_cases(load_scenario(scenario, impls, device), cases)
-    out = Path(out) if out else default_out(s, device, "profile")
+    s = select_cases(load_scenario(scenario, impls, device.type), cases)
+    out = Path(out) if out else default_out(s.name, device.type, "profile")
     filters = _filters(impls, cases)
     if tool == "torch":
         _torch_profile(s, out, impls, cases, l2)
@@ -553,6 +616,8 @@ def profile(scenario, out, impls, cases, tool, l2):
 
 
 def _torch_profile(s, out: Path, impls, cases, l2) -> None:
+    import torch
+
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         try:
@@ -572,6 +637,11 @@ def _torch_profile(s, out: Path, impls, cases, l2) -> None:
               help="Also measure the node's bf16 matmul rate and copy bandwidth (needs CUDA).")
 def env(measure_peaks):
     """What is installed and usable here: GPU, CUDA, torch, flashinfer, nsys."""
+    import torch
+
+    from . import environment, peaks
+    from .impls import registry
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if measure_peaks and device.type != "cuda":
         raise InputError("--peaks: no CUDA device here; peaks are GPU measurements")

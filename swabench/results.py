@@ -16,8 +16,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
+    import pandas as pd
 
 ROWS, TABLE, SAMPLES, META, SCENARIO = "rows.jsonl", "results.csv", "samples.csv", "meta.json", "scenario.toml"
 KEY = ("case_id", "impl", "backend")
@@ -149,6 +151,7 @@ class RunStore:
 
 
 def to_table(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
     flat = [{k: v for k, v in r.items() if k != "samples"} for r in rows]
     df = pd.DataFrame(flat)
     if df.empty:
@@ -203,6 +206,7 @@ def versus_fa2_window(table: pd.DataFrame, mask_paths: bool = True) -> pd.DataFr
 
 
 def to_samples(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
     records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
                for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]
     return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
@@ -211,6 +215,7 @@ def to_samples(rows: list[dict]) -> pd.DataFrame:
 def read_rows(folder) -> list[dict]:
     """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv
     (published folders do not carry the journal)."""
+    import pandas as pd
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
         return store.rows()
@@ -228,12 +233,19 @@ def read_rows(folder) -> list[dict]:
 
 def load(folder) -> tuple[pd.DataFrame, dict]:
     """A run's table and metadata (rebuilt from rows.jsonl when the run never finished)."""
+    import pandas as pd
+    meta = load_meta(folder)
     store = RunStore(folder)
-    if not (store.folder / META).exists():
-        raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
     if (store.folder / ROWS).exists():
-        return add_derived(to_table(store.rows()), store.meta().get("peaks")), store.meta()
-    return pd.read_csv(store.folder / TABLE), store.meta()
+        return add_derived(to_table(store.rows()), meta.get("peaks")), meta
+    return pd.read_csv(store.folder / TABLE), meta
+
+
+def load_meta(folder) -> dict:
+    """A run's metadata alone."""
+    if not (Path(folder) / META).exists():
+        raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
+    return RunStore(folder).meta()
 
 
 def _json_default(value):

@@ -366,16 +366,26 @@ def _check_impls(names, path, where) -> list[str]:
 
 def load(path, impl_filter=None) -> Scenario:
     """Read, validate and expand a scenario file. Raises ScenarioError on any problem."""
+    doc, text = read(path)
+    return parse(doc, path, text, impl_filter)
+
+
+def read(path) -> tuple[dict, str]:
+    """The file's TOML document and text, unexpanded (ScenarioError if it cannot be read or parsed)."""
     path = Path(path)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError(path, "file", f"cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(path, "file", f"not valid TOML ({e})") from None
-    return parse(doc, path, text, impl_filter)
+
+
+def declared_name(doc: dict, path) -> str:
+    """The scenario's ``name``, else its file's stem."""
+    return str(doc.get("name", Path(path).stem))
 
 
 def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
@@ -424,7 +434,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                     case = case or make_case(combo, path, where)
                     points.append(Point(case, impl_name, backend))
     points = list(dict.fromkeys(points))
-    return Scenario(name=str(doc.get("name", Path(path).stem)), path=str(path), text=text,
+    return Scenario(name=declared_name(doc, path), path=str(path), text=text,
                     description=str(doc.get("description", "")), implementations=impls,
                     points=points, skipped=skipped)
 

@@ -10,8 +10,10 @@ interval arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where tensors are made: reading a scenario needs none
+    import torch
 
 NO_WINDOW = -1
 
@@ -43,6 +45,7 @@ class Visibility:
     future: int = 0
 
     def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
         lo = torch.full_like(positions, self.first_key)
         if self.window_left >= 0:
             lo = torch.maximum(lo, positions - self.window_left)
@@ -51,6 +54,7 @@ class Visibility:
 
     def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None) -> torch.Tensor:
         """Bool ``[qo_len, kv_len - key_offset]``, row-major, True = visible (FlashInfer's custom_mask)."""
+        import torch
         positions = query_positions(qo_len, kv_len, device)
         lo, hi = self.interval(positions, kv_len)
         keys = torch.arange(key_offset, kv_len, device=device)
@@ -58,6 +62,7 @@ class Visibility:
 
 
 def query_positions(qo_len: int, kv_len: int, device=None) -> torch.Tensor:
+    import torch
     return torch.arange(kv_len - qo_len, kv_len, device=device)
 
 
@@ -130,6 +135,7 @@ def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, hea
 def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.Tensor:
     """FlashInfer's flattened ``custom_mask``: each request's bool [qo_len, kv_len] mask, row-major,
     concatenated (what the naive ``*-mask`` paths build on every step)."""
+    import torch
     return torch.cat([visibility.mask(q, k, device=device).reshape(-1) for q, k in zip(qo_lens, kv_lens)])
 
 
@@ -141,6 +147,7 @@ def packed_mask_bytes(qo_lens, kv_lens) -> int:
 def pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
     """Bool vector -> uint8, little-endian bit order within each byte (numpy.packbits(bitorder="little"),
     FlashInfer's packed custom-mask layout for one segment)."""
+    import torch
     n = bits.numel()
     padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=bits.device)
     padded[:n] = bits.reshape(-1).to(torch.uint8)

@@ -1,5 +1,5 @@
-"""Spreading a sweep: deterministic shards, one worker process per GPU, job arrays across nodes,
-and merging the shards' run folders back into one.
+"""Spreading a sweep: which points each shard runs, and merging the shards' run folders back into
+one (``launch`` starts the processes: one per GPU, or a job array across nodes).
 
 A shard is a set of points; a case's points stay together (one workload build, one set of
 references), except those of an implementation compiled per process (FlexAttention), which gather
@@ -11,17 +11,15 @@ their rows, keeping each row's GPU identity.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from . import results
 from .impls import registry
 from .scenarios import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ShardError(ValueError):
@@ -116,86 +114,9 @@ def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] 
     return scenario
 
 
-def parse_gpus(spec: str, available: int) -> list[int]:
-    """'all' | 'N' (the first N) | '0,2' (these) -> device indices."""
-    if spec == "all":
-        gpus = list(range(available))
-    elif spec.isdigit():
-        gpus = list(range(int(spec)))
-    else:
-        try:
-            gpus = [int(g) for g in spec.split(",")]
-        except ValueError:
-            raise ShardError(f"--gpus: expected all, a count or a list like 0,2; got {spec!r}") from None
-    if not gpus or len(set(gpus)) != len(gpus) or any(not 0 <= g < available for g in gpus):
-        raise ShardError(f"--gpus {spec}: this node has {available} GPU(s) (0..{available - 1})")
-    return gpus
-
-
-def work_dir(out: Path) -> Path:
-    """Where the shards of the merged run ``out`` live (beside it: a run folder holds one run)."""
-    return out.with_name(out.name + "-shards")
-
-
-def rows_written(folder: Path) -> int:
-    """Rows a worker has journaled so far (complete lines; a resumed run counts its earlier ones)."""
-    try:
-        with open(Path(folder) / results.ROWS, "rb") as f:
-            return f.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
-def worker_threads(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
-def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
-                on_progress: Callable[[int], None] | None = None, poll_s: float = 0.25) -> list[Path]:
-    """One ``swabench run`` per GPU, each seeing only its GPU, each on its own shard; returns their
-    run folders once all have finished.  ``on_progress(rows)`` hears the rows journaled so far."""
-    work = work_dir(out)
-    work.mkdir(parents=True, exist_ok=True)
-    procs, folders = [], []
-    # Each worker's CPU ops (page tables, lookups, references) get their share of the cores: with
-    # every worker running one thread per core, OpenMP's spinning threads slowed both (as torchrun,
-    # unless the caller chose).
-    threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(worker_threads(len(gpus)))}
-    for i, gpu in enumerate(gpus):
-        folder = work / f"gpu{gpu}"
-        args = [sys.executable, "-m", "swabench", "run", *child_args, "--shard", f"{i}/{len(gpus)}",
-                "--out", str(folder), *(["--resume"] if (folder / results.META).exists() else [])]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "SWABENCH_GPU_ID": str(gpu), **threads}
-        log = open(work / f"gpu{gpu}.log", "a")
-        procs.append((subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        folders.append(folder)
-    try:
-        while any(proc.poll() is None for proc, _ in procs):
-            if on_progress:
-                on_progress(sum(rows_written(f) for f in folders))
-            time.sleep(poll_s)
-    except KeyboardInterrupt:  # Ctrl-C or the scheduler's SIGTERM: stop the workers the same way
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # each keeps its rows and writes its table
-        for proc, log in procs:
-            proc.wait()
-            log.close()
-        raise
-    codes = []
-    for proc, log in procs:
-        codes.append(proc.wait())
-        log.close()
-    if on_progress:
-        on_progress(sum(rows_written(f) for f in folders))
-    if any(c not in (0, 1) for c in codes):
-        raise ShardError(f"a GPU worker failed (exit codes {codes}); see {work}/gpu*.log, then rerun to resume")
-    return folders
-
-
-def merge(out: Path, folders: list[Path]) -> results.RunStore:
-    """One run folder from several shards of the same scenario file."""
-    metas = [results.load(f)[1] for f in folders]
+def merge(out: Path, folders: list[Path]) -> tuple[results.RunStore, pd.DataFrame]:
+    """One run folder from several shards of the same scenario file: its store and table."""
+    metas = [results.load_meta(f) for f in folders]
     hashes = {m.get("scenario_sha256") for m in metas}
     if len(hashes) != 1:
         raise ShardError("these run folders ran different scenario files; only shards of one sweep merge")
@@ -216,30 +137,5 @@ def merge(out: Path, folders: list[Path]) -> results.RunStore:
                 wall_s=max(m.get("wall_s", 0.0) for m in metas))
     store = results.RunStore.create(out, meta, text)
     store.extend(rows)
-    store.finalize(state="complete" if all(m.get("state") == "complete" for m in metas) else "incomplete")
-    return store
-
-
-def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
-    """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
-    same path as local processes), then waits for them.  Returns the shards' run folders."""
-    import submitit
-
-    work = work_dir(out)
-    folder = work / "submitit"
-    ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)
-    if slurm:
-        ex.update_parameters(**slurm)
-    shards = [work / f"shard{i}" for i in range(count)]
-    jobs = ex.map_array(_run_shard, [child_args] * count, range(count), [count] * count, shards)
-    codes = [job.result() for job in jobs]
-    if any(c not in (0, 1) for c in codes):
-        raise ShardError(f"a shard failed (exit codes {codes}); logs are in {folder}")
-    return shards
-
-
-def _run_shard(child_args: list[str], index: int, count: int, folder: Path) -> int:
-    """One array task: ``swabench run ... --shard index/count --out folder`` in a fresh process."""
-    args = [sys.executable, "-m", "swabench", "run", *child_args, "--shard", f"{index}/{count}",
-            "--out", str(folder), *(["--resume"] if (Path(folder) / results.META).exists() else [])]
-    return subprocess.run(args).returncode
+    table = store.finalize(state="complete" if all(m.get("state") == "complete" for m in metas) else "incomplete")
+    return store, table

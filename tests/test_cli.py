@@ -1,6 +1,8 @@
 """The command line as a user meets it: end-to-end runs on the embedded backend, bad input, resume."""
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pandas as pd
@@ -246,3 +248,12 @@ def test_sigterm_keeps_finished_rows_and_resume_completes(tmp_path):
     r = invoke("run", scenario, "--device", "cpu", "--out", out, "--resume")
     assert r.exit_code == 0
     assert len(pd.read_csv(out / results.TABLE)) == total
+
+
+def test_the_command_line_starts_without_torch_pandas_or_pyplot():
+    """`swabench --help` and the --gpus launcher import only what they use: the launcher starts its
+    workers before importing torch (4 s on the H200 node), and pyplot waits for a figure."""
+    code = ("import sys, swabench.cli; heavy = [m for m in ('torch', 'pandas', 'matplotlib.pyplot') "
+            "if m in sys.modules]; sys.exit(', '.join(heavy) or None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, f"imported at start: {done.stderr}"

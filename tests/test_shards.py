@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import cpu_only, invoke
 
-from swabench import results, scenarios, shards
+from swabench import launch, results, scenarios, shards
 
 TINY = """
 implementations = ["torch-trim", "torch-mask", "planted-wide"]
@@ -51,12 +51,30 @@ def test_bad_shard_spec(text):
 
 
 def test_gpu_lists():
-    assert shards.parse_gpus("all", 4) == [0, 1, 2, 3]
-    assert shards.parse_gpus("2", 4) == [0, 1]
-    assert shards.parse_gpus("0,2", 4) == [0, 2]
+    assert launch.parse_gpus("all", 4) == [0, 1, 2, 3]
+    assert launch.parse_gpus("2", 4) == [0, 1]
+    assert launch.parse_gpus("0,2", 4) == [0, 2]
     for bad in ("5", "0,0", "1,x", "0,9"):
-        with pytest.raises(shards.ShardError, match="--gpus"):
-            shards.parse_gpus(bad, 4)
+        with pytest.raises(launch.LaunchError, match="--gpus"):
+            launch.parse_gpus(bad, 4)
+
+
+@pytest.mark.parametrize("spec, expect", [
+    (None, ["0", "1", "2", "3"]),
+    ("2,3", ["2", "3"]),
+    ("1, 3", ["1", "3"]),
+    ("1,7,2", ["1"]),  # CUDA stops at the first entry that names no device
+    ("-1", []),
+    ("", []),
+    ("GPU-5ce2096b,GPU-77aa", ["GPU-5ce2096b", "GPU-77aa"]),
+])
+def test_visible_gpus_read_cuda_visible_devices_as_cuda_does(monkeypatch, spec, expect):
+    monkeypatch.setattr(launch, "_nvml_device_count", lambda: 4)
+    if spec is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    assert launch.visible_gpus() == expect
 
 
 def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
@@ -100,6 +118,17 @@ def test_gpus_need_cuda(tiny):
     assert r.exit_code == 2 and "--gpus: no CUDA device" in r.output
 
 
+def test_the_launcher_stops_its_workers_on_bad_input_and_keeps_nothing(tiny, tmp_path, monkeypatch):
+    """The --gpus launcher starts its workers before checking the scenario in full; a bad --impl
+    still exits 2 naming the field, and leaves neither the run folder nor the shards' folder."""
+    monkeypatch.setattr(launch, "visible_gpus", lambda: ["0", "1"])
+    r = invoke("run", tiny, "--gpus", "all", "--impl", "torch-tirm", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "--impl" in r.output and "torch-trim" in r.output
+    assert not (tmp_path / "run").exists() and not launch.work_dir(tmp_path / "run").exists()
+    r = invoke("run", tiny, "--gpus", "3", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "this node has 2 GPU(s)" in r.output
+
+
 def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     pytest.importorskip("submitit")
     r = invoke("submit", tiny, "--shards", "2", "--executor", "local", "--out", tmp_path / "array",
@@ -112,21 +141,24 @@ def test_job_array_through_submitit_local_executor(tiny, tmp_path):
 
 
 def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
-    """The --gpus launch path with CPU workers: every worker is told its device and its share of the
-    CPU threads, works its own shard, and the progress callback ends at the scenario's point count."""
+    """The --gpus launch path with CPU workers: every worker is shown its own device (the launcher's
+    visible GPU it stands for) and its share of the CPU threads, works its own shard, and the
+    progress callback ends at the scenario's point count."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     heard = []
-    folders = shards.run_on_gpus([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0, 1],
-                                 tmp_path / "run", on_progress=heard.append, poll_s=0.05)
+    workers = launch.Workers([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0, 1], tmp_path / "run",
+                             visible=["3", "5"])
+    folders = workers.wait(on_progress=heard.append, poll_s=0.05)
+    assert all(0 < t < 120 for t in workers.ended_s)
     expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
     tables = [keys(f)[1] for f in folders]
     assert sorted(k for t in tables for k in map(tuple, t[KEY].values)) == expect
     assert heard[-1] == len(expect) and heard == sorted(heard)
-    logs = sorted(p.name for p in shards.work_dir(tmp_path / "run").glob("gpu*.log"))
+    logs = sorted(p.name for p in launch.work_dir(tmp_path / "run").glob("gpu*.log"))
     assert logs == ["gpu0.log", "gpu1.log"]
     metas = [json.loads((f / results.META).read_text()) for f in folders]
-    assert [m["cuda_visible_devices"] for m in metas] == ["0", "1"]
-    assert [m["torch_threads"] for m in metas] == [shards.worker_threads(2)] * 2
+    assert [m["cuda_visible_devices"] for m in metas] == ["3", "5"]
+    assert [m["torch_threads"] for m in metas] == [launch.worker_threads(2)] * 2
 
 
 AFFINE = """
@@ -236,20 +268,20 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
     """Ctrl-C (or a scheduler's SIGTERM) in the launching process reaches the workers as SIGTERM:
     each keeps what it finished, marks its folder interrupted, and the same launch resumes it."""
     many = write_scenario(TINY.replace("window_left = [3, 15, 31]", "window_left = " + str(list(range(1, 61)))))
-    work = shards.work_dir(tmp_path / "run")
+    work = launch.work_dir(tmp_path / "run")
 
     def stop_once_rows_arrive(rows):  # once every worker is under way
-        if all(shards.rows_written(work / f"gpu{g}") for g in (0, 1)):
+        if all(launch.rows_written(work / f"gpu{g}") for g in (0, 1)):
             raise KeyboardInterrupt
 
     args = [str(many), "--device", "cpu", "--impl", "torch-mask"]
     with pytest.raises(KeyboardInterrupt):
-        shards.run_on_gpus(args, [0, 1], tmp_path / "run", on_progress=stop_once_rows_arrive, poll_s=0.01)
+        launch.run_on_gpus(args, [0, 1], tmp_path / "run", on_progress=stop_once_rows_arrive, poll_s=0.01)
     expect = sorted(p.key for p in scenarios.load(many, impl_filter=["torch-mask"]).points)
     kept = [len(results.RunStore(work / f"gpu{g}").rows()) for g in (0, 1)]
     assert 0 < sum(kept) < len(expect)
     for g in (0, 1):
         meta = json.loads((work / f"gpu{g}" / results.META).read_text())
         assert meta["state"] == "interrupted" and meta["rows"] == kept[g]
-    folders = shards.run_on_gpus(args, [0, 1], tmp_path / "run", poll_s=0.01)  # the same launch resumes
+    folders = launch.run_on_gpus(args, [0, 1], tmp_path / "run", poll_s=0.01)  # the same launch resumes
     assert sorted(k for f in folders for k in keys(f)[0]) == expect

@@ -1,0 +1,192 @@
+"""Processes for shards: one ``swabench run --shard I/N`` worker per GPU of this node, or a job array
+through submitit (Slurm, or local processes) across nodes.
+
+Which points a shard runs, and how shards merge, is ``shards``' business; this module only starts,
+watches and stops processes.  It imports neither torch nor pandas, and counts GPUs through NVML
+without starting CUDA, so ``swabench run --gpus`` has its workers running a fraction of a second
+after it starts (importing torch alone took 4 s on the H200 node).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .results import META, ROWS
+
+
+class LaunchError(ValueError):
+    pass
+
+
+def _nvml_device_count() -> int:
+    """GPUs on this node per the NVIDIA driver (0 without one), without initializing CUDA."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        count = ctypes.c_uint(0)
+        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, each as the ``CUDA_VISIBLE_DEVICES`` entry that shows a worker
+    that GPU alone.  Honours this process's own ``CUDA_VISIBLE_DEVICES`` as CUDA does: entries up to
+    the first invalid one (indices, or GPU-/MIG- UUIDs)."""
+    count = _nvml_device_count()
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return [str(i) for i in range(count)]
+    entries = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if not (entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < count)):
+            break
+        entries.append(entry)
+    return entries
+
+
+def parse_gpus(spec: str, available: int) -> list[int]:
+    """'all' | 'N' (the first N) | '0,2' (these) -> indices into ``visible_gpus()``."""
+    if spec == "all":
+        gpus = list(range(available))
+    elif spec.isdigit():
+        gpus = list(range(int(spec)))
+    else:
+        try:
+            gpus = [int(g) for g in spec.split(",")]
+        except ValueError:
+            raise LaunchError(f"--gpus: expected all, a count or a list like 0,2; got {spec!r}") from None
+    if not gpus or len(set(gpus)) != len(gpus) or any(not 0 <= g < available for g in gpus):
+        raise LaunchError(f"--gpus {spec}: this node has {available} GPU(s) (0..{available - 1})")
+    return gpus
+
+
+def work_dir(out: Path) -> Path:
+    """Where the shards of the merged run ``out`` live (beside it: a run folder holds one run)."""
+    return out.with_name(out.name + "-shards")
+
+
+def rows_written(folder: Path) -> int:
+    """Rows a worker has journaled so far (complete lines; a resumed run counts its earlier ones)."""
+    try:
+        with open(Path(folder) / ROWS, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def worker_threads(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def _shard_command(child_args: list[str], index: int, count: int, folder: Path) -> list[str]:
+    """``swabench run ... --shard index/count --out folder``, resuming the folder if it holds a run."""
+    return [sys.executable, "-m", "swabench", "run", *child_args, "--shard", f"{index}/{count}",
+            "--out", str(folder), *(["--resume"] if (Path(folder) / META).exists() else [])]
+
+
+class Workers:
+    """One ``swabench run`` per chosen GPU, each seeing only its GPU, each on its own shard, started
+    at construction; ``wait`` returns their run folders.  Each worker's output goes to
+    ``gpuI.log`` in the work folder."""
+
+    def __init__(self, child_args: list[str], gpus: list[int], out: Path, visible: list[str] | None = None):
+        self.work = work_dir(out)
+        self.created_work = not self.work.exists()
+        self.work.mkdir(parents=True, exist_ok=True)
+        # Each worker's CPU ops (page tables, lookups, references) get their share of the cores: with
+        # every worker running one thread per core, OpenMP's spinning threads slowed both (as torchrun,
+        # unless the caller chose).
+        threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(worker_threads(len(gpus)))}
+        self.folders = [self.work / f"gpu{g}" for g in gpus]
+        self.started = time.perf_counter()
+        self.procs, self.logs, self.ended_s = [], [], [None] * len(gpus)
+        for i, (gpu, folder) in enumerate(zip(gpus, self.folders)):
+            device = visible[gpu] if visible is not None else str(gpu)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "SWABENCH_GPU_ID": device, **threads}
+            log = open(self.work / f"gpu{gpu}.log", "a")
+            self.procs.append(subprocess.Popen(_shard_command(child_args, i, len(gpus), folder), env=env,
+                                               stdout=log, stderr=subprocess.STDOUT))
+            self.logs.append(log)
+
+    def rows(self) -> int:
+        return sum(rows_written(f) for f in self.folders)
+
+    def _reap(self) -> bool:
+        """Note when each worker ended; True while any still runs."""
+        for i, proc in enumerate(self.procs):
+            if self.ended_s[i] is None and proc.poll() is not None:
+                self.ended_s[i] = round(time.perf_counter() - self.started, 1)
+        return any(t is None for t in self.ended_s)
+
+    def _close(self) -> list[int]:
+        codes = [proc.wait() for proc in self.procs]
+        for log in self.logs:
+            log.close()
+        return codes
+
+    def stop(self) -> None:
+        """SIGTERM to every worker still running (each keeps its rows and writes its table), then wait."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        self._close()
+
+    def wait(self, on_progress: Callable[[int], None] | None = None, poll_s: float = 0.25) -> list[Path]:
+        """Block until every worker has ended; ``on_progress(rows)`` hears the rows journaled so far.
+        Ctrl-C (or the scheduler's SIGTERM, raised as KeyboardInterrupt) stops the workers the same way."""
+        try:
+            while self._reap():
+                if on_progress:
+                    on_progress(self.rows())
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        codes = self._close()
+        if on_progress:
+            on_progress(self.rows())
+        if any(c not in (0, 1) for c in codes):
+            raise LaunchError(f"a GPU worker failed (exit codes {codes}); see {self.work}/gpu*.log, then rerun "
+                              f"to resume")
+        return self.folders
+
+
+def run_on_gpus(child_args: list[str], gpus: list[int], out: Path,
+                on_progress: Callable[[int], None] | None = None, poll_s: float = 0.25) -> list[Path]:
+    """Start the workers and wait for them: their run folders."""
+    return Workers(child_args, gpus, out).wait(on_progress, poll_s)
+
+
+def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
+    """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
+    same path as local processes), then waits for them.  Returns the shards' run folders."""
+    import submitit
+
+    work = work_dir(out)
+    folder = work / "submitit"
+    ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)
+    if slurm:
+        ex.update_parameters(**slurm)
+    shards = [work / f"shard{i}" for i in range(count)]
+    jobs = ex.map_array(_run_shard, [child_args] * count, range(count), [count] * count, shards)
+    codes = [job.result() for job in jobs]
+    if any(c not in (0, 1) for c in codes):
+        raise LaunchError(f"a shard failed (exit codes {codes}); logs are in {folder}")
+    return shards
+
+
+def _run_shard(child_args: list[str], index: int, count: int, folder: Path) -> int:
+    """One array task, in a fresh process."""
+    return subprocess.run(_shard_command(child_args, index, count, folder)).returncode
