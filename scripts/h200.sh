@@ -5,6 +5,8 @@
 #   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
 #            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first
 #   gpus-again  the same once more (h200x2-default-run-again), to see how much the end-to-end time varies
+#   default-half  `default` with OMP_NUM_THREADS at half the cores, the share each of two --gpus
+#            workers gets: the one-GPU time with the CPU threads held equal (h200-default-run-half)
 #   compare  the one-GPU run against the all-GPU run, point by point
 #   warm     import swabench, torch and flashinfer once, so the first timed command on a fresh node
 #            does not pay its cold file cache (run it before `default` and `gpus`)
@@ -27,6 +29,10 @@ for step in $steps; do
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
     default)   fresh_compile_cache
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
+    default-half)
+               fresh_compile_cache
+               ( time OMP_NUM_THREADS=$(( $(nproc) / 2 )) CUDA_VISIBLE_DEVICES=0 sb run default \
+                   --out "$out/h200-default-run-half" ) 2>&1 | tail -3 ;;
     gpus|gpus-again)
                fresh_compile_cache
                run="$out/h200x2-default-run${step#gpus}"
