@@ -27,22 +27,26 @@ def real_seconds(log: str) -> dict[str, float]:
 
 
 def rows(folder: Path) -> list[str]:
-    """One row per `--gpus` run of the call (`gpus`, and `gpus-again` when it ran)."""
-    one = json.loads((folder / "1gpu-meta.json").read_text())
+    """One row per `--gpus` run of the call (`gpus`, and `gpus-again` when it ran), and one more
+    against the one-GPU run at half the CPU threads (`default-half`) when it ran."""
     real = real_seconds((folder / "call.log").read_text())
+    pairs = [("default", step, "") for step in ("gpus", "gpus-again")]
+    pairs.append(("default-half", "gpus", ", 1 GPU at half the threads"))
     out = []
-    for step in ("gpus", "gpus-again"):
-        meta_file = folder / f"2{step.replace('gpus', 'gpu')}-meta.json"
-        if step not in real or not meta_file.exists():
+    for base, step, note in pairs:
+        one_file = folder / ("1gpu-half-meta.json" if base == "default-half" else "1gpu-meta.json")
+        two_file = folder / f"2{step.replace('gpus', 'gpu')}-meta.json"
+        if base not in real or step not in real or not one_file.exists() or not two_file.exists():
             continue
-        two = json.loads(meta_file.read_text())
+        one, two = json.loads(one_file.read_text()), json.loads(two_file.read_text())
         shards = [s["wall_s"] for s in two["shards"]]
-        order = "2 GPUs first" if list(real).index(step) < list(real).index("default") else "1 GPU first"
+        order = "2 GPUs first" if list(real).index(step) < list(real).index(base) else "1 GPU first"
         start = f"{two['total_s'] - two['launch_wall_s']:.1f}" if "total_s" in two else "-"
-        out.append(f"| {folder.name}{' (again)' if step != 'gpus' else ''} | {one['git_commit'][:7]} | {order} | "
-                   f"{real['default']:.1f} | {one['wall_s']:.1f} | {real[step]:.1f} | {start} | "
+        label = folder.name + (" (again)" if step != "gpus" else "") + (f" ({note[2:]})" if note else "")
+        out.append(f"| {label} | {one['git_commit'][:7]} | {order} | "
+                   f"{real[base]:.1f} | {one['wall_s']:.1f} | {real[step]:.1f} | {start} | "
                    f"{two['launch_wall_s']:.1f} | {' / '.join(f'{s:.1f}' for s in shards)} | "
-                   f"**{real['default'] / real[step]:.2f}x** | {one['wall_s'] / max(shards):.2f}x |")
+                   f"**{real[base] / real[step]:.2f}x** | {one['wall_s'] / max(shards):.2f}x |")
     return out
 
 
@@ -51,7 +55,9 @@ def main(root: str = "results/h200x2-scaling") -> None:
     print("Made by `scripts/scaling_table.py` from each call's `call.log` and metas. *real*: the shell's wall "
           "time of the command; *sweep*: the sweep alone (`wall_s`); *launcher start*: the `--gpus` launcher "
           "from its start to starting the workers (`total_s - launch_wall_s`, recorded since 2eb2841); *launch*: "
-          "from starting the workers to the merged folder (`launch_wall_s`).\n")
+          "from starting the workers to the merged folder (`launch_wall_s`). A row *at half the threads* sets the "
+          "one-GPU run's OMP_NUM_THREADS to half the cores, each `--gpus` worker's share, so the two differ in GPUs "
+          "alone.\n")
     print("| call | code | order | 1 GPU real (s) | 1 GPU sweep (s) | 2 GPUs real (s) | launcher start (s) | "
           "launch (s) | shard sweeps (s) | speedup, real | speedup, sweep |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -1,8 +1,8 @@
 """The ``swabench`` command line. The only module that prints.
 
-Modules that import torch (or pandas' plotting and analysis) are imported inside the commands that
-use them: ``swabench --help`` answers at once, and ``run --gpus`` starts its workers before it has
-imported torch itself (about 4 s on the H200 node, paid once more by every worker)."""
+Modules that import torch, pandas or matplotlib are imported inside the commands that use them:
+``swabench --help`` answers at once, and ``run --gpus`` starts its workers before it imports torch
+itself (the CLI with torch took 3.9 s to import on the H200 node; every worker pays that anyway)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import click
@@ -370,6 +369,10 @@ def check(scenario, out, device, impls, cases, resume, strict):
 @main.command("list")
 def list_cmd():
     """Scenario files and implementations."""
+    import torch
+
+    from .impls import registry
+
     click.echo("scenarios:")
     for d in scenarios.scenario_dirs():
         for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
@@ -378,9 +381,6 @@ def list_cmd():
                 click.echo(f"  {s.name:10s} {len(s.points):5d} points  {s.description}")
             except scenarios.ScenarioError as e:
                 click.secho(f"  {path.stem:10s} invalid: {e}", fg="red")
-    import torch
-    from .impls import registry
-
     click.echo("\nimplementations:")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for impl in registry.all_implementations():

@@ -276,12 +276,12 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
 
     args = [str(many), "--device", "cpu", "--impl", "torch-mask"]
     with pytest.raises(KeyboardInterrupt):
-        launch.run_on_gpus(args, [0, 1], tmp_path / "run", on_progress=stop_once_rows_arrive, poll_s=0.01)
+        launch.Workers(args, [0, 1], tmp_path / "run").wait(on_progress=stop_once_rows_arrive, poll_s=0.01)
     expect = sorted(p.key for p in scenarios.load(many, impl_filter=["torch-mask"]).points)
     kept = [len(results.RunStore(work / f"gpu{g}").rows()) for g in (0, 1)]
     assert 0 < sum(kept) < len(expect)
     for g in (0, 1):
         meta = json.loads((work / f"gpu{g}" / results.META).read_text())
         assert meta["state"] == "interrupted" and meta["rows"] == kept[g]
-    folders = launch.run_on_gpus(args, [0, 1], tmp_path / "run", poll_s=0.01)  # the same launch resumes
+    folders = launch.Workers(args, [0, 1], tmp_path / "run").wait(poll_s=0.01)  # the same launch resumes
     assert sorted(k for f in folders for k in keys(f)[0]) == expect
