@@ -98,7 +98,8 @@ def _shard_command(child_args: list[str], index: int, count: int, folder: Path) 
 
 class Workers:
     """One ``swabench run`` per chosen GPU, each seeing only its GPU, each on its own shard, started
-    at construction; ``wait`` returns their run folders.  Each worker's output goes to
+    at construction; ``wait`` returns their run folders.  ``gpus`` index ``visible`` (the launcher's
+    ``visible_gpus()``; without it, index I is shown as GPU I).  Each worker's output goes to
     ``gpuI.log`` in the work folder."""
 
     def __init__(self, child_args: list[str], gpus: list[int], out: Path, visible: list[str] | None = None):
