@@ -270,11 +270,9 @@ def _costs(costs_from) -> dict | None:
         raise InputError(str(e)) from None
 
 
-def _forward_costs(costs_from) -> list[str]:
-    if costs_from:
-        _costs(costs_from)  # fail here, before any worker starts
-        return ["--costs-from", str(Path(costs_from).resolve())]
-    return []
+def _costs_args(costs_from) -> list[str]:
+    """The workers' --costs-from (absolute: they may run elsewhere)."""
+    return ["--costs-from", str(Path(costs_from).resolve())] if costs_from else []
 
 
 def _filters(impls, cases) -> list[str]:
@@ -316,9 +314,8 @@ def _run_on_gpus(scenario_name, out, impls, cases, l2, gpus, costs_from=None) ->
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already holds a run; choose another --out (the shards resume on their own)")
-    forward = ["--costs-from", str(Path(costs_from).resolve())] if costs_from else []
-    workers = launch.Workers([str(path), "--device", "cuda", "--l2", l2, *_filters(impls, cases), *forward],
-                             chosen, out, visible)
+    child_args = [str(path), "--device", "cuda", "--l2", l2, *_filters(impls, cases), *_costs_args(costs_from)]
+    workers = launch.Workers(child_args, chosen, out, visible)
     spawned_s = _since_start()
     try:
         scenario = select_cases(load_scenario(path, impls, "cuda"), cases)
@@ -449,6 +446,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     except ImportError:
         raise InputError("submit needs submitit: pip install 'swabench[slurm]'") from None
     s = select_cases(load_scenario(scenario, impls, "cpu"), cases)  # validate before submitting
+    _costs(costs_from)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} already holds a run; choose another --out")
@@ -456,7 +454,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     if partition:
         slurm["slurm_partition"] = partition
     try:
-        child_args = [s.path, "--l2", l2, *_filters(impls, cases), *_forward_costs(costs_from)]
+        child_args = [s.path, "--l2", l2, *_filters(impls, cases), *_costs_args(costs_from)]
         folders = launch.submit(child_args, count, out, executor, **slurm)
     except launch.LaunchError as e:
         raise click.ClickException(str(e)) from None
