@@ -3,24 +3,74 @@
 A point is a regression only when both hold: the new median is slower by more than the threshold,
 and the samples differ significantly (two-sided p < alpha).  A correct implementation that passed
 in BASE and fails the gate in NEW is a regression whatever its timing.
+
+Runs are read with ``results.read_rows`` (the journal when the folder has one, else results.csv and
+samples.csv), so an interrupted run compares too.  Anything that makes a comparison impossible is a
+``CompareError`` naming the folder and what is wrong with it; things a reader should know but that
+do not stop the comparison (different scenarios, an unfinished run, a run that timed nothing) are
+``Comparison.warnings``.  No plotting library is imported here.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import results
-from .report import environment_line, markdown_table
+from .errors import UserError
+from .markdown import environment_line, markdown_table
 
 KEY = list(results.KEY)
+REQUIRED = {results.TABLE: [*KEY, "status"], results.SAMPLES: [*KEY, "kind", "value_us"]}
+# What reading a damaged run folder can raise: pandas' ParserError and EmptyDataError, JSON and
+# Unicode decoding errors are ValueErrors; a row without a key column is a KeyError.
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError)
 
 
-class CompareError(ValueError):
-    pass
+class CompareError(UserError, ValueError):
+    """Two folders that cannot be compared, or options out of range: the CLI exits 2."""
+
+
+@dataclass
+class Comparison:
+    """The outcome of ``compare``: one row per point in either run (``table``), both runs' metadata,
+    how many points were in both runs / in one only, and warnings for the reader."""
+    table: pd.DataFrame
+    base_meta: dict
+    new_meta: dict
+    joined: int
+    only_base: int
+    only_new: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> int:
+        return int((self.table["verdict"] == "regression").sum())
+
+
+def validate(threshold, alpha) -> None:
+    """CompareError unless threshold is a finite number >= 0 and 0 < alpha < 1."""
+    what = "a relative change, 0.05 = 5%"
+    try:
+        t = float(threshold)
+    except (TypeError, ValueError):
+        raise CompareError(f"--threshold must be a number >= 0 ({what}), got {threshold!r}") from None
+    if not math.isfinite(t):
+        raise CompareError(f"--threshold must be a finite number >= 0 ({what}), got {t:g}")
+    if t < 0:
+        raise CompareError(f"--threshold must be >= 0 ({what}), got {t:g}")
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise CompareError(f"--alpha must be a number between 0 and 1 (a significance level, e.g. 0.01), "
+                           f"got {alpha!r}") from None
+    if not 0 < a < 1:  # NaN fails this too
+        raise CompareError(f"--alpha must be between 0 and 1, both excluded (a significance level, e.g. 0.01), "
+                           f"got {a:g}")
 
 
 def mann_whitney_u(x, y) -> tuple[float, float]:
@@ -47,24 +97,127 @@ def mann_whitney_u(x, y) -> tuple[float, float]:
     return u1, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
 
 
-def _kernel_samples(folder: Path) -> dict:
-    s = pd.read_csv(folder / results.SAMPLES)
-    s = s[s["kind"] == "kernel"]
-    return {key: g["value_us"].tolist() for key, g in s.groupby(KEY)}
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0]!r}" if exc.args else "a key is missing"
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
 
 
-def compare(base: Path, new: Path, threshold: float = 0.05, alpha: float = 0.01,
-            allow_different_gpus: bool = False) -> tuple[pd.DataFrame, dict, dict]:
+def _unreadable(label: str, folder: Path, exc: BaseException) -> CompareError:
+    """A plain message for a run folder whose rows could not be read: which file, and why."""
+    if (folder / results.ROWS).exists():
+        return CompareError(f"{label} {folder}: {results.ROWS} is damaged ({_why(exc)})")
+    for name, needed in REQUIRED.items():
+        try:
+            header = pd.read_csv(folder / name, nrows=0).columns
+        except _READ_ERRORS as e:
+            return CompareError(f"{label} {folder}: {name} is unreadable ({_why(e)})")
+        missing = [c for c in needed if c not in header]
+        if missing:
+            return CompareError(f"{label} {folder}: {name} has no column {', '.join(missing)} "
+                                f"(needs {', '.join(needed)})")
+    return CompareError(f"{label} {folder}: {results.TABLE} / {results.SAMPLES} are damaged ({_why(exc)})")
+
+
+def _read_run(label: str, folder) -> tuple[pd.DataFrame, dict, dict]:
+    """(table, meta, kernel samples by key) of one run folder, or a CompareError saying what is wrong."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CompareError(f"{label} {folder} is not a folder")
+    if not (folder / results.META).is_file():
+        raise CompareError(f"{label} {folder} is not a swabench run folder (no {results.META})")
+    try:
+        meta = results.load_meta(folder)
+    except results.RunFolderError as e:  # its message names the file and what is wrong
+        raise CompareError(f"{label} {e}") from None
+    except json.JSONDecodeError as e:
+        raise CompareError(f"{label} {folder}: {results.META} is not valid JSON ({e})") from None
+    except _READ_ERRORS as e:
+        raise CompareError(f"{label} {folder}: {results.META} is unreadable ({_why(e)})") from None
+    if not isinstance(meta, dict):
+        raise CompareError(f"{label} {folder}: {results.META} is not a JSON object (it holds a "
+                           f"{type(meta).__name__})")
+    if not (folder / results.ROWS).exists():
+        if not (folder / results.TABLE).exists():
+            raise CompareError(f"{label} {folder} has neither {results.ROWS} nor {results.TABLE}: "
+                               f"no point was recorded")
+        if not (folder / results.SAMPLES).exists():
+            raise CompareError(f"{label} {folder} has {results.TABLE} but no {results.SAMPLES} "
+                               f"(and no {results.ROWS}): its timing samples are missing")
+    try:
+        rows = results.read_rows(folder)
+        if any(not isinstance(r, dict) for r in rows):
+            raise TypeError("a row is not a JSON object")
+        table = results.to_table(rows)
+    except results.RunFolderError as e:
+        raise CompareError(f"{label} {e}") from None
+    except _READ_ERRORS as e:
+        raise _unreadable(label, folder, e) from None
+    if table.empty:
+        raise CompareError(f"{label} {folder} has no points (state: {meta.get('state', 'unknown')})")
+    missing = [c for c in [*KEY, "status"] if c not in table or table[c].isna().any()]
+    if missing:
+        raise CompareError(f"{label} {folder}: some points have no {', '.join(missing)}")
+    # Keys as text: a table column pandas read as numbers must still meet the journal's strings.
+    table = table.assign(**{k: table[k].astype(str) for k in KEY})
+    table = table.drop_duplicates(subset=KEY, keep="last")
+    if "case" not in table:
+        table["case"] = table["case_id"]
+    table["median_us"] = pd.to_numeric(table["median_us"], errors="coerce") if "median_us" in table \
+        else float("nan")
+    samples = {}
+    for r in rows:
+        kernel = r.get("samples") if isinstance(r.get("samples"), dict) else {}
+        kernel = kernel.get("kernel")
+        if not kernel:
+            continue
+        try:
+            samples[tuple(str(r[k]) for k in KEY)] = [float(v) for v in kernel]
+        except (TypeError, ValueError) as e:
+            raise CompareError(f"{label} {folder}: a kernel timing sample is not a number ({_why(e)})") from None
+    return table.reset_index(drop=True), meta, samples
+
+
+def _run_warnings(label: str, table: pd.DataFrame, meta: dict) -> list[str]:
+    out = []
+    state = meta.get("state", "complete")  # folders from before ``state`` existed were complete
+    if state != "complete":
+        planned = meta.get("points")
+        of = f" of {planned}" if isinstance(planned, int) and planned else ""
+        out.append(f"{label} is not a complete run ({state or 'state unknown'}: {len(table)}{of} points)")
+    if table["median_us"].isna().all():
+        out.append(f"{label} timed nothing (no median_us: a `check` run?): its points are compared by "
+                   f"status only")
+    return out
+
+
+def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
+            allow_different_gpus: bool = False) -> Comparison:
+    validate(threshold, alpha)
+    threshold, alpha = float(threshold), float(alpha)
     base, new = Path(base), Path(new)
-    (bt, bm), (nt, nm) = results.load(base), results.load(new)
-    if bm.get("gpu") != nm.get("gpu") and not allow_different_gpus:
-        raise CompareError(f"BASE ran on {bm.get('gpu') or 'a CPU'} and NEW on {nm.get('gpu') or 'a CPU'}; "
-                           f"timings from different devices are not comparable (--allow-different-gpus to insist)")
-    bs, ns = _kernel_samples(base), _kernel_samples(new)
-    for t in (bt, nt):
-        if "median_us" not in t:
-            t["median_us"] = float("nan")
+    bt, bm, bs = _read_run("BASE", base)
+    nt, nm, ns = _read_run("NEW", new)
+    warnings = []
+    if bm.get("gpu") != nm.get("gpu"):
+        devices = f"BASE ran on {bm.get('gpu') or 'a CPU'} and NEW on {nm.get('gpu') or 'a CPU'}"
+        if not allow_different_gpus:
+            raise CompareError(f"{devices}; timings from different devices are not comparable "
+                               f"(--allow-different-gpus to insist)")
+        warnings.append(f"{devices} (compared anyway: --allow-different-gpus)")
+    if (bm.get("scenario_sha256"), bm.get("scenario")) != (nm.get("scenario_sha256"), nm.get("scenario")):
+        warnings.append(f"different scenarios: BASE ran {bm.get('scenario')!r} (sha256 {bm.get('scenario_sha256')}), "
+                        f"NEW {nm.get('scenario')!r} (sha256 {nm.get('scenario_sha256')}); "
+                        f"only the points in both are compared")
+    warnings += _run_warnings("BASE", bt, bm) + _run_warnings("NEW", nt, nm)
+
     joined = bt.merge(nt, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
+    sides = joined["side"].value_counts()
+    n_both, n_base, n_new = (int(sides.get(s, 0)) for s in ("both", "left_only", "right_only"))
+    if n_both == 0:
+        raise CompareError(f"BASE {base} ({len(bt)} points) and NEW {new} ({len(nt)} points) have no point in "
+                           f"common (a point is a case_id, impl and backend): different scenarios or "
+                           f"implementations?")
     rows = []
     for r in joined.to_dict("records"):
         key = tuple(r[k] for k in KEY)
@@ -79,7 +232,8 @@ def compare(base: Path, new: Path, threshold: float = 0.05, alpha: float = 0.01,
     table = pd.DataFrame(rows)
     table = table.assign(_o=table["verdict"].map(order), _r=-table["ratio"].fillna(0)) \
         .sort_values(["_o", "_r"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
-    return table, bm, nm
+    return Comparison(table=table, base_meta=bm, new_meta=nm, joined=n_both, only_base=n_base, only_new=n_new,
+                      warnings=warnings)
 
 
 def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
@@ -98,15 +252,21 @@ def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
     return "same"
 
 
-def to_markdown(table: pd.DataFrame, base_meta: dict, new_meta: dict, threshold: float, alpha: float) -> str:
-    counts = table["verdict"].value_counts().to_dict()
-    head = (f"BASE: {environment_line(base_meta)}\n\nNEW: {environment_line(new_meta)}\n\n"
-            f"{len(table)} points; a regression or improvement needs |ratio - 1| > {threshold:g} and "
-            f"Mann-Whitney p < {alpha:g}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + "\n\n")
-    shown = table[table["verdict"] != "same"]
+def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
+    c = comparison
+    counts = c.table["verdict"].value_counts().to_dict()
+    head = f"BASE: {environment_line(c.base_meta)}\n\nNEW: {environment_line(c.new_meta)}\n\n"
+    if c.warnings:
+        head += "**Warnings:**\n\n" + "".join(f"- {w}\n" for w in c.warnings) + "\n"
+    head += (f"{c.joined} points joined ({c.only_base} only in BASE, {c.only_new} only in NEW); "
+             f"a regression or improvement needs |ratio - 1| > {threshold:g} and Mann-Whitney p < {alpha:g}: "
+             + ", ".join(f"{v} {k}" for k, v in counts.items()) + "\n\n")
+    shown = c.table[c.table["verdict"] != "same"]
     cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "p", "status_base", "status_new"]
     return head + (markdown_table(shown[cols]) if len(shown) else "No significant differences.")
 
 
-def to_json(table: pd.DataFrame) -> str:
-    return json.dumps(json.loads(table.to_json(orient="records")), indent=1)
+def to_json(comparison: Comparison) -> str:
+    """The points, one JSON object each (the same list as before ``Comparison``; the counts and
+    warnings are in ``to_markdown`` and on the object)."""
+    return json.dumps(json.loads(comparison.table.to_json(orient="records")), indent=1)

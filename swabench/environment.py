@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from . import __version__
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,10 +34,13 @@ def package_version(name: str) -> str | None:
 
 def git_state() -> dict:
     """The code's commit.  SWABENCH_GIT_COMMIT, where set, wins: a checkout copied to a GPU node can
-    carry a stale .git (or none) beside newer files, and then only the sender knows the commit."""
+    carry a stale .git (or none) beside newer files, and then only the sender knows the commit.  An
+    installed wheel has no commit (its folder may sit inside some other repository)."""
     sent = os.environ.get("SWABENCH_GIT_COMMIT")
     if sent:
         return {"git_commit": sent, "git_dirty": None, "git_commit_from": "SWABENCH_GIT_COMMIT"}
+    if not (REPO / "pyproject.toml").is_file():
+        return {"git_commit": None, "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
     if commit is None:
         return {"git_commit": None, "git_dirty": None}
@@ -59,6 +60,8 @@ def cpu_model() -> str:
 
 def gpu_info() -> dict:
     """GPU name, memory, SM count, and nvidia-smi's driver and clocks (as found: never changed)."""
+    import torch
+
     if not torch.cuda.is_available():
         return {"gpu": None}
     props = torch.cuda.get_device_properties(0)
@@ -80,8 +83,10 @@ def nsys_path() -> str | None:
     return shutil.which("nsys")
 
 
-def collect(device: torch.device | str = "cpu") -> dict:
+def collect(device="cpu") -> dict:
     """Everything needed to say where a number came from."""
+    import torch
+
     nsys = nsys_path()
     return {
         "swabench": __version__,
@@ -106,3 +111,19 @@ def collect(device: torch.device | str = "cpu") -> dict:
 
 def collect_command() -> str:
     return " ".join(["swabench", *sys.argv[1:]])
+
+
+def describe(device, measure_peaks: bool = False) -> str:
+    """What ``swabench env`` prints: ``collect``'s fields, the peaks if asked, the implementations
+    usable here."""
+    from . import peaks
+    from .errors import UserError
+    from .impls import registry
+
+    if measure_peaks and device.type != "cuda":
+        raise UserError("--peaks: no CUDA device here; peaks are GPU measurements")
+    info = collect(device)
+    info.update({f"peak.{k}": v for k, v in (peaks.measure(device) if measure_peaks else {}).items()})
+    info["implementations usable here"] = ", ".join(i.name for i in registry.all_implementations()
+                                                    if not i.availability(device))
+    return "\n".join(f"{k:28s} {v}" for k, v in info.items())

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .results import META, ROWS
+from .errors import UserError
+from .schema import META, ROWS
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     pass
 
 
@@ -56,6 +57,15 @@ def visible_gpus() -> list[str]:
     return entries
 
 
+def choose_gpus(spec: str) -> tuple[list[int], list[str]]:
+    """(the chosen indices into the visible GPUs, the visible GPUs) for ``--gpus spec``."""
+    visible = visible_gpus()
+    if not visible:
+        raise LaunchError("--gpus: no CUDA device is visible here (NVML counts none, or CUDA_VISIBLE_DEVICES "
+                          "hides them)")
+    return parse_gpus(spec, len(visible)), visible
+
+
 def parse_gpus(spec: str, available: int) -> list[int]:
     """'all' | 'N' (the first N) | '0,2' (these) -> indices into ``visible_gpus()``."""
     if spec == "all":
@@ -70,6 +80,12 @@ def parse_gpus(spec: str, available: int) -> list[int]:
     if not gpus or len(set(gpus)) != len(gpus) or any(not 0 <= g < available for g in gpus):
         raise LaunchError(f"--gpus {spec}: this node has {available} GPU(s) (0..{available - 1})")
     return gpus
+
+
+def worker_args(impls=(), cases=(), costs_from=None) -> list[str]:
+    """A worker's filters and its --costs-from (absolute: it may run elsewhere)."""
+    args = [a for i in impls for a in ("--impl", i)] + [a for c in cases for a in ("--case", c)]
+    return args + (["--costs-from", str(Path(costs_from).resolve())] if costs_from else [])
 
 
 def work_dir(out: Path) -> Path:
@@ -167,8 +183,12 @@ class Workers:
 def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
     """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
     same path as local processes), then waits for them.  Returns the shards' run folders."""
-    import submitit
-
+    try:
+        import submitit
+    except ImportError:
+        raise LaunchError("submit needs submitit: pip install 'swabench[slurm]'") from None
+    if out.exists() and any(out.iterdir()):
+        raise LaunchError(f"{out} already holds a run; choose another --out")
     work = work_dir(out)
     folder = work / "submitit"
     ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)

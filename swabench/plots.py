@@ -11,20 +11,24 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from .results import versus_fa2_window
+from .impls import registry
+from .results import versus_reference
 
 matplotlib.use("Agg")
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
-IMPL_ORDER = ["paged-window", "paged-trim", "ragged-window", "paged-mask", "ragged-mask", "torch-trim", "torch-mask"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
 MODES = ["extend", "verify", "draft_extend", "decode"]
 
 
 def colour(impl: str) -> str:
-    i = IMPL_ORDER.index(impl) if impl in IMPL_ORDER else len(IMPL_ORDER) + hash(impl) % 3
-    return OKABE_ITO[i % len(OKABE_ITO)]
+    """One colour per implementation, by its place in the registry (the same in every figure)."""
+    return OKABE_ITO[registry.order(impl) % len(OKABE_ITO)]
+
+
+def _is_baseline(impl: str) -> bool:
+    return impl in registry.names() and registry.get(impl).baseline
 
 
 def caption(meta: dict) -> str:
@@ -58,6 +62,22 @@ def _log_x_ticks(ax, values) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
+
+
+def reference_library() -> str | None:
+    paths = [registry.reference_path(s) for s in ("paged", "ragged")]
+    return next((registry.get(impl).library for impl, _ in filter(None, paths)), None)
+
+
+def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the headline: the reference library's correct paths other than its baselines, on
+    the reference backend (fa2's window and trim paths)."""
+    ref = registry.reference_path("paged") or registry.reference_path("ragged")
+    if ref is None:
+        return table.iloc[0:0]
+    keep = (table["library"] == registry.get(ref[0]).library) & (table["backend"] == ref[1]) \
+        & (table["kind"] == "correct") & ~table["impl"].map(_is_baseline)
+    return table[keep]
 
 
 def _timed(table: pd.DataFrame) -> pd.DataFrame:
@@ -118,13 +138,12 @@ def time_vs_window(table, meta):
 def speedup_by_mode(table, meta):
     """Median speedup of each correct path over the naive custom-mask path, per mode."""
     t = _primary(_timed(table))
-    t = t[(t["kind"] == "correct") & ~t["impl"].str.endswith("-mask")].dropna(subset=["speedup_vs_mask"])
+    t = t[(t["kind"] == "correct") & ~t["impl"].map(_is_baseline)].dropna(subset=["speedup_vs_mask"])
     if t.empty:
         return None
     fig, axes = _figure(meta, "Speedup over the custom-mask baseline of the same case (median, IQR bars)")
     ax = axes[0][0]
-    series = sorted({(r.impl, r.backend) for r in t.itertuples()}, key=lambda k: (IMPL_ORDER.index(k[0])
-                                                                                  if k[0] in IMPL_ORDER else 99, k[1]))
+    series = sorted({(r.impl, r.backend) for r in t.itertuples()}, key=lambda k: (registry.order(k[0]), k[1]))
     modes = [m for m in MODES if m in set(t["mode"])]
     width = 0.8 / len(series)
     for k, (impl, backend) in enumerate(series):
@@ -143,19 +162,19 @@ def speedup_by_mode(table, meta):
 
 
 def speedup_heatmap(table, meta):
-    """Speedup of the paged paths over paged-mask across window x page size."""
-    t = _timed(table)
-    t = t[t["impl"].isin(["paged-window", "paged-trim"]) & (t["backend"] == "fa2")
-          & (t["page_layout"] == "scattered")].dropna(subset=["speedup_vs_mask"])
+    """Speedup of the headline paged paths over their baseline across window x page size."""
+    t = headline_paths(_timed(table))
+    t = t[(t["storage"] == "paged") & (t["page_layout"] == "scattered")].dropna(subset=["speedup_vs_mask"])
     # only shapes measured at several page sizes, so every cell compares the same cases
     shape = [c for c in ("impl", "mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
                          "sliding_window", "num_qo_heads", "num_kv_heads", "head_dim", "dtype") if c in t]
     t = t[t.groupby(shape, dropna=False)["page_size"].transform("nunique") > 1]
     if t.empty:
         return None
-    impls = [i for i in ("paged-window", "paged-trim") if i in set(t["impl"])]
-    fig, axes = _figure(meta, "Speedup over paged-mask by window and page size (fa2, scattered pages)",
-                        1, len(impls), size=(5.0, 4.0))
+    impls = sorted(set(t["impl"]), key=registry.order)
+    baseline = registry.baseline_for(t["library"].iloc[0], "paged")
+    fig, axes = _figure(meta, f"Speedup over {baseline} by window and page size ({t['backend'].iloc[0]}, "
+                              f"scattered pages)", 1, len(impls), size=(5.0, 4.0))
     for ax, impl in zip(axes[0], impls):
         grid = t[t["impl"] == impl].pivot_table(index="sliding_window", columns="page_size",
                                                 values="speedup_vs_mask", aggfunc="median")
@@ -234,7 +253,7 @@ def backends(table, meta):
     every = every[every.groupby(["case_id", "impl"])["backend"].transform("nunique") > 1]
     if _timed(every).empty:
         return None
-    impls = [i for i in IMPL_ORDER if i in set(every["impl"])]
+    impls = sorted(set(every["impl"]), key=registry.order)
     fig, axes = _figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
     for ax, impl in zip(axes[:, 0], impls):
         g = every[every["impl"] == impl]
@@ -271,15 +290,15 @@ PEER_MARKERS = "osD^vP*Xh"
 
 
 def peers(table, meta):
-    """Each path's time over fa2's window path on the same case (log scale, 1 = as fast as fa2), on
-    the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats fa2."""
-    r = versus_fa2_window(table, mask_paths=False)
-    r = r[r["case_id"].isin(set(r.loc[r["library"] != "flashinfer", "case_id"]))]
+    """Each path's time over the reference path (fa2's window path) on the same case (log scale, 1 =
+    as fast), on the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats it."""
+    r = versus_reference(table, baselines=False)
+    r = r[r["case_id"].isin(set(r.loc[r["library"] != reference_library(), "case_id"]))]
     if r.empty:
         return None
     cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case"]))
     paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
-    fig, axes = _figure(meta, "Against fa2's window path: time / fa2 time per case",
+    fig, axes = _figure(meta, f"Against {registry.describe_reference()}: time / its time per case",
                         size=(8.0, 0.22 * len(cases) + 1.5))
     ax = axes[0][0]
     y = {c: i for i, c in enumerate(cases)}
@@ -290,7 +309,7 @@ def peers(table, meta):
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(cases)), [c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], fontsize=6)
-    ax.set_xlabel("time / fa2 window-path time (below 1: faster than fa2)")
+    ax.set_xlabel("time / reference-path time (below 1: faster)")
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -1,43 +1,56 @@
-"""Profiling: NVTX ranges, and reading Nsight Systems back into a table.
-
-Ranges live in one ``swabench`` domain, nested run > case > implementation > phase (plan, check,
-capture, replay, eager), so an Nsight Systems timeline reads like the results table.  The
-implementation range is named ``<impl> [<backend>] #<case_id>``, which is how kernels seen inside a
-replay range are tied back to a row.  Without the nvtx package the ranges are no-ops."""
+"""Profiling flows: a run under Nsight Systems (kernels read back from its SQLite export and tied to
+each row through the NVTX ranges of ``markers``) or under torch.profiler (a Chrome/Perfetto trace)."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import subprocess
 import sys
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
+from . import results, runs
+from .errors import UserError
+from .markers import parse_point  # noqa: F401  (the range naming, re-exported for readers of traces)
 
-try:
-    import nvtx as _nvtx
-except ImportError:  # pragma: no cover - nvtx is a dependency, but keep the suite importable without it
-    _nvtx = None
-
-DOMAIN = "swabench"
+if TYPE_CHECKING:
+    import pandas as pd
 
 
-@contextmanager
-def nvtx_range(message: str, payload: int | float | None = None):
-    """An NVTX range (and a torch.profiler range while a torch profiler is recording)."""
-    torch_range = torch.profiler.record_function(message) if torch.autograd.profiler._is_profiler_enabled \
-        else nullcontext()
-    with torch_range:
-        if _nvtx is None:
-            yield
-            return
-        _nvtx.push_range(message=message, domain=DOMAIN, payload=payload)
-        try:
-            yield
-        finally:
-            _nvtx.pop_range(domain=DOMAIN)
+class ProfileError(RuntimeError):
+    """The profiled run itself failed (exit 1: not the user's input)."""
+
+
+def run_under_nsys(scenario_path: str, out: Path, child_args: list[str]) -> pd.DataFrame:
+    """``swabench run`` again under nsys into ``out``; its report, SQLite export and nsys_stats.csv
+    (the kernels of every timed point) land in the run folder."""
+    if shutil.which("nsys") is None:
+        raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
+    report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
+    child = ["run", scenario_path, "--out", str(out), "--device", "cuda", *child_args]
+    code = subprocess.run(nsys_command(str(report), child)).returncode
+    if code not in (0, 1) or not (out / results.META).exists():
+        raise ProfileError(f"the profiled run failed (exit {code})")
+    report.with_name(report.name + ".nsys-rep").rename(out / "profile.nsys-rep")
+    sqlite = nsys_export_sqlite(out / "profile.nsys-rep")
+    stats = nsys_kernel_table(sqlite, results.load(out)[0])
+    results.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
+    return stats
+
+
+def run_under_torch_profiler(request: runs.Request, progress: runs.Progress) -> tuple[runs.Outcome, str]:
+    """The run inside torch.profiler: its trace (torch_trace.json) and the kernel table (torch_stats.txt)
+    land in the run folder; returns the outcome and the table."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        outcome = runs.execute(request, progress)
+    prof.export_chrome_trace(str(request.out / "torch_trace.json"))
+    text = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
+    results.atomic_write(request.out / "torch_stats.txt", text + "\n")
+    return outcome, text
 
 
 # ---------------------------------------------------------------- Nsight Systems
@@ -91,17 +104,12 @@ GROUP BY p.name
 # the range and nothing else runs on the GPU meanwhile, so GPU work inside the range is its own.
 
 
-def parse_point(range_name: str) -> tuple[str, str, str]:
-    """'<impl> [<backend>] #<case_id>' -> (case_id, impl, backend), the sweep's NVTX naming."""
-    head, _, case_id = range_name.rpartition(" #")
-    impl, _, backend = head.partition(" [")
-    return case_id, impl, backend.rstrip("]")
-
-
 def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
     """Per timed point: the kernels Nsight saw inside its replay range, their time per call, and
     how far the CUDA-graph median is from it (agreement = graph / nsys - 1; gap_us = graph - nsys,
     which a graph pays per kernel boundary and a sum of kernel durations does not)."""
+    import pandas as pd
+
     with sqlite3.connect(sqlite_path) as con:
         kernels = pd.read_sql_query(_KERNELS_PER_REPLAY_RANGE, con)
         replay_ns = pd.read_sql_query(_REPLAY_RANGES, con).set_index("point")["replay_ns"]

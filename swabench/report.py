@@ -8,22 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from . import plots, results
+from .impls import registry
+from .markdown import environment_line, markdown_table
 
 STATUS_ORDER = ["pass", "fail", "xfail", "xpass", "skip"]
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return "" if pd.isna(value) else f"{value:.3g}"
-    return str(value)
 
 
 def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
@@ -42,14 +30,6 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
                      "worst probe row (pass)": passed["probe_rel_l2"].max(),
                      "lowest probe row (xfail)": caught["probe_rel_l2"].min()})
     return pd.DataFrame(rows)
-
-
-def environment_line(meta: dict) -> str:
-    gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
-    commit = (meta.get("git_commit") or "unknown")[:10]
-    return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
-            f"torch {meta.get('torch')}, flashinfer {meta.get('flashinfer') or 'n/a'}, "
-            f"swabench {meta.get('swabench')} @ {commit}; `{meta.get('command')}`")
 
 
 def correctness_summary(table: pd.DataFrame, meta: dict) -> str:
@@ -89,26 +69,25 @@ def timing_summary(table: pd.DataFrame, meta: dict) -> str:
 
 
 def headline(table: pd.DataFrame) -> pd.DataFrame:
-    """Speedup of paged-window and paged-trim over paged-mask (fa2), per mode and window: the median
-    over the run's cases, with how many cases each cell holds."""
-    t = table.dropna(subset=["median_us"]) if "median_us" in table else table.iloc[0:0]
-    t = t[(t["backend"] == "fa2") & t["impl"].isin(["paged-window", "paged-trim"])]
-    if t.empty or "speedup_vs_mask" not in t:
+    """Speedup of the headline paths (fa2's window and trim paths) over their baseline (the custom-mask
+    path), per mode and window: the median over the run's cases, with how many cases each cell holds."""
+    t = plots.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    if t.empty:
         return pd.DataFrame()
     grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
     grid["cell"] = grid.apply(lambda r: f"{r['median']:.1f}x ({int(r['count'])})", axis=1)
     wide = grid.pivot_table(index=["mode", "sliding_window"], columns="impl", values="cell", aggfunc="first")
     order = {m: i for i, m in enumerate(plots.MODES)}
     wide = wide.reset_index().sort_values(["mode", "sliding_window"], key=lambda c: c.map(order) if c.name == "mode" else c)
-    cols = ["mode", "sliding_window"] + [c for c in ("paged-window", "paged-trim") if c in wide.columns]
+    cols = ["mode", "sliding_window"] + sorted(set(t["impl"]), key=registry.order)
     return wide[cols].rename(columns={"sliding_window": "window (keys)"})
 
 
-def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
-    """results.versus_fa2_window summarised per mode, storage, window and path: median, best and
-    worst time / fa2 time over the cases; "faster in" counts the cases below 1.  FlashInfer's
-    custom-mask paths are left to the headline table."""
-    per_point = results.versus_fa2_window(table, mask_paths=False)
+def versus_reference(table: pd.DataFrame) -> pd.DataFrame:
+    """results.versus_reference summarised per mode, storage, window and path: median, best and
+    worst time / the reference path's time over the cases; "faster in" counts the cases below 1.
+    The reference library's baselines are left to the headline table."""
+    per_point = results.versus_reference(table, baselines=False)
     if per_point.empty:
         return pd.DataFrame()
     keys = ["mode", "storage", "sliding_window", "impl", "backend"]
@@ -117,7 +96,7 @@ def versus_fa2_window(table: pd.DataFrame) -> pd.DataFrame:
     out["faster in"] = ratio.apply(lambda r: f"{int((r < 1).sum())}/{len(r)}")
     order = {m: i for i, m in enumerate(plots.MODES)}
     out = out.reset_index().sort_values(keys, key=lambda c: c.map(order) if c.name == "mode" else c)
-    return out.rename(columns={"sliding_window": "window (keys)", "median": "time / fa2 (median)"}) \
+    return out.rename(columns={"sliding_window": "window (keys)", "median": "time / reference (median)"}) \
         .reset_index(drop=True)
 
 
@@ -145,14 +124,15 @@ def write(run_dir: Path, out: Path) -> Path:
     head = headline(table)
     if len(head):
         parts += ["## Headline: speedup over the custom-mask path",
-                  "Median over the run's cases of `paged-mask` time / time, fa2; (n) = cases in the cell.",
+                  "Median over the run's cases of the baseline's time (the custom-mask path of the same "
+                  "storage) / the path's time; (n) = cases in the cell.",
                   markdown_table(head)]
-    versus = versus_fa2_window(table)
+    versus = versus_reference(table)
     if len(versus):
-        parts += ["## Against fa2's window path",
-                  "Time of each path / time of fa2 `paged-window` (paged cases) or `ragged-window` (ragged "
-                  "cases) on the same case: below 1 is faster than fa2.  fa3, auto, the custom-mask paths "
-                  "and the peers (FlexAttention, SDPA) on the cases where the run timed both.",
+        parts += [f"## Against the reference path ({registry.describe_reference()})",
+                  "Time of each path / time of the reference path of its storage on the same case: below 1 "
+                  "is faster.  Other backends, the custom-mask paths of other libraries and the peers "
+                  "(FlexAttention, SDPA) on the cases where the run timed both.",
                   markdown_table(versus)]
     timings = timing_summary(table, meta)
     if timings:

@@ -1,49 +1,43 @@
-"""The results store: one folder per run, written so that an interrupted sweep loses nothing.
+"""The results store: one folder per run, written so that an interrupted sweep loses nothing, and
+read back whatever state it was left in.
 
     rows.jsonl     every finished point, appended and fsynced as it finishes (the source of truth)
     results.csv    the tidy table: one row per case x implementation x backend (rewritten atomically)
     samples.csv    every timing sample, long format (case_id, impl, backend, kind, index, value_us)
-    meta.json      environment, command line, method, scenario name and hash, progress
+    meta.json      environment, command line, method, scenario name and hash, progress (``schema``)
     scenario.toml  the scenario file exactly as run
 
+One process writes a folder at a time (a lock file it holds; a dead holder's lock is taken over).
 ``--resume`` reopens a folder, drops a half-written last line, and skips the points already there.
 """
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import schema
+from .errors import UserError
+from .schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STATUSES, TABLE  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
 
-ROWS, TABLE, SAMPLES, META, SCENARIO = "rows.jsonl", "results.csv", "samples.csv", "meta.json", "scenario.toml"
-KEY = ("case_id", "impl", "backend")
-STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
-
-# The table's leading columns, in order; any others follow.
-COLUMNS = [
-    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "wrapper", "status", "reason",
-    "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
-    "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
-    "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device",
-    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
-    "plan_us", "compile_s", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us", "noise", "eager_us",
-    "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps",
-    "point_s", "workload_s",
-]
-
+COLUMNS = schema.COLUMNS
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-class RunFolderError(RuntimeError):
-    pass
+class RunFolderError(UserError):
+    """A run folder that cannot be written or read, said plainly (the CLI exits 2)."""
 
 
 def atomic_write(path: Path, data: str) -> None:
@@ -65,22 +59,70 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def make_folder(folder: Path) -> Path:
+    """Create ``folder`` (and its parents), or say why it cannot be written."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test.")
+        probe.close()
+    except OSError as e:
+        raise RunFolderError(f"cannot write to {folder}: {e.strerror or e}") from None
+    return folder
+
+
+class FolderLock:
+    """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
+    so a crashed run never blocks the next; the file names the holder for whoever is refused."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / LOCK
+        self.fd: int | None = None
+        self.took_over: str | None = None  # the previous holder, when it had died holding the folder
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        previous = os.read(fd, 4096).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunFolderError(f"{self.path.parent} is being written by another swabench process "
+                                 f"({previous or 'holder unknown'}); wait for it or stop it, then --resume") from None
+        self.took_over = previous or None
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
 class RunStore:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
+        self.lock: FolderLock | None = None
 
     # ------------------------------------------------------------ opening
     @classmethod
     def create(cls, folder, meta: dict, scenario_text: str) -> "RunStore":
-        folder = Path(folder)
-        if folder.exists() and any(folder.iterdir()):
-            raise RunFolderError(f"{folder} already holds a run; pass --resume to continue it, "
-                                 f"or choose another --out (nothing was written)")
-        folder.mkdir(parents=True, exist_ok=True)
-        store = cls(folder)
-        atomic_write(folder / SCENARIO, scenario_text)
-        store.write_meta({**meta, "scenario_sha256": text_hash(scenario_text), "state": "running"})
-        (folder / ROWS).touch()
+        store = cls(make_folder(folder))
+        store._acquire()
+        try:
+            if any(p.name != LOCK for p in store.folder.iterdir()):
+                raise RunFolderError(f"{folder} already holds a run; pass --resume to continue it, "
+                                     f"or choose another --out (nothing was written)")
+            atomic_write(store.folder / SCENARIO, scenario_text)
+            store.write_meta({**meta, "scenario_sha256": text_hash(scenario_text), "state": "running"})
+            (store.folder / ROWS).touch()
+        except BaseException:
+            store.close()
+            raise
         return store
 
     @classmethod
@@ -88,12 +130,30 @@ class RunStore:
         store = cls(folder)
         if not (store.folder / META).exists() or not (store.folder / ROWS).exists():
             raise RunFolderError(f"{folder} is not a swabench run folder (no {META} / {ROWS}); nothing to resume")
-        meta = store.meta()
-        if meta.get("scenario_sha256") != text_hash(scenario_text):
-            raise RunFolderError(f"{folder} was run with a different scenario file; "
-                                 f"resume it with the same file, or start a new --out")
-        store._drop_partial_line()
+        store._acquire()
+        try:
+            if store.meta().get("scenario_sha256") != text_hash(scenario_text):
+                raise RunFolderError(f"{folder} was run with a different scenario file; "
+                                     f"resume it with the same file, or start a new --out")
+            store._drop_partial_line()
+        except BaseException:
+            store.close()
+            raise
         return store
+
+    def _acquire(self) -> None:
+        try:
+            lock = FolderLock(self.folder)
+            lock.acquire()
+        except OSError as e:
+            raise RunFolderError(f"cannot lock {self.folder}: {e.strerror or e}") from None
+        self.lock = lock
+
+    def close(self) -> None:
+        """Let another process write the folder."""
+        if self.lock:
+            self.lock.release()
+            self.lock = None
 
     def _drop_partial_line(self) -> None:
         path = self.folder / ROWS
@@ -115,18 +175,26 @@ class RunStore:
             os.fsync(f.fileno())
 
     def rows(self) -> list[dict]:
-        """Every complete row, one per key (the last one wins)."""
+        """Every complete row, one per key (the last one wins).  A last line cut short by an
+        interruption is left out; any other line that is not a row means the journal is damaged."""
         out = {}
         path = self.folder / ROWS
-        lines = path.read_text().split("\n") if path.exists() else []
-        for line in lines:
+        try:
+            lines = path.read_text().split("\n") if path.exists() else []
+        except (OSError, UnicodeDecodeError) as e:
+            raise RunFolderError(f"{path} cannot be read ({e})") from None
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by an interruption
-                continue
-            out[tuple(row[k] for k in KEY)] = row
+                key = tuple(row[k] for k in KEY)
+                hash(key)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if number == len(lines):  # the unterminated last line of an interrupted write
+                    continue
+                raise RunFolderError(f"{path}: line {number} is not a result row: the journal is damaged") from None
+            out[key] = row
         return list(out.values())
 
     def done(self) -> set[tuple]:
@@ -134,10 +202,15 @@ class RunStore:
 
     # ------------------------------------------------------------ metadata and tables
     def meta(self) -> dict:
-        return json.loads((self.folder / META).read_text())
+        return read_meta(self.folder)
 
     def write_meta(self, meta: dict) -> None:
-        atomic_write(self.folder / META, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+        write_meta(self.folder, meta)
+
+    def update_meta(self, **changes) -> dict:
+        meta = {**self.meta(), **changes}
+        self.write_meta(meta)
+        return meta
 
     def finalize(self, **meta_updates) -> pd.DataFrame:
         """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json."""
@@ -146,38 +219,55 @@ class RunStore:
         atomic_write(self.folder / TABLE, table.to_csv(index=False))
         atomic_write(self.folder / SAMPLES, to_samples(rows).to_csv(index=False))
         counts = table["status"].value_counts().to_dict() if len(table) else {}
-        self.write_meta({**self.meta(), **meta_updates, "rows": len(table), "status_counts": counts})
+        self.update_meta(**meta_updates, rows=len(table), status_counts=counts)
         return table
+
+
+def write_meta(folder: Path, meta: dict) -> None:
+    """meta.json, checked against the schema, written atomically."""
+    meta = schema.check_meta(meta)
+    atomic_write(Path(folder) / META, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
 def to_table(rows: list[dict]) -> pd.DataFrame:
     import pandas as pd
     flat = [{k: v for k, v in r.items() if k != "samples"} for r in rows]
-    df = pd.DataFrame(flat)
-    if df.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    lead = [c for c in COLUMNS if c in df.columns]
-    return df[lead + [c for c in df.columns if c not in lead]]
+    return with_columns(pd.DataFrame(flat))
 
 
-def baseline_impl(library: str, storage: str) -> str:
-    """The naive custom-mask path a speedup is measured against."""
-    return "torch-mask" if library == "torch" else f"{storage}-mask"
+def with_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Every schema column present (empty where no row has it), leading in schema order."""
+    lead = list(COLUMNS)
+    return df.reindex(columns=lead + [c for c in df.columns if c not in lead])
+
+
+def _default_backend(impl_name: str, library: str) -> str:
+    from .impls import registry
+    try:
+        impl = registry.get(impl_name)
+    except KeyError:
+        return library
+    return impl.backends[0] if impl.backends else impl.library
 
 
 def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
-    """Columns that need other rows or the node's peaks: speedup over the naive custom-mask
-    baseline of the same case (same backend, else fa2: fa3 has no masks), and percent of the
-    measured bf16 matmul rate and copy bandwidth."""
-    if table.empty or not {"median_us", "library", "storage"} <= set(table.columns):
+    """Columns that need other rows or the node's peaks: speedup over the baseline path declared
+    for the point's library and storage (same backend, else the baseline's first: fa3 has no masks),
+    and percent of the measured bf16 matmul rate and copy bandwidth."""
+    if table.empty:
         return table
+    from .impls import registry
+
     timed = table.dropna(subset=["median_us"])
     medians = {(r.case_id, r.impl, r.backend): r.median_us for r in timed.itertuples()}
+    baselines = {key: registry.baseline_for(*key) for key in set(zip(table["library"], table["storage"]))}
 
     def speedup(r):
-        base = baseline_impl(r.library, r.storage)
-        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, "fa2")))
-        return ref / r.median_us if ref and r.median_us == r.median_us else float("nan")
+        base = baselines.get((r.library, r.storage))
+        if base is None or r.median_us != r.median_us:
+            return float("nan")
+        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, _default_backend(base, ""))))
+        return ref / r.median_us if ref else float("nan")
 
     table = table.copy()
     table["speedup_vs_mask"] = [speedup(r) for r in table.itertuples()]
@@ -187,22 +277,27 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     return table
 
 
-WINDOW_PATH = {"paged": "paged-window", "ragged": "ragged-window"}  # fa2, planned with window_left
+def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFrame:
+    """Every other timed correct path against the reference path declared for its storage (fa2's
+    window path) on the same case: one row per point with ``ratio`` = its time / the reference's.
+    ``baselines=False`` leaves out the reference library's own baselines (the headline's subject)."""
+    from .impls import registry
 
-
-def versus_fa2_window(table: pd.DataFrame, mask_paths: bool = True) -> pd.DataFrame:
-    """Every other timed correct path against fa2's window path on the same case (paged-window on a
-    paged case, ragged-window on a ragged one): one row per point with ``ratio`` = its time / fa2's.
-    ``mask_paths=False`` leaves out FlashInfer's custom-mask paths (the headline's subject)."""
-    if table.empty or "median_us" not in table:
-        return table.iloc[0:0].assign(ratio=[])
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
-    if not mask_paths:
-        t = t[~((t["library"] == "flashinfer") & t["impl"].str.endswith("-mask"))]
-    is_base = (t["backend"] == "fa2") & (t["impl"] == t["storage"].map(WINDOW_PATH))
-    base = t[is_base].set_index("case_id")["median_us"].rename("fa2_window_us")
-    others = t[~is_base].join(base, on="case_id", how="inner")
-    return others.assign(ratio=others["median_us"] / others["fa2_window_us"])
+    if t.empty:
+        return t.assign(ratio=[])
+    refs = {s: registry.reference_path(s) for s in set(t["storage"])}
+    ref_impl = t["storage"].map(lambda s: (refs[s] or (None, None))[0])
+    ref_backend = t["storage"].map(lambda s: (refs[s] or (None, None))[1])
+    if not baselines:
+        libraries = {registry.get(name).library for name, _ in filter(None, refs.values())}
+        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library in libraries}
+        keep = ~t["impl"].isin(dropped)
+        t, ref_impl, ref_backend = t[keep], ref_impl[keep], ref_backend[keep]
+    is_ref = (t["impl"] == ref_impl) & (t["backend"] == ref_backend)
+    ref = t[is_ref].set_index("case_id")["median_us"].rename("reference_us")
+    others = t[~is_ref].join(ref, on="case_id", how="inner")
+    return others.assign(ratio=others["median_us"] / others["reference_us"])
 
 
 def to_samples(rows: list[dict]) -> pd.DataFrame:
@@ -212,17 +307,32 @@ def to_samples(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
 
 
+def _read_csv(path: Path, needed) -> pd.DataFrame:
+    import pandas as pd
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
+    return df
+
+
 def read_rows(folder) -> list[dict]:
     """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv
     (published folders do not carry the journal)."""
-    import pandas as pd
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
         return store.rows()
-    table = pd.read_csv(store.folder / TABLE)
-    samples = pd.read_csv(store.folder / SAMPLES)
-    grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
-               for key, rows in samples.groupby(list(KEY))}
+    table = _read_csv(store.folder / TABLE, (*KEY, "status"))
+    grouped = {}
+    if (store.folder / SAMPLES).exists():
+        samples = _read_csv(store.folder / SAMPLES, (*KEY, "kind", "value_us"))
+        grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
+                   for key, rows in samples.groupby(list(KEY))}
     rows = []
     for row in table.to_dict("records"):
         row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}
@@ -232,20 +342,43 @@ def read_rows(folder) -> list[dict]:
 
 
 def load(folder) -> tuple[pd.DataFrame, dict]:
-    """A run's table and metadata (rebuilt from rows.jsonl when the run never finished)."""
-    import pandas as pd
-    meta = load_meta(folder)
-    store = RunStore(folder)
-    if (store.folder / ROWS).exists():
-        return add_derived(to_table(store.rows()), meta.get("peaks")), meta
-    return pd.read_csv(store.folder / TABLE), meta
+    """A run's table (every schema column) and metadata, rebuilt from rows.jsonl when the run never
+    finished.  RunFolderError for anything that is not a readable run folder."""
+    meta = read_meta(folder)
+    folder = Path(folder)
+    if (folder / ROWS).exists():
+        return add_derived(to_table(RunStore(folder).rows()), meta.get("peaks")), meta
+    table = _read_csv(folder / TABLE, (*KEY, "status"))
+    return with_columns(table), meta
 
 
-def load_meta(folder) -> dict:
-    """A run's metadata alone."""
-    if not (Path(folder) / META).exists():
+def read_meta(folder) -> dict:
+    """A run's metadata, migrated to the current format."""
+    path = Path(folder) / META
+    if not path.is_file():
         raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
-    return RunStore(folder).meta()
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunFolderError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{path} does not hold a JSON object")
+    try:
+        return schema.migrate(meta)
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
+
+
+load_meta = read_meta
+
+
+def completeness(meta: dict, table: pd.DataFrame) -> str | None:
+    """What a reader should say about a run that did not finish (None when it did)."""
+    state = meta.get("state", "complete")
+    if state == "complete":
+        return None
+    planned = meta.get("points")
+    return f"this run is {state}: {len(table)}" + (f" of {planned}" if planned else "") + " points recorded"
 
 
 def _json_default(value):

@@ -26,27 +26,28 @@ from __future__ import annotations
 
 import ast
 import difflib
-import hashlib
 import itertools
-import json
+import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from . import semantics
+from .cases import ACCEPT_FORMS, MODES, STORAGES, Case, Point, parse_accept  # noqa: F401  (re-exported)
+from .errors import UserError
+from .rules import Rule, RuleError, compile_rule
 
-MODES = ("extend", "verify", "draft_extend", "decode")
-STORAGES = ("paged", "ragged")
 PAGE_LAYOUTS = ("scattered", "contiguous")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
           "half": "float16", "float32": "float32", "fp32": "float32"}
 BACKENDS = ("fa2", "fa3", "auto")
-ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """A scenario file problem, phrased for the person who wrote the file."""
 
     def __init__(self, path, field_name: str, message: str):
@@ -87,23 +88,6 @@ def _sliding_window(value):
     return _int(1, "an integer >= 1 (HF convention: W + 1 keys), or -1 for no window")(value)
 
 
-def parse_accept(value) -> tuple[str, float]:
-    """'uniform' | 'full' | 'fixed:N' | 'geometric:P' -> (kind, parameter)."""
-    if not isinstance(value, str):
-        raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
-    kind, _, arg = value.partition(":")
-    try:
-        if kind in ("uniform", "full") and not arg:
-            return kind, 0.0
-        if kind == "fixed" and int(arg) >= 1:
-            return kind, float(int(arg))
-        if kind == "geometric" and 0.0 < float(arg) < 1.0:
-            return kind, float(arg)
-    except ValueError:
-        pass
-    raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
-
-
 def _accept(value):
     parse_accept(value)
     return value
@@ -135,67 +119,6 @@ DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout":
             "backend": "fa2", "seed": 0, "accept": "uniform"}
 
 
-# ---------------------------------------------------------------- cases and points
-
-@dataclass(frozen=True)
-class Case:
-    """One shape a server step presents; per-request lengths are drawn from it (workloads)."""
-
-    mode: str
-    storage: str
-    batch_size: int
-    prefix_len: int | None  # keys before the first query (None when seq_len fixes the total)
-    seq_len: int | None  # total keys per request (draft_extend: prefix = seq_len - accepted)
-    qo_len: int  # extend length, draft-token block, or 1 for decode
-    accept: str | None  # draft_extend's acceptance-length distribution
-    window_left: int
-    page_size: int | None  # None for ragged storage
-    page_layout: str | None
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    seed: int
-
-    @property
-    def sliding_window(self) -> int:
-        return semantics.sliding_window_of(self.window_left)
-
-    @property
-    def case_id(self) -> str:
-        """Stable across runs and machines: the same shape gets the same id (compare joins on it)."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.sha1(blob).hexdigest()[:12]
-
-    @property
-    def label(self) -> str:
-        ctx = f"p{self.prefix_len}" if self.prefix_len is not None else f"s{self.seq_len}"
-        q = f"q{self.qo_len}" + (f"~{self.accept}" if self.accept else "")
-        store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
-            if self.storage == "paged" else "ragged"
-        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
-                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype} s{self.seed}")
-
-    def axes(self) -> dict:
-        """The case's columns for the results table."""
-        row = asdict(self)
-        row["sliding_window"] = self.sliding_window
-        return row
-
-
-@dataclass(frozen=True)
-class Point:
-    """One row of results: a case through one implementation on one backend."""
-
-    case: Case
-    impl: str
-    backend: str  # FlashInfer backend, or the implementation's library for the others
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.case.case_id, self.impl, self.backend)
-
-
 @dataclass
 class Scenario:
     name: str
@@ -213,28 +136,15 @@ class Scenario:
 
 # ---------------------------------------------------------------- skip rules
 
-_SAFE_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
-               ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn,
-               ast.Is, ast.IsNot, ast.Name, ast.Load, ast.Constant, ast.BinOp, ast.Add, ast.Sub,
-               ast.Mult, ast.FloorDiv, ast.Mod, ast.Tuple, ast.List)
 SKIP_NAMES = tuple(AXES) + ("kv_len", "impl", "backend", "group")
 
 
-def _compile_rule(expr, path, where):
-    if not isinstance(expr, str):
-        raise ScenarioError(path, where, f"must be an expression string, got {expr!r}")
+def _compile_rule(expr, path, where) -> Rule:
+    """A [[skip]] rule's `when`, checked when the file loads (the Rule keeps `where` for messages)."""
     try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as e:
-        raise ScenarioError(path, where, f"not a valid expression ({e.msg}): {expr!r}") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _SAFE_NODES):
-            raise ScenarioError(path, where, f"only comparisons, and/or/not and + - * // % are "
-                                             f"allowed; found {type(node).__name__} in {expr!r}")
-        if isinstance(node, ast.Name) and node.id not in SKIP_NAMES:
-            raise ScenarioError(path, where, f"unknown name {node.id!r}{_did_you_mean(node.id, SKIP_NAMES)};"
-                                             f" allowed: {', '.join(SKIP_NAMES)}")
-    return compile(tree, where, "eval")
+        return compile_rule(expr, SKIP_NAMES, where=where)
+    except RuleError as e:
+        raise ScenarioError(path, where, str(e)) from None
 
 
 def _rule_namespace(combo: dict, group: str) -> dict:
@@ -254,12 +164,12 @@ def _rule_namespace(combo: dict, group: str) -> dict:
 
 
 def _skip_reason(rules, ns: dict, path) -> str | None:
-    for code, reason in rules:
+    for rule, reason in rules:
         try:
-            if eval(code, {"__builtins__": {}}, ns):
+            if rule.evaluate(ns):
                 return reason
-        except TypeError as e:  # e.g. comparing an unset axis (None) with a number
-            raise ScenarioError(path, code.co_filename, f"cannot be evaluated for {ns['group']}: {e}") from None
+        except RuleError as e:  # e.g. comparing an unset axis (None) with a number
+            raise ScenarioError(path, rule.where, f"cannot be evaluated for {ns['group']}: {e}") from None
     return None
 
 
@@ -383,9 +293,26 @@ def read(path) -> tuple[dict, str]:
         raise ScenarioError(path, "file", f"not valid TOML ({e})") from None
 
 
+NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 100 characters"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_name(name) -> str:
+    """A scenario name is a slug: it names the run folder, which must stay under the results root."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"must be {NAME_RULE}; got {name!r}")
+    return name
+
+
 def declared_name(doc: dict, path) -> str:
-    """The scenario's ``name``, else its file's stem."""
-    return str(doc.get("name", Path(path).stem))
+    """The scenario's ``name`` (checked), else its file's stem made a slug."""
+    if "name" in doc:
+        try:
+            return check_name(doc["name"])
+        except ValueError as e:
+            raise ScenarioError(path, "name", str(e)) from None
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(path).stem).lstrip("._-")[:100]
+    return stem or "scenario"
 
 
 def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
@@ -393,6 +320,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         if key not in TOP_LEVEL:
             hint = " (sweep axes go under [fixed] or [[sweep]])" if key in AXES else _did_you_mean(key, TOP_LEVEL)
             raise ScenarioError(path, key, f"unknown top-level key{hint}; allowed: {', '.join(TOP_LEVEL)}")
+    name = declared_name(doc, path)
     impls = _check_impls(doc.get("implementations"), path, "implementations")
     if impl_filter:
         impls = [n for n in _check_impls(list(impl_filter), path, "--impl") if n in impls] or \
@@ -434,7 +362,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                     case = case or make_case(combo, path, where)
                     points.append(Point(case, impl_name, backend))
     points = list(dict.fromkeys(points))
-    return Scenario(name=declared_name(doc, path), path=str(path), text=text,
+    return Scenario(name=name, path=str(path), text=text,
                     description=str(doc.get("description", "")), implementations=impls,
                     points=points, skipped=skipped)
 
@@ -445,7 +373,7 @@ def _no_impl_left(path, wanted, available):
 
 
 def find(name_or_path: str, search_dirs=None) -> Path:
-    """A scenario by path, or by name in ./scenarios and the checkout's scenarios/."""
+    """A scenario by path, or by name in ./scenarios and then among the shipped ones."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         return p
@@ -459,7 +387,77 @@ def find(name_or_path: str, search_dirs=None) -> Path:
                                                   f"{_did_you_mean(name_or_path, known)}; known: {', '.join(known)}")
 
 
+def shipped_dir() -> Path:
+    """The shipped scenario files: package data of the installed package (the checkout's top-level
+    scenarios/, mapped by pyproject.toml), or the checkout's own folder when run from a checkout."""
+    try:
+        return Path(str(resources.files("swabench.scenario_files")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "scenarios"
+
+
 def scenario_dirs() -> list[Path]:
-    here = Path.cwd() / "scenarios"
-    shipped = Path(__file__).resolve().parent.parent / "scenarios"
-    return list(dict.fromkeys([here, shipped]))
+    """Where names are looked up: ./scenarios first (a user's own files), then the shipped ones."""
+    dirs = [Path.cwd() / "scenarios", shipped_dir()]
+    return list({d.resolve(): d for d in dirs}.values())
+
+
+def select(scenario: Scenario, cases) -> Scenario:
+    """Keep the points whose case id starts with, or whose label contains, one of ``cases``."""
+    if not cases:
+        return scenario
+    keep = [p for p in scenario.points if any(p.case.case_id.startswith(c) or c in p.case.label for c in cases)]
+    if not keep:
+        raise ScenarioError(scenario.path, "--case", f"no case of {scenario.name} matches {', '.join(cases)} "
+                                                     f"(give a case_id prefix or part of a label, see `swabench show`)")
+    scenario.points = keep
+    return scenario
+
+
+def axis_values(cases) -> dict:
+    """Each axis and the values the cases give it, in order of appearance."""
+    out = {}
+    for case in cases:
+        for k, v in case.axes().items():
+            if v is not None and v not in out.setdefault(k, []):
+                out[k].append(v)
+    return out
+
+
+def listing() -> str:
+    """One line per scenario file that ``find`` can name, the broken ones with their error."""
+    lines = []
+    for d in scenario_dirs():
+        for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            try:
+                s = load(path)
+                lines.append(f"  {s.name:10s} {len(s.points):5d} points  {s.description}")
+            except ScenarioError as e:
+                lines.append(f"  {path.stem:10s} invalid: {e}")
+    return "\n".join(lines)
+
+
+def describe(s: Scenario, each_case: bool = False) -> str:
+    """What ``swabench show`` prints: points per implementation, the axes, the largest case's memory
+    estimate (every case's with ``each_case``), and the points the skip rules removed."""
+    from . import workloads
+    from .impls import registry
+
+    lines = [f"{s.name}: {s.description}", f"file: {s.path}",
+             f"{len(s.cases)} cases, {len(s.points)} points (case x implementation x backend)"]
+    per_impl = Counter(p.impl for p in s.points)
+    for name in s.implementations:
+        backends = sorted({p.backend for p in s.points if p.impl == name})
+        lines.append(f"  {name:22s} {registry.get(name).kind:9s} {per_impl[name]:5d} points  "
+                     f"backends: {', '.join(backends) or '-'}")
+    lines.append("axes:")
+    lines += [f"  {axis:14s} {', '.join(map(str, values))}" for axis, values in axis_values(s.cases).items()]
+    sizes = {c: workloads.footprint(c, "cuda") for c in s.cases}
+    if sizes:
+        big = max(sizes, key=lambda c: sizes[c].device_bytes)
+        lines.append(f"memory: the largest case needs {sizes[big].describe()}: {big.label}")
+    lines += [f"  {c.case_id}  {sizes[c].describe():44s} {c.label}" for c in s.cases if each_case]
+    if s.skipped:
+        lines.append(f"skipped by the scenario's rules: {len(s.skipped)} points")
+        lines += [f"  {n:5d}  {reason}" for reason, n in Counter(s.skipped).most_common()]
+    return "\n".join(lines)

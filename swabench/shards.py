@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import results
+from .errors import UserError
 from .impls import registry
 from .scenarios import Scenario
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     pass
 
 
@@ -43,9 +44,18 @@ POINT_S = 0.12
 COMPILE_S = 20.0
 
 
-def point_costs(folder) -> dict[tuple, float]:
+def describe_costs(costs_from) -> str:
+    """How a shard's point costs were known, for its meta.json."""
+    if costs_from:
+        return f"measured in {costs_from}"
+    return f"estimated ({POINT_S} s a point, {COMPILE_S} s a per-process compiled kernel)"
+
+
+def point_costs(folder) -> dict[tuple, float] | None:
     """Seconds each point took in an earlier run folder, its case's workload build charged to the
-    case's first point."""
+    case's first point (None without a folder: the shards use estimates)."""
+    if not folder:
+        return None
     table, _ = results.load(folder)
     if "point_s" not in table:
         raise ShardError(f"--costs-from {folder}: this run has no point_s column (made before swabench "
@@ -107,6 +117,13 @@ def assign(scenario: Scenario, count: int, costs: dict[tuple, float] | None = No
     return where
 
 
+def select_shard(scenario: Scenario, spec: str, costs_from=None) -> dict:
+    """Keep shard ``spec`` ('I/N') of the scenario's points; what to record of it in meta.json."""
+    index, count = parse_shard(spec)
+    shard(scenario, index, count, point_costs(costs_from))
+    return {"index": index, "count": count, "cases": len(scenario.cases), "costs": describe_costs(costs_from)}
+
+
 def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] | None = None) -> Scenario:
     """Keep the points ``assign`` gives to shard ``index``."""
     where = assign(scenario, count, costs)
@@ -114,12 +131,36 @@ def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] 
     return scenario
 
 
-def merge(out: Path, folders: list[Path]) -> tuple[results.RunStore, pd.DataFrame]:
-    """One run folder from several shards of the same scenario file: its store and table."""
-    metas = [results.load_meta(f) for f in folders]
+def check_complete(metas: list[dict], folders) -> str | None:
+    """Why these shard folders are not every shard of one sweep (None when they are, or when none
+    was made as a shard)."""
+    sharding = [m.get("sharding") for m in metas]
+    if not any(sharding):
+        return None
+    if not all(sharding):
+        return "some folders are shards and some are not"
+    counts = {s["count"] for s in sharding}
+    if len(counts) != 1:
+        return f"the shards were cut into different numbers of parts ({sorted(counts)})"
+    count = counts.pop()
+    missing = sorted(set(range(count)) - {s["index"] for s in sharding})
+    if missing:
+        return f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing from {len(folders)} folder(s)"
+    return None
+
+
+def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[results.RunStore, pd.DataFrame]:
+    """One run folder from the shards of one scenario file: its store and table.  Refuses a set that
+    misses shards unless ``partial`` (the merged folder then says it is incomplete)."""
+    from . import environment
+
+    metas = [results.read_meta(f) for f in folders]
     hashes = {m.get("scenario_sha256") for m in metas}
     if len(hashes) != 1:
         raise ShardError("these run folders ran different scenario files; only shards of one sweep merge")
+    gap = check_complete(metas, folders)
+    if gap and not partial:
+        raise ShardError(f"{gap}; merge them all, or pass --partial to merge what is there")
     text = (Path(folders[0]) / results.SCENARIO).read_text()
     rows, seen = [], {}
     for folder in folders:
@@ -129,13 +170,18 @@ def merge(out: Path, folders: list[Path]) -> tuple[results.RunStore, pd.DataFram
                 raise ShardError(f"point {key} is in both {seen[key]} and {folder}: overlapping shards")
             seen[key] = folder
             rows.append(row)
-    per_shard = ("rows", "status_counts", "wall_s", "setup_s", "total_s", "sharding", "state",
-                 "cuda_visible_devices", "gpu_uuid", "host")
+    per_shard = ("rows", "status_counts", "wall_s", "setup_s", "total_s", "sharding", "state", "points",
+                 "cuda_visible_devices", "gpu_uuid", "host", "format_version")
     meta = {k: v for k, v in metas[0].items() if k not in per_shard}
     meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
-                wall_s=max(m.get("wall_s", 0.0) for m in metas))
+                wall_s=max(m.get("wall_s", 0.0) for m in metas), command=environment.collect_command(),
+                points=sum(m.get("points") or 0 for m in metas) or None)
     store = results.RunStore.create(out, meta, text)
-    store.extend(rows)
-    table = store.finalize(state="complete" if all(m.get("state") == "complete" for m in metas) else "incomplete")
+    try:
+        store.extend(rows)
+        whole = not gap and all(m.get("state") == "complete" for m in metas)
+        table = store.finalize(state="complete" if whole else "incomplete")
+    finally:
+        store.close()
     return store, table

@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import gate, scenarios, semantics, timing, workloads
+from . import gate, semantics, timing, workloads
+from .cases import Point
 from .impls import registry
-from .profiling import nvtx_range
-from .scenarios import Point, Scenario
+from .markers import nvtx_range, point_range_name
+from .scenarios import Scenario, make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
@@ -98,7 +99,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
             else:
                 runner.plan()
         row.update(resolved_backend=runner.resolved_backend, wrapper=getattr(runner, "wrapper_mode", None),
-                   compile_s=getattr(runner, "compile_s", None))
+                   compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)
         row.update(result.columns())
@@ -112,8 +113,10 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         return row
     except registry.Unsupported as e:
         return {**row, "status": "skip", "reason": str(e)}
-    except torch.cuda.OutOfMemoryError:
-        return {**row, "status": "skip", "reason": "out of memory"}
+    except registry.ResourceError as e:
+        return {**row, "status": "skip", "reason": f"resource: {e}"}
+    except torch.cuda.OutOfMemoryError as e:
+        return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
     except Exception as e:  # a crash is a failed point, not a failed sweep
         return {**row, "status": "fail", "reason": f"{type(e).__name__}: {e}"}
 
@@ -141,11 +144,22 @@ class WarmUp:
     wall_s: float
     jobs: int
     cache_dir: str | None
+    failed: dict[str, str] = field(default_factory=dict)  # signature -> the library's message (its points skip)
 
     def describe(self) -> dict:
         return {"jit_warmup_s": {k: round(v, 3) for k, v in self.seconds.items()}, "jit_built": self.built,
                 "jit_warmup_wall_s": round(self.wall_s, 1), "jit_warmup_jobs": self.jobs,
-                "jit_cache_dir": self.cache_dir}
+                "jit_cache_dir": self.cache_dir, "jit_failed": self.failed}
+
+    def text(self) -> str:
+        """What ``swabench warmup`` prints: each signature's seconds, slowest first, and what was built."""
+        lines = [f"{seconds:8.1f} s  {label}" + (f"  FAILED: {self.failed[label]}" if label in self.failed else "")
+                 for label, seconds in sorted(self.seconds.items(), key=lambda kv: -kv[1])]
+        lines += [f"JIT cache: {self.cache_dir}", f"compiled {len(self.built)} module(s)"]
+        lines += [f"  {m}" for m in self.built]
+        lines.append(f"{len(self.seconds)} module signatures: {self.wall_s:.1f} s wall with {self.jobs} at once "
+                     f"(their times add up to {sum(self.seconds.values()):.1f} s)")
+        return "\n".join(lines)
 
 
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
@@ -153,8 +167,6 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
     the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
     apart)."""
-    from .impls import flashinfer_impls
-
     todo: dict[str, Point] = {}
     for p in points:
         impl, c = registry.get(p.impl), p.case
@@ -162,28 +174,37 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
             window = "window" if c.window_left >= 0 else "no-window"
             todo.setdefault(f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {window}", p)
 
-    def build(item: tuple[str, Point]) -> tuple[str, float]:
+    def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
+        """(signature, seconds, why it could not be built or None): a module the library cannot
+        build is its points' business (each records the skip), not the sweep's end."""
         label, p = item
         c = p.case
-        tiny = scenarios.make_case(dict(
+        tiny = make_case(dict(
             mode="verify", qo_len=4, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
             storage=c.storage, page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads,
             num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype))
-        t0 = time.perf_counter()
+        t0, error = time.perf_counter(), None
         with nvtx_range(f"warm-up {label}"):
-            runner = registry.get(p.impl).make(workloads.build(tiny, device), p.backend)
-            runner.plan()
-            runner.run()
-            torch.cuda.synchronize(device)
-        return label, time.perf_counter() - t0
+            try:
+                runner = registry.get(p.impl).make(workloads.build(tiny, device), p.backend)
+                runner.plan()
+                runner.run()
+                torch.cuda.synchronize(device)
+            except Exception as e:
+                error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return label, time.perf_counter() - t0, error
 
-    before, started = flashinfer_impls.jit_modules(), time.perf_counter()
+    libraries = registry.libraries()
+    before, started = [lib.jit_modules() for lib in libraries], time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        seconds = dict(pool.map(build, todo.items()))
+        built_or_not = list(pool.map(build, todo.items()))
     wall = time.perf_counter() - started
-    after = flashinfer_impls.jit_modules()
-    built = sorted(name for name, mtime in after.items() if before.get(name) != mtime)
-    return WarmUp(seconds, built, wall, jobs, flashinfer_impls.jit_cache_dir())
+    seconds = {label: t for label, t, _ in built_or_not}
+    failed = {label: error for label, _, error in built_or_not if error}
+    built = sorted(name for lib, old in zip(libraries, before)
+                   for name, mtime in lib.jit_modules().items() if old.get(name) != mtime)
+    cache = ", ".join(filter(None, (lib.jit_cache_dir() for lib in libraries))) or None
+    return WarmUp(seconds, built, wall, jobs, cache, failed)
 
 
 def points_by_case(points: list[Point]) -> dict:
@@ -212,7 +233,7 @@ def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
                         row = {**base_row(point, None, options.device), "status": "skip",
                                "reason": "out of memory building the workload"}
                     else:
-                        with nvtx_range(f"{point.impl} [{point.backend}] #{case.case_id}"):
+                        with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):
                             row = measure_point(point, w, options)
                     # where the sweep's time goes (plan, gate, timing and compiles), for the next run's shards
                     row.update(point_s=time.perf_counter() - started, workload_s=workload_s)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .profiling import nvtx_range
+from .markers import nvtx_range
 
 
 @dataclass

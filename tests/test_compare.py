@@ -1,9 +1,15 @@
 import json
 import random
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
+from conftest import invoke
 
-from swabench import compare
+from swabench import compare, results
 from swabench.results import RunStore
 
 
@@ -15,16 +21,20 @@ def test_mann_whitney_matches_the_asymptotic_reference():
     assert u == 3.5 and abs(p - 0.004793348746185457) < 1e-12
 
 
-def fake_run(folder, medians: dict, gpu="NVIDIA H200", status=None, seed=0):
-    """A run folder whose kernel samples are drawn around the given medians (1% jitter)."""
+def fake_run(folder, medians: dict, gpu="NVIDIA H200", status=None, seed=0, scenario="synthetic",
+             case_id="c1", state="complete"):
+    """A run folder whose kernel samples are drawn around the given medians (1% jitter); a median of
+    None is a point that was not timed."""
     rng = random.Random(seed)
-    store = RunStore.create(folder, {"gpu": gpu, "scenario": "synthetic"}, "synthetic")
+    store = RunStore.create(folder, {"gpu": gpu, "scenario": scenario}, scenario)
     for impl, median in medians.items():
-        samples = [median * (1 + rng.uniform(-0.01, 0.01)) for _ in range(40)]
-        store.append({"case_id": "c1", "case": "verify c1", "impl": impl, "backend": "fa2",
-                      "status": (status or {}).get(impl, "pass"), "median_us": sorted(samples)[20],
-                      "samples": {"kernel": samples}})
-    store.finalize()
+        row = {"case_id": case_id, "case": f"verify {case_id}", "impl": impl, "backend": "fa2",
+               "status": (status or {}).get(impl, "pass")}
+        if median is not None:
+            samples = [median * (1 + rng.uniform(-0.01, 0.01)) for _ in range(40)]
+            row.update(median_us=sorted(samples)[20], samples={"kernel": samples})
+        store.append(row)
+    store.finalize(state=state)
     return folder
 
 
@@ -32,18 +42,21 @@ def test_verdicts_on_synthetic_samples(tmp_path):
     base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0, "c": 30.0, "d": 40.0}, seed=1)
     new = fake_run(tmp_path / "new", {"a": 10.0, "b": 24.0, "c": 21.0, "d": 40.4}, seed=2,
                    status={"d": "pass"})
-    table, _, _ = compare.compare(base, new)
-    verdicts = dict(zip(table["impl"], table["verdict"]))
+    c = compare.compare(base, new)
+    verdicts = dict(zip(c.table["impl"], c.table["verdict"]))
     assert verdicts == {"a": "same", "b": "regression", "c": "improvement", "d": "same"}  # d: 1% is under 5%
-    assert list(table["verdict"])[:2] == ["regression", "improvement"]  # listed first
-    assert json.loads(compare.to_json(table))[0]["impl"] == "b"
+    assert list(c.table["verdict"])[:2] == ["regression", "improvement"]  # listed first
+    assert json.loads(compare.to_json(c))[0]["impl"] == "b"
+    assert (c.joined, c.only_base, c.only_new, c.regressions, c.warnings) == (4, 0, 0, 1, [])
+    text = compare.to_markdown(c, 0.05, 0.01)
+    assert "4 points joined (0 only in BASE, 0 only in NEW)" in text and "Warnings" not in text
 
 
 def test_a_correct_implementation_that_starts_failing_is_a_regression(tmp_path):
     base = fake_run(tmp_path / "base", {"a": 10.0})
     new = fake_run(tmp_path / "new", {"a": 10.0}, status={"a": "fail"})
-    table, _, _ = compare.compare(base, new)
-    assert list(table["verdict"]) == ["regression"]
+    c = compare.compare(base, new)
+    assert list(c.table["verdict"]) == ["regression"] and c.regressions == 1
 
 
 def test_refuses_different_gpus_unless_told(tmp_path):
@@ -51,4 +64,243 @@ def test_refuses_different_gpus_unless_told(tmp_path):
     new = fake_run(tmp_path / "new", {"a": 10.0}, gpu="NVIDIA H100")
     with pytest.raises(compare.CompareError, match="H200.*H100.*--allow-different-gpus"):
         compare.compare(base, new)
-    assert compare.compare(base, new, allow_different_gpus=True)[0]["verdict"].tolist() == ["same"]
+    c = compare.compare(base, new, allow_different_gpus=True)
+    assert c.table["verdict"].tolist() == ["same"]
+    assert any("H200" in w and "H100" in w for w in c.warnings)  # allowed, but said
+
+
+def test_points_only_in_one_run_are_counted(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0, "c": 30.0})
+    new = fake_run(tmp_path / "new", {"a": 10.0, "d": 5.0})
+    c = compare.compare(base, new)
+    assert (c.joined, c.only_base, c.only_new) == (1, 2, 1)
+    assert "1 points joined (2 only in BASE, 1 only in NEW)" in compare.to_markdown(c, 0.05, 0.01)
+
+
+# ------------------------------------------------------------------ options
+
+@pytest.mark.parametrize("threshold, alpha, match", [
+    (-1, 0.01, r"--threshold must be >= 0 \(a relative change, 0.05 = 5%\), got -1"),
+    (float("nan"), 0.01, "--threshold must be a finite number >= 0.*got nan"),
+    (float("inf"), 0.01, "--threshold must be a finite number >= 0.*got inf"),
+    ("five", 0.01, "--threshold must be a number"),
+    (0.05, 5, "--alpha must be between 0 and 1.*got 5"),
+    (0.05, 0, "--alpha must be between 0 and 1.*got 0"),
+    (0.05, 1, "--alpha must be between 0 and 1.*got 1"),
+    (0.05, -0.1, "--alpha must be between 0 and 1.*got -0.1"),
+    (0.05, float("nan"), "--alpha must be between 0 and 1.*got nan"),
+])
+def test_validate_refuses_options_out_of_range(threshold, alpha, match):
+    with pytest.raises(compare.CompareError, match=match):
+        compare.validate(threshold, alpha)
+
+
+def test_validate_accepts_the_edges_inside_the_range(tmp_path):
+    for threshold, alpha in [(0, 0.5), (0.05, 0.01), (2.0, 0.999)]:
+        compare.validate(threshold, alpha)
+    run = fake_run(tmp_path / "run", {"a": 10.0})
+    with pytest.raises(compare.CompareError, match="--threshold"):  # compare() checks too
+        compare.compare(run, run, threshold=-1)
+
+
+# ------------------------------------------------------------------ warnings
+
+def test_different_scenarios_are_a_warning(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0}, scenario="one")
+    new = fake_run(tmp_path / "new", {"a": 10.0}, scenario="two")
+    c = compare.compare(base, new)
+    assert c.joined == 1 and len(c.warnings) == 1
+    assert "different scenarios" in c.warnings[0] and "'one'" in c.warnings[0] and "'two'" in c.warnings[0]
+    assert "different scenarios" in compare.to_markdown(c, 0.05, 0.01)
+    same = fake_run(tmp_path / "same", {"a": 10.0}, scenario="one", seed=3)
+    assert compare.compare(base, same).warnings == []
+
+
+def test_a_run_that_timed_nothing_is_a_warning(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0})
+    check = fake_run(tmp_path / "check", {"a": None, "b": None}, status={"b": "fail"})
+    c = compare.compare(base, check)
+    assert [w for w in c.warnings if w.startswith("NEW timed nothing")]
+    assert dict(zip(c.table["impl"], c.table["verdict"])) == {"a": "same", "b": "regression"}
+
+
+# ------------------------------------------------------------------ an interrupted run, made by the CLI
+
+SMALL = textwrap.dedent("""
+    name = "small"
+    implementations = ["torch-trim", "torch-mask"]
+    [fixed]
+    num_qo_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    dtype = "bfloat16"
+    batch_size = 2
+    [[sweep]]
+    mode = ["verify"]
+    draft_tokens = 4
+    prefix_len = 40
+    window_left = [3, 15]
+    storage = ["paged", "ragged"]
+    """)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """A finished CPU run of SMALL (4 cases x 2 implementations), made once for this module."""
+    folder = tmp_path_factory.mktemp("cpu")
+    scenario = folder / "small.toml"
+    scenario.write_text(SMALL)
+    r = invoke("run", scenario, "--out", folder / "run", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    return folder / "run"
+
+
+def interrupt(run, out, keep: int):
+    """A copy of ``run`` as an interrupted sweep leaves it: the first ``keep`` rows in the journal,
+    no results.csv / samples.csv, meta.json state "interrupted"."""
+    shutil.copytree(run, out)
+    (out / results.TABLE).unlink()
+    (out / results.SAMPLES).unlink()
+    lines = (out / results.ROWS).read_text().splitlines(keepends=True)
+    (out / results.ROWS).write_text("".join(lines[:keep]) + lines[keep][:20])  # and a half-written line
+    meta = json.loads((out / results.META).read_text())
+    (out / results.META).write_text(json.dumps({**meta, "state": "interrupted"}))
+    return out
+
+
+def test_an_interrupted_run_compares_with_a_warning(cpu_run, tmp_path):
+    total = len(results.read_rows(cpu_run))
+    assert total == 8
+    partial = interrupt(cpu_run, tmp_path / "partial", keep=5)
+    c = compare.compare(cpu_run, partial)
+    assert (c.joined, c.only_base, c.only_new) == (5, 3, 0)
+    assert len(c.warnings) == 1
+    assert re.fullmatch(r"NEW is not a complete run \(interrupted: 5 (of 8 )?points\)", c.warnings[0])
+    text = compare.to_markdown(c, 0.05, 0.01)
+    assert "5 points joined (3 only in BASE, 0 only in NEW)" in text and c.warnings[0] in text
+    assert c.table.loc[c.table["verdict"] != "only in one run", "p"].notna().all()  # samples from the journal
+    # The other way round, against a published folder (results.csv and samples.csv, no journal).
+    published = shutil.copytree(cpu_run, tmp_path / "published")
+    (published / results.ROWS).unlink()
+    c = compare.compare(partial, published)
+    assert (c.joined, c.only_base, c.only_new) == (5, 0, 3)
+    assert len(c.warnings) == 1 and c.warnings[0].startswith("BASE is not a complete run (interrupted: 5 ")
+    assert c.table.loc[c.table["verdict"] != "only in one run", "p"].notna().all()
+
+
+def test_a_run_with_no_points_is_refused(cpu_run, tmp_path):
+    empty = interrupt(cpu_run, tmp_path / "empty", keep=0)
+    with pytest.raises(compare.CompareError, match=r"NEW .*empty has no points \(state: interrupted\)"):
+        compare.compare(cpu_run, empty)
+
+
+def test_no_point_in_common_is_refused(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0}, case_id="c1")
+    new = fake_run(tmp_path / "new", {"a": 10.0}, case_id="c2")
+    with pytest.raises(compare.CompareError, match="no point in common"):
+        compare.compare(base, new)
+
+
+# ------------------------------------------------------------------ garbage in
+
+@pytest.fixture
+def good(tmp_path):
+    return fake_run(tmp_path / "good", {"a": 10.0, "b": 20.0})
+
+
+def published_copy(run, out):
+    """``run`` as a published folder: results.csv and samples.csv, no journal."""
+    shutil.copytree(run, out)
+    (out / results.ROWS).unlink()
+    return out
+
+
+def test_a_folder_that_is_not_a_run_is_refused(good, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("hello")
+    with pytest.raises(compare.CompareError, match=r"NEW .*notes is not a swabench run folder \(no meta.json\)"):
+        compare.compare(good, tmp_path / "notes")
+    with pytest.raises(compare.CompareError, match=r"BASE .*README.md is not a folder"):
+        compare.compare(tmp_path / "notes" / "README.md", good)
+    (tmp_path / "meta-only").mkdir()
+    (tmp_path / "meta-only" / results.META).write_text("{}")
+    with pytest.raises(compare.CompareError, match="neither rows.jsonl nor results.csv"):
+        compare.compare(good, tmp_path / "meta-only")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "not valid JSON"),
+    ("", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    (b"\xff\xfe\x00garbage", "(not valid JSON|unreadable)"),
+])
+def test_garbage_meta_json_is_refused(good, tmp_path, text, match):
+    bad = shutil.copytree(good, tmp_path / "bad")
+    path = bad / results.META
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    with pytest.raises(compare.CompareError, match=rf"^NEW .*bad.*meta\.json.*{match}"):
+        compare.compare(good, bad)
+
+
+@pytest.mark.parametrize("name, drop, match", [
+    (results.TABLE, "status", r"results\.csv.* no column status"),
+    (results.TABLE, "case_id", r"results\.csv.* no column case_id"),
+    (results.TABLE, "impl", r"results\.csv.* no column impl"),
+    (results.SAMPLES, "value_us", r"samples\.csv.* no column value_us"),
+    (results.SAMPLES, "backend", r"samples\.csv.* no column backend"),
+])
+def test_a_csv_missing_columns_is_refused(good, tmp_path, name, drop, match):
+    import pandas as pd
+    bad = published_copy(good, tmp_path / "bad")
+    pd.read_csv(bad / name).drop(columns=[drop]).to_csv(bad / name, index=False)
+    with pytest.raises(compare.CompareError, match=f"^BASE .*bad.*{match}"):
+        compare.compare(bad, good)
+
+
+@pytest.mark.parametrize("name, text, match", [
+    (results.TABLE, "", r"results\.csv (is unreadable|cannot be read).*EmptyDataError"),
+    (results.SAMPLES, "", r"samples\.csv (is unreadable|cannot be read).*EmptyDataError"),
+    (results.TABLE, 'case_id,impl,backend,status\nc1,a,fa2,pass\n"c2,b',
+     r"results\.csv (is unreadable|cannot be read)"),
+])
+def test_a_damaged_csv_is_refused(good, tmp_path, name, text, match):
+    bad = published_copy(good, tmp_path / "bad")
+    (bad / name).write_text(text)
+    with pytest.raises(compare.CompareError, match=f"^NEW .*bad.*{match}"):
+        compare.compare(good, bad)
+
+
+def test_a_published_folder_without_samples_is_refused(good, tmp_path):
+    bad = published_copy(good, tmp_path / "bad")
+    (bad / results.SAMPLES).unlink()
+    with pytest.raises(compare.CompareError, match="has results.csv but no samples.csv"):
+        compare.compare(good, bad)
+
+
+def test_a_damaged_journal_is_refused(good, tmp_path):
+    bad = shutil.copytree(good, tmp_path / "bad")
+    with open(bad / results.ROWS, "a") as f:
+        f.write(json.dumps({"impl": "x", "backend": "fa2"}) + "\n")  # a row without its case_id
+    with pytest.raises(compare.CompareError, match=r"^NEW .*bad.*rows\.jsonl.*damaged"):
+        compare.compare(good, bad)
+
+
+# ------------------------------------------------------------------ start-up
+
+def test_importing_compare_does_not_import_matplotlib():
+    code = ("import sys, swabench.compare; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_cli_exits_2_on_a_compare_error_and_1_on_a_regression(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0}, seed=1)
+    new = fake_run(tmp_path / "new", {"a": 10.0, "b": 24.0}, seed=2)
+    (tmp_path / "notes").mkdir()
+    r = invoke("compare", base, tmp_path / "notes")
+    assert r.exit_code == 2 and "is not a swabench run folder" in r.output
+    r = invoke("compare", base, new, "--threshold", "-1")
+    assert r.exit_code == 2 and "--threshold must be >= 0" in r.output
+    assert invoke("compare", base, new).exit_code == 1
+    assert invoke("compare", base, base).exit_code == 0

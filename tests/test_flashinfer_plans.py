@@ -12,11 +12,36 @@ from swabench.impls import flashinfer_impls as fi
 from swabench.impls import registry
 
 
+MIB = 1 << 20
+
+
+def overflow_message(nbytes, available):
+    """FlashInfer 0.7.2.post1's message, as tvm-ffi raises it (RuntimeError) from AlignedAllocator."""
+    return (f"Error in function 'aligned_alloc' at /tmp/site/flashinfer/data/include/flashinfer/allocator.h:71: "
+            f"Buffer overflow when allocating memory for batch_prefill_tmp_v with size {nbytes} and "
+            f"alignment 16, but only {available} bytes available in AlignedAllocator. "
+            f"Increase the workspace buffer size.")
+
+
 class FakeWrapper:
+    """Plans anything whose float workspace holds ``need`` bytes; ``count`` is what its
+    ``workspace_size`` answers (None: a FlashInfer without the count)."""
+    need = 0
+    count = None
+    built = []  # workspace size of every wrapper constructed, in MiB
+
     def __init__(self, workspace, layout, backend="auto", **bufs):
-        self.bufs, self._backend = bufs, backend
+        self.bufs, self._backend, self.workspace = bufs, backend, workspace
+        FakeWrapper.built.append(workspace.numel() // MIB)
+
+    def __getattr__(self, name):
+        if name == "workspace_size" and FakeWrapper.count is not None:
+            return lambda *args, **kwargs: (FakeWrapper.count, 8 << 10)
+        raise AttributeError(name)
 
     def plan(self, *args, uniform_q_len=None, **kwargs):
+        if self.workspace.numel() < FakeWrapper.need:
+            raise RuntimeError(overflow_message(FakeWrapper.need, self.workspace.numel()))
         self.args, self.kwargs = args, {**kwargs, "uniform_q_len": uniform_q_len}
 
 
@@ -25,8 +50,13 @@ def fake_flashinfer(monkeypatch):
     module = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=FakeWrapper,
                                    BatchPrefillWithRaggedKVCacheWrapper=FakeWrapper)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
-    fi._workspace.cache_clear()
-    monkeypatch.setattr(fi, "_workspace", lambda device: torch.empty(0))
+    monkeypatch.setattr(fi, "_shared", {})
+    # meta tensors have a size and no memory: a 4 GiB workspace costs nothing here
+    monkeypatch.setattr(fi, "_allocate", lambda device, nbytes: torch.empty(nbytes, dtype=torch.uint8,
+                                                                             device="meta"))
+    monkeypatch.setattr(FakeWrapper, "need", 0)
+    monkeypatch.setattr(FakeWrapper, "count", None)
+    monkeypatch.setattr(FakeWrapper, "built", [])
 
 
 def planned(impl, mode="verify", **kw):
@@ -39,6 +69,13 @@ def planned(impl, mode="verify", **kw):
     runner = registry.get(impl).make(w, "fa2")
     runner.plan()
     return runner.wrapper, w
+
+
+def extend_runner(impl="paged-window"):
+    c = scenarios.make_case(dict(mode="extend", extend_len=64, prefix_len=256, batch_size=2, num_qo_heads=8,
+                                 num_kv_heads=2, head_dim=64, window_left=127, page_size=16,
+                                 storage=registry.get(impl).storages[0], dtype="bfloat16"))
+    return registry.get(impl).make(workloads.build(c), "fa2")
 
 
 def test_window_at_plan_and_the_uniform_hint():
@@ -75,3 +112,87 @@ def test_mask_paths_hand_over_the_exact_mask(impl):
     assert "window_left" not in wrapper.kwargs and wrapper.kwargs["causal"] is False
     assert torch.equal(mask, semantics.custom_mask(w.qo_lens, w.kv_lens, semantics.Visibility(31)))
     assert wrapper.bufs["custom_mask_buf"].numel() == semantics.packed_mask_bytes(w.qo_lens, w.kv_lens)
+
+
+@pytest.mark.parametrize("impl", ["paged-window", "ragged-window"])
+def test_a_workload_that_fits_keeps_the_default_workspace(impl):
+    runner = extend_runner(impl)
+    runner.plan()
+    assert runner.workspace_mib == 256 and FakeWrapper.built == [256]
+    runner.plan()  # later plans (timed) plan again on the same wrapper
+    assert FakeWrapper.built == [256]
+
+
+def test_overflow_doubles_the_workspace_on_a_new_wrapper():
+    FakeWrapper.need = 700 * MIB
+    runner = extend_runner("ragged-window")
+    runner.plan()
+    assert runner.workspace_mib == 1024 and FakeWrapper.built == [256, 512, 1024]
+    assert runner.wrapper.workspace.numel() == 1024 * MIB and runner.wrapper.kwargs["window_left"] == 127
+
+
+def test_the_library_count_sizes_the_workspace_before_planning():
+    FakeWrapper.need = FakeWrapper.count = 260 * MIB + 5
+    runner = extend_runner("paged-window")
+    runner.plan()
+    assert runner.workspace_mib == 261 and FakeWrapper.built == [256, 261]
+
+
+def test_runners_share_the_largest_workspace_and_see_their_own_size():
+    FakeWrapper.need = 600 * MIB
+    big = extend_runner()
+    big.plan()
+    FakeWrapper.need = 0
+    small = extend_runner()
+    small.plan()
+    assert (big.workspace_mib, small.workspace_mib) == (1024, 256)
+    assert small.wrapper.workspace.numel() == 256 * MIB  # a view of the shared 1 GiB buffer
+    assert fi._shared["cpu"].numel() == 1024 * MIB
+
+
+def test_beyond_the_cap_is_a_resource_error_with_the_library_message(monkeypatch):
+    monkeypatch.setattr(fi, "WORKSPACE_CAP", 1024 * MIB)
+    FakeWrapper.need = 3000 * MIB
+    runner = extend_runner()
+    with pytest.raises(registry.ResourceError) as e:
+        runner.plan()
+    assert "Buffer overflow when allocating memory for batch_prefill_tmp_v" in str(e.value)
+    assert str(e.value).endswith("at 1024 MiB") and FakeWrapper.built == [256, 512, 1024]
+    assert runner.workspace_mib is None
+
+
+def test_a_failed_build_is_a_resource_error_and_a_crash_is_not(monkeypatch):
+    log = "\n".join(["Ninja build failed. Ninja output:", "[1/3] /usr/local/cuda/bin/nvcc -O3 ... -c x.cu",
+                     'cute/arch/mma_sm90.hpp(1790): error: static assertion failed with "No eligible GMMA '
+                     'operator for request configuration."', "ninja: build stopped: subcommand failed."] * 50)
+
+    def fail(message):
+        def plan(self, *args, **kwargs):
+            raise RuntimeError(message)
+        return plan
+
+    monkeypatch.setattr(FakeWrapper, "plan", fail(log))
+    with pytest.raises(registry.ResourceError) as e:
+        extend_runner().plan()
+    assert str(e.value) == ('Ninja build failed. Ninja output: ... cute/arch/mma_sm90.hpp(1790): error: static '
+                            'assertion failed with "No eligible GMMA operator for request configuration."')
+    monkeypatch.setattr(FakeWrapper, "plan", fail("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(RuntimeError) as e:
+        extend_runner().plan()
+    assert not isinstance(e.value, registry.ResourceError)
+
+
+def test_out_of_memory_while_making_is_a_resource_error(monkeypatch):
+    def oom(device, nbytes):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB.\nmore detail")
+
+    monkeypatch.setattr(fi, "_allocate", oom)
+    with pytest.raises(registry.ResourceError, match=r"^CUDA out of memory. Tried to allocate 256.00 MiB.$"):
+        extend_runner()
+
+
+def test_fa3_with_an_fp8_cache_under_bf16_queries_is_unsupported():
+    c = types.SimpleNamespace(dtype="bfloat16", head_dim=64, kv_dtype="float8_e4m3")
+    impl = registry.get("paged-window")
+    assert "fp8 queries" in impl.unsupported(c, "fa3")
+    assert impl.unsupported(c, "fa2") is None

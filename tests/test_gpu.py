@@ -116,3 +116,16 @@ def test_flex_decode_batch_compiles_and_passes(storage):
     runner, result = gated("flex-window", workloads.build(c, "cuda"), "flex")
     assert result.passed, result.reason
     assert runner.block_mask.BLOCK_SIZE[0] == 256
+
+
+@pytest.mark.parametrize("impl", ["paged-window", "ragged-window"])
+def test_gpt_oss_extend_fits_its_workspace(impl):
+    """GPT-OSS extend (16 x 1024 new tokens after 4096, 64/8 heads, head_dim 64, window 128): fa2's
+    CUDA-graph planner wants 260 MiB of float workspace here (flashinfer 0.7.2.post1), so a fixed
+    256 MiB overflowed; the runner grows it and records the size it planned with."""
+    c = scenarios.make_case(dict(mode="extend", extend_len=1024, prefix_len=4096, batch_size=16, num_qo_heads=64,
+                                 num_kv_heads=8, head_dim=64, window_left=127, page_size=16,
+                                 storage=registry.get(impl).storages[0], dtype="bfloat16"))
+    runner, result = gated(impl, workloads.build(c, "cuda"), "fa2")
+    assert result.passed, result.reason
+    assert isinstance(runner.workspace_mib, int) and runner.workspace_mib > 256

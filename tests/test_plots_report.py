@@ -9,7 +9,9 @@ import pytest
 
 from swabench import plots, report, results
 
-H200_RUN = Path(__file__).resolve().parent.parent / "results" / "h200x2-default-2gpu"  # default.toml with peers
+# seven whole cases of the published results/h200x2-default-2gpu run (default.toml with peers), cut by
+# fixtures/make_h200_run.py so that every figure keeps the panels it has on the whole run
+H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
 PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatmap": 4, "speculative": 2,
           "tflops_vs_context": 4, "backends": 5, "plan_vs_kernel": 1}  # heatmap: 2 panels + 2 colour bars
 
@@ -53,7 +55,7 @@ def test_report_has_the_correctness_matrix_and_headline(tmp_path):
     path = report.write(H200_RUN, tmp_path)
     text = path.read_text()
     assert "| impl | kind | backend | pass | fail | xfail | xpass | skip |" in text
-    assert "| paged-trim-causal | known-bug | fa2 | 12 | 0 | 120 | 0 | 0 |" in text
+    assert "| paged-trim-causal | known-bug | fa2 | 0 | 0 | 3 | 0 | 0 |" in text  # 12 | 0 | 120 on the whole run
     assert "## Headline: speedup over the custom-mask path" in text and "| verify | 1024 |" in text
     for name in PANELS:
         assert f"![{name}]({name}.png)" in text and (tmp_path / f"{name}.png").exists()
@@ -68,17 +70,27 @@ def test_headline_is_computed_from_the_table(h200):
     assert cell == f"{expect.median():.1f}x ({expect.count()})"
 
 
-def test_versus_fa2_window_divides_by_fa2_on_the_same_case(h200):
+def test_versus_reference_divides_by_fa2_window_path_on_the_same_case(h200):
     table, _ = h200
-    per_point = results.versus_fa2_window(table)
+    per_point = results.versus_reference(table)
     flex = per_point[(per_point["impl"] == "flex-window") & (per_point["storage"] == "ragged")].iloc[0]
     fa2 = table[(table["case_id"] == flex["case_id"]) & (table["impl"] == "ragged-window") & (table["backend"] == "fa2")]
     assert flex["ratio"] == pytest.approx(flex["median_us"] / fa2["median_us"].iloc[0])
-    assert not ((per_point["impl"] == per_point["storage"].map(results.WINDOW_PATH)) & (per_point["backend"] == "fa2")).any()
-    summary = report.versus_fa2_window(table)
+    window_paths = {"paged": "paged-window", "ragged": "ragged-window"}
+    assert not ((per_point["impl"] == per_point["storage"].map(window_paths)) & (per_point["backend"] == "fa2")).any()
+    summary = report.versus_reference(table)
     row = summary[(summary["impl"] == "flex-window") & (summary["mode"] == "decode")]
     assert len(row) and (row["faster in"].str.startswith("0/")).all()  # flex never beat fa2 on decode here
     assert not summary["impl"].isin(["paged-mask", "ragged-mask"]).any()
+
+
+def test_roles_come_from_the_registry():
+    from swabench.impls import registry
+    assert registry.reference_path("paged") == ("paged-window", "fa2")
+    assert registry.reference_path("ragged") == ("ragged-window", "fa2")
+    assert registry.baseline_for("flashinfer", "paged") == "paged-mask"
+    assert registry.baseline_for("torch", "ragged") == "torch-mask"
+    assert registry.baseline_for("flex", "paged") == "paged-mask"  # a peer without a naive path of its own
 
 
 def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):

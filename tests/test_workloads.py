@@ -70,3 +70,89 @@ def test_fill_random_is_deterministic_and_not_zero():
     q0 = w.q.clone()
     w.fill_random(0)
     assert torch.equal(q0, w.q) and w.q.abs().sum() > 0 and w.k_store.std() > 0.5
+
+
+# ---------------------------------------------------------------- memory footprint, before allocation
+
+def _held_bytes(w) -> int:
+    """nbytes of every tensor the workload holds, each storage once (ragged shares an indptr)."""
+    import dataclasses
+    seen = {}
+    for f in dataclasses.fields(w):
+        t = getattr(w, f.name)
+        if isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.nbytes
+    return sum(seen.values())
+
+
+FOOTPRINT_CASES = {
+    "paged-scattered-ps16": case(),
+    "paged-contiguous-ps1": case(page_size=1, page_layout="contiguous"),
+    "ragged-extend": case(mode="extend", extend_len=8, draft_tokens=None, storage="ragged"),
+    "paged-extend-ps1-gqa": case(mode="extend", extend_len=6, draft_tokens=None, page_size=1,
+                                 num_qo_heads=8, num_kv_heads=1),
+    "draft-extend": case(mode="draft_extend", draft_tokens=8, batch_size=16),
+    "draft-extend-seq": case(mode="draft_extend", draft_tokens=8, seq_len=60, prefix_len=None, accept="full"),
+    "decode": case(mode="decode", draft_tokens=None, window_left=-1),
+    "decode-ragged-mha": case(mode="decode", draft_tokens=None, storage="ragged", num_kv_heads=4),
+}
+
+
+@pytest.mark.parametrize("name", FOOTPRINT_CASES)
+def test_footprint_bounds_what_build_allocates(name):
+    c = FOOTPRINT_CASES[name]
+    w = workloads.build(c)
+    held = _held_bytes(w) + w.q.nbytes  # the workload, plus one runner's output buffer
+    qo, kv = w.qo_lens, w.kv_lens
+    chunk = 8 * c.num_qo_heads * max(kv) * (2 * max(qo) + 2 * c.head_dim)  # the reference's largest chunk
+    f = workloads.footprint(c)
+    assert held <= f.device_bytes <= 3 * held + chunk, (held, f.device_bytes, chunk)
+    assert f.kv_bytes == w.k_store.nbytes + w.v_store.nbytes
+    from swabench import semantics
+    dense = sum(q * k for q, k in zip(qo, kv)) + semantics.packed_mask_bytes(qo, kv)
+    assert f.mask_bytes == dense if c.mode != "draft_extend" or c.accept == "full" else f.mask_bytes >= dense
+    assert f.host_bytes >= 8 * (len(w.slots) + len(w.key_request) + len(w.key_position))
+    assert workloads.footprint(c, "cuda").device_bytes < f.device_bytes  # float32 reference on a GPU
+    assert workloads.impossible(c) is None
+
+
+@pytest.mark.parametrize("axes,field", [
+    (dict(batch_size=10**9), "batch_size 1000000000"),
+    (dict(batch_size=1, prefix_len=10**12), "prefix_len 1000000000000"),
+    (dict(batch_size=1, mode="extend", extend_len=3 * 10**9, draft_tokens=None), "extend_len 3000000000"),
+    (dict(batch_size=1, seq_len=2**31, prefix_len=None), "seq_len 2147483648"),
+])
+def test_absurd_cases_are_refused_in_milliseconds(axes, field):
+    import time
+    c = case(**axes)
+    started = time.perf_counter()
+    f, reason = workloads.footprint(c), workloads.impossible(c)
+    assert time.perf_counter() - started < 0.05
+    assert f.device_bytes > 500 << 30  # no tensor made, yet the size is right
+    assert field in reason and "int32" in reason, reason
+
+
+def test_batch_of_a_billion_names_its_keys():
+    reason = workloads.impossible(case(batch_size=10**9, prefix_len=40, draft_tokens=4))
+    assert reason == ("batch_size 1000000000 x 44 keys (prefix_len 40 + draft_tokens 4) = 44000000000 keys: "
+                      "more than the 2147483647 a FlashInfer page table can index (int32)")
+
+
+def test_footprint_above_the_ceiling_is_impossible_within_int32():
+    c = case(batch_size=8, prefix_len=200_000_000, num_qo_heads=64, num_kv_heads=64, head_dim=1024)
+    reason = workloads.impossible(c)
+    assert c.batch_size * (c.prefix_len + c.qo_len) < workloads.LIMITS.int32_index
+    assert "ceiling" in reason and "head_dim 1024" in reason and "prefix_len 200000000" in reason, reason
+
+
+def test_human_bytes_and_describe():
+    assert workloads.human_bytes(512) == "512 B"
+    assert workloads.human_bytes(1536 << 20) == "1.5 GiB"
+    f = workloads.Footprint(device_bytes=int(1.2 * 2**30), host_bytes=0, mask_bytes=0, kv_bytes=2**30)
+    assert f.describe() == "1.2 GiB on the device (K/V 1.0 GiB)"
+
+
+@pytest.mark.parametrize("name", ["cpu", "quick", "edges", "default", "peers"])
+def test_shipped_cases_are_possible(name):
+    for c in scenarios.load(scenarios.find(name)).cases:
+        assert workloads.impossible(c) is None, (c.label, workloads.impossible(c))

@@ -56,7 +56,7 @@ register(Implementation(
     _gather(exact, trim=True)))
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False)))
+    _gather(exact, trim=False), baseline=True))
 
 
 def _planted(name, summary, visibility):

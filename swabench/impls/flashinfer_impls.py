@@ -10,6 +10,7 @@ gate can be captured and timed.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -17,12 +18,18 @@ from typing import Callable
 import torch
 
 from .. import semantics, workloads
-from .registry import Implementation, Unsupported, register
+from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
-WORKSPACE_BYTES = 256 << 20  # FlashInfer recommends 128 MiB; split-kv on 64 x 32k batches wants more
+MIB = 1 << 20
+WORKSPACE_BYTES = 256 * MIB  # the smallest float workspace a runner gets (FlashInfer's examples use 128 MiB)
+WORKSPACE_CAP = 4096 * MIB  # the largest tried (less where the device has less free)
+# FlashInfer's messages: AlignedAllocator (include/flashinfer/allocator.h); run_ninja
+# (flashinfer/jit/cpp_ext.py) and MissingJITCacheError (flashinfer/jit/core.py).
+OVERFLOW = "Increase the workspace buffer size"
+BUILD_FAILED = ("Ninja build failed", "JIT compilation is disabled")
 
 
 @lru_cache(maxsize=1)
@@ -50,10 +57,61 @@ def jit_cache_dir() -> str | None:
     return str(env.FLASHINFER_JIT_DIR)
 
 
-@lru_cache(maxsize=None)
-def _workspace(device: torch.device) -> torch.Tensor:
-    """One float workspace per device, shared by every wrapper (as serving engines do)."""
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+_shared: dict[str, torch.Tensor] = {}
+
+
+def _allocate(device: torch.device, nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
+    """The first ``nbytes`` of the device's float workspace, shared by every wrapper as serving
+    engines share theirs.  The shared buffer is the largest asked for so far; a wrapper keeps its
+    own reference, so growing it never pulls memory from under an older wrapper, and a wrapper sees
+    exactly the size it asked for (what ``workspace_mib`` records does not depend on run order)."""
+    key = str(device)
+    if key not in _shared or _shared[key].numel() < nbytes:
+        _shared.pop(key, None)  # free the smaller one first where no wrapper holds it
+        _shared[key] = _allocate(device, nbytes)
+    return _shared[key][:nbytes]
+
+
+def _workspace_cap(device: torch.device) -> int:
+    if torch.device(device).type != "cuda":
+        return WORKSPACE_CAP
+    return min(WORKSPACE_CAP, torch.cuda.mem_get_info(device)[0] // MIB * MIB)
+
+
+def _estimate(wrapper, args, kwargs) -> int:
+    """FlashInfer's own count of the float workspace plan() takes (``workspace_size``: 0.7.2 has it
+    on the paged wrapper for fa2), else 0.  The count only saves retries: where it declines the
+    arguments, plan() has its say."""
+    count = getattr(wrapper, "workspace_size", None)
+    try:
+        return int(count(*args, **kwargs)[0]) if count else 0
+    except (NotImplementedError, TypeError, ValueError):
+        return 0
+
+
+def _brief(e: BaseException) -> str:
+    """A library error in a line: its first line, plus the first compiler error of a build log."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
+    first_error = next((line for line in lines[1:] if "error:" in line), None)
+    return " ... ".join(line[:300] for line in (lines[0], first_error) if line)
+
+
+@contextmanager
+def _resource_errors():
+    """Out of memory, or a JIT module that would not build: ResourceError (a skip, with the
+    library's message), not a failure of the implementation.  Anything else passes through."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as e:
+        raise ResourceError(_brief(e)) from e
+    except RuntimeError as e:
+        if not any(marker in str(e) for marker in BUILD_FAILED):
+            raise
+        raise ResourceError(_brief(e)) from e
 
 
 @dataclass(frozen=True)
@@ -102,7 +160,10 @@ class FlashInferRunner:
                                                         dtype=torch.uint8, device=dev),
                             mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
         cls = flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
-        self.wrapper = cls(_workspace(dev), "NHD", backend=backend, **bufs)
+        self._new_wrapper = lambda workspace: cls(workspace, "NHD", backend=backend, **bufs)
+        self._workspace_bytes = WORKSPACE_BYTES
+        self.wrapper = self._new_wrapper(_workspace(dev, WORKSPACE_BYTES))
+        self.workspace_mib: int | None = None  # set by the first successful plan()
         self.hint = uniform_hint and len(set(w.qo_lens)) == 1 and _accepts(self.wrapper.plan, "uniform_q_len")
 
     def plan(self) -> None:
@@ -120,17 +181,47 @@ class FlashInferRunner:
         if self.hint:
             shape["uniform_q_len"] = w.qo_lens[0]
         if v.storage == "ragged":
-            self.wrapper.plan(qo_indptr, w.kv_indptr_host.to(i32), **shape)
+            args = (qo_indptr, w.kv_indptr_host.to(i32))
         else:
             indptr, indices, ps = w.kv_indptr_host, w.kv_indices_host, w.page_size
             if v.start is not None:
                 starts = [v.start(c.window_left, q, k, ps) for q, k in zip(w.qo_lens, w.kv_lens)]
                 indptr, indices, _ = workloads.trim_page_table(indptr, indices, w.kv_lens, starts, ps)
-            self.wrapper.plan(qo_indptr, indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu(),
-                              page_size=ps, **shape)
+            args = (qo_indptr, indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu())
+            shape["page_size"] = ps
+        with _resource_errors():
+            if self.workspace_mib is None:
+                self._fit_workspace(args, shape)
+            else:
+                self.wrapper.plan(*args, **shape)
         self.resolved_backend = getattr(self.wrapper, "_backend", self.backend)
         self.wrapper_mode = ("cuda-graph" if self.graph_wrapper else "plain") + \
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
+
+    def _fit_workspace(self, args, kwargs) -> None:
+        """Plan with a float workspace that holds this workload.  In CUDA-graph mode fa2's planner
+        reserves split-kv partial outputs for the worst case: in 0.7.2, num_qo_heads x head_dim_vo
+        floats for each of padded_tiles x cta_tile_q / group_size rows (260 MiB at GPT-OSS extend
+        shapes).  Start from FlashInfer's own count where it has one and double on overflow up to
+        the cap; a CUDA-graph wrapper takes its buffers at construction, so each size gets a new
+        wrapper.  An overflow of the int workspace (fixed by FlashInfer) is not retried."""
+        cap = _workspace_cap(self.w.device)
+        estimate = -(-_estimate(self.wrapper, args, kwargs) // MIB) * MIB
+        size = min(cap, max(WORKSPACE_BYTES, estimate))
+        while True:
+            if size != self._workspace_bytes:
+                self.wrapper = self._new_wrapper(_workspace(self.w.device, size))
+                self._workspace_bytes = size
+            try:
+                self.wrapper.plan(*args, **kwargs)
+                break
+            except RuntimeError as e:
+                if OVERFLOW not in str(e):
+                    raise
+                if size >= cap or "tmp_" not in str(e):
+                    raise ResourceError(f"{_brief(e)} at {size // MIB} MiB") from e
+                size = min(cap, 2 * size)
+        self.workspace_mib = size // MIB
 
     def run(self) -> None:
         w = self.w
@@ -151,20 +242,25 @@ def _unsupported(mask: bool):
             return f"FlashInfer prefill is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim}"
         if mask and backend == "fa3":
             return "fa3 has no custom-mask support"
+        kv = getattr(case, "kv_dtype", None) or case.dtype
+        if backend == "fa3" and kv.startswith(("float8", "fp8")) and not case.dtype.startswith(("float8", "fp8")):
+            return ("fa3 reads an fp8 KV cache only with fp8 queries (flashinfer 0.7.2 "
+                    "utils.is_fa3_backend_supported; bf16 x fp8 has no Hopper GMMA, so the module does not build)")
         return None
     return check
 
 
-def _register(name, summary, variant: Variant, kind="correct", visibility=None):
+def _register(name, summary, variant: Variant, kind="correct", visibility=None, **roles):
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
-        return FlashInferRunner(w, backend, variant)
+        with _resource_errors():
+            return FlashInferRunner(w, backend, variant)
 
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, backends=BACKENDS,
                             needs_cuda=True, unsupported=_unsupported(variant.mask), available=_import_error,
-                            **extra))
+                            **extra, **roles))
 
 
 def _trim(window_left, qo_len, kv_len, page_size):
@@ -175,12 +271,15 @@ def _request_trim(window_left, qo_len, kv_len, page_size):
     return semantics.buggy_trim_start(kv_len - qo_len, window_left, page_size)
 
 
-_register("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"))
+register_library(Library("flashinfer", jit_modules=jit_modules, jit_cache_dir=jit_cache_dir))
+_register("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"), reference="fa2")
 _register("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
           Variant("paged", start=_trim))
-_register("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"))
-_register("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True))
-_register("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)", Variant("ragged", mask=True))
+_register("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"), reference="fa2")
+_register("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
+          baseline=True)
+_register("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)", Variant("ragged", mask=True),
+          baseline=True)
 _register("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
           "the kernel without the window mask is chosen at plan time",
           Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",

@@ -1,24 +1,36 @@
-"""The implementation registry: what each implementation is, where it runs, where it must fail.
+"""The implementation registry: what each implementation is, where it runs, where it must fail, and
+the role it plays in the results (the baseline speedups are measured against, the reference path
+other paths are divided by), all declared where the implementation is registered.
 
 An implementation is a recipe: ``make(workload, backend)`` returns a Runner whose ``plan()`` does
 the host-side work a serving step pays (timed apart) and whose ``run()`` launches the attention into
-a pre-allocated ``out`` (gated, then timed).  Adding a library is one module that calls ``register``.
+a pre-allocated ``out`` (gated, then timed).  Adding a library is one module in ``MODULES`` that
+calls ``register`` (and ``register_library`` for its hooks).  The modules load on first use, so
+importing the sweep or a reader loads no library.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Hashable, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Callable, Hashable, Protocol
 
 from .. import semantics
 
+if TYPE_CHECKING:
+    import torch
+
 KINDS = ("correct", "known-bug", "planted")
+MODULES = ("flashinfer_impls", "embedded", "flex")  # each registers its implementations on import
 
 
 class Unsupported(Exception):
     """Raised by make()/plan() for a combination the library cannot run; recorded as a skip."""
+
+
+class ResourceError(Exception):
+    """Raised by make()/plan()/run() when the library runs out of something (workspace, memory) or
+    cannot build a module: recorded as a skip with the library's own message, never as a failure."""
 
 
 class Runner(Protocol):
@@ -54,6 +66,11 @@ class Implementation:
     # (Inductor): case -> which compiled kernel the case runs.  Points share a compile only when
     # they run in one worker, so sharding gathers them (shards._units).  None: nothing compiled.
     compile_class: Callable[..., Hashable] | None = None
+    # Roles.  baseline: the naive path that ``speedup_vs_mask`` of its library's paths on its storages
+    # divides.  reference: the backend on which this implementation is the path every other path of
+    # its storage is compared with ("against fa2's window path").
+    baseline: bool = False
+    reference: str | None = None
 
     @property
     def expected_to_fail(self) -> bool:
@@ -78,25 +95,100 @@ class Implementation:
         return self.availability(device) or self.unsupported(case, backend)
 
 
+@dataclass(frozen=True)
+class Library:
+    """Hooks the generic sweep reaches a library through: its compiled JIT modules on disk (name ->
+    modification time; taken before and after a warm-up, the difference is what it built)."""
+
+    name: str
+    jit_modules: Callable[[], dict[str, float]] = dict
+    jit_cache_dir: Callable[[], str | None] = lambda: None
+
+
 _REGISTRY: dict[str, Implementation] = {}
+_LIBRARIES: dict[str, Library] = {}
+_LOADED = False
+
+
+def _load() -> None:
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        for module in MODULES:
+            importlib.import_module(f"{__package__}.{module}")
 
 
 def register(impl: Implementation) -> Implementation:
     assert impl.kind in KINDS and impl.name not in _REGISTRY, impl.name
+    assert not (impl.baseline and impl.expected_to_fail), f"{impl.name}: a baseline must be correct"
     _REGISTRY[impl.name] = impl
     return impl
 
 
+def register_library(library: Library) -> Library:
+    _LIBRARIES[library.name] = library
+    return library
+
+
 def get(name: str) -> Implementation:
+    _load()
     return _REGISTRY[name]
 
 
 def names() -> list[str]:
+    """Every implementation, in registration order (the order of plots and tables)."""
+    _load()
     return list(_REGISTRY)
 
 
 def all_implementations() -> list[Implementation]:
+    _load()
     return list(_REGISTRY.values())
 
 
-from . import embedded, flashinfer_impls, flex  # noqa: E402,F401  (each registers its implementations)
+def libraries() -> list[Library]:
+    _load()
+    return list(_LIBRARIES.values())
+
+
+def baseline_for(library: str, storage: str) -> str | None:
+    """The baseline a path of ``library`` on ``storage`` is sped up against: its own library's, else
+    the first registered one for that storage (a peer without a naive path of its own is measured
+    against FlashInfer's)."""
+    candidates = [i for i in all_implementations() if i.baseline and storage in i.storages]
+    own = [i for i in candidates if i.library == library]
+    pick = own or candidates
+    return pick[0].name if pick else None
+
+
+def reference_path(storage: str) -> tuple[str, str] | None:
+    """(implementation, backend) every other path on ``storage`` is compared with, or None."""
+    for impl in all_implementations():
+        if impl.reference and storage in impl.storages:
+            return impl.name, impl.reference
+    return None
+
+
+def describe_reference() -> str:
+    """The reference paths in words, e.g. 'paged-window / ragged-window on fa2'."""
+    paths = {reference_path(s) for s in ("paged", "ragged")} - {None}
+    backends = {b for _, b in paths}
+    return " / ".join(sorted(i for i, _ in paths)) + (f" on {backends.pop()}" if len(backends) == 1 else "")
+
+
+def order(name: str) -> int:
+    """Position in registration order (unknown names last): plots and tables sort by it."""
+    known = names()
+    return known.index(name) if name in known else len(known)
+
+
+def listing(device) -> str:
+    """One line per implementation: kind, library, storages, what it does, its role, and why it
+    cannot run on ``device`` if it cannot."""
+    lines = []
+    for impl in all_implementations():
+        here = impl.availability(device)
+        role = "baseline" if impl.baseline else f"reference on {impl.reference}" if impl.reference else ""
+        lines.append(f"  {impl.name:22s} {impl.kind:9s} {impl.library:10s} {'/'.join(impl.storages):12s} "
+                     f"{impl.summary}" + (f" [{role}]" if role else "") + (f"  [not here: {here}]" if here else ""))
+    return "\n".join(lines)

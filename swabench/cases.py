@@ -1,0 +1,93 @@
+"""Cases and points: what the sweep measures, apart from how scenario files describe them.
+
+A Case is one shape a server step presents (per-request lengths are drawn from it by ``workloads``);
+a Point is a case through one implementation on one backend: one row of results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from . import semantics
+
+MODES = ("extend", "verify", "draft_extend", "decode")
+STORAGES = ("paged", "ragged")
+ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
+
+
+def parse_accept(value) -> tuple[str, float]:
+    """'uniform' | 'full' | 'fixed:N' | 'geometric:P' -> (kind, parameter)."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
+    kind, _, arg = value.partition(":")
+    try:
+        if kind in ("uniform", "full") and not arg:
+            return kind, 0.0
+        if kind == "fixed" and int(arg) >= 1:
+            return kind, float(int(arg))
+        if kind == "geometric" and 0.0 < float(arg) < 1.0:
+            return kind, float(arg)
+    except ValueError:
+        pass
+    raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape a server step presents; per-request lengths are drawn from it (workloads)."""
+
+    mode: str
+    storage: str
+    batch_size: int
+    prefix_len: int | None  # keys before the first query (None when seq_len fixes the total)
+    seq_len: int | None  # total keys per request (draft_extend: prefix = seq_len - accepted)
+    qo_len: int  # extend length, draft-token block, or 1 for decode
+    accept: str | None  # draft_extend's acceptance-length distribution
+    window_left: int
+    page_size: int | None  # None for ragged storage
+    page_layout: str | None
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    seed: int
+
+    @property
+    def sliding_window(self) -> int:
+        return semantics.sliding_window_of(self.window_left)
+
+    @property
+    def case_id(self) -> str:
+        """Stable across runs and machines: the same shape gets the same id (compare joins on it)."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    @property
+    def label(self) -> str:
+        ctx = f"p{self.prefix_len}" if self.prefix_len is not None else f"s{self.seq_len}"
+        q = f"q{self.qo_len}" + (f"~{self.accept}" if self.accept else "")
+        store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
+            if self.storage == "paged" else "ragged"
+        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
+                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype} s{self.seed}")
+
+    def axes(self) -> dict:
+        """The case's columns for the results table."""
+        row = asdict(self)
+        row["sliding_window"] = self.sliding_window
+        return row
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row of results: a case through one implementation on one backend."""
+
+    case: Case
+    impl: str
+    backend: str  # FlashInfer backend, or the implementation's library for the others
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.case.case_id, self.impl, self.backend)

@@ -1,0 +1,80 @@
+"""The command line's shared parts: its options, the progress bar it draws a run on, and the rule
+that turns every error a user can fix into a plain message and exit status 2."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import UserError
+
+
+class InputError(click.ClickException):
+    exit_code = 2
+
+
+class Main(click.Group):
+    """Every library error a user can fix becomes a plain message and exit status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            raise InputError(str(e)) from None
+
+
+class Bar:
+    """runs.Progress on the terminal: notes on stderr, a click progress bar over the points."""
+
+    def __init__(self):
+        self.bar = None
+
+    def note(self, text, warn=False):
+        click.secho(text, fg="yellow" if warn else None, err=True)
+
+    def start(self, total, label):
+        self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
+                                     item_show_func=lambda r: r and f"{r['impl']} {r['status']}")
+        self.bar.__enter__()
+
+    def advance(self, rows=1, row=None):
+        self.bar.update(rows, row)
+
+    def finish(self):
+        if self.bar:
+            self.bar.__exit__(None, None, None)
+
+
+def device_of(choice: str, what: str = "--device cuda"):
+    import torch
+
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"{what}: no CUDA device is visible here (torch.cuda.is_available() is False)"
+                         + ("; use --device cpu or auto" if what == "--device cuda" else ""))
+    return torch.device(choice)
+
+
+opt = click.option
+device_option = opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                    help="Where to run; auto picks CUDA when it is there.")
+strict_option = opt("--strict", is_flag=True, help="Also exit 1 when a known bug is not caught (xpass), e.g. in CI.")
+l2_option = opt("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
+                help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
+case_option = opt("--case", "cases", multiple=True, metavar="ID|TEXT",
+                  help="Only cases whose id starts with, or whose label contains, this (repeatable).")
+costs_option = opt("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False), metavar="RUN_DIR",
+                   help="Balance the shards by each point's time in this earlier run.")
+impl_option = opt("--impl", "impls", multiple=True, metavar="NAME", help="Only these implementations (repeatable).")
+out_option = opt("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-WHAT-DEVICE-TIME).")
+run_dir = click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+
+
+def sweep_options(command):
+    """The options ``run`` and ``check`` share."""
+    resume = opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
+    for option in (strict_option, resume, case_option, impl_option, device_option, out_option):
+        command = option(command)
+    return command

@@ -1,0 +1,273 @@
+"""A run's life: open its folder (created or resumed, and locked), record where and how it ran,
+prepare the GPU (peaks, JIT warm-up), sweep, finalize, and hand the outcome back as data.
+
+The CLI parses, calls ``execute`` (or ``execute_on_gpus``) with a ``Progress`` to draw on, prints,
+and exits with ``Outcome.exit_status``; nothing here prints or exits.  torch and pandas are imported
+inside the functions, so the ``--gpus`` launcher starts its workers before it imports either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from . import STARTED, launch, scenarios, schema
+from .results import RunFolderError, RunStore
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+RESULTS_ROOT = Path("results")
+WARMUP_JOBS = 8  # JIT modules built at once before a sweep
+
+
+class Progress(Protocol):
+    """What a run tells whoever drives it (the CLI draws it; tests may ignore it)."""
+
+    def note(self, text: str, warn: bool = False) -> None: ...
+
+    def start(self, total: int, label: str) -> None: ...
+
+    def advance(self, rows: int = 1, row: dict | None = None) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class Silent:
+    def note(self, text, warn=False): pass
+
+    def start(self, total, label): pass
+
+    def advance(self, rows=1, row=None): pass
+
+    def finish(self): pass
+
+
+@dataclass(frozen=True)
+class Request:
+    scenario: scenarios.Scenario
+    out: Path
+    device: torch.device
+    timed: bool = True  # False: the gate only (``swabench check``)
+    resume: bool = False
+    l2: str = "cold"
+    sharding: dict | None = None
+
+    @property
+    def what(self) -> str:
+        return "run" if self.timed else "check"
+
+
+@dataclass
+class Outcome:
+    folder: Path
+    state: str  # complete | interrupted
+    table: pd.DataFrame
+    wall_s: float
+    total_s: float
+    took_over: str | None = None  # a dead process's lock this run took over
+    meta: dict = field(default_factory=dict)
+
+    def count(self, status: str) -> int:
+        return int((self.table["status"] == status).sum()) if len(self.table) else 0
+
+    def messages(self, strict: bool, resume_with: str) -> list[tuple[str, str | None]]:
+        """(text, colour) lines that close a sweep: its time, and what to do about what happened."""
+        xpass, fail = self.count("xpass"), self.count("fail")
+        lines = [(f"sweep wall time {self.wall_s:.1f} s ({self.total_s:.1f} s since swabench started)", None)]
+        if self.state == "interrupted":
+            return lines + [(f"interrupted: {len(self.table)} rows kept in {self.folder}; continue with "
+                             f"`{resume_with}`", "yellow")]
+        if xpass:
+            lines.append((f"{xpass} points of known-bug implementations passed where the bug should show (xpass): "
+                          f"a finding to look at (fixed upstream, or the case does not exercise it)", "yellow"))
+        if fail or (strict and xpass):
+            lines.append((f"{fail} points failed the gate" + (f", {xpass} xpass (--strict)" if strict else ""), "red"))
+        return lines
+
+    def exit_status(self, strict: bool = False) -> int:
+        """130 interrupted; 1 when a correct implementation failed the gate (or, strict, a known bug
+        was not caught); else 0."""
+        if self.state == "interrupted":
+            return 130
+        return 1 if self.count("fail") or (strict and self.count("xpass")) else 0
+
+
+def since_start() -> float:
+    """Seconds since this process imported swabench (its start-up included), to 0.1 s."""
+    return round(time.perf_counter() - STARTED, 1)
+
+
+def default_out(scenario_name: str, device_type: str, what: str, root: Path = RESULTS_ROOT) -> Path:
+    """``results/NAME-WHAT-DEVICE-TIME``; the name is a slug (scenarios.check_name), so the folder
+    stays under the results root."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = root / f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
+    assert folder.resolve().parent == root.resolve(), folder
+    return folder
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm():
+    """A scheduler's SIGTERM (Slurm, timeout) ends what runs inside like Ctrl-C: rows kept, resumable."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def open_store(request: Request) -> RunStore:
+    """The run folder, created with its metadata or reopened to resume; RunFolderError before any
+    GPU work when it cannot be."""
+    from . import environment, sweep
+
+    s = request.scenario
+    if request.resume:
+        return RunStore.resume(request.out, s.text)
+    meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
+            "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
+            "method": sweep.timer_method(sweep_options(request)), "sharding": request.sharding,
+            "embedded_backend": request.device.type == "cpu"}
+    return RunStore.create(request.out, meta, s.text)
+
+
+def sweep_options(request: Request):
+    from . import sweep, timing
+
+    return sweep.SweepOptions(device=request.device, timed=request.timed,
+                              graph_timer=timing.GraphTimerOptions(l2=request.l2))
+
+
+def execute(request: Request, progress: Progress = Silent()) -> Outcome:
+    """Sweep every point of the request not yet in its folder; the folder is finalized whatever
+    happens (a crash is recorded as such and re-raised)."""
+    from . import sweep
+
+    store = open_store(request)
+    try:
+        if store.lock.took_over:
+            progress.note(f"took over the lock of a process that is gone ({store.lock.took_over})", warn=True)
+        if request.device.type == "cpu":
+            progress.note("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are host "
+                          "wall clock of PyTorch code, not GPU kernel times.", warn=True)
+        s = request.scenario
+        done = store.done()
+        todo = [p for p in s.points if p.key not in done]
+        progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to {request.what} "
+                      f"-> {request.out}")
+        if request.device.type == "cuda":
+            prepare_gpu(store, todo, request.device, request.timed, progress)
+        store.update_meta(setup_s=since_start())
+        state, started = "complete", time.perf_counter()
+        progress.start(len(todo), request.what)
+        try:
+            with interrupt_on_sigterm():
+                for row in sweep.run(s, store, sweep_options(request)):
+                    progress.advance(1, row)
+        except KeyboardInterrupt:
+            state = "interrupted"
+        except BaseException:
+            store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
+            raise
+        finally:
+            progress.finish()
+        wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
+        total = since_start()
+        table = store.finalize(state=state, wall_s=round(wall, 1), total_s=total)
+        return Outcome(Path(request.out), state, table, wall, total, store.lock.took_over, store.meta())
+    finally:
+        store.close()
+
+
+def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> None:
+    """Measure the node's peaks (once per run folder) and build every JIT module before timing."""
+    from . import peaks, sweep
+
+    meta = store.meta()
+    if timed and "peaks" not in meta:
+        progress.note("measuring the node's bf16 matmul rate and copy bandwidth ...")
+        meta["peaks"] = peaks.measure(device)
+    warm = sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
+    meta.setdefault("jit_warmups", []).append(warm.describe())  # one per start of this run folder
+    meta["jit_warmup_total_s"] = round(sum(w.get("jit_warmup_wall_s") or 0.0 for w in meta["jit_warmups"]), 1)
+    store.write_meta(meta)
+    progress.note(f"JIT warm-up: {len(warm.seconds)} module signatures in {warm.wall_s:.1f} s"
+                  + (f", compiled {len(warm.built)} modules" if warm.built else ""))
+
+
+# ---------------------------------------------------------------- several GPUs of one node
+
+@dataclass(frozen=True)
+class GpuLaunch:
+    scenario_path: Path
+    out: Path
+    gpus: list[int]  # indices into visible
+    visible: list[str]  # launch.visible_gpus()
+    child_args: list[str]  # the workers' filters and options
+    validate: object  # () -> Scenario: the full check, made while the workers start
+
+
+def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) -> Outcome:
+    """One worker per GPU, each on its own shard, merged into ``out``.  The workers start first; the
+    launcher then checks the input in full (each worker checks it too, before any GPU work) and stops
+    them, keeping nothing, if it is bad.  Interrupted: every worker keeps its rows, and the same
+    launch resumes them."""
+    from . import shards
+
+    r = launch_request
+    if r.out.exists() and any(r.out.iterdir()):
+        raise RunFolderError(f"{r.out} already holds a run; choose another --out (the shards resume on their own)")
+    workers = launch.Workers([str(r.scenario_path), "--device", "cuda", *r.child_args], r.gpus, r.out, r.visible)
+    spawned_s = since_start()
+    try:
+        scenario = r.validate()
+    except BaseException:
+        workers.stop()
+        if workers.created_work:
+            shutil.rmtree(workers.work)
+        raise
+    progress.note(f"{scenario.name}: {len(scenario.points)} points over GPUs {r.gpus}; shards in {workers.work}")
+    progress.start(len(scenario.points), f"run on {len(r.gpus)} GPUs")
+    seen = 0
+
+    def on_progress(rows: int) -> None:
+        nonlocal seen
+        progress.advance(rows - seen)
+        seen = rows
+
+    try:
+        with interrupt_on_sigterm():
+            folders = workers.wait(on_progress=on_progress)
+    except KeyboardInterrupt:
+        return Outcome(workers.work, "interrupted", _empty_table(), 0.0, since_start())
+    finally:
+        progress.finish()
+    merging = time.perf_counter()
+    store, table = shards.merge(r.out, folders)
+    meta = store.update_meta(launch_spawned_s=spawned_s,  # from swabench's start to the workers' start
+                             launch_worker_end_s=workers.ended_s,  # workers' start to each one's exit
+                             launch_merge_s=round(time.perf_counter() - merging, 1),
+                             launch_wall_s=round(time.perf_counter() - workers.started, 1),
+                             total_s=since_start())  # the launcher's own start too
+    return Outcome(r.out, "complete", table, meta["launch_wall_s"], meta["total_s"], meta=meta)
+
+
+def _empty_table():
+    import pandas as pd
+    return pd.DataFrame(columns=schema.COLUMNS)

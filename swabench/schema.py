@@ -1,0 +1,95 @@
+"""The run folder's format, in one place: its files, every key of ``meta.json`` with what it means,
+the table's key and leading columns, and how folders written by older versions read.
+
+Every writer goes through ``check_meta`` (an unknown key is a bug here, not a new field) and every
+reader through ``migrate``, so a folder written before ``format_version`` existed reads like a new one.
+"""
+
+from __future__ import annotations
+
+FORMAT_VERSION = 2
+
+ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
+TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
+SAMPLES = "samples.csv"  # every timing sample, long format
+META = "meta.json"
+SCENARIO = "scenario.toml"  # the scenario file exactly as run
+LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
+
+KEY = ("case_id", "impl", "backend")
+STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
+STATES = ("running", "complete", "interrupted", "crashed", "incomplete")
+
+# The table's leading columns, in order; every table has them all (empty where a run has no value),
+# so readers never meet a missing column.  Others may follow.
+COLUMNS = [
+    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "wrapper", "status", "reason",
+    "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+    "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
+    "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device", "gpu_id",
+    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
+    "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
+    "noise", "eager_us", "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops",
+    "pct_peak_tbps", "point_s", "workload_s",
+]
+
+META_KEYS = {
+    "format_version": "version of this folder's format (schema.FORMAT_VERSION when written)",
+    # what ran, and how
+    "what": "run, check, profile, merge of N shards, host benchmarks",
+    "scenario": "the scenario's name", "scenario_path": "the file it was read from",
+    "scenario_sha256": "hash of scenario.toml (resume and merge check it)",
+    "implementations": "the implementations the scenario runs",
+    "points": "points this folder was asked to measure (its shard's, for a shard)",
+    "method": "how every number was measured: kernel and plan timers, gate, tolerances",
+    "sharding": "this folder's shard (index, count, how costs were known), or null",
+    "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
+    "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
+    "rows": "rows in results.csv", "status_counts": "rows per status",
+    "peaks": "the node's measured bf16 matmul rate and copy bandwidth",
+    "jit_warmups": "one JIT warm-up per start of the folder: seconds per module signature, modules built",
+    "jit_warmup_total_s": "their wall time, summed",
+    "setup_s": "imports, environment, peaks and JIT warm-up before the sweep",
+    "wall_s": "the sweep's wall time (summed over resumes)",
+    "total_s": "from importing swabench to the written table",
+    # merges and launches
+    "shards": "each shard's own meta", "merged_from": "the shard folders",
+    "launch_spawned_s": "launcher start to its workers spawned",
+    "launch_worker_end_s": "workers' start to each one's exit",
+    "launch_merge_s": "seconds the merge took", "launch_wall_s": "workers' start to the merged folder",
+    # the environment (environment.collect)
+    "swabench": "version", "git_commit": "the code's commit", "git_dirty": "uncommitted changes to tracked files",
+    "git_commit_from": "where the commit came from when not from git", "time_utc": "when the folder was made",
+    "host": "host name", "platform": "OS", "cpu": "CPU model", "cpu_count": "cores",
+    "torch_threads": "torch CPU threads", "python": "version", "torch": "version", "flashinfer": "version",
+    "nvtx": "version", "nsys": "Nsight Systems version", "device": "torch device", "command": "the command line",
+    "cuda_visible_devices": "as this process saw it", "gpu": "GPU name", "gpu_count": "GPUs visible",
+    "gpu_memory_gib": "GPU memory", "gpu_sms": "multiprocessors", "compute_capability": "of the GPU",
+    "cuda": "CUDA version torch was built with", "gpu_uuid": "the GPU's UUID",
+}
+META_PREFIXES = ("nvidia_smi.",)  # nvidia-smi's fields as it names them
+
+
+def check_meta(meta: dict) -> dict:
+    """``meta`` with the current format_version; ValueError for a key this module does not define."""
+    unknown = [k for k in meta if k not in META_KEYS and not k.startswith(META_PREFIXES)]
+    if unknown:
+        raise ValueError(f"meta.json keys not defined in swabench.schema: {', '.join(sorted(unknown))}")
+    return {**meta, "format_version": meta.get("format_version", FORMAT_VERSION)}
+
+
+def migrate(meta: dict) -> dict:
+    """A meta.json of any known version, read as the current one (the file itself is not rewritten).
+
+    Version 1 (no format_version): one JIT warm-up as ``jit_warmup_s`` (seconds per signature)
+    instead of the list ``jit_warmups``."""
+    meta = dict(meta)
+    version = meta.get("format_version", 1)
+    if version > FORMAT_VERSION:
+        raise ValueError(f"format_version {version} is newer than this swabench reads ({FORMAT_VERSION}); "
+                         f"upgrade swabench")
+    if version == 1 and "jit_warmup_s" in meta:
+        meta["jit_warmups"] = [{"jit_warmup_s": meta.pop("jit_warmup_s"),
+                                "jit_warmup_wall_s": meta.get("jit_warmup_total_s")}]
+    meta["format_version"] = FORMAT_VERSION
+    return meta
