@@ -15,6 +15,7 @@ from . import semantics
 MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
 ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
+QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
 
 
 def parse_accept(value) -> tuple[str, float]:

@@ -76,7 +76,7 @@ def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
     if ref is None:
         return table.iloc[0:0]
     keep = (table["library"] == registry.get(ref[0]).library) & (table["backend"] == ref[1]) \
-        & (table["kind"] == "correct") & ~table["impl"].map(_is_baseline)
+        & (table["kind"] == "correct") & ~table["impl"].map(_is_baseline).astype(bool)
     return table[keep]
 
 
@@ -138,7 +138,7 @@ def time_vs_window(table, meta):
 def speedup_by_mode(table, meta):
     """Median speedup of each correct path over the naive custom-mask path, per mode."""
     t = _primary(_timed(table))
-    t = t[(t["kind"] == "correct") & ~t["impl"].map(_is_baseline)].dropna(subset=["speedup_vs_mask"])
+    t = t[(t["kind"] == "correct") & ~t["impl"].map(_is_baseline).astype(bool)].dropna(subset=["speedup_vs_mask"])
     if t.empty:
         return None
     fig, axes = _figure(meta, "Speedup over the custom-mask baseline of the same case (median, IQR bars)")

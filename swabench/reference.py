@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .footprint import REFERENCE_CHUNK_ELEMENTS as CHUNK_ELEMENTS
 from .workloads import Workload
-
-CHUNK_ELEMENTS = 1 << 26  # scores per chunk (256 MiB in float32): bounds memory on 32k contexts
 
 
 def accumulate_dtype(device: torch.device) -> torch.dtype:

@@ -112,11 +112,10 @@ class RunStore:
     @classmethod
     def create(cls, folder, meta: dict, scenario_text: str) -> "RunStore":
         store = cls(make_folder(folder))
+        store._refuse_a_run()
         store._acquire()
         try:
-            if any(p.name != LOCK for p in store.folder.iterdir()):
-                raise RunFolderError(f"{folder} already holds a run; pass --resume to continue it, "
-                                     f"or choose another --out (nothing was written)")
+            store._refuse_a_run()  # again under the lock: another process may have just written one
             atomic_write(store.folder / SCENARIO, scenario_text)
             store.write_meta({**meta, "scenario_sha256": text_hash(scenario_text), "state": "running"})
             (store.folder / ROWS).touch()
@@ -130,16 +129,21 @@ class RunStore:
         store = cls(folder)
         if not (store.folder / META).exists() or not (store.folder / ROWS).exists():
             raise RunFolderError(f"{folder} is not a swabench run folder (no {META} / {ROWS}); nothing to resume")
+        if store.meta().get("scenario_sha256") != text_hash(scenario_text):
+            raise RunFolderError(f"{folder} was run with a different scenario file; "
+                                 f"resume it with the same file, or start a new --out")
         store._acquire()
         try:
-            if store.meta().get("scenario_sha256") != text_hash(scenario_text):
-                raise RunFolderError(f"{folder} was run with a different scenario file; "
-                                     f"resume it with the same file, or start a new --out")
             store._drop_partial_line()
         except BaseException:
             store.close()
             raise
         return store
+
+    def _refuse_a_run(self) -> None:
+        if any(p.name != LOCK for p in self.folder.iterdir()):
+            raise RunFolderError(f"{self.folder} already holds a run; pass --resume to continue it, "
+                                 f"or choose another --out (nothing was written)")
 
     def _acquire(self) -> None:
         try:
@@ -310,7 +314,7 @@ def to_samples(rows: list[dict]) -> pd.DataFrame:
 def _read_csv(path: Path, needed) -> pd.DataFrame:
     import pandas as pd
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype={k: str for k in KEY})  # a case_id of digits stays text
     except FileNotFoundError:
         raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:

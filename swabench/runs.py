@@ -147,10 +147,10 @@ def open_store(request: Request) -> RunStore:
     return RunStore.create(request.out, meta, s.text)
 
 
-def sweep_options(request: Request):
+def sweep_options(request: Request, unbuildable: dict | None = None):
     from . import sweep, timing
 
-    return sweep.SweepOptions(device=request.device, timed=request.timed,
+    return sweep.SweepOptions(device=request.device, timed=request.timed, unbuildable=unbuildable or {},
                               graph_timer=timing.GraphTimerOptions(l2=request.l2))
 
 
@@ -171,14 +171,14 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
         todo = [p for p in s.points if p.key not in done]
         progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to {request.what} "
                       f"-> {request.out}")
-        if request.device.type == "cuda":
-            prepare_gpu(store, todo, request.device, request.timed, progress)
+        unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
+            if request.device.type == "cuda" else {}
         store.update_meta(setup_s=since_start())
         state, started = "complete", time.perf_counter()
         progress.start(len(todo), request.what)
         try:
             with interrupt_on_sigterm():
-                for row in sweep.run(s, store, sweep_options(request)):
+                for row in sweep.run(s, store, sweep_options(request, unbuildable)):
                     progress.advance(1, row)
         except KeyboardInterrupt:
             state = "interrupted"
@@ -195,8 +195,9 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
         store.close()
 
 
-def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> None:
-    """Measure the node's peaks (once per run folder) and build every JIT module before timing."""
+def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> dict:
+    """Measure the node's peaks (once per run folder) and build every JIT module before timing;
+    returns the modules that could not be built (their points skip instead of building again)."""
     from . import peaks, sweep
 
     meta = store.meta()
@@ -208,7 +209,9 @@ def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progre
     meta["jit_warmup_total_s"] = round(sum(w.get("jit_warmup_wall_s") or 0.0 for w in meta["jit_warmups"]), 1)
     store.write_meta(meta)
     progress.note(f"JIT warm-up: {len(warm.seconds)} module signatures in {warm.wall_s:.1f} s"
-                  + (f", compiled {len(warm.built)} modules" if warm.built else ""))
+                  + (f", compiled {len(warm.built)} modules" if warm.built else "")
+                  + (f", {len(warm.failed)} could not be built" if warm.failed else ""), warn=bool(warm.failed))
+    return warm.failed
 
 
 # ---------------------------------------------------------------- several GPUs of one node

@@ -24,7 +24,6 @@ and the allowed values.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import itertools
 import re
@@ -35,15 +34,16 @@ from importlib import resources
 from pathlib import Path
 
 from . import semantics
-from .cases import ACCEPT_FORMS, MODES, STORAGES, Case, Point, parse_accept  # noqa: F401  (re-exported)
+from . import footprint
+from .cases import ACCEPT_FORMS, MODES, QO_FIELD, STORAGES, Case, Point, parse_accept  # noqa: F401  (re-exported)
 from .errors import UserError
+from .impls import registry
 from .rules import Rule, RuleError, compile_rule
 
 PAGE_LAYOUTS = ("scattered", "contiguous")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
           "half": "float16", "float32": "float32", "fp32": "float32"}
 BACKENDS = ("fa2", "fa3", "auto")
-QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
 
 
@@ -243,27 +243,24 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         raise ScenarioError(path, f"{where}.num_kv_heads", f"{p['num_kv_heads']} must divide "
                                                            f"num_qo_heads {p['num_qo_heads']} (GQA groups)")
     paged = p["storage"] == "paged"
-    return Case(mode=mode, storage=p["storage"], batch_size=p["batch_size"],
+    case = Case(mode=mode, storage=p["storage"], batch_size=p["batch_size"],
                 prefix_len=p.get("prefix_len"), seq_len=p.get("seq_len"), qo_len=qo_len,
                 accept=p["accept"] if mode == "draft_extend" else None, window_left=window_left,
                 page_size=p["page_size"] if paged else None,
                 page_layout=p["page_layout"] if paged else None,
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"])
+    never = footprint.impossible(case)
+    if never:
+        raise ScenarioError(path, where, never)
+    return case
 
 
 def _modes_of(qo_field: str) -> str:
     return " and ".join(m for m, f in QO_FIELD.items() if f == qo_field)
 
 
-def _registry():
-    """Imported on use: implementation modules import workloads, which import this module."""
-    from .impls import registry
-    return registry
-
-
 def _check_impls(names, path, where) -> list[str]:
-    registry = _registry()
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ScenarioError(path, where, f"must be a non-empty list of names; allowed: "
                                          f"{', '.join(registry.names())}")
@@ -337,7 +334,6 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
         rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
 
-    registry = _registry()
     points, skipped = [], []
     for gi, group in enumerate(groups):
         group = dict(group) if isinstance(group, dict) else group
@@ -440,9 +436,6 @@ def listing() -> str:
 def describe(s: Scenario, each_case: bool = False) -> str:
     """What ``swabench show`` prints: points per implementation, the axes, the largest case's memory
     estimate (every case's with ``each_case``), and the points the skip rules removed."""
-    from . import workloads
-    from .impls import registry
-
     lines = [f"{s.name}: {s.description}", f"file: {s.path}",
              f"{len(s.cases)} cases, {len(s.points)} points (case x implementation x backend)"]
     per_impl = Counter(p.impl for p in s.points)
@@ -452,7 +445,7 @@ def describe(s: Scenario, each_case: bool = False) -> str:
                      f"backends: {', '.join(backends) or '-'}")
     lines.append("axes:")
     lines += [f"  {axis:14s} {', '.join(map(str, values))}" for axis, values in axis_values(s.cases).items()]
-    sizes = {c: workloads.footprint(c, "cuda") for c in s.cases}
+    sizes = {c: footprint.footprint(c, "cuda") for c in s.cases}
     if sizes:
         big = max(sizes, key=lambda c: sizes[c].device_bytes)
         lines.append(f"memory: the largest case needs {sizes[big].describe()}: {big.label}")

@@ -57,7 +57,7 @@ def point_costs(folder) -> dict[tuple, float] | None:
     if not folder:
         return None
     table, _ = results.load(folder)
-    if "point_s" not in table:
+    if table["point_s"].isna().all():
         raise ShardError(f"--costs-from {folder}: this run has no point_s column (made before swabench "
                          f"recorded it); give a newer run folder, or leave the option out")
     first = ~table["case_id"].duplicated()
@@ -133,7 +133,7 @@ def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] 
 
 def check_complete(metas: list[dict], folders) -> str | None:
     """Why these shard folders are not every shard of one sweep (None when they are, or when none
-    was made as a shard)."""
+    was made as a shard); ShardError when two of them are the same shard."""
     sharding = [m.get("sharding") for m in metas]
     if not any(sharding):
         return None
@@ -143,7 +143,12 @@ def check_complete(metas: list[dict], folders) -> str | None:
     if len(counts) != 1:
         return f"the shards were cut into different numbers of parts ({sorted(counts)})"
     count = counts.pop()
-    missing = sorted(set(range(count)) - {s["index"] for s in sharding})
+    indices = [s["index"] for s in sharding]
+    twice = sorted({i for i in indices if indices.count(i) > 1})
+    if twice:
+        raise ShardError(f"shard(s) {', '.join(f'{i}/{count}' for i in twice)} given more than once: "
+                         f"overlapping shards")
+    missing = sorted(set(range(count)) - set(indices))
     if missing:
         return f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing from {len(folders)} folder(s)"
     return None

@@ -6,17 +6,16 @@ Library code: it yields rows and never prints; the CLI draws the progress bar.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterator
-
 import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
-from . import gate, semantics, timing, workloads
+from . import footprint, gate, semantics, timing, workloads
 from .cases import Point
 from .impls import registry
 from .markers import nvtx_range, point_range_name
@@ -32,6 +31,7 @@ class SweepOptions:
     timed: bool = True  # False: gate only (``swabench check``)
     host_timer: timing.HostTimerOptions = field(default_factory=timing.HostTimerOptions)
     graph_timer: timing.GraphTimerOptions = field(default_factory=timing.GraphTimerOptions)
+    unbuildable: dict = field(default_factory=dict)  # module signature -> why the warm-up could not build it
 
     @property
     def kernel_timer(self) -> str:
@@ -87,6 +87,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
     impl = registry.get(point.impl)
     row = base_row(point, w, options.device)
     skip = impl.skip_reason(point.case, point.backend, options.device)
+    failed = options.unbuildable.get(module_signature(point))
+    skip = skip or (f"resource: the module could not be built in the warm-up ({failed})" if failed else None)
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
@@ -162,6 +164,13 @@ class WarmUp:
         return "\n".join(lines)
 
 
+def module_signature(p: Point) -> str:
+    """What decides which JIT module a point runs (its implementation, backend, dtype, head_dim, and
+    whether it has a window): points with one signature share a module."""
+    c = p.case
+    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}"
+
+
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
@@ -169,10 +178,9 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     apart)."""
     todo: dict[str, Point] = {}
     for p in points:
-        impl, c = registry.get(p.impl), p.case
-        if impl.needs_cuda and not impl.skip_reason(c, p.backend, device):
-            window = "window" if c.window_left >= 0 else "no-window"
-            todo.setdefault(f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {window}", p)
+        impl = registry.get(p.impl)
+        if impl.needs_cuda and not impl.skip_reason(p.case, p.backend, device):
+            todo.setdefault(module_signature(p), p)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
         """(signature, seconds, why it could not be built or None): a module the library cannot
@@ -207,6 +215,34 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     return WarmUp(seconds, built, wall, jobs, cache, failed)
 
 
+def free_bytes(device: torch.device) -> int:
+    """Memory this process could still take on ``device``: the GPU's free memory plus what PyTorch's
+    allocator holds unused, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+            torch.cuda.memory_allocated(device)
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def too_big(case, points: list[Point], device: torch.device) -> str | None:
+    """Why the case cannot be built on this device (its estimate against the free memory), or None."""
+    fp = footprint.footprint(case, device.type)
+    masks = fp.mask_bytes if any(registry.get(p.impl).baseline for p in points) else 0
+    need = fp.device_bytes + masks + (fp.host_bytes if device.type == "cpu" else 0)
+    free = free_bytes(device)
+    if need <= free:
+        return None
+    return (f"resource: the case needs about {footprint.human_bytes(need)} on {device.type} ({fp.describe()}"
+            + (f", dense masks {footprint.human_bytes(masks)}" if masks else "") + f"); "
+            f"{footprint.human_bytes(free)} free")
+
+
 def points_by_case(points: list[Point]) -> dict:
     grouped: dict = {}
     for p in points:
@@ -221,17 +257,18 @@ def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
     with nvtx_range(f"run {scenario.name}", payload=len(todo)):
         for case_index, (case, points) in enumerate(todo.items()):
             with nvtx_range(f"case {case.label}", payload=case_index):
-                started = time.perf_counter()
-                try:
-                    w = workloads.build(case, options.device)
-                except torch.cuda.OutOfMemoryError:
-                    w = None
+                started, w = time.perf_counter(), None
+                skip = too_big(case, points, options.device)
+                if not skip:
+                    try:
+                        w = workloads.build(case, options.device)
+                    except torch.cuda.OutOfMemoryError as e:
+                        skip = f"resource: out of memory building the workload ({str(e).splitlines()[0]})"
                 workload_s = time.perf_counter() - started
                 for point in points:
                     started = time.perf_counter()
                     if w is None:
-                        row = {**base_row(point, None, options.device), "status": "skip",
-                               "reason": "out of memory building the workload"}
+                        row = {**base_row(point, None, options.device), "status": "skip", "reason": skip}
                     else:
                         with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):
                             row = measure_point(point, w, options)

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -42,6 +43,9 @@ def test_resume_drops_a_half_written_line_and_checks_the_scenario(tmp_path):
     assert store.done() == {("c0", "torch-trim", "torch")}
     with pytest.raises(RunFolderError, match="different scenario"):
         RunStore.resume(tmp_path / "run", "other text")
+    with pytest.raises(RunFolderError, match=f"being written by another swabench process .pid {os.getpid()}"):
+        RunStore.resume(tmp_path / "run", "scenario text")  # the first store still holds it
+    store.close()
     resumed = RunStore.resume(tmp_path / "run", "scenario text")
     resumed.append(row(1))
     assert resumed.done() == {("c0", "torch-trim", "torch"), ("c1", "torch-trim", "torch")}
@@ -69,3 +73,29 @@ def test_commit_sent_with_the_checkout_wins_over_its_git(monkeypatch):
     sent = environment.git_state()
     assert sent["git_commit"] == "0123abcd" * 5 and sent["git_commit_from"] == "SWABENCH_GIT_COMMIT"
     assert own.get("git_commit_from") is None
+
+
+def test_meta_keys_are_defined_in_the_schema_and_versioned(tmp_path):
+    from swabench import schema
+    store = RunStore.create(tmp_path / "run", {"scenario": "x"}, "a")
+    assert store.meta()["format_version"] == schema.FORMAT_VERSION
+    with pytest.raises(ValueError, match="not defined in swabench.schema: jit_warmup_s"):
+        store.write_meta({**store.meta(), "jit_warmup_s": {}})
+
+
+def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
+    from swabench import schema
+    (tmp_path / results.META).write_text(json.dumps({"scenario": "old", "jit_warmup_s": {"a": 1.0},
+                                                     "jit_warmup_total_s": 1.0}))
+    meta = results.read_meta(tmp_path)
+    assert meta["format_version"] == schema.FORMAT_VERSION and "jit_warmup_s" not in meta
+    assert meta["jit_warmups"] == [{"jit_warmup_s": {"a": 1.0}, "jit_warmup_wall_s": 1.0}]
+    (tmp_path / results.META).write_text(json.dumps({"format_version": schema.FORMAT_VERSION + 1}))
+    with pytest.raises(RunFolderError, match="newer than this swabench reads"):
+        results.read_meta(tmp_path)
+
+
+def test_a_frozen_run_of_the_first_format_reads_with_every_column():
+    from pathlib import Path
+    table, meta = results.load(Path(__file__).parent / "fixtures" / "h200-run")
+    assert set(results.COLUMNS) <= set(table.columns) and meta["format_version"] == 2 and meta["jit_warmups"]

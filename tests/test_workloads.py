@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from swabench import scenarios, workloads
+from swabench import footprint, scenarios, workloads
 
 
 def case(**kw):
@@ -9,6 +9,14 @@ def case(**kw):
                 num_kv_heads=2, head_dim=16, dtype="float32", batch_size=5)
     merged = {**base, **kw}
     return scenarios.make_case({k: v for k, v in merged.items() if v is not None})
+
+
+def absurd(**kw):
+    """A Case past the limits, made without make_case (which refuses it, as a scenario file should)."""
+    import dataclasses
+    qo = kw.pop("extend_len", None) or kw.pop("draft_tokens", None)
+    kw.pop("draft_tokens", None)
+    return dataclasses.replace(case(), **kw, **({"qo_len": qo} if qo else {}))
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 16])
@@ -105,15 +113,15 @@ def test_footprint_bounds_what_build_allocates(name):
     held = _held_bytes(w) + w.q.nbytes  # the workload, plus one runner's output buffer
     qo, kv = w.qo_lens, w.kv_lens
     chunk = 8 * c.num_qo_heads * max(kv) * (2 * max(qo) + 2 * c.head_dim)  # the reference's largest chunk
-    f = workloads.footprint(c)
+    f = footprint.footprint(c)
     assert held <= f.device_bytes <= 3 * held + chunk, (held, f.device_bytes, chunk)
     assert f.kv_bytes == w.k_store.nbytes + w.v_store.nbytes
     from swabench import semantics
     dense = sum(q * k for q, k in zip(qo, kv)) + semantics.packed_mask_bytes(qo, kv)
     assert f.mask_bytes == dense if c.mode != "draft_extend" or c.accept == "full" else f.mask_bytes >= dense
     assert f.host_bytes >= 8 * (len(w.slots) + len(w.key_request) + len(w.key_position))
-    assert workloads.footprint(c, "cuda").device_bytes < f.device_bytes  # float32 reference on a GPU
-    assert workloads.impossible(c) is None
+    assert footprint.footprint(c, "cuda").device_bytes < f.device_bytes  # float32 reference on a GPU
+    assert footprint.impossible(c) is None
 
 
 @pytest.mark.parametrize("axes,field", [
@@ -124,35 +132,40 @@ def test_footprint_bounds_what_build_allocates(name):
 ])
 def test_absurd_cases_are_refused_in_milliseconds(axes, field):
     import time
-    c = case(**axes)
+    c = absurd(**axes)
     started = time.perf_counter()
-    f, reason = workloads.footprint(c), workloads.impossible(c)
+    f, reason = footprint.footprint(c), footprint.impossible(c)
     assert time.perf_counter() - started < 0.05
     assert f.device_bytes > 500 << 30  # no tensor made, yet the size is right
     assert field in reason and "int32" in reason, reason
 
 
 def test_batch_of_a_billion_names_its_keys():
-    reason = workloads.impossible(case(batch_size=10**9, prefix_len=40, draft_tokens=4))
+    reason = footprint.impossible(absurd(batch_size=10**9, prefix_len=40, draft_tokens=4))
     assert reason == ("batch_size 1000000000 x 44 keys (prefix_len 40 + draft_tokens 4) = 44000000000 keys: "
                       "more than the 2147483647 a FlashInfer page table can index (int32)")
 
 
 def test_footprint_above_the_ceiling_is_impossible_within_int32():
-    c = case(batch_size=8, prefix_len=200_000_000, num_qo_heads=64, num_kv_heads=64, head_dim=1024)
-    reason = workloads.impossible(c)
-    assert c.batch_size * (c.prefix_len + c.qo_len) < workloads.LIMITS.int32_index
+    c = absurd(batch_size=8, prefix_len=200_000_000, num_qo_heads=64, num_kv_heads=64, head_dim=1024)
+    reason = footprint.impossible(c)
+    assert c.batch_size * (c.prefix_len + c.qo_len) < footprint.LIMITS.int32_index
     assert "ceiling" in reason and "head_dim 1024" in reason and "prefix_len 200000000" in reason, reason
 
 
 def test_human_bytes_and_describe():
-    assert workloads.human_bytes(512) == "512 B"
-    assert workloads.human_bytes(1536 << 20) == "1.5 GiB"
-    f = workloads.Footprint(device_bytes=int(1.2 * 2**30), host_bytes=0, mask_bytes=0, kv_bytes=2**30)
+    assert footprint.human_bytes(512) == "512 B"
+    assert footprint.human_bytes(1536 << 20) == "1.5 GiB"
+    f = footprint.Footprint(device_bytes=int(1.2 * 2**30), host_bytes=0, mask_bytes=0, kv_bytes=2**30)
     assert f.describe() == "1.2 GiB on the device (K/V 1.0 GiB)"
 
 
 @pytest.mark.parametrize("name", ["cpu", "quick", "edges", "default", "peers"])
 def test_shipped_cases_are_possible(name):
     for c in scenarios.load(scenarios.find(name)).cases:
-        assert workloads.impossible(c) is None, (c.label, workloads.impossible(c))
+        assert footprint.impossible(c) is None, (c.label, footprint.impossible(c))
+
+
+def test_make_case_refuses_what_can_never_run():
+    with pytest.raises(scenarios.ScenarioError, match="batch_size 1000000000 x 41 keys"):
+        case(batch_size=10**9)

@@ -1,0 +1,120 @@
+"""What a case costs in memory, estimated from its axes alone before anything is allocated, and the
+limits past which a case can never run: pure integer arithmetic, safe for absurd values (a batch of
+10**9, a prefix of 10**12), so scenario validation refuses those before any work and the sweep can
+skip a case too big for this device instead of dying in the allocator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cases import QO_FIELD, Case
+
+REFERENCE_CHUNK_ELEMENTS = 1 << 26  # scores per chunk of the reference (256 MiB in float32): bounds 32k contexts
+
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PY_LIST_ENTRY = 36  # a per-request Python list costs a pointer and an int object per entry
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Beyond these a case can never run, on any machine."""
+
+    int32_index: int = 2**31 - 1  # FlashInfer's indptr and page-table entries are int32
+    ceiling_bytes: int = 2 << 40  # 2 TiB: more memory than any single node has
+
+
+LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a case costs in memory, estimated from its axes alone (worst-case lengths)."""
+
+    device_bytes: int  # the workload, one runner's output, the reference, the largest transient (fill, gate)
+    host_bytes: int  # the CPU-side arrays and per-request lists ``build`` makes before moving them
+    mask_bytes: int  # the dense bool custom mask (and its packed copy) the ``*-mask`` paths build per plan
+    kv_bytes: int  # the K and V stores, part of device_bytes
+
+    def describe(self) -> str:
+        return f"{human_bytes(self.device_bytes)} on the device (K/V {human_bytes(self.kv_bytes)})"
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _worst_lengths(case: Case) -> tuple[int, int]:
+    """(qo_len, kv_len) of the largest request: draft_extend draws at most the whole block."""
+    kv = case.seq_len if case.seq_len is not None else case.prefix_len + case.qo_len
+    return case.qo_len, kv
+
+
+def _reference_chunk(case: Case, qo: int, kv: int, acc: int) -> int:
+    """The reference's largest live chunk (as ``reference.attention`` steps through a request): three
+    [H, rows, keys] arrays at once (the scores, their scaled copy or the probabilities, the copy the
+    second einsum makes), and the keys and values widened to every query head."""
+    h = case.num_qo_heads
+    rows = min(qo, max(1, REFERENCE_CHUNK_ELEMENTS // max(1, kv * h)))
+    keys = kv if case.window_left < 0 else min(kv, rows + case.window_left)
+    return acc * h * keys * (3 * rows + 2 * case.head_dim)
+
+
+def footprint(case: Case, device_type: str = "cpu") -> Footprint:
+    """Bytes the sweep needs for a case, by integer arithmetic only: safe for absurd axes.
+
+    Runners live one at a time (the sweep frees each before making the next), so one output buffer."""
+    b, (qo, kv) = case.batch_size, _worst_lengths(case)
+    h, hkv, d, e = case.num_qo_heads, case.num_kv_heads, case.head_dim, ELEMENT_BYTES[case.dtype]
+    acc = 8 if device_type == "cpu" else 4  # reference.accumulate_dtype: float64 on the CPU
+    queries, keys = b * qo, b * kv
+    paged = case.storage == "paged"
+    pages = b * -(-kv // case.page_size) if paged else 0
+    rows = pages * case.page_size if paged else keys  # K/V rows at the storage's layout
+    kv_bytes = 2 * rows * hkv * d * e
+    q_bytes = queries * h * d * e  # q, and again the runner's output
+    indices = (8 * (3 * keys + 2 * queries)  # slots, key_request, key_position; query request, position
+               + 4 * (2 * (b + 1) + (pages + b if paged else 0)))  # int32 indptrs, page table, last-page lens
+    if device_type == "cpu":  # the host copies the workload keeps (indptrs, page table) share this memory
+        indices += 8 * (2 * (b + 1) + pages)
+    else:  # a FlashInfer runner's CUDA-graph copies of the indptrs and page table
+        indices += 4 * (3 * (b + 1) + pages + b)
+    checked = queries * h * d * acc  # one output in the accumulate dtype: the reference's, or a gate temporary
+    # the gate's passes go one after another: the peak is the largest of filling the buffers (fill_random's
+    # float32 draw; probes.fill's float64 queries, or its float32 values, float64 keys and their cast),
+    # the reference's chunk, and the gate's float copy of the output and its diff
+    fill = max(4 * rows * hkv * d, queries * h * d * (16 + e), keys * (hkv * d * (4 + e) + 8 * d))
+    transient = max(fill, _reference_chunk(case, qo, kv, acc), 2 * checked)
+    device = 2 * q_bytes + kv_bytes + indices + checked + transient
+    # int64 per key (owners, positions, slots, two temporaries of the slot arithmetic), per query (4),
+    # per page (order, table) and per request (lengths, indptrs); and ~6 per-request Python lists
+    host = 8 * (5 * keys + 4 * queries + 2 * pages + 4 * (b + 1)) + 6 * b * PY_LIST_ENTRY
+    mask = b * (qo * kv + (qo * kv + 7) // 8)  # semantics.custom_mask + packed_mask_bytes
+    return Footprint(device_bytes=device, host_bytes=host, mask_bytes=mask, kv_bytes=kv_bytes)
+
+
+def _keys_phrase(case: Case) -> str:
+    """The axis fields that set keys per request, as the scenario writer named them."""
+    if case.seq_len is not None:
+        return f"(seq_len {case.seq_len})"
+    qo_name = QO_FIELD.get(case.mode, "qo_len")
+    return f"(prefix_len {case.prefix_len} + {qo_name} {case.qo_len})"
+
+
+def impossible(case: Case) -> str | None:
+    """Why the case can never run anywhere, phrased for the scenario's author; None if it might."""
+    b, (_, kv) = case.batch_size, _worst_lengths(case)
+    limit = LIMITS.int32_index
+    if b * kv > limit:  # queries never outnumber keys (qo_len <= kv_len), so this bounds qo_indptr too
+        return (f"batch_size {b} x {kv} keys {_keys_phrase(case)} = {b * kv} keys: more than the "
+                f"{limit} a FlashInfer page table can index (int32)")
+    f = footprint(case, "cuda")  # the smaller estimate (float32 reference): a GPU is its best chance
+    if max(f.device_bytes, f.host_bytes) > LIMITS.ceiling_bytes:
+        return (f"batch_size {b} x {kv} keys {_keys_phrase(case)} x {case.num_kv_heads} KV heads x head_dim "
+                f"{case.head_dim} ({case.dtype}) needs {f.describe()} and {human_bytes(f.host_bytes)} on the "
+                f"host: above the {human_bytes(LIMITS.ceiling_bytes)} ceiling, more memory than any single "
+                f"node has")
+    return None

@@ -1,0 +1,239 @@
+"""Bad input and damaged state, as a hostile user meets them: every one ends in a clear message and
+exit status 2 (or a recorded skip), never a traceback, and nothing already recorded is lost."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+from conftest import invoke
+
+from swabench import footprint, results, scenarios, sweep
+from swabench.impls import registry
+
+TINY = textwrap.dedent("""
+    name = "tiny"
+    implementations = ["torch-trim", "torch-mask"]
+    [fixed]
+    num_qo_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    batch_size = 2
+    [[sweep]]
+    mode = "verify"
+    draft_tokens = 4
+    prefix_len = 40
+    window_left = [3, 15]
+    """)
+
+
+def scenario(tmp_path, text=TINY, name="s.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != results.LOCK}
+
+
+# 1. the scenario name becomes a folder name
+@pytest.mark.parametrize("name", ["../../tmp/evil", "/tmp/evil", "..", ".hidden", "a b", "x" * 101])
+def test_a_name_that_is_not_a_slug_is_refused(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    path = scenario(tmp_path, TINY.replace('name = "tiny"', f"name = {json.dumps(name)}"))
+    r = invoke("run", path, "--device", "cpu")
+    assert r.exit_code == 2 and "name: must be letters, digits" in r.output
+    assert not (tmp_path / "results").exists() and not os.path.exists("/tmp/evil")
+
+
+def test_the_default_folder_stays_under_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = scenario(tmp_path, TINY.replace('name = "tiny"', "").replace("[fixed]", "[fixed]"), "../my scenario!.toml")
+    r = invoke("run", path, "--device", "cpu", "--impl", "torch-trim")
+    assert r.exit_code == 0, r.output
+    (run,) = (tmp_path / "results").iterdir()
+    assert run.name.startswith("my-scenario--run-cpu-")
+
+
+# 2. readers on runs in every state
+@pytest.fixture
+def runs_in_every_state(tmp_path):
+    folders = {}
+    skipped = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["paged-window"]'), "skip.toml")
+    assert invoke("run", skipped, "--device", "cpu", "--out", tmp_path / "all-skip").exit_code == 0
+    folders["all-skip"] = tmp_path / "all-skip"
+    xfail = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["planted-wide"]'), "xfail.toml")
+    assert invoke("run", xfail, "--device", "cpu", "--out", tmp_path / "all-xfail").exit_code == 0
+    folders["all-xfail"] = tmp_path / "all-xfail"
+    store = results.RunStore.create(tmp_path / "zero", {"scenario": "zero", "state": "running"}, "x")
+    store.finalize(state="complete")
+    store.close()
+    folders["zero-rows"] = tmp_path / "zero"
+    assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "cut").exit_code == 0
+    for name in (results.TABLE, results.SAMPLES):
+        (tmp_path / "cut" / name).unlink()
+    meta = json.loads((tmp_path / "cut" / results.META).read_text())
+    (tmp_path / "cut" / results.META).write_text(json.dumps({**meta, "state": "interrupted"}))
+    folders["interrupted"] = tmp_path / "cut"
+    return folders
+
+
+@pytest.mark.parametrize("command", ["summary", "plot", "report"])
+def test_readers_handle_runs_with_nothing_to_time(runs_in_every_state, tmp_path, command):
+    for state, folder in runs_in_every_state.items():
+        extra = ["--out", tmp_path / f"{command}-{state}"] if command != "summary" else []
+        r = invoke(command, folder, *extra)
+        assert r.exit_code == 0, (state, r.output)
+        if state == "interrupted":
+            assert "this run is interrupted: 4 of 4 points recorded" in r.output
+
+
+@pytest.mark.parametrize("damage,words", [
+    ({"meta.json": "{not json"}, "not valid JSON"),
+    ({"meta.json": "[1, 2]"}, "does not hold a JSON object"),
+    ({"rows.jsonl": None, "results.csv": "\x00\x01garbage\n,,\n"}, "results.csv"),
+    ({"rows.jsonl": None, "results.csv": "a,b\n1,2\n"}, "no column case_id"),
+    ({"rows.jsonl": '{"case_id": "x", "impl": "y", "backend": "z"}\n[1, 2]\n{"case_id": "y"}\n'}, "line 2"),
+])
+@pytest.mark.parametrize("command", ["summary", "plot", "report", "compare"])
+def test_damaged_run_folders_exit_2(tmp_path, damage, words, command):
+    out = tmp_path / "run"
+    assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", out).exit_code == 0
+    good = tmp_path / "good"
+    assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", good).exit_code == 0
+    for name, text in damage.items():
+        (out / name).unlink() if text is None else (out / name).write_text(text)
+    args = [good, out] if command == "compare" else [out] + (["--out", tmp_path / "figs"] if command != "summary" else [])
+    r = invoke(command, *args)
+    assert r.exit_code == 2 and words in r.output, r.output
+
+
+# 3. memory: impossible cases refused before anything is written, big ones skipped
+@pytest.mark.parametrize("edit,words", [
+    (("batch_size = 2", "batch_size = 1000000000"), "batch_size"),
+    (("prefix_len = 40", "prefix_len = 1000000000000"), "prefix_len"),
+])
+def test_impossible_sizes_exit_2_before_anything_is_written(tmp_path, edit, words):
+    started = time.perf_counter()
+    r = invoke("run", scenario(tmp_path, TINY.replace(*edit)), "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert time.perf_counter() - started < 10 and not (tmp_path / "run").exists()
+
+
+def test_a_case_too_big_for_this_device_is_a_skip_with_its_estimate(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "free_bytes", lambda device: 1 << 10)  # 1 KiB free
+    r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(tmp_path / "run" / results.TABLE)
+    assert (table["status"] == "skip").all() and table["reason"].str.contains("needs about").all()
+    assert table["reason"].str.contains("free").all()
+
+
+def test_show_prints_the_memory_estimate(tmp_path):
+    r = invoke("show", scenario(tmp_path), "--cases")
+    case = footprint.footprint(scenarios.load(scenario(tmp_path)).cases[0], "cuda")
+    assert r.exit_code == 0 and "memory: the largest case needs" in r.output and case.describe() in r.output
+
+
+# 4. skip rules evaluate under limits
+@pytest.mark.parametrize("rule,words", [
+    ("'a' * 4000000000 == 'b'", "skip[0].when"),
+    ("prefix_len // 0 == 1", "skip[0].when"),
+    ("(" * 5000 + "prefix_len > 1" + ")" * 5000, "skip[0].when"),
+    (" * ".join(["prefix_len"] * 500) + " > 1", "skip[0].when"),
+    ("prefix_len", "skip[0].when"),
+])
+def test_skip_rules_fail_fast_and_name_the_rule(tmp_path, rule, words):
+    started = time.perf_counter()
+    r = invoke("show", scenario(tmp_path, TINY + f"[[skip]]\nwhen = {json.dumps(rule)}\nreason = 'r'\n"))
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert time.perf_counter() - started < 5
+
+
+# 6. an --out that cannot be written
+def test_an_unwritable_out_exits_2(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file" / "run", "/proc/swabench-run"):
+        r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", out)
+        assert r.exit_code == 2 and "cannot write to" in r.output, r.output
+        r = invoke("plot", tmp_path, "--out", out)
+        assert r.exit_code == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_out_exits_2(tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o555)
+    r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "ro" / "run")
+    assert r.exit_code == 2 and "Permission denied" in r.output
+
+
+# 7. one process writes a run folder at a time
+def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    path = scenario(tmp_path)
+    assert invoke("run", path, "--device", "cpu", "--out", out, "--impl", "torch-trim").exit_code == 0
+    before = snapshot(out)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from swabench.results import FolderLock
+        FolderLock({str(out)!r}).acquire()
+        print("locked", flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = invoke("run", path, "--device", "cpu", "--out", out, "--resume")
+        assert r.exit_code == 2 and f"pid {holder.pid}" in r.output, r.output
+        assert snapshot(out) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    r = invoke("run", path, "--device", "cpu", "--out", out, "--resume")
+    assert r.exit_code == 0 and "took over the lock" in r.output and f"pid {holder.pid}" in r.output, r.output
+    assert len(pd.read_csv(out / results.TABLE)) == 4
+
+
+# 8. a merge that misses shards
+def test_merge_refuses_missing_shards_unless_partial(tmp_path):
+    path = scenario(tmp_path)
+    assert invoke("run", path, "--device", "cpu", "--shard", "0/2", "--out", tmp_path / "s0").exit_code == 0
+    r = invoke("merge", tmp_path / "m", tmp_path / "s0")
+    assert r.exit_code == 2 and "shard(s) 1/2 missing" in r.output and not (tmp_path / "m").exists()
+    r = invoke("merge", tmp_path / "m", tmp_path / "s0", "--partial")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / results.META).read_text())["state"] == "incomplete"
+
+
+# 9. a resource problem is a skip with the library's message, never a failure
+def test_a_resource_error_is_a_skip(tmp_path, monkeypatch):
+    trim = registry.get("torch-trim")
+
+    class Starved:
+        out = None
+        resolved_backend = "torch"
+
+        def plan(self):
+            raise registry.ResourceError("Buffer overflow when allocating memory: increase the workspace")
+
+    starved = registry.Implementation("torch-starved", "torch", trim.storages, "no workspace", lambda w, b: Starved())
+    monkeypatch.setitem(registry._REGISTRY, "torch-starved", starved)
+    path = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["torch-starved"]'))
+    r = invoke("run", path, "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(tmp_path / "run" / results.TABLE)
+    assert (table["status"] == "skip").all()
+    assert table["reason"].str.startswith("resource: Buffer overflow").all()
+
+
+def test_the_sweep_loads_no_library_module():
+    code = ("import sys, swabench.sweep, swabench.runs, swabench.results; "
+            "bad = [m for m in sys.modules if 'flashinfer' in m or m.endswith(('.flex', '.embedded'))]; "
+            "sys.exit(', '.join(bad) or None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
