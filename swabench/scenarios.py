@@ -253,7 +253,20 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
+    _check_probe_fits(case, path, where)
     return case
+
+
+def _check_probe_fits(case: Case, path, where) -> None:
+    """The gate's probe pass encodes key positions in the head dimension: a head_dim too small for
+    the context cannot be checked, so it is refused here rather than failed by the gate."""
+    from . import probes
+
+    keys = case.seq_len if case.seq_len is not None else case.prefix_len + case.qo_len
+    need = probes.required_head_dim(keys, case.window_left)
+    if case.head_dim < need:
+        raise ScenarioError(path, f"{where}.head_dim", f"{case.head_dim} is too small for the gate's probe inputs "
+                                                       f"at {keys} keys: give head_dim >= {need}")
 
 
 def _modes_of(qo_field: str) -> str:
