@@ -11,6 +11,8 @@
 #   warm     import swabench, torch and flashinfer once, so the first timed command on a fresh node
 #            does not pay its cold file cache (run it before `default` and `gpus`)
 #   coldjit  `swabench warmup default` on an empty JIT cache, 8 modules at once, then one by one
+#   quick-compare  `quick` against the committed quick run (results/h200-quick-run1), point by point
+#   workspace  workspace.toml: GPT-OSS and Gemma-2-9B extend shapes that need more than 256 MiB of workspace
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -22,11 +24,16 @@ fresh_compile_cache() { export TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CAC
 for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
-    tests)     timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -5 ;;
+    tests)     timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
+                 | tee "$out/gpu-tests.log" | tail -5 ;;
     warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3
                echo "import swabench.cli alone, warm:"; ( time python3 -c "import swabench.cli" ) 2>&1 | tail -3 ;;
     peaks)     sb env --peaks | grep -E '^(gpu|peak|nvidia_smi.clocks)' ;;
     quick)     ( time sb run quick --out "$out/h200-quick-run" ) 2>&1 | tail -18 ;;
+    quick-compare)
+               sb compare results/h200-quick-run1 "$out/h200-quick-run" > "$out/h200-quick-compare.md"
+               echo "compare exit $?"; head -12 "$out/h200-quick-compare.md" ;;
+    workspace) ( time sb run workspace --out "$out/h200-workspace-run" ) 2>&1 | tail -14 ;;
     default)   fresh_compile_cache
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
     default-half)

@@ -19,6 +19,7 @@ from .markdown import environment_line, markdown_table
 
 NOISE = 0.02  # the noise bar (IQR / median) a timed point is held to, as in `swabench summary`
 TIE = NOISE  # so a ratio within 2% of 1 is the same time, not a win or a loss
+MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]  # report.versus_reference's
 LONG_US = 20  # points this long or longer are held to the noise bar, as in `swabench summary`
 
 
@@ -31,10 +32,6 @@ class Run:
     @property
     def name(self) -> str:
         return f"`{self.folder}`"
-
-    @property
-    def timed(self) -> pd.DataFrame:
-        return self.table[(self.table["status"] == "pass") & self.table["median_us"].notna()]
 
 
 def write(run_dirs: list[Path], out: Path) -> Path:
@@ -117,7 +114,7 @@ def correctness(runs: list[Run]) -> list[str]:
                        "worst probe row (correct, pass)": good["worst probe row (pass)"].max(),
                        "limits (rel-L2 / row)": _limits(r.meta, t)})
         failed = t[(t["kind"] == "correct") & (t["status"] == "fail")]
-        failures += [f"**`{impl}` [{backend}], a correct implementation, failed the gate on {len(g)} points** "
+        failures += [f"**`{impl}` [{backend}], a correct implementation, failed the gate on {_points(len(g))}** "
                      f"({r.name})." for (impl, backend), g in failed.groupby(["impl", "backend"])]
         wrong = matrix[matrix["kind"] != "correct"]
         bugs += [{"run": r.name, **row} for row in wrong[["impl", "kind", "backend", "xfail", "xpass", "pass", "fail",
@@ -125,7 +122,7 @@ def correctness(runs: list[Run]) -> list[str]:
         notes += _xpass(r)
         odd = t[(t["kind"] != "correct") & (t["status"] == "fail")]
         if len(odd):
-            notes.append(f"{len(odd)} points of known bugs or planted mistakes failed where their mistake changes "
+            notes.append(f"{_points(len(odd))} of known bugs or planted mistakes failed where their mistake changes "
                          f"nothing: the suite's model of the mistake is wrong there ({r.name}).")
     parts = ["## Correctness",
              " ".join(failures) or "Every correct implementation passed every point it ran: no correct path has "
@@ -168,6 +165,10 @@ def _headline_cells(table: pd.DataFrame) -> pd.DataFrame:
     return t.groupby(["mode", "sliding_window", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
 
 
+def _speedup(cell: pd.Series) -> str:
+    return f"{cell['speedup_vs_mask']:.1f}x ({cell['mode']}, window {int(cell['sliding_window'])})"
+
+
 def headline(runs: list[Run]) -> list[str]:
     """The suite's question in one table per run: what the window (or trimming) saves over the
     naive custom-mask path, per mode and window."""
@@ -183,11 +184,9 @@ def headline(runs: list[Run]) -> list[str]:
             c = cells[cells["impl"] == impl]
             lo, hi = c.loc[c["speedup_vs_mask"].idxmin()], c.loc[c["speedup_vs_mask"].idxmax()]
             slower = int((c["speedup_vs_mask"] < 1).sum())
-            said.append(f"- `{impl}`: {lo['speedup_vs_mask']:.1f}x ({lo['mode']}, window {int(lo['sliding_window'])}) "
-                         f"to {hi['speedup_vs_mask']:.1f}x ({hi['mode']}, window {int(hi['sliding_window'])}) "
-                         + ("faster than the custom mask in every cell" if not slower else
-                            f"over the custom mask; slower than it in {slower} of {len(c)} cells")
-                         + f" ({r.name}).")
+            said.append(f"- `{impl}`: {_speedup(lo)} to {_speedup(hi)} "
+                        + ("faster than the custom mask in every cell" if not slower else
+                           f"over the custom mask; slower than it in {slower} of {len(c)} cells") + f" ({r.name}).")
         parts += ["\n".join(said), f"From {r.name}:", markdown_table(table)]
     if not parts:
         return []
@@ -212,22 +211,15 @@ def versus_reference(runs: list[Run]) -> list[str]:
         if not len(v):
             continue
         v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
-        median, keys = "time / reference (median)", ["mode", "storage", "window (keys)"]
         paths = sorted(set(v["path"]), key=lambda p: (registry.order(p.split(" [")[0]), p))
-        said = []
-        for path in paths:
-            p = v[v["path"] == path]
-            groups = (("faster", p[p[median] < 1 - TIE]), ("the same within 2%", p[(p[median] - 1).abs() <= TIE]),
-                      ("slower", p[p[median] > 1 + TIE]))
-            words = [f"{word} in {_cells(list(g[keys].itertuples(index=False)), len(p))} ({_span(g[median])})"
-                    for word, g in groups if len(g)]
-            said.append(f"- `{path.split(' [')[0]}` [{p['backend'].iloc[0]}]: {'; '.join(words)} ({r.name}).")
+        said = [_where(v[v["path"] == path], r) for path in paths]
         v["cell"] = [_ratio(m) if n == 1 else f"{_ratio(m)} ({_ratio(b)}-{_ratio(w)}, {n})"
-                     for m, b, w, n in zip(v[median], v["best"], v["worst"], v["cases"])]
-        wide = v.pivot_table(index=keys, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
+                     for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
+        wide = v.pivot_table(index=CELL, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
         order = {m: i for i, m in enumerate(plots.MODES)}
-        wide = wide.sort_values(keys, key=lambda c: c.map(order) if c.name == "mode" else c)
-        parts += ["\n".join(said), _resolved(per_point, r), f"From {r.name}:", markdown_table(wide[keys + paths].fillna(""))]
+        wide = wide.sort_values(CELL, key=lambda c: c.map(order) if c.name == "mode" else c)
+        parts += ["\n".join(said), _resolved(per_point, r), f"From {r.name}:",
+                  markdown_table(wide[CELL + paths].fillna(""))]
     if not parts:
         return []
     return [f"## Against the reference path ({registry.describe_reference()})",
@@ -237,6 +229,15 @@ def versus_reference(runs: list[Run]) -> list[str]:
             "baselines are in the headline instead."] + parts
 
 
+def _where(p: pd.DataFrame, r: Run) -> str:
+    """One path's sentence: the cells where it is faster than the reference, the same, slower."""
+    groups = (("faster", p[p[MEDIAN] < 1 - TIE]), (f"the same within {TIE:.0%}", p[(p[MEDIAN] - 1).abs() <= TIE]),
+              ("slower", p[p[MEDIAN] > 1 + TIE]))
+    words = [f"{word} in {_cells(list(g[CELL].itertuples(index=False)), len(p))} ({_span(g[MEDIAN])})"
+             for word, g in groups if len(g)]
+    return f"- `{p['impl'].iloc[0]}` [{p['backend'].iloc[0]}]: {'; '.join(words)} ({r.name})."
+
+
 def _resolved(v: pd.DataFrame, r: Run) -> str:
     """Which backend a choice such as `auto` ran on (resolved_backend, when it names another backend
     of the table), so a reader knows what its column measures."""
@@ -244,8 +245,9 @@ def _resolved(v: pd.DataFrame, r: Run) -> str:
     chosen = v[(v["backend"] != v["resolved_backend"]) & v["resolved_backend"].isin(set(v["backend"]))]
     for backend, g in chosen.groupby("backend"):
         ran, total = g["resolved_backend"].value_counts(), int((v["backend"] == backend).sum())
-        said.append(f"`{backend}` ran on {ran.index[0]} on all {total} of its points in the table below" if ran.iloc[0] == total
-                    else f"`{backend}` ran on " + ", ".join(f"{b} ({_points(n)})" for b, n in ran.items())
+        said.append(f"`{backend}` ran on {ran.index[0]} on all {total} of its points in the table below"
+                    if ran.iloc[0] == total else
+                    f"`{backend}` ran on " + ", ".join(f"{b} ({_points(n)})" for b, n in ran.items())
                     + f" of its {total} points in the table below")
     return f"{'; '.join(said)} ({r.name})." if said else ""
 
@@ -278,8 +280,8 @@ def _launch_against_one(multi: Run, one: Run) -> str:
     text = (f"- {how} ({multi.name}) against one GPU ({one.name}), same scenario file: end to end {a / b:.2f}x "
             f"faster, `total_s` {a} s / {b} s")
     if one.meta.get("wall_s") and multi.meta.get("wall_s"):
-        text += f"; the sweep alone {one.meta['wall_s'] / multi.meta['wall_s']:.2f}x, `wall_s` {one.meta['wall_s']} s / " \
-                f"{multi.meta['wall_s']} s"
+        c, d = one.meta["wall_s"], multi.meta["wall_s"]
+        text += f"; the sweep alone {c / d:.2f}x, `wall_s` {c} s / {d} s"
     key = list(results.KEY)
     both = one.table[key + ["status"]].merge(multi.table[key + ["status"]], on=key, suffixes=("_one", "_multi"))
     same = int((both["status_one"] == both["status_multi"]).sum())
@@ -290,8 +292,8 @@ def _launch_against_one(multi: Run, one: Run) -> str:
 
 def measurement(runs: list[Run]) -> list[str]:
     """How many timed points met the noise bar: a ratio of two medians means little when either
-    point's spread is wide.  Points under 20 us are left out of the share: there a fixed jitter of
-    a fraction of a microsecond is already a few percent."""
+    point's spread is wide.  Points under 20 us are left out of the share, as `swabench summary`
+    does: there a fraction of a microsecond of jitter is already a few percent."""
     rows = []
     for r in runs:
         if not len(r.table) or r.table["median_us"].isna().all():

@@ -25,12 +25,12 @@ and the allowed values.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import itertools
 import re
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from . import semantics
@@ -399,10 +399,10 @@ def find(name_or_path: str, search_dirs=None) -> Path:
 def shipped_dir() -> Path:
     """The shipped scenario files: package data of the installed package (the checkout's top-level
     scenarios/, mapped by pyproject.toml), or the checkout's own folder when run from a checkout."""
-    try:
-        return Path(str(resources.files("swabench.scenario_files")))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "scenarios"
+    spec = importlib.util.find_spec("swabench.scenario_files")  # a namespace package: a folder of .toml files
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def scenario_dirs() -> list[Path]:
