@@ -153,6 +153,11 @@ def _xpass(r: Run) -> list[str]:
                 varied.append(f"{col}: " + ", ".join(f"{v} ({n})" for v, n in values.items()))
         modes = g["mode"].value_counts()
         varied.append("modes: " + ", ".join(f"{m} {n}" for m, n in modes.items()))
+        t = r.table
+        same_cases = t[(t["impl"] == impl) & t["case_id"].isin(set(g["case_id"]))]
+        for backend, e in same_cases[~same_cases["backend"].isin(set(g["backend"]))].groupby("backend"):
+            seen = e["status"].value_counts()
+            varied.append(f"the same cases on {backend}: " + ", ".join(f"{s} {n}" for s, n in seen.items()))
         out.append(f"`{impl}` was not caught: xpass on {_points(len(g))}"
                    + (f", all with {', '.join(shared)}" if shared else "") + f"; {'; '.join(varied)} ({r.name}).")
     return out
@@ -303,7 +308,7 @@ def measurement(runs: list[Run]) -> list[str]:
         quiet = int((long["noise"] <= NOISE).sum())
         rows.append({"run": r.name, "timed points": len(timed), f"of {LONG_US} us or more": len(long),
                      f"noise <= {NOISE:.0%}": quiet, "share": f"{quiet / len(long):.1%}" if len(long) else "",
-                     "worst noise": long["noise"].max()})
+                     f"worst noise (of {LONG_US} us or more)": long["noise"].max()})
     if not rows:
         return []
     return ["## Measurement quality",
