@@ -245,3 +245,16 @@ def test_cli_writes_the_page_and_refuses_a_folder_that_is_not_a_run(cpu_run, tmp
     r = invoke("findings", H200_RUN, bare, "--out", tmp_path / "other.md")
     assert r.exit_code == 2 and "not a swabench run folder" in r.output
     assert not (tmp_path / "other.md").exists()
+
+
+def test_workspace_section_names_the_shapes_past_256_mib():
+    table, meta = results.load(H200_RUN)
+    table = table.assign(workspace_mib=[512.0 if q == 64 else 256.0 for q in table["batch_size"]])
+    run = findings.Run("frozen", table, meta)
+    lines = findings.workspace([run])
+    big = table[table["workspace_mib"] > 256]
+    shapes = big.groupby(["mode", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "storage", "backend"])
+    assert lines[0] == "## Workspace" and f"{len(shapes)} of " in lines[2] and "at most 512 MiB" in lines[2]
+    assert lines[2].endswith("(`frozen`).") and "From `frozen`:" in lines
+    small = findings.workspace([findings.Run("small", table.assign(workspace_mib=256.0), meta)])
+    assert small[2] == "- every shape fitted in 256 MiB (`small`)." and len(small) == 3
