@@ -14,7 +14,7 @@ import click
 
 from . import __version__, launch, runs, scenarios, shards
 from .console import (Bar, InputError, Main, case_option, costs_option, device_of, impl_option, l2_option, opt,
-                      out_option, run_dir, sweep_options)
+                      out_option, run_dir, run_options)
 
 
 def scenario_file(name: str | None, device_type: str) -> Path:
@@ -36,16 +36,15 @@ def main():
     """Correctness-gated benchmarks of sliding-window attention on FlashInfer."""
 
 
-def sweep(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None):
+def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None):
     device = device_of(device)
     s = load(scenario, impls, cases, device.type)
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
-    what = "run" if timed else "check"
-    out = Path(out) if out else runs.default_out(s.name, device.type, what)
+    out = Path(out) if out else runs.default_out(s.name, device.type, "run" if timed else "check")
     outcome = runs.execute(runs.Request(s, out, device, timed, resume, l2, sharding), Bar())
-    report_outcome(outcome, strict, f"swabench {what} {s.path} --out {out} --resume")
+    report_outcome(outcome, strict, runs.rerun_command(out))
 
 
 def report_outcome(outcome: runs.Outcome, strict: bool, resume_with: str) -> None:
@@ -66,7 +65,7 @@ def summary(table, out: Path) -> None:
 
 @main.command()
 @click.argument("scenario", required=False)
-@sweep_options
+@run_options
 @l2_option
 @opt("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
 @opt("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
@@ -75,14 +74,17 @@ def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, co
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
+    if gpus and (shard or resume or device == "cpu"):
+        raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
+                         "(run the same command again to continue a launch)")
     if gpus:
-        return run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from)
+        return run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict)
     if costs_from and not shard:
         raise InputError("--costs-from balances shards: use it with --shard or --gpus")
-    sweep(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from)
+    sweep_command(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from)
 
 
-def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from) -> None:
+def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict) -> None:
     chosen, visible = launch.choose_gpus(gpus)
     path = scenario_file(scenario, "cuda")
     out = Path(out) if out else runs.default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
@@ -93,21 +95,15 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from) -> None:
 
     args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from)]
     outcome = runs.execute_on_gpus(runs.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
-    if outcome.state == "interrupted":
-        click.secho(f"interrupted: each GPU's rows are kept in {outcome.folder}; run the same command again to "
-                    f"finish them and merge", fg="yellow", err=True)
-        sys.exit(130)
-    summary(outcome.table, out)
-    click.echo(f"{len(chosen)} GPUs: wall time {outcome.wall_s:.1f} s ({outcome.total_s:.1f} s since swabench "
-               f"started)", err=True)
+    report_outcome(outcome, strict, runs.rerun_command(out, resume=False))
 
 
 @main.command()
 @click.argument("scenario")
-@sweep_options
+@run_options
 def check(scenario, out, device, impls, cases, resume, strict):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
-    sweep(scenario, out, device, impls, cases, resume, strict, timed=False)
+    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False)
 
 
 @main.command("list")
@@ -156,8 +152,9 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}
     slurm.update({"slurm_partition": partition} if partition else {})
     args = [s.path, "--l2", l2, *launch.worker_args(impls, cases, costs_from)]
-    folders = launch.submit(args, count, out, executor, **slurm)
-    summary(shards.merge(out, folders)[1], out)
+    table = shards.merge(out, launch.submit(args, count, out, executor, **slurm))[1]
+    summary(table, out)
+    sys.exit(1 if (table["status"] == "fail").any() else 0)
 
 
 @main.command()
@@ -279,7 +276,7 @@ def profile(scenario, out, impls, cases, tool, l2):
     if tool == "torch":
         outcome, text = profiling.run_under_torch_profiler(runs.Request(s, out, device, l2=l2), Bar())
         click.echo(text + f"\nChrome/Perfetto trace and torch_stats.txt are in {out}")
-        return report_outcome(outcome, False, f"swabench run {s.path} --out {out} --resume")
+        return report_outcome(outcome, False, runs.rerun_command(out))
     try:
         stats = profiling.run_under_nsys(s.path, out, ["--l2", l2, *launch.worker_args(impls, cases)])
     except profiling.ProfileError as e:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .errors import UserError
+from .errors import RunFailed, UserError
 
 
 class InputError(click.ClickException):
@@ -15,13 +15,19 @@ class InputError(click.ClickException):
 
 
 class Main(click.Group):
-    """Every library error a user can fix becomes a plain message and exit status 2."""
+    """Library errors become plain messages: exit 2 for input a user can fix, 1 for work that
+    failed; Ctrl-C anywhere is 130, as a shell expects."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except UserError as e:
             raise InputError(str(e)) from None
+        except RunFailed as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.secho("interrupted", fg="yellow", err=True)
+            ctx.exit(130)
 
 
 class Bar:
@@ -72,7 +78,7 @@ out_option = opt("--out", type=click.Path(file_okay=False), help="Run folder (de
 run_dir = click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 
 
-def sweep_options(command):
+def run_options(command):
     """The options ``run`` and ``check`` share."""
     resume = opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
     for option in (strict_option, resume, case_option, impl_option, device_option, out_option):

@@ -1,7 +1,14 @@
-"""The one kind of error a user can fix by changing what they typed or wrote: every module's own
-(a scenario field, a run folder, a shard, a comparison) derives from it, and the CLI turns it into
-a plain message and exit status 2, with nothing written."""
+"""The two kinds of error the command line reports without a traceback.
+
+``UserError``: input a user can fix by changing what they typed or wrote (a scenario field, a run
+folder, a shard, a comparison): every module's own such error derives from it, and the CLI says it
+plainly and exits 2, before any GPU work.  ``RunFailed``: work that started and could not finish
+(a worker that crashed, benchmarks that failed): said plainly, exit 1, whatever was recorded kept."""
 
 
 class UserError(Exception):
+    pass
+
+
+class RunFailed(Exception):
     pass

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import plots, report, results
+from . import report, results
+from .cases import MODES
 from .impls import registry
 from .markdown import environment_line, markdown_table
 
@@ -166,7 +167,7 @@ def _xpass(r: Run) -> list[str]:
 def _headline_cells(table: pd.DataFrame) -> pd.DataFrame:
     """The headline's medians as numbers (report.headline formats them), one row per mode, window
     and path, for the sentences above its table."""
-    t = plots.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    t = results.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
     return t.groupby(["mode", "sliding_window", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
 
 
@@ -221,7 +222,7 @@ def versus_reference(runs: list[Run]) -> list[str]:
         v["cell"] = [_ratio(m) if n == 1 else f"{_ratio(m)} ({_ratio(b)}-{_ratio(w)}, {n})"
                      for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
         wide = v.pivot_table(index=CELL, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
-        order = {m: i for i, m in enumerate(plots.MODES)}
+        order = {m: i for i, m in enumerate(MODES)}
         wide = wide.sort_values(CELL, key=lambda c: c.map(order) if c.name == "mode" else c)
         parts += ["\n".join(said), _resolved(per_point, r), f"From {r.name}:",
                   markdown_table(wide[CELL + paths].fillna(""))]

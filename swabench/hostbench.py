@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import environment, results
-from .errors import UserError
+from . import environment, results, schema
+from .errors import RunFailed, UserError
 
 BENCHMARKS = environment.REPO / "benchmarks"  # a checkout's; an installed wheel has none
 
@@ -35,13 +35,13 @@ def run(out: Path, quick: bool = False) -> list[Path]:
         raise HostBenchError(f"{out} already holds files; choose another --out")
     results.make_folder(out)
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
-    results.write_meta(out, meta)
+    results.write_meta(out, schema.check_meta(meta))
     env = {**os.environ, "SWABENCH_BENCH_QUICK": "1" if quick else "0"}
     raw = out / "host_benchmarks.json"
     code = subprocess.run([sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider",
                            f"--benchmark-json={raw}"], env=env).returncode
     if code != 0:
-        raise HostBenchError(f"the benchmarks failed (pytest exit {code})")
+        raise RunFailed(f"the benchmarks failed (pytest exit {code})")
     data = json.loads(raw.read_text())
     with gzip.open(out / "host_benchmarks.json.gz", "wt") as f:  # every round is kept: compress it
         json.dump(data, f)

@@ -10,6 +10,7 @@ after it starts (the CLI with torch took 3.9 s to import on the H200 node).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
+from .errors import RunFailed, UserError
+from .results import make_folder
 from .schema import META, ROWS
 
 
@@ -102,6 +104,15 @@ def rows_written(folder: Path) -> int:
         return 0
 
 
+def _state(folder: Path) -> str | None:
+    """A shard's state as its meta.json records it (None when it wrote none): a worker that exits 1
+    may have finished with failed points, or crashed; only the folder tells which."""
+    try:
+        return json.loads((Path(folder) / META).read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def worker_threads(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
@@ -121,7 +132,7 @@ class Workers:
     def __init__(self, child_args: list[str], gpus: list[int], out: Path, visible: list[str] | None = None):
         self.work = work_dir(out)
         self.created_work = not self.work.exists()
-        self.work.mkdir(parents=True, exist_ok=True)
+        make_folder(self.work)
         # Each worker's CPU ops (page tables, lookups, references) get their share of the cores: with
         # every worker running one thread per core, OpenMP's spinning threads slowed both (as torchrun,
         # unless the caller chose).
@@ -129,13 +140,16 @@ class Workers:
         self.folders = [self.work / f"gpu{g}" for g in gpus]
         self.started = time.perf_counter()
         self.procs, self.logs, self.ended_s = [], [], [None] * len(gpus)
-        for i, (gpu, folder) in enumerate(zip(gpus, self.folders)):
-            device = visible[gpu] if visible is not None else str(gpu)
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "SWABENCH_GPU_ID": device, **threads}
-            log = open(self.work / f"gpu{gpu}.log", "a")
-            self.procs.append(subprocess.Popen(_shard_command(child_args, i, len(gpus), folder), env=env,
-                                               stdout=log, stderr=subprocess.STDOUT))
-            self.logs.append(log)
+        try:
+            for i, (gpu, folder) in enumerate(zip(gpus, self.folders)):
+                device = visible[gpu] if visible is not None else str(gpu)
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "SWABENCH_GPU_ID": device, **threads}
+                self.logs.append(open(self.work / f"gpu{gpu}.log", "a"))
+                self.procs.append(subprocess.Popen(_shard_command(child_args, i, len(gpus), folder), env=env,
+                                                   stdout=self.logs[-1], stderr=subprocess.STDOUT))
+        except BaseException:
+            self.stop()  # the workers already started must not outlive a launch that failed
+            raise
 
     def rows(self) -> int:
         return sum(rows_written(f) for f in self.folders)
@@ -174,9 +188,10 @@ class Workers:
         codes = self._close()
         if on_progress:
             on_progress(self.rows())
-        if any(c not in (0, 1) for c in codes):
-            raise LaunchError(f"a GPU worker failed (exit codes {codes}); see {self.work}/gpu*.log, then rerun "
-                              f"to resume")
+        unfinished = [f for f in self.folders if _state(f) != "complete"]
+        if any(c not in (0, 1) for c in codes) or unfinished:
+            raise RunFailed(f"a GPU worker did not finish (exit codes {codes}); its rows are kept: see "
+                            f"{self.work}/gpu*.log, then run the same command again to resume")
         return self.folders
 
 
@@ -197,8 +212,8 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
     shards = [work / f"shard{i}" for i in range(count)]
     jobs = ex.map_array(_run_shard, [child_args] * count, range(count), [count] * count, shards)
     codes = [job.result() for job in jobs]
-    if any(c not in (0, 1) for c in codes):
-        raise LaunchError(f"a shard failed (exit codes {codes}); logs are in {folder}")
+    if any(c not in (0, 1) for c in codes) or any(_state(f) != "complete" for f in shards):
+        raise RunFailed(f"a shard did not finish (exit codes {codes}); logs are in {folder}")
     return shards
 
 

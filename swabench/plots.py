@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 
 from .impls import registry
-from .results import versus_reference
+from .cases import MODES
+from .results import headline_paths, reference_library, versus_reference
 
 matplotlib.use("Agg")
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
-MODES = ["extend", "verify", "draft_extend", "decode"]
 
 
 def colour(impl: str) -> str:
@@ -62,22 +62,6 @@ def _log_x_ticks(ax, values) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
-
-
-def reference_library() -> str | None:
-    paths = [registry.reference_path(s) for s in ("paged", "ragged")]
-    return next((registry.get(impl).library for impl, _ in filter(None, paths)), None)
-
-
-def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the headline: the reference library's correct paths other than its baselines, on
-    the reference backend (fa2's window and trim paths)."""
-    ref = registry.reference_path("paged") or registry.reference_path("ragged")
-    if ref is None:
-        return table.iloc[0:0]
-    keep = (table["library"] == registry.get(ref[0]).library) & (table["backend"] == ref[1]) \
-        & (table["kind"] == "correct") & ~table["impl"].map(_is_baseline).astype(bool)
-    return table[keep]
 
 
 def _timed(table: pd.DataFrame) -> pd.DataFrame:

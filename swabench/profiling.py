@@ -27,12 +27,18 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str]) -> pd.D
     (the kernels of every timed point) land in the run folder."""
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} already holds files; choose another --out")
     report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
     child = ["run", scenario_path, "--out", str(out), "--device", "cuda", *child_args]
     code = subprocess.run(nsys_command(str(report), child)).returncode
-    if code not in (0, 1) or not (out / results.META).exists():
-        raise ProfileError(f"the profiled run failed (exit {code})")
-    report.with_name(report.name + ".nsys-rep").rename(out / "profile.nsys-rep")
+    if code == 130:
+        raise KeyboardInterrupt
+    written = report.with_name(report.name + ".nsys-rep")
+    if code not in (0, 1) or not (out / results.META).exists() or not written.exists():
+        raise ProfileError(f"the profiled run failed (exit {code}" + ("" if written.exists() else
+                                                                     f", no {written.name}") + ")")
+    written.rename(out / "profile.nsys-rep")
     sqlite = nsys_export_sqlite(out / "profile.nsys-rep")
     stats = nsys_kernel_table(sqlite, results.load(out)[0])
     results.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))

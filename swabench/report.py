@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import plots, results
+from . import results, schema
+from .cases import MODES
 from .impls import registry
 from .markdown import environment_line, markdown_table
 
-STATUS_ORDER = ["pass", "fail", "xfail", "xpass", "skip"]
+STATUS_ORDER = list(schema.STATUSES)
 
 
 def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
@@ -71,13 +72,13 @@ def timing_summary(table: pd.DataFrame, meta: dict) -> str:
 def headline(table: pd.DataFrame) -> pd.DataFrame:
     """Speedup of the headline paths (fa2's window and trim paths) over their baseline (the custom-mask
     path), per mode and window: the median over the run's cases, with how many cases each cell holds."""
-    t = plots.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    t = results.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
     if t.empty:
         return pd.DataFrame()
     grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
     grid["cell"] = grid.apply(lambda r: f"{r['median']:.1f}x ({int(r['count'])})", axis=1)
     wide = grid.pivot_table(index=["mode", "sliding_window"], columns="impl", values="cell", aggfunc="first")
-    order = {m: i for i, m in enumerate(plots.MODES)}
+    order = {m: i for i, m in enumerate(MODES)}
     wide = wide.reset_index().sort_values(["mode", "sliding_window"], key=lambda c: c.map(order) if c.name == "mode" else c)
     cols = ["mode", "sliding_window"] + sorted(set(t["impl"]), key=registry.order)
     return wide[cols].rename(columns={"sliding_window": "window (keys)"})
@@ -94,7 +95,7 @@ def versus_reference(table: pd.DataFrame) -> pd.DataFrame:
     ratio = per_point.groupby(keys)["ratio"]
     out = ratio.agg(cases="count", median="median", best="min", worst="max")
     out["faster in"] = ratio.apply(lambda r: f"{int((r < 1).sum())}/{len(r)}")
-    order = {m: i for i, m in enumerate(plots.MODES)}
+    order = {m: i for i, m in enumerate(MODES)}
     out = out.reset_index().sort_values(keys, key=lambda c: c.map(order) if c.name == "mode" else c)
     return out.rename(columns={"sliding_window": "window (keys)", "median": "time / reference (median)"}) \
         .reset_index(drop=True)
@@ -102,6 +103,8 @@ def versus_reference(table: pd.DataFrame) -> pd.DataFrame:
 
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
+    from . import plots
+
     run_dir, out = Path(run_dir), Path(out)
     table, meta = results.load(run_dir)
     made = plots.make_all(table, meta, out)

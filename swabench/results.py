@@ -82,14 +82,15 @@ class FolderLock:
 
     def acquire(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
-        previous = os.read(fd, 4096).decode(errors="replace").strip()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
             os.close(fd)
             raise RunFolderError(f"{self.path.parent} is being written by another swabench process "
-                                 f"({previous or 'holder unknown'}); wait for it or stop it, then --resume") from None
-        self.took_over = previous or None
+                                 f"({holder or 'holder unknown'}); wait for it or stop it, then --resume") from None
+        # a holder that finished emptied the file; one that died holding the lock left its name
+        self.took_over = os.pread(fd, 4096, 0).decode(errors="replace").strip() or None
         stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
@@ -117,7 +118,8 @@ class RunStore:
         try:
             store._refuse_a_run()  # again under the lock: another process may have just written one
             atomic_write(store.folder / SCENARIO, scenario_text)
-            store.write_meta({**meta, "scenario_sha256": text_hash(scenario_text), "state": "running"})
+            write_meta(store.folder, schema.check_meta({**meta, "scenario_sha256": text_hash(scenario_text),
+                                                        "state": "running"}))
             (store.folder / ROWS).touch()
         except BaseException:
             store.close()
@@ -141,7 +143,8 @@ class RunStore:
         return store
 
     def _refuse_a_run(self) -> None:
-        if any(p.name != LOCK for p in self.folder.iterdir()):
+        """Dot files (the lock, write probes, atomic-write temporaries) are not a run."""
+        if any(not p.name.startswith(".") for p in self.folder.iterdir()):
             raise RunFolderError(f"{self.folder} already holds a run; pass --resume to continue it, "
                                  f"or choose another --out (nothing was written)")
 
@@ -208,12 +211,10 @@ class RunStore:
     def meta(self) -> dict:
         return read_meta(self.folder)
 
-    def write_meta(self, meta: dict) -> None:
-        write_meta(self.folder, meta)
-
     def update_meta(self, **changes) -> dict:
-        meta = {**self.meta(), **changes}
-        self.write_meta(meta)
+        """meta.json with ``changes`` (keys the schema defines); keys someone added by hand are kept."""
+        meta = {**self.meta(), **schema.check_meta(changes)}
+        write_meta(self.folder, meta)
         return meta
 
     def finalize(self, **meta_updates) -> pd.DataFrame:
@@ -228,8 +229,8 @@ class RunStore:
 
 
 def write_meta(folder: Path, meta: dict) -> None:
-    """meta.json, checked against the schema, written atomically."""
-    meta = schema.check_meta(meta)
+    """meta.json, written atomically with the current format_version."""
+    meta = {**meta, "format_version": schema.FORMAT_VERSION}
     atomic_write(Path(folder) / META, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
@@ -245,12 +246,11 @@ def with_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df.reindex(columns=lead + [c for c in df.columns if c not in lead])
 
 
-def _default_backend(impl_name: str, library: str) -> str:
+def _default_backend(impl_name: str) -> str:
+    """The backend a baseline is timed on when the point's own backend has none (fa3 has no masks)."""
     from .impls import registry
-    try:
-        impl = registry.get(impl_name)
-    except KeyError:
-        return library
+
+    impl = registry.get(impl_name)
     return impl.backends[0] if impl.backends else impl.library
 
 
@@ -270,7 +270,7 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
         base = baselines.get((r.library, r.storage))
         if base is None or r.median_us != r.median_us:
             return float("nan")
-        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, _default_backend(base, ""))))
+        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, _default_backend(base))))
         return ref / r.median_us if ref else float("nan")
 
     table = table.copy()
@@ -279,6 +279,28 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
         table["pct_peak_tflops"] = 100 * table["tflops"] / peaks["bf16_matmul_tflops"]
         table["pct_peak_tbps"] = 100 * table["tbps"] / peaks["copy_tbps"]
     return table
+
+
+def reference_library() -> str | None:
+    """The library the reference paths belong to (FlashInfer): its baselines are the headline's."""
+    from .impls import registry
+
+    paths = [registry.reference_path(s) for s in ("paged", "ragged")]
+    return next((registry.get(impl).library for impl, _ in filter(None, paths)), None)
+
+
+def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the headline: the reference library's correct paths other than its baselines, on
+    the reference backend (fa2's window and trim paths)."""
+    from .impls import registry
+
+    ref = registry.reference_path("paged") or registry.reference_path("ragged")
+    if ref is None:
+        return table.iloc[0:0]
+    baselines = {i.name for i in registry.all_implementations() if i.baseline}
+    keep = (table["library"] == registry.get(ref[0]).library) & (table["backend"] == ref[1]) \
+        & (table["kind"] == "correct") & ~table["impl"].isin(baselines)
+    return table[keep]
 
 
 def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFrame:
@@ -294,8 +316,7 @@ def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFram
     ref_impl = t["storage"].map(lambda s: (refs[s] or (None, None))[0])
     ref_backend = t["storage"].map(lambda s: (refs[s] or (None, None))[1])
     if not baselines:
-        libraries = {registry.get(name).library for name, _ in filter(None, refs.values())}
-        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library in libraries}
+        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library == reference_library()}
         keep = ~t["impl"].isin(dropped)
         t, ref_impl, ref_backend = t[keep], ref_impl[keep], ref_backend[keep]
     is_ref = (t["impl"] == ref_impl) & (t["backend"] == ref_backend)
@@ -372,8 +393,6 @@ def read_meta(folder) -> dict:
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
 
-
-load_meta = read_meta
 
 
 def completeness(meta: dict, table: pd.DataFrame) -> str | None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
+import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from . import STARTED, launch, scenarios, schema
-from .results import RunFolderError, RunStore
+from .results import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,8 +76,6 @@ class Outcome:
     table: pd.DataFrame
     wall_s: float
     total_s: float
-    took_over: str | None = None  # a dead process's lock this run took over
-    meta: dict = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         return int((self.table["status"] == status).sum()) if len(self.table) else 0
@@ -84,7 +85,7 @@ class Outcome:
         xpass, fail = self.count("xpass"), self.count("fail")
         lines = [(f"sweep wall time {self.wall_s:.1f} s ({self.total_s:.1f} s since swabench started)", None)]
         if self.state == "interrupted":
-            return lines + [(f"interrupted: {len(self.table)} rows kept in {self.folder}; continue with "
+            return lines + [(f"interrupted: the finished rows are kept in {self.folder}; continue with "
                              f"`{resume_with}`", "yellow")]
         if xpass:
             lines.append((f"{xpass} points of known-bug implementations passed where the bug should show (xpass): "
@@ -139,12 +140,40 @@ def open_store(request: Request) -> RunStore:
 
     s = request.scenario
     if request.resume:
-        return RunStore.resume(request.out, s.text)
+        store = RunStore.resume(request.out, s.text)
+        try:
+            meta = store.meta()
+            if meta.get("selection", selection(request)) != selection(request) or meta.get("what") != request.what:
+                raise RunFolderError(f"{request.out} holds a {meta.get('what')} of other points or options "
+                                     f"({meta.get('selection')}); resume it as it was started: "
+                                     f"`{rerun_command(request.out, meta.get('command'))}`")
+            store.update_meta(state="running")
+        except BaseException:
+            store.close()
+            raise
+        return store
     meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
-            "method": sweep.timer_method(sweep_options(request)), "sharding": request.sharding,
-            "embedded_backend": request.device.type == "cpu"}
+            "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),
+            "sharding": request.sharding, "embedded_backend": request.device.type == "cpu"}
     return RunStore.create(request.out, meta, s.text)
+
+
+def selection(request: Request) -> dict:
+    """What a resume must match: the device, the L2 mode, and exactly the points (the scenario's,
+    after --impl, --case and --shard)."""
+    keys = json.dumps(sorted(p.key for p in request.scenario.points))
+    return {"device": request.device.type, "l2": request.l2 if request.timed else None,
+            "points_sha256": text_hash(keys)}
+
+
+def rerun_command(out: Path, command: str | None = None, resume: bool = True) -> str:
+    """The command that continues the run in ``out``: ``command`` (this process's own by default)
+    with --out and --resume made explicit."""
+    args = shlex.split(command)[1:] if command else sys.argv[1:]
+    args += [] if "--out" in args else ["--out", str(out)]
+    args += ["--resume"] if resume and "--resume" not in args else []
+    return "swabench " + shlex.join(args)
 
 
 def sweep_options(request: Request, unbuildable: dict | None = None):
@@ -155,42 +184,48 @@ def sweep_options(request: Request, unbuildable: dict | None = None):
 
 
 def execute(request: Request, progress: Progress = Silent()) -> Outcome:
-    """Sweep every point of the request not yet in its folder; the folder is finalized whatever
-    happens (a crash is recorded as such and re-raised)."""
+    """Sweep every point of the request not yet in its folder.  The folder is finalized whatever
+    happens from the moment it is open: interrupted (Ctrl-C, SIGTERM) from the GPU preparation on,
+    or crashed (recorded as such, and re-raised)."""
     from . import sweep
 
     store = open_store(request)
+    s, state, started = request.scenario, "complete", time.perf_counter()
+    earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
+
+    def finalize(state: str):
+        wall = earlier_s + time.perf_counter() - started
+        return wall, store.finalize(state=state, wall_s=round(wall, 1), total_s=since_start())
+
     try:
-        if store.lock.took_over:
-            progress.note(f"took over the lock of a process that is gone ({store.lock.took_over})", warn=True)
-        if request.device.type == "cpu":
-            progress.note("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are host "
-                          "wall clock of PyTorch code, not GPU kernel times.", warn=True)
-        s = request.scenario
-        done = store.done()
-        todo = [p for p in s.points if p.key not in done]
-        progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to {request.what} "
-                      f"-> {request.out}")
-        unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
-            if request.device.type == "cuda" else {}
-        store.update_meta(setup_s=since_start())
-        state, started = "complete", time.perf_counter()
-        progress.start(len(todo), request.what)
         try:
             with interrupt_on_sigterm():
-                for row in sweep.run(s, store, sweep_options(request, unbuildable)):
-                    progress.advance(1, row)
+                if store.lock.took_over:
+                    progress.note(f"took over the lock of a process that is gone ({store.lock.took_over})", warn=True)
+                if request.device.type == "cpu":
+                    progress.note("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are "
+                                  "host wall clock of PyTorch code, not GPU kernel times.", warn=True)
+                done = store.done()
+                todo = [p for p in s.points if p.key not in done]
+                progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to "
+                              f"{request.what} -> {request.out}")
+                unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
+                    if request.device.type == "cuda" else {}
+                store.update_meta(setup_s=since_start())
+                started = time.perf_counter()
+                progress.start(len(todo), request.what)
+                try:
+                    for row in sweep.run(todo, store, sweep_options(request, unbuildable), s.name):
+                        progress.advance(1, row)
+                finally:
+                    progress.finish()
         except KeyboardInterrupt:
             state = "interrupted"
         except BaseException:
-            store.finalize(state="crashed", wall_s=round(time.perf_counter() - started, 1))
+            finalize("crashed")
             raise
-        finally:
-            progress.finish()
-        wall = store.meta().get("wall_s", 0.0) + time.perf_counter() - started
-        total = since_start()
-        table = store.finalize(state=state, wall_s=round(wall, 1), total_s=total)
-        return Outcome(Path(request.out), state, table, wall, total, store.lock.took_over, store.meta())
+        wall, table = finalize(state)
+        return Outcome(Path(request.out), state, table, wall, since_start())
     finally:
         store.close()
 
@@ -200,14 +235,13 @@ def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progre
     returns the modules that could not be built (their points skip instead of building again)."""
     from . import peaks, sweep
 
-    meta = store.meta()
-    if timed and "peaks" not in meta:
+    if timed and "peaks" not in store.meta():
         progress.note("measuring the node's bf16 matmul rate and copy bandwidth ...")
-        meta["peaks"] = peaks.measure(device)
+        store.update_meta(peaks=peaks.measure(device))
     warm = sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
-    meta.setdefault("jit_warmups", []).append(warm.describe())  # one per start of this run folder
-    meta["jit_warmup_total_s"] = round(sum(w.get("jit_warmup_wall_s") or 0.0 for w in meta["jit_warmups"]), 1)
-    store.write_meta(meta)
+    warmups = store.meta().get("jit_warmups", []) + [warm.describe()]  # one per start of this run folder
+    store.update_meta(jit_warmups=warmups,
+                      jit_warmup_total_s=round(sum(w.get("jit_warmup_wall_s") or 0.0 for w in warmups), 1))
     progress.note(f"JIT warm-up: {len(warm.seconds)} module signatures in {warm.wall_s:.1f} s"
                   + (f", compiled {len(warm.built)} modules" if warm.built else "")
                   + (f", {len(warm.failed)} could not be built" if warm.failed else ""), warn=bool(warm.failed))
@@ -223,7 +257,7 @@ class GpuLaunch:
     gpus: list[int]  # indices into visible
     visible: list[str]  # launch.visible_gpus()
     child_args: list[str]  # the workers' filters and options
-    validate: object  # () -> Scenario: the full check, made while the workers start
+    validate: Callable[[], scenarios.Scenario]  # the full check of the input, made while the workers start
 
 
 def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) -> Outcome:
@@ -268,7 +302,7 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
                              launch_merge_s=round(time.perf_counter() - merging, 1),
                              launch_wall_s=round(time.perf_counter() - workers.started, 1),
                              total_s=since_start())  # the launcher's own start too
-    return Outcome(r.out, "complete", table, meta["launch_wall_s"], meta["total_s"], meta=meta)
+    return Outcome(r.out, meta["state"], table, meta["launch_wall_s"], meta["total_s"])
 
 
 def _empty_table():

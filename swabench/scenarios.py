@@ -35,7 +35,7 @@ from pathlib import Path
 
 from . import semantics
 from . import footprint
-from .cases import ACCEPT_FORMS, MODES, QO_FIELD, STORAGES, Case, Point, parse_accept  # noqa: F401  (re-exported)
+from .cases import MODES, QO_FIELD, STORAGES, Case, Point, parse_accept
 from .errors import UserError
 from .impls import registry
 from .rules import Rule, RuleError, compile_rule

@@ -18,7 +18,6 @@ LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
 STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
-STATES = ("running", "complete", "interrupted", "crashed", "incomplete")
 
 # The table's leading columns, in order; every table has them all (empty where a run has no value),
 # so readers never meet a missing column.  Others may follow.
@@ -41,6 +40,7 @@ META_KEYS = {
     "scenario_sha256": "hash of scenario.toml (resume and merge check it)",
     "implementations": "the implementations the scenario runs",
     "points": "points this folder was asked to measure (its shard's, for a shard)",
+    "selection": "what a resume must match: device, L2 mode, and a hash of the points' keys",
     "method": "how every number was measured: kernel and plan timers, gate, tolerances",
     "sharding": "this folder's shard (index, count, how costs were known), or null",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
@@ -71,11 +71,12 @@ META_PREFIXES = ("nvidia_smi.",)  # nvidia-smi's fields as it names them
 
 
 def check_meta(meta: dict) -> dict:
-    """``meta`` with the current format_version; ValueError for a key this module does not define."""
+    """``meta`` itself, when swabench defines every key in it (a writer adding an undefined key is a
+    bug here, not a new field: ValueError)."""
     unknown = [k for k in meta if k not in META_KEYS and not k.startswith(META_PREFIXES)]
     if unknown:
         raise ValueError(f"meta.json keys not defined in swabench.schema: {', '.join(sorted(unknown))}")
-    return {**meta, "format_version": meta.get("format_version", FORMAT_VERSION)}
+    return meta
 
 
 def migrate(meta: dict) -> dict:
@@ -85,6 +86,8 @@ def migrate(meta: dict) -> dict:
     instead of the list ``jit_warmups``."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"format_version must be an integer, got {version!r}")
     if version > FORMAT_VERSION:
         raise ValueError(f"format_version {version} is newer than this swabench reads ({FORMAT_VERSION}); "
                          f"upgrade swabench")

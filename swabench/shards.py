@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import results
+from . import results, schema
 from .errors import UserError
 from .impls import registry
 from .scenarios import Scenario
@@ -137,8 +137,9 @@ def check_complete(metas: list[dict], folders) -> str | None:
     sharding = [m.get("sharding") for m in metas]
     if not any(sharding):
         return None
-    if not all(sharding):
-        return "some folders are shards and some are not"
+    if not all(isinstance(s, dict) and isinstance(s.get("index"), int) and isinstance(s.get("count"), int)
+               for s in sharding):
+        return "some folders are not shards (their meta.json has no sharding of the form {index, count})"
     counts = {s["count"] for s in sharding}
     if len(counts) != 1:
         return f"the shards were cut into different numbers of parts ({sorted(counts)})"
@@ -166,7 +167,10 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[result
     gap = check_complete(metas, folders)
     if gap and not partial:
         raise ShardError(f"{gap}; merge them all, or pass --partial to merge what is there")
-    text = (Path(folders[0]) / results.SCENARIO).read_text()
+    try:
+        text = (Path(folders[0]) / results.SCENARIO).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShardError(f"{folders[0]} has no readable {results.SCENARIO} ({e}): not a whole run folder") from None
     rows, seen = [], {}
     for folder in folders:
         for row in results.read_rows(folder):
@@ -176,8 +180,8 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[result
             seen[key] = folder
             rows.append(row)
     per_shard = ("rows", "status_counts", "wall_s", "setup_s", "total_s", "sharding", "state", "points",
-                 "cuda_visible_devices", "gpu_uuid", "host", "format_version")
-    meta = {k: v for k, v in metas[0].items() if k not in per_shard}
+                 "selection", "cuda_visible_devices", "gpu_uuid", "host", "format_version")
+    meta = {k: v for k, v in metas[0].items() if k in schema.META_KEYS and k not in per_shard}
     meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas), command=environment.collect_command(),

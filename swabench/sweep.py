@@ -19,7 +19,7 @@ from . import footprint, gate, semantics, timing, workloads
 from .cases import Point
 from .impls import registry
 from .markers import nvtx_range, point_range_name
-from .scenarios import Scenario, make_case
+from .scenarios import make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
@@ -183,8 +183,9 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
             todo.setdefault(module_signature(p), p)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
-        """(signature, seconds, why it could not be built or None): a module the library cannot
-        build is its points' business (each records the skip), not the sweep's end."""
+        """(signature, seconds, why it could not be built or None).  A resource problem (a module the
+        library cannot build, memory) is remembered, so its points skip without building again; any
+        other error is left for each point to meet again and record as its own failure."""
         label, p = item
         c = p.case
         tiny = make_case(dict(
@@ -198,8 +199,10 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
                 runner.plan()
                 runner.run()
                 torch.cuda.synchronize(device)
-            except Exception as e:
+            except (registry.ResourceError, torch.cuda.OutOfMemoryError) as e:
                 error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            except Exception:
+                pass
         return label, time.perf_counter() - t0, error
 
     libraries = registry.libraries()
@@ -215,27 +218,12 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     return WarmUp(seconds, built, wall, jobs, cache, failed)
 
 
-def free_bytes(device: torch.device) -> int:
-    """Memory this process could still take on ``device``: the GPU's free memory plus what PyTorch's
-    allocator holds unused, or the host's MemAvailable."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
-            torch.cuda.memory_allocated(device)
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def too_big(case, points: list[Point], device: torch.device) -> str | None:
     """Why the case cannot be built on this device (its estimate against the free memory), or None."""
     fp = footprint.footprint(case, device.type)
     masks = fp.mask_bytes if any(registry.get(p.impl).baseline for p in points) else 0
     need = fp.device_bytes + masks + (fp.host_bytes if device.type == "cpu" else 0)
-    free = free_bytes(device)
+    free = workloads.free_bytes(device)
     if need <= free:
         return None
     return (f"resource: the case needs about {footprint.human_bytes(need)} on {device.type} ({fp.describe()}"
@@ -250,11 +238,11 @@ def points_by_case(points: list[Point]) -> dict:
     return grouped
 
 
-def run(scenario: Scenario, store, options: SweepOptions) -> Iterator[dict]:
-    """Measure every point not yet in the store; yield each row once it is recorded."""
-    done = store.done()
-    todo = points_by_case([p for p in scenario.points if p.key not in done])
-    with nvtx_range(f"run {scenario.name}", payload=len(todo)):
+def run(points: list[Point], store, options: SweepOptions, name: str = "") -> Iterator[dict]:
+    """Measure ``points`` (a case's together: one workload build), hand each row to the store, and
+    yield it once it is recorded."""
+    todo = points_by_case(points)
+    with nvtx_range(f"run {name}", payload=len(todo)):
         for case_index, (case, points) in enumerate(todo.items()):
             with nvtx_range(f"case {case.label}", payload=case_index):
                 started, w = time.perf_counter(), None

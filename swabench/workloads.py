@@ -7,6 +7,7 @@ table shows up as a wrong answer rather than as two consistent mistakes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -185,3 +186,18 @@ def trim_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, 
     kept = (kv_indptr[1:] - begin).tolist()
     req, offset = _owners(kept)
     return _indptr(kept), kv_indices[begin[req] + offset], [k - s for k, s in zip(kv_lens, starts)]
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory this process could still take on ``device``: the GPU's free memory plus what PyTorch's
+    allocator holds unused, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+            torch.cuda.memory_allocated(device)
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -202,19 +202,20 @@ def test_summary_of_a_timed_run(tiny, tmp_path):
 def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeypatch):
     """Two runs of the same scenario; in the second, torch-mask is made 30x slower: compare must
     flag that one implementation and exit 1 (a CI gate), and nothing else."""
-    import time as _time
+    from swabench import timing
 
-    from swabench.impls import embedded
+    def host_time(slowed):
+        """Samples that depend on the runner alone: a loaded 2-core machine cannot move them."""
+        def fake(fn, sync=None, options=None):
+            fn()  # plan() must still plan
+            factor = 30.0 if slowed and fn.__name__ == "run" and not fn.__self__.trim else 1.0  # torch-mask
+            return timing.Timing([factor * (100 + i % 7) for i in range(21)], "fixed samples")
+        return fake
+
     args = ["--device", "cpu", "--impl", "torch-trim", "--impl", "torch-mask"]
+    monkeypatch.setattr(timing, "host_time", host_time(False))
     assert invoke("run", tiny, "--out", tmp_path / "base", *args).exit_code == 0
-    real = embedded.GatherRunner.run
-
-    def slow_run(self):
-        real(self)
-        if not self.trim:  # torch-mask only
-            _time.sleep(0.02)
-
-    monkeypatch.setattr(embedded.GatherRunner, "run", slow_run)
+    monkeypatch.setattr(timing, "host_time", host_time(True))
     assert invoke("run", tiny, "--out", tmp_path / "new", *args).exit_code == 0
     r = invoke("compare", tmp_path / "base", tmp_path / "new", "--threshold", "2.0", "--format", "json")
     assert r.exit_code == 1

@@ -220,11 +220,11 @@ def test_a_folder_that_is_not_a_run_is_refused(good, tmp_path):
     (tmp_path / "notes" / "README.md").write_text("hello")
     with pytest.raises(compare.CompareError, match=r"NEW .*notes is not a swabench run folder \(no meta.json\)"):
         compare.compare(good, tmp_path / "notes")
-    with pytest.raises(compare.CompareError, match=r"BASE .*README.md is not a folder"):
+    with pytest.raises(compare.CompareError, match=r"BASE .*README.md is not a swabench run folder"):
         compare.compare(tmp_path / "notes" / "README.md", good)
     (tmp_path / "meta-only").mkdir()
     (tmp_path / "meta-only" / results.META).write_text("{}")
-    with pytest.raises(compare.CompareError, match="neither rows.jsonl nor results.csv"):
+    with pytest.raises(compare.CompareError, match="has no results.csv and no rows.jsonl"):
         compare.compare(good, tmp_path / "meta-only")
 
 

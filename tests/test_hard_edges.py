@@ -3,6 +3,7 @@ exit status 2 (or a recorded skip), never a traceback, and nothing already recor
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
-from swabench import footprint, results, scenarios, sweep
+from swabench import footprint, results, scenarios, workloads
 from swabench.impls import registry
 
 TINY = textwrap.dedent("""
@@ -54,7 +55,7 @@ def test_a_name_that_is_not_a_slug_is_refused(tmp_path, monkeypatch, name):
 
 def test_the_default_folder_stays_under_results(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = scenario(tmp_path, TINY.replace('name = "tiny"', "").replace("[fixed]", "[fixed]"), "../my scenario!.toml")
+    path = scenario(tmp_path, TINY.replace('name = "tiny"', ""), "my scenario!.toml")  # no name: the stem
     r = invoke("run", path, "--device", "cpu", "--impl", "torch-trim")
     assert r.exit_code == 0, r.output
     (run,) = (tmp_path / "results").iterdir()
@@ -62,6 +63,13 @@ def test_the_default_folder_stays_under_results(tmp_path, monkeypatch):
 
 
 # 2. readers on runs in every state
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("good")
+    assert invoke("run", scenario(folder), "--device", "cpu", "--out", folder / "run").exit_code == 0
+    return folder / "run"
+
+
 @pytest.fixture
 def runs_in_every_state(tmp_path):
     folders = {}
@@ -102,11 +110,9 @@ def test_readers_handle_runs_with_nothing_to_time(runs_in_every_state, tmp_path,
     ({"rows.jsonl": '{"case_id": "x", "impl": "y", "backend": "z"}\n[1, 2]\n{"case_id": "y"}\n'}, "line 2"),
 ])
 @pytest.mark.parametrize("command", ["summary", "plot", "report", "compare"])
-def test_damaged_run_folders_exit_2(tmp_path, damage, words, command):
-    out = tmp_path / "run"
-    assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", out).exit_code == 0
-    good = tmp_path / "good"
-    assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", good).exit_code == 0
+def test_damaged_run_folders_exit_2(tmp_path, good_run, damage, words, command):
+    out, good = tmp_path / "run", good_run
+    shutil.copytree(good_run, out)
     for name, text in damage.items():
         (out / name).unlink() if text is None else (out / name).write_text(text)
     args = [good, out] if command == "compare" else [out] + (["--out", tmp_path / "figs"] if command != "summary" else [])
@@ -127,7 +133,7 @@ def test_impossible_sizes_exit_2_before_anything_is_written(tmp_path, edit, word
 
 
 def test_a_case_too_big_for_this_device_is_a_skip_with_its_estimate(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "free_bytes", lambda device: 1 << 10)  # 1 KiB free
+    monkeypatch.setattr(workloads, "free_bytes", lambda device: 1 << 10)  # 1 KiB free
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     table = pd.read_csv(tmp_path / "run" / results.TABLE)
@@ -188,15 +194,40 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_p
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        r = invoke("run", path, "--device", "cpu", "--out", out, "--resume")
+        r = invoke("run", path, "--device", "cpu", "--out", out, "--resume", "--impl", "torch-trim")
         assert r.exit_code == 2 and f"pid {holder.pid}" in r.output, r.output
         assert snapshot(out) == before
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    r = invoke("run", path, "--device", "cpu", "--out", out, "--resume")
+    r = invoke("run", path, "--device", "cpu", "--out", out, "--resume", "--impl", "torch-trim")
     assert r.exit_code == 0 and "took over the lock" in r.output and f"pid {holder.pid}" in r.output, r.output
-    assert len(pd.read_csv(out / results.TABLE)) == 4
+    assert len(pd.read_csv(out / results.TABLE)) == 2
+
+
+@pytest.mark.parametrize("change", [["--impl", "torch-mask"], ["--case", "W3"], ["--shard", "0/2"], ["--l2", "warm"]])
+def test_resume_refuses_other_points_or_options(tmp_path, change):
+    out, path = tmp_path / "run", scenario(tmp_path)
+    assert invoke("run", path, "--device", "cpu", "--out", out, "--impl", "torch-trim").exit_code == 0
+    before = snapshot(out)
+    r = invoke("run", path, "--device", "cpu", "--out", out, "--impl", "torch-trim", "--resume", *change)
+    assert r.exit_code == 2 and "other points or options" in r.output and "--resume" in r.output, r.output
+    assert snapshot(out) == before
+    r = invoke("check", path, "--device", "cpu", "--out", out, "--impl", "torch-trim", "--resume")
+    assert r.exit_code == 2 and "holds a run" in r.output
+
+
+def test_ctrl_c_before_the_sweep_leaves_an_interrupted_folder(tmp_path, monkeypatch):
+    from swabench import runs
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.RunStore, "done", interrupted)
+    r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 130 and "--resume" in r.output, r.output
+    assert json.loads((tmp_path / "run" / results.META).read_text())["state"] == "interrupted"
+    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out y").endswith("--out y --resume")
 
 
 # 8. a merge that misses shards

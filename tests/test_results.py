@@ -80,7 +80,9 @@ def test_meta_keys_are_defined_in_the_schema_and_versioned(tmp_path):
     store = RunStore.create(tmp_path / "run", {"scenario": "x"}, "a")
     assert store.meta()["format_version"] == schema.FORMAT_VERSION
     with pytest.raises(ValueError, match="not defined in swabench.schema: jit_warmup_s"):
-        store.write_meta({**store.meta(), "jit_warmup_s": {}})
+        store.update_meta(jit_warmup_s={})
+    (tmp_path / "run" / results.META).write_text(json.dumps({**store.meta(), "note": "added by hand"}))
+    assert store.update_meta(state="complete")["note"] == "added by hand"
 
 
 def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):

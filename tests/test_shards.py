@@ -285,3 +285,19 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
         assert meta["state"] == "interrupted" and meta["rows"] == kept[g]
     folders = launch.Workers(args, [0, 1], tmp_path / "run").wait(poll_s=0.01)  # the same launch resumes
     assert sorted(k for f in folders for k in keys(f)[0]) == expect
+
+
+def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(tiny, tmp_path):
+    """A worker that exits with an error (here: CUDA asked for on a machine without it, exit 2) is a
+    failed launch (exit 1 from the CLI), not a merge of what the others left."""
+    from swabench.errors import RunFailed
+    workers = launch.Workers([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0], tmp_path / "run",
+                             visible=["0"])
+    assert workers.wait(poll_s=0.05)
+    broken = launch.Workers([str(tiny), "--device", "cuda"], [0], tmp_path / "other", visible=["0"])
+    with pytest.raises(RunFailed, match="did not finish"):
+        broken.wait(poll_s=0.05)
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / results.META).write_text(json.dumps({"state": "crashed"}))
+    assert launch._state(crashed) == "crashed" and launch._state(tmp_path / "nothing") is None

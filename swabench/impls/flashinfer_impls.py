@@ -79,7 +79,7 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
 def _workspace_cap(device: torch.device) -> int:
     if torch.device(device).type != "cuda":
         return WORKSPACE_CAP
-    return min(WORKSPACE_CAP, torch.cuda.mem_get_info(device)[0] // MIB * MIB)
+    return min(WORKSPACE_CAP, workloads.free_bytes(torch.device(device)) // MIB * MIB)
 
 
 def _estimate(wrapper, args, kwargs) -> int:

@@ -113,9 +113,9 @@ _LOADED = False
 def _load() -> None:
     global _LOADED
     if not _LOADED:
-        _LOADED = True
-        for module in MODULES:
+        for module in MODULES:  # a module that fails to import fails every use, not just the first
             importlib.import_module(f"{__package__}.{module}")
+        _LOADED = True
 
 
 def register(impl: Implementation) -> Implementation:
