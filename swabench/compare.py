@@ -217,6 +217,6 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
 
 
 def to_json(comparison: Comparison) -> str:
-    """The points, one JSON object each (the same list as before ``Comparison``; the counts and
-    warnings are in ``to_markdown`` and on the object)."""
+    """The points, one JSON object each, for CI to parse (the counts and warnings are in
+    ``to_markdown`` and on the object)."""
     return json.dumps(json.loads(comparison.table.to_json(orient="records")), indent=1)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import results, runs
 from .errors import UserError
-from .markers import parse_point  # noqa: F401  (the range naming, re-exported for readers of traces)
+from .markers import parse_point
 
 if TYPE_CHECKING:
     import pandas as pd

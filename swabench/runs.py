@@ -72,7 +72,7 @@ class Request:
 @dataclass
 class Outcome:
     folder: Path
-    state: str  # complete | interrupted
+    state: str  # complete | interrupted | incomplete (a merge that misses shards)
     table: pd.DataFrame
     wall_s: float
     total_s: float

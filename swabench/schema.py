@@ -35,7 +35,7 @@ COLUMNS = [
 META_KEYS = {
     "format_version": "version of this folder's format (schema.FORMAT_VERSION when written)",
     # what ran, and how
-    "what": "run, check, profile, merge of N shards, host benchmarks",
+    "what": "run, check, merge of N shards, or host benchmarks",
     "scenario": "the scenario's name", "scenario_path": "the file it was read from",
     "scenario_sha256": "hash of scenario.toml (resume and merge check it)",
     "implementations": "the implementations the scenario runs",

@@ -1,5 +1,27 @@
+import textwrap
+
 import pytest
 import torch
+
+
+# two modes, two storages, a planted mistake and a GPU-only path: the CLI tests' scenario
+TINY = textwrap.dedent("""
+    name = "tiny"
+    description = "two modes, two storages"
+    implementations = ["torch-trim", "torch-mask", "planted-wide", "paged-window"]
+    [fixed]
+    num_qo_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    dtype = "bfloat16"
+    batch_size = 2
+    [[sweep]]
+    mode = ["verify", "draft_extend"]
+    draft_tokens = 4
+    prefix_len = 40
+    window_left = [3, 15]
+    storage = ["paged", "ragged"]
+    """)
 
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: this checks behaviour without one")

@@ -3,31 +3,13 @@
 import json
 import subprocess
 import sys
-import textwrap
 
 import pandas as pd
 import pytest
-from conftest import cpu_only, invoke
+from conftest import TINY, cpu_only, invoke
 
 from swabench import results, scenarios, sweep
 
-TINY = textwrap.dedent("""
-    name = "tiny"
-    description = "two modes, two storages"
-    implementations = ["torch-trim", "torch-mask", "planted-wide", "paged-window"]
-    [fixed]
-    num_qo_heads = 4
-    num_kv_heads = 2
-    head_dim = 64
-    dtype = "bfloat16"
-    batch_size = 2
-    [[sweep]]
-    mode = ["verify", "draft_extend"]
-    draft_tokens = 4
-    prefix_len = 40
-    window_left = [3, 15]
-    storage = ["paged", "ragged"]
-    """)
 
 
 @pytest.fixture

@@ -4,34 +4,16 @@ number beside the folder it comes from, and no crash on runs that did not finish
 import json
 import re
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import invoke
+from conftest import TINY, invoke
 
 from swabench import findings, report, results, sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
 
-TINY = textwrap.dedent("""
-    name = "tiny"
-    description = "two modes, two storages"
-    implementations = ["torch-trim", "torch-mask", "planted-wide", "paged-window"]
-    [fixed]
-    num_qo_heads = 4
-    num_kv_heads = 2
-    head_dim = 64
-    dtype = "bfloat16"
-    batch_size = 2
-    [[sweep]]
-    mode = ["verify", "draft_extend"]
-    draft_tokens = 4
-    prefix_len = 40
-    window_left = [3, 15]
-    storage = ["paged", "ragged"]
-    """)
 
 
 @pytest.fixture(scope="module")
