@@ -13,6 +13,8 @@
 #   coldjit  `swabench warmup default` on an empty JIT cache, 8 modules at once, then one by one
 #   quick-compare  `quick` against the committed quick run (results/h200-quick-run1), point by point
 #   workspace  workspace.toml: GPT-OSS and Gemma-2-9B extend shapes that need more than 256 MiB of workspace
+#   decode-tests  the decode-wrapper GPU tests alone; serving-check  `swabench check serving`
+#   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -34,6 +36,12 @@ for step in $steps; do
                sb compare results/h200-quick-run1 "$out/h200-quick-run" > "$out/h200-quick-compare.md"
                echo "compare exit $?"; head -12 "$out/h200-quick-compare.md" ;;
     workspace) ( time sb run workspace --out "$out/h200-workspace-run" ) 2>&1 | tail -14 ;;
+    decode-tests) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k decode 2>&1 \
+                 | tee "$out/gpu-decode-tests.log" | tail -4 ;;
+    serving-check) ( time sb check serving --out "$out/h200-serving-check" ) 2>&1 | tail -16 ;;
+    default-compare)
+               sb compare results/h200x2-default-1gpu "$out/h200-default-run" > "$out/h200-default-compare.md"
+               echo "compare exit $?"; head -8 "$out/h200-default-compare.md" ;;
     default)   fresh_compile_cache
                ( time CUDA_VISIBLE_DEVICES=0 sb run default --out "$out/h200-default-run" ) 2>&1 | tail -40 ;;
     default-half)

@@ -206,6 +206,29 @@ def speculative(table, meta):
     return fig
 
 
+def decode(table, meta):
+    """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
+    window-or-trim choice, every backend), one panel per window; page sizes apart by line style."""
+    t = _timed(table[table["mode"] == "decode"])
+    if t.empty:
+        return None
+    windows = sorted(t["sliding_window"].unique())
+    fig, axes = _figure(meta, "Decode: kernel time vs context (median over batches and shapes)", 1, len(windows),
+                        size=(4.8, 4.0))
+    for ax, window in zip(axes[0], windows):
+        rows = t[t["sliding_window"] == window]
+        for (impl, backend, page), g in rows.groupby(["impl", "backend", "page_size"], dropna=False):
+            line = g.groupby("prefix_len")["median_us"].median()
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="os^D"[int(page == 1)],
+                    ms=3, color=colour(impl), label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""))
+        ax.set(yscale="log", title=f"window {int(window)} keys", xlabel="context (keys before the query)",
+               ylabel="kernel time (us)")
+        _log_x_ticks(ax, rows["prefix_len"])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=5)
+    return fig
+
+
 def tflops_vs_context(table, meta):
     """Achieved TFLOP/s against context length, with the node's measured bf16 matmul peak."""
     t = _primary(_timed(table))
@@ -346,7 +369,8 @@ def save(fig, out: Path, name: str) -> list[Path]:
 
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative,
-           "tflops_vs_context": tflops_vs_context, "backends": backends, "plan_vs_kernel": plan_vs_kernel}
+           "tflops_vs_context": tflops_vs_context, "backends": backends, "decode": decode,
+           "plan_vs_kernel": plan_vs_kernel}
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:

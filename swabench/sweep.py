@@ -109,7 +109,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed)
         row.update(status=status, reason="; ".join(s for s in (note, result.reason) if s))
         samples = {"plan": plan.samples_us} if options.timed else {}
-        if status == "pass" and options.timed and not impl.expected_to_fail:
+        exact = not impl.expected_to_fail or (impl.timed_where_exact and not row["must_fail"])
+        if status == "pass" and options.timed and exact:
             samples.update(time_kernel(runner, sync, options, row))
         row["samples"] = samples
         return row

@@ -48,7 +48,8 @@ class FakeWrapper:
 @pytest.fixture(autouse=True)
 def fake_flashinfer(monkeypatch):
     module = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=FakeWrapper,
-                                   BatchPrefillWithRaggedKVCacheWrapper=FakeWrapper)
+                                   BatchPrefillWithRaggedKVCacheWrapper=FakeWrapper,
+                                   BatchDecodeWithPagedKVCacheWrapper=FakeWrapper)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(fi, "_shared", {})
     # meta tensors have a size and no memory: a 4 GiB workspace costs nothing here
@@ -196,3 +197,46 @@ def test_fa3_with_an_fp8_cache_under_bf16_queries_is_unsupported():
     impl = registry.get("paged-window")
     assert "fp8 queries" in impl.unsupported(c, "fa3")
     assert impl.unsupported(c, "fa2") is None
+
+
+def decode_case(page_size=16, prefix_len=100, window_left=31, batch_size=3):
+    return scenarios.make_case(dict(mode="decode", prefix_len=prefix_len, window_left=window_left, page_size=page_size,
+                                    num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16",
+                                    batch_size=batch_size))
+
+
+@pytest.mark.parametrize("impl,cores,trimmed,window", [
+    ("decode-window", False, False, 31), ("decode-trim", False, True, 31), ("decode-trim-nowindow", False, True, -1),
+    ("decode-tc-window", True, False, 31), ("decode-tc-trim", True, True, 31)])
+def test_decode_wrappers_hand_over_their_table_and_window(impl, cores, trimmed, window):
+    w = workloads.build(decode_case())
+    runner = registry.get(impl).make(w, "fa2")
+    runner.plan()
+    wrapper = runner.wrapper
+    indptr, indices, last = wrapper.args  # no query indptr: one query per request
+    starts = [semantics.trim_start(k, 1, 31, 16) if trimmed else 0 for k in w.kv_lens]
+    expect = workloads.trim_page_table(w.kv_indptr_host, w.kv_indices_host, w.kv_lens, starts, 16)
+    assert torch.equal(indptr, expect[0].to(torch.int32)) and torch.equal(indices, expect[1].to(torch.int32))
+    assert torch.equal(last, w.kv_last_page_len.cpu())
+    assert wrapper.kwargs["window_left"] == window and wrapper.kwargs["head_dim"] == 64
+    assert "causal" not in wrapper.kwargs and wrapper.kwargs["uniform_q_len"] is None
+    assert wrapper.bufs["use_tensor_cores"] is cores and wrapper.bufs["use_cuda_graph"] is True
+    assert wrapper.bufs["paged_kv_indices_buffer"].numel() == len(w.kv_indices_host)
+
+
+def test_decode_wrappers_skip_other_modes_and_fa3_on_cuda_cores():
+    verify = scenarios.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64))
+    assert "decode steps" in registry.get("decode-window").unsupported(verify, "fa2")
+    assert "no fa3" in registry.get("decode-trim").unsupported(decode_case(), "fa3")
+    assert registry.get("decode-tc-trim").unsupported(decode_case(), "fa3") is None
+
+
+@pytest.mark.parametrize("page_size,prefix_len,must", [(1, 100, False), (16, 100, True), (16, 111, False),
+                                                      (16, 20, False)])
+def test_sglang_decode_recipe_must_fail_only_where_a_page_reaches_before_the_window(page_size, prefix_len, must):
+    """kv_len 101, W 31: the window starts at key 70, inside the page [64, 80) with 16-token pages;
+    kv_len 112 starts it at 80, a page boundary; kv_len 21 has no key before the window."""
+    c = decode_case(page_size=page_size, prefix_len=prefix_len)
+    w = workloads.build(c)
+    impl = registry.get("decode-trim-nowindow")
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must and impl.timed_where_exact

@@ -11,8 +11,9 @@ from swabench.impls import registry
 pytestmark = pytest.mark.gpu
 
 FLASHINFER = [i.name for i in registry.all_implementations() if i.library == "flashinfer"]
-CORRECT_FI = [n for n in FLASHINFER if registry.get(n).kind == "correct"]
-BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug"]
+DECODE_FI = [n for n in FLASHINFER if n.startswith("decode-")]  # decode steps only: tested on their own below
+CORRECT_FI = [n for n in FLASHINFER if registry.get(n).kind == "correct" and n not in DECODE_FI]
+BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug" and n not in DECODE_FI]
 
 
 def workload(impl, window_left, prefix_len, qo_len, page_size=16, mode="verify", batch_size=4):
@@ -67,24 +68,10 @@ def test_known_bugs_are_caught_where_they_must_fail(impl, window_left, prefix, q
 
 @pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim"])
 def test_runner_replays_in_a_cuda_graph(impl):
-    """run() allocates nothing and never syncs the host: the gated objects can be captured."""
     w = workload(impl, 127, 1000, 16, mode="draft_extend")
     runner, result = gated(impl, w, "fa2" if registry.get(impl).backends else "torch")
     assert result.passed, result.reason
-    runner.run()
-    eager = runner.out.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner.run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        runner.run()
-    runner.out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(runner.out, eager, rtol=0, atol=0)
+    assert_replays_in_a_graph(runner)
 
 
 def test_auto_backend_is_resolved_and_recorded():
@@ -129,3 +116,40 @@ def test_gpt_oss_extend_fits_its_workspace(impl):
     runner, result = gated(impl, workloads.build(c, "cuda"), "fa2")
     assert result.passed, result.reason
     assert isinstance(runner.workspace_mib, int) and runner.workspace_mib > 256
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("head_dim,heads", [(64, (8, 8)), (128, (8, 2)), (128, (32, 4)), (256, (16, 8))])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("impl", DECODE_FI)
+def test_decode_wrappers_on_the_gpu(impl, page_size, head_dim, heads, backend):
+    """Every decode wrapper through the gate at GQA groups 1, 4 and 8 and head_dim 64/128/256: the
+    correct ones pass; SGLang's recipe (decode-trim-nowindow) is caught exactly where a page reaches
+    before the window, and passes at page size 1."""
+    c = scenarios.make_case(dict(mode="decode", batch_size=8, prefix_len=4001, window_left=127, page_size=page_size,
+                                 num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype="bfloat16"))
+    w = workloads.build(c, "cuda")
+    runner, result = gated(impl, w, backend)
+    if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens):
+        assert not result.passed and result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2
+    else:
+        assert result.passed, result.reason
+    assert_replays_in_a_graph(runner)
+
+
+def assert_replays_in_a_graph(runner):
+    """run() allocates nothing and never syncs the host: the gated objects can be captured."""
+    runner.run()
+    eager = runner.out.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner.run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.run()
+    runner.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(runner.out, eager, rtol=0, atol=0)

@@ -13,7 +13,7 @@ from swabench import plots, report, results
 # fixtures/make_h200_run.py so that every figure keeps the panels it has on the whole run
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
 PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatmap": 4, "speculative": 2,
-          "tflops_vs_context": 4, "backends": 5, "plan_vs_kernel": 1}  # heatmap: 2 panels + 2 colour bars
+          "tflops_vs_context": 4, "backends": 5, "decode": 1, "plan_vs_kernel": 1}  # heatmap: 2 panels + 2 colour bars
 
 
 @pytest.fixture(scope="module")

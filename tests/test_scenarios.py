@@ -5,7 +5,7 @@ import pytest
 from swabench import scenarios
 from swabench.scenarios import ScenarioError
 
-SHIPPED = ["cpu", "quick", "edges", "default", "peers"]
+SHIPPED = ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"]
 
 
 def parse(text, tmp_path, name="s.toml"):

@@ -160,7 +160,7 @@ def test_human_bytes_and_describe():
     assert f.describe() == "1.2 GiB on the device (K/V 1.0 GiB)"
 
 
-@pytest.mark.parametrize("name", ["cpu", "quick", "edges", "default", "peers"])
+@pytest.mark.parametrize("name", ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"])
 def test_shipped_cases_are_possible(name):
     for c in scenarios.load(scenarios.find(name)).cases:
         assert footprint.impossible(c) is None, (c.label, footprint.impossible(c))

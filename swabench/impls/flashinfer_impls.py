@@ -121,6 +121,7 @@ class Variant:
     mask: bool = False  # window and causality as a custom mask, full KV, no window at plan
     start: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> first key kept
     deprecated_forward: bool = False  # run through forward(..., window_left=W)
+    decode: str | None = None  # "cuda-core" | "tensor-core": BatchDecodeWithPagedKVCacheWrapper, decode steps only
 
 
 def _accepts(fn, name: str) -> bool:
@@ -147,7 +148,14 @@ class FlashInferRunner:
         b, dev, i32 = w.batch_size, w.device, torch.int32
         paged = variant.storage == "paged"
         bufs = {}
-        if graph_wrapper:  # fixed buffers sized for this workload, as CUDA-graph mode requires
+        if variant.decode:  # the decode wrapper names its buffers its own way
+            bufs = dict(use_tensor_cores=variant.decode == "tensor-core")
+            if graph_wrapper:
+                bufs.update(use_cuda_graph=True,
+                            paged_kv_indptr_buffer=torch.empty(b + 1, dtype=i32, device=dev),
+                            paged_kv_indices_buffer=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
+                            paged_kv_last_page_len_buffer=torch.empty(b, dtype=i32, device=dev))
+        elif graph_wrapper:  # fixed buffers sized for this workload, as CUDA-graph mode requires
             bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
             if paged:
                 bufs.update(paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
@@ -159,25 +167,30 @@ class FlashInferRunner:
                 bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, w.kv_lens),
                                                         dtype=torch.uint8, device=dev),
                             mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
-        cls = flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
+        cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         self._new_wrapper = lambda workspace: cls(workspace, "NHD", backend=backend, **bufs)
         self._workspace_bytes = WORKSPACE_BYTES
         self.wrapper = self._new_wrapper(_workspace(dev, WORKSPACE_BYTES))
         self.workspace_mib: int | None = None  # set by the first successful plan()
-        self.hint = uniform_hint and len(set(w.qo_lens)) == 1 and _accepts(self.wrapper.plan, "uniform_q_len")
+        self.hint = uniform_hint and not variant.decode and len(set(w.qo_lens)) == 1 \
+            and _accepts(self.wrapper.plan, "uniform_q_len")
 
     def plan(self) -> None:
         """Host work of one serving step: trimmed page tables or the custom mask, then plan()."""
         w, v, c = self.w, self.variant, self.w.case
         i32 = torch.int32
         qo_indptr = torch.tensor(w.qo_indptr_host, dtype=i32)
-        if v.mask:
+        window_left = c.window_left if v.window_at_plan else semantics.NO_WINDOW
+        if v.decode:  # one query per request: no query indptr, no causal flag
+            window = dict(head_dim=c.head_dim, window_left=window_left)
+        elif v.mask:
             window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens, semantics.Visibility(c.window_left),
-                                                            device=w.device), causal=False)
+                                                            device=w.device), causal=False, head_dim_qk=c.head_dim)
         else:
-            window = dict(causal=True, window_left=c.window_left if v.window_at_plan else semantics.NO_WINDOW)
-        shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim_qk=c.head_dim,
-                     q_data_type=w.dtype, kv_data_type=w.dtype, **window)
+            window = dict(causal=True, window_left=window_left, head_dim_qk=c.head_dim)
+        shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, q_data_type=w.dtype,
+                     kv_data_type=w.dtype, **window)
         if self.hint:
             shape["uniform_q_len"] = w.qo_lens[0]
         if v.storage == "ragged":
@@ -187,7 +200,7 @@ class FlashInferRunner:
             if v.start is not None:
                 starts = [v.start(c.window_left, q, k, ps) for q, k in zip(w.qo_lens, w.kv_lens)]
                 indptr, indices, _ = workloads.trim_page_table(indptr, indices, w.kv_lens, starts, ps)
-            args = (qo_indptr, indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu())
+            args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu())
             shape["page_size"] = ps
         with _resource_errors():
             if self.workspace_mib is None:
@@ -234,13 +247,17 @@ class FlashInferRunner:
             self.wrapper.run(w.q, *kv, out=self.out)
 
 
-def _unsupported(mask: bool):
+def _unsupported(variant: Variant):
     def check(case, backend: str) -> str | None:
+        if variant.decode and case.mode != "decode":
+            return f"the decode wrapper runs decode steps (one query per request), not {case.mode}"
+        if variant.decode == "cuda-core" and backend == "fa3":
+            return "the CUDA-core decode kernel has no fa3 variant (use_tensor_cores=True runs fa2/fa3 prefill kernels)"
         if case.dtype not in DTYPES:
             return f"FlashInfer attention takes {' or '.join(DTYPES)}, not {case.dtype}"
         if case.head_dim not in HEAD_DIMS:
             return f"FlashInfer prefill is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim}"
-        if mask and backend == "fa3":
+        if variant.mask and backend == "fa3":
             return "fa3 has no custom-mask support"
         kv = getattr(case, "kv_dtype", None) or case.dtype
         if backend == "fa3" and kv.startswith(("float8", "fp8")) and not case.dtype.startswith(("float8", "fp8")):
@@ -259,7 +276,7 @@ def _register(name, summary, variant: Variant, kind="correct", visibility=None, 
 
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, backends=BACKENDS,
-                            needs_cuda=True, unsupported=_unsupported(variant.mask), available=_import_error,
+                            needs_cuda=True, unsupported=_unsupported(variant), available=_import_error,
                             **extra, **roles))
 
 
@@ -289,3 +306,23 @@ _register("paged-trim-causal", "trim at prefix - W per request, causal, no windo
           Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",
           visibility=lambda w, prefix, ps: semantics.Visibility(
               semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix, w, ps)))
+
+
+def _decode_trim_window(window_left, prefix_len, page_size):
+    """What SGLang's decode recipe sees: the table trimmed to the page holding key kv_len-1-W and no
+    window at plan, so the first page brings up to page_size - 1 keys from before the window."""
+    return semantics.Visibility(semantics.NO_WINDOW, first_key=semantics.trim_start(prefix_len + 1, 1, window_left,
+                                                                                     page_size))
+
+
+_register("decode-window", "decode wrapper, CUDA-core kernel, full page table, plan(window_left=W)",
+          Variant("paged", decode="cuda-core"))
+_register("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, window_left=W",
+          Variant("paged", decode="cuda-core", start=_trim))
+_register("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at plan: "
+          "exact only when pages hold one token", Variant("paged", decode="cuda-core", start=_trim, window_at_plan=False),
+          kind="known-bug", visibility=_decode_trim_window, timed_where_exact=True)
+_register("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full table, "
+          "window_left=W", Variant("paged", decode="tensor-core"))
+_register("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key kv_len-1-W, "
+          "window_left=W", Variant("paged", decode="tensor-core", start=_trim))

@@ -71,6 +71,9 @@ class Implementation:
     # its storage is compared with ("against fa2's window path").
     baseline: bool = False
     reference: str | None = None
+    # A known bug whose mistake cannot show on a point (must_fail is False there) computes the exact
+    # answer there; when engines run it that way (SGLang's decode recipe at page size 1), time it.
+    timed_where_exact: bool = False
 
     @property
     def expected_to_fail(self) -> bool:
