@@ -208,24 +208,27 @@ def speculative(table, meta):
 
 def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
-    window-or-trim choice, every backend), one panel per window; page sizes apart by line style."""
+    window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages."""
     t = _timed(table[table["mode"] == "decode"])
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
+    impls = sorted(set(t["impl"]), key=registry.order)
+    palette = {impl: OKABE_ITO[i % len(OKABE_ITO)] for i, impl in enumerate(impls)}  # distinct within the figure
     fig, axes = _figure(meta, "Decode: kernel time vs context (median over batches and shapes)", 1, len(windows),
-                        size=(4.8, 4.0))
+                        size=(4.2, 4.0))
     for ax, window in zip(axes[0], windows):
         rows = t[t["sliding_window"] == window]
         for (impl, backend, page), g in rows.groupby(["impl", "backend", "page_size"], dropna=False):
             line = g.groupby("prefix_len")["median_us"].median()
-            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="os^D"[int(page == 1)],
-                    ms=3, color=colour(impl), label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""))
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="s" if page == 1 else "o",
+                    ms=3, color=palette[impl], label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""))
         ax.set(yscale="log", title=f"window {int(window)} keys", xlabel="context (keys before the query)",
                ylabel="kernel time (us)")
         _log_x_ticks(ax, rows["prefix_len"])
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=5)
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
     return fig
 
 
