@@ -31,8 +31,7 @@ def run(out: Path, quick: bool = False) -> list[Path]:
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")
-    if out.exists() and any(out.iterdir()):
-        raise HostBenchError(f"{out} already holds files; choose another --out")
+    results.refuse_a_run(out)
     results.make_folder(out)
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
     results.write_meta(out, schema.check_meta(meta))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import RunFailed, UserError
-from .results import make_folder
+from .results import make_folder, refuse_a_run
 from .schema import META, ROWS
 
 
@@ -202,8 +202,7 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
         import submitit
     except ImportError:
         raise LaunchError("submit needs submitit: pip install 'swabench[slurm]'") from None
-    if out.exists() and any(out.iterdir()):
-        raise LaunchError(f"{out} already holds a run; choose another --out")
+    refuse_a_run(out)
     work = work_dir(out)
     folder = work / "submitit"
     ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)

@@ -27,8 +27,7 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str]) -> pd.D
     (the kernels of every timed point) land in the run folder."""
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"{out} already holds files; choose another --out")
+    results.refuse_a_run(out)
     report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
     child = ["run", scenario_path, "--out", str(out), "--device", "cuda", *child_args]
     code = subprocess.run(nsys_command(str(report), child)).returncode

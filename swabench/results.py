@@ -71,6 +71,14 @@ def make_folder(folder: Path) -> Path:
     return folder
 
 
+def refuse_a_run(folder: Path, hint: str = "choose another --out") -> None:
+    """RunFolderError when ``folder`` already holds something: a run folder holds one run.  Dot
+    files (the lock, write probes, atomic-write temporaries) are not a run."""
+    folder = Path(folder)
+    if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
+        raise RunFolderError(f"{folder} already holds a run; {hint}")
+
+
 class FolderLock:
     """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
     so a crashed run never blocks the next; the file names the holder for whoever is refused."""
@@ -113,10 +121,11 @@ class RunStore:
     @classmethod
     def create(cls, folder, meta: dict, scenario_text: str) -> "RunStore":
         store = cls(make_folder(folder))
-        store._refuse_a_run()
+        refuse_a_run(store.folder, "pass --resume to continue it, or choose another --out (nothing was written)")
         store._acquire()
         try:
-            store._refuse_a_run()  # again under the lock: another process may have just written one
+            # again under the lock: another process may have just written one
+            refuse_a_run(store.folder, "pass --resume to continue it, or choose another --out (nothing was written)")
             atomic_write(store.folder / SCENARIO, scenario_text)
             write_meta(store.folder, schema.check_meta({**meta, "scenario_sha256": text_hash(scenario_text),
                                                         "state": "running"}))
@@ -141,12 +150,6 @@ class RunStore:
             store.close()
             raise
         return store
-
-    def _refuse_a_run(self) -> None:
-        """Dot files (the lock, write probes, atomic-write temporaries) are not a run."""
-        if any(not p.name.startswith(".") for p in self.folder.iterdir()):
-            raise RunFolderError(f"{self.folder} already holds a run; pass --resume to continue it, "
-                                 f"or choose another --out (nothing was written)")
 
     def _acquire(self) -> None:
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from . import STARTED, launch, scenarios, schema
-from .results import RunFolderError, RunStore, text_hash
+from .results import RunFolderError, RunStore, refuse_a_run, text_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -268,8 +268,7 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
     from . import shards
 
     r = launch_request
-    if r.out.exists() and any(r.out.iterdir()):
-        raise RunFolderError(f"{r.out} already holds a run; choose another --out (the shards resume on their own)")
+    refuse_a_run(r.out, "choose another --out (the shards resume on their own)")
     workers = launch.Workers([str(r.scenario_path), "--device", "cuda", *r.child_args], r.gpus, r.out, r.visible)
     spawned_s = since_start()
     try:
