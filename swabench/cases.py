@@ -16,6 +16,9 @@ MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
 ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
+# Axes added after results were published: a case leaves them out of its id while they hold these
+# defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
+SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None}
 
 
 def parse_accept(value) -> tuple[str, float]:
@@ -54,6 +57,26 @@ class Case:
     head_dim: int
     dtype: str
     seed: int
+    sinks: bool = False  # one learned logit per query head joins every softmax denominator (GPT-OSS)
+    logits_soft_cap: float = 0.0  # l = cap * tanh(l / cap) when > 0 (Gemma 2)
+    sm_scale: float | None = None  # None: head_dim ** -0.5
+    kv_dtype: str | None = None  # None: the same as dtype
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale applied to q.k."""
+        return self.head_dim ** -0.5 if self.sm_scale is None else self.sm_scale
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.kv_dtype or self.dtype
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv'."""
+        asked = {"sinks": self.sinks, "soft_cap": bool(self.logits_soft_cap),
+                 "fp8_kv": self.cache_dtype.startswith("float8")}
+        return frozenset(name for name, on in asked.items() if on)
 
     @property
     def sliding_window(self) -> int:
@@ -62,7 +85,8 @@ class Case:
     @property
     def case_id(self) -> str:
         """Stable across runs and machines: the same shape gets the same id (compare joins on it)."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        fields = {k: v for k, v in asdict(self).items() if k not in SERVING_DEFAULTS or v != SERVING_DEFAULTS[k]}
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
 
     @property
@@ -71,13 +95,16 @@ class Case:
         q = f"q{self.qo_len}" + (f"~{self.accept}" if self.accept else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             if self.storage == "paged" else "ragged"
+        serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
+                   + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
+                   + (f" kv-{self.kv_dtype}" if self.kv_dtype else ""))
         return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
-                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype} s{self.seed}")
+                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype}{serving} s{self.seed}")
 
     def axes(self) -> dict:
         """The case's columns for the results table."""
         row = asdict(self)
-        row["sliding_window"] = self.sliding_window
+        row.update(sliding_window=self.sliding_window, sm_scale=self.scale, kv_dtype=self.cache_dtype)
         return row
 
 

@@ -11,7 +11,7 @@ from .cases import QO_FIELD, Case
 
 REFERENCE_CHUNK_ELEMENTS = 1 << 26  # scores per chunk of the reference (256 MiB in float32): bounds 32k contexts
 
-ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3": 1}
 PY_LIST_ENTRY = 36  # a per-request Python list costs a pointer and an int object per entry
 
 
@@ -74,7 +74,7 @@ def footprint(case: Case, device_type: str = "cpu") -> Footprint:
     paged = case.storage == "paged"
     pages = b * -(-kv // case.page_size) if paged else 0
     rows = pages * case.page_size if paged else keys  # K/V rows at the storage's layout
-    kv_bytes = 2 * rows * hkv * d * e
+    kv_bytes = 2 * rows * hkv * d * ELEMENT_BYTES[case.cache_dtype]
     q_bytes = queries * h * d * e  # q, and again the runner's output
     indices = (8 * (3 * keys + 2 * queries)  # slots, key_request, key_position; query request, position
                + 4 * (2 * (b + 1) + (pages + b if paged else 0)))  # int32 indptrs, page table, last-page lens

@@ -12,8 +12,12 @@ distance, so
 
 The profile is a sum of cosines at frequencies pi / 2^i (i = 0..n-1), realised exactly as q.k with
 q = f(p - c), k = f(j): it peaks at distance c with n, and any other distance x has some i where
-pi * (x - c) / 2^i is an odd multiple of pi, costing at least 2.  No randomness, so no row is
-ever left untested by chance; heads and passes rotate the four edges so every row meets all four.
+pi * (x - c) / 2^i is an odd multiple of pi, costing at least 2.  The slot of sin(pi x), zero at every integer x, carries a
+constant key against ``-n * SCALE`` in the query instead: it shifts every row so its peak logit is 0: a soft-cap is
+then nearly linear where the answer is decided (cap * tanh(-16 / cap) is still about -16 nats at a
+cap of 50), and a sink logit of 0 takes half of every row, so a dropped sink moves it by O(1).  No
+randomness, so no row is ever left untested by chance; heads and passes rotate the four edges so
+every row meets all four.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 import torch
 
 SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, e^-16 ~ 1e-7
+SHIFT = 1  # the feature sin(pi x): zero at every integer, so free to carry the shift
 
 
 def edges(window_left: int) -> list[tuple[int, str]]:
@@ -71,17 +76,21 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     c = w.case
     found = edges(c.window_left)
     n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
-    if 2 * n_freq > c.head_dim:
-        raise ValueError(f"probe inputs need head_dim >= {2 * n_freq} for {max(w.kv_lens)} keys "
-                         f"(got {c.head_dim})")
+    need = required_head_dim(max(w.kv_lens), c.window_left)
+    if need > c.head_dim:
+        raise ValueError(f"probe inputs need head_dim >= {need} for {max(w.kv_lens)} keys (got {c.head_dim})")
     dev = w.device
     pos = w.query_position
     heads = torch.arange(c.num_qo_heads, device=dev)
     edge = (heads[None, :] + pass_index * c.num_qo_heads + pos[:, None]) % len(found)
     distance = torch.tensor([d for d, _ in found], device=dev)[edge]
-    q = features(pos[:, None] - distance, n_freq, c.head_dim) * (SCALE / w.sm_scale)
-    w.q.copy_(q.to(w.dtype))
+    q = features(pos[:, None] - distance, n_freq, c.head_dim)
+    q[..., SHIFT] = -n_freq  # with the keys' constant 1 below: the peak logit is 0
+    w.q.copy_((q * (SCALE / w.sm_scale)).to(w.dtype))
     k = features(torch.arange(max(w.kv_lens), device=dev), n_freq, c.head_dim)[:, None, :]
+    k[..., SHIFT] = 1.0
+    if w.sinks is not None:
+        w.sinks.zero_()  # level with each row's peak: half of the row's weight
     g = torch.Generator(device=dev).manual_seed(seed + 1000 + pass_index)
     v = torch.randn(sum(w.kv_lens), c.num_kv_heads, c.head_dim, generator=g, device=dev)
     w.write_kv(k, v)

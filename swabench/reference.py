@@ -1,4 +1,6 @@
-"""Reference attention: float64 on the CPU, float32 on a GPU, with the explicit window mask.
+"""Reference attention: float64 on the CPU, float32 on a GPU, with the explicit window mask, the
+soft-cap ``l = cap * tanh(l / cap)`` and the sinks (one logit per head in every denominator, with
+no value) written out from their definitions (SERVING 2 and 3).  An fp8 cache is read upcast.
 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built
@@ -40,8 +42,14 @@ def attention(w: Workload) -> torch.Tensor:
             if c.window_left >= 0:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
             scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys) * w.sm_scale
+            if c.logits_soft_cap:
+                scores = c.logits_soft_cap * torch.tanh(scores / c.logits_soft_cap)
             scores.masked_fill_(~visible, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
+            if w.sinks is not None:
+                sink = w.sinks.to(acc)[:, None, None].expand(-1, i1 - i0, 1)
+                probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+            else:
+                probs = torch.softmax(scores, dim=-1)
             out[row + i0:row + i1] = torch.einsum("hqk,khd->qhd", probs, values)
         row += qo_len
     return out

@@ -376,8 +376,12 @@ def load(folder) -> tuple[pd.DataFrame, dict]:
     folder = Path(folder)
     if (folder / ROWS).exists():
         return add_derived(to_table(RunStore(folder).rows()), meta.get("peaks")), meta
-    table = _read_csv(folder / TABLE, (*KEY, "status"))
-    return with_columns(table), meta
+    table = with_columns(schema.migrate_table(_read_csv(folder / TABLE, (*KEY, "status"))))
+    if table["wrapper"].isna().any():  # written before the column named the wrapper family
+        from .impls import registry
+        family = {i.name: i.wrapper or i.library for i in registry.all_implementations()}
+        table["wrapper"] = table["wrapper"].fillna(table["impl"].map(family))
+    return table, meta
 
 
 def read_meta(folder) -> dict:

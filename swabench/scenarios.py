@@ -93,6 +93,25 @@ def _accept(value):
     return value
 
 
+def _bool(value):
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _float(lo: float, what: str, open_low: bool = False):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                or value < lo or (open_low and value == lo) or value == float("inf"):
+            raise ValueError(f"must be {what}, got {value!r}")
+        return float(value)
+    return check
+
+
+KV_DTYPES = {**DTYPES, "float8_e4m3": "float8_e4m3", "fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3",
+             "float8_e4m3fn": "float8_e4m3"}
+
+
 AXES = {
     "mode": _choice(MODES),
     "storage": _choice(STORAGES),
@@ -113,10 +132,14 @@ AXES = {
     "dtype": _choice(("bfloat16", "float16", "float32"), DTYPES),
     "backend": _choice(BACKENDS),
     "seed": _int(0, "an integer >= 0"),
+    "sinks": _bool,
+    "logits_soft_cap": _float(0.0, "a number >= 0 (0 = off; Gemma 2 uses 50)"),
+    "sm_scale": _float(0.0, "a number > 0 (default head_dim ** -0.5)", open_low=True),
+    "kv_dtype": _choice(("bfloat16", "float16", "float32", "float8_e4m3"), KV_DTYPES),
 }
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
-            "backend": "fa2", "seed": 0, "accept": "uniform"}
+            "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0}
 
 
 @dataclass
@@ -159,6 +182,9 @@ def _rule_namespace(combo: dict, group: str) -> dict:
         ns["qo_len"] = 1 if ns["mode"] == "decode" else ns.get(QO_FIELD.get(ns["mode"], ""), None)
     ns["kv_len"] = ns["seq_len"] if ns["seq_len"] is not None else \
         (ns["prefix_len"] + ns["qo_len"] if None not in (ns["prefix_len"], ns["qo_len"]) else None)
+    ns["kv_dtype"] = ns["kv_dtype"] or ns["dtype"]
+    if ns["sm_scale"] is None and ns["head_dim"]:
+        ns["sm_scale"] = ns["head_dim"] ** -0.5
     ns["group"] = group
     return ns
 
@@ -249,12 +275,28 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 page_size=p["page_size"] if paged else None,
                 page_layout=p["page_layout"] if paged else None,
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
-                head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"])
+                head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
+                logits_soft_cap=p["logits_soft_cap"], sm_scale=p.get("sm_scale"),
+                kv_dtype=_kv_dtype(p, path, where))
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
     _check_probe_fits(case, path, where)
     return case
+
+
+def _kv_dtype(p: dict, path, where) -> str | None:
+    """The cache's dtype when it differs from the queries' (None: the same)."""
+    kv = p.get("kv_dtype")
+    if kv is None or kv == p["dtype"]:
+        return None
+    if not kv.startswith("float8"):
+        raise ScenarioError(path, f"{where}.kv_dtype", f"{kv} with {p['dtype']} queries: a cache of another "
+                                                       f"width is float8_e4m3 (or the queries' own dtype)")
+    if p["dtype"] == "float32":
+        raise ScenarioError(path, f"{where}.kv_dtype", "an fp8 cache is read with bfloat16 or float16 queries, "
+                                                       "not float32")
+    return kv
 
 
 def _check_probe_fits(case: Case, path, where) -> None:

@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -22,10 +22,11 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 # The table's leading columns, in order; every table has them all (empty where a run has no value),
 # so readers never meet a missing column.  Others may follow.
 COLUMNS = [
-    "case_id", "case", "impl", "kind", "library", "backend", "resolved_backend", "wrapper", "status", "reason",
-    "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+    "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "status",
+    "reason", "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
-    "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "seed", "device", "gpu_id",
+    "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
+    "seed", "device", "gpu_id",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
     "noise", "eager_us", "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops",
@@ -79,11 +80,31 @@ def check_meta(meta: dict) -> dict:
     return meta
 
 
+def migrate_table(df):
+    """A results table of any known version, read as the current one.
+
+    Before version 3, ``wrapper`` held how the wrapper was built ("cuda-graph, uniform_q_len=4"), now
+    ``wrapper_mode``; ``wrapper`` names the wrapper family.  Tables from before the serving axes get
+    their values where every case had them: no sinks, no soft-cap, the queries' dtype in the cache,
+    and head_dim ** -0.5."""
+    if "wrapper_mode" not in df.columns and "wrapper" in df.columns:
+        df = df.rename(columns={"wrapper": "wrapper_mode"})
+    fill = {"sinks": False, "logits_soft_cap": 0.0}
+    if "dtype" in df.columns:
+        fill["kv_dtype"] = df["dtype"]
+    if "head_dim" in df.columns:
+        fill["sm_scale"] = df["head_dim"].astype(float) ** -0.5
+    for name, value in fill.items():
+        if name not in df.columns:
+            df[name] = value
+    return df
+
+
 def migrate(meta: dict) -> dict:
     """A meta.json of any known version, read as the current one (the file itself is not rewritten).
 
     Version 1 (no format_version): one JIT warm-up as ``jit_warmup_s`` (seconds per signature)
-    instead of the list ``jit_warmups``."""
+    instead of the list ``jit_warmups``.  Version 2 differs in the table only (``migrate_table``)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):

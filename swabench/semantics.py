@@ -34,21 +34,26 @@ def sliding_window_of(window_left: int) -> int:
 
 @dataclass(frozen=True)
 class Visibility:
-    """Which keys a query sees: ``[max(first_key, p - window_left), p + future]``.
+    """Which keys a query sees: ``[min(max(first_key, p - window_left), latest_start), p + future]``.
 
     The exact semantics is ``Visibility(window_left=W)``; known bugs and planted mistakes are the
-    same shape with other numbers, which is what lets the suite say where each must fail.
+    same shape with other numbers, which is what lets the suite say where each must fail: a table
+    that starts too early (``first_key``), a part that sees every key from ``latest_start`` on, or
+    keys cut at the wrong end (a negative ``future``).
     """
 
     window_left: int
     first_key: int = 0
     future: int = 0
+    latest_start: int | None = None
 
     def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
         lo = torch.full_like(positions, self.first_key)
         if self.window_left >= 0:
             lo = torch.maximum(lo, positions - self.window_left)
+        if self.latest_start is not None:
+            lo = torch.clamp(lo, max=self.latest_start)
         hi = torch.clamp(positions + self.future, max=kv_len - 1)
         return lo, hi
 
@@ -125,11 +130,14 @@ def attention_flops(pairs: int, head_dim: int, num_qo_heads: int) -> int:
     return 4 * head_dim * pairs * num_qo_heads
 
 
-def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes) -> int:
-    """Q read + O written once, and every K/V row inside some window read once."""
+def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes,
+                  kv_elem_bytes: int | None = None) -> int:
+    """Q read + O written once, and every K/V row inside some window read once (at the cache's
+    width, ``kv_elem_bytes``, when it differs from the queries')."""
     q_rows = sum(qo_lens)
     kv_rows = sum(window_keys(q, k, window_left) for q, k in zip(qo_lens, kv_lens))
-    return elem_bytes * head_dim * (2 * q_rows * num_qo_heads + 2 * kv_rows * num_kv_heads)
+    kv_bytes = elem_bytes if kv_elem_bytes is None else kv_elem_bytes
+    return head_dim * (2 * q_rows * num_qo_heads * elem_bytes + 2 * kv_rows * num_kv_heads * kv_bytes)
 
 
 def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.Tensor:

@@ -53,14 +53,15 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -
     """Every axis of the point, and the counts that do not depend on timing."""
     impl, c = registry.get(point.impl), point.case
     row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind,
-           "library": impl.library, "backend": point.backend, "device": str(device), "host": HOST,
+           "library": impl.library, "wrapper": impl.wrapper or impl.library, "backend": point.backend, "device": str(device), "host": HOST,
            "gpu_id": gpu_identity(device), **c.axes()}
     if w is not None:
         pairs = sum(semantics.useful_pairs(q, k, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens))
         row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
                    min_bytes=semantics.minimum_bytes(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
-                                                     c.num_kv_heads, c.head_dim, w.dtype.itemsize),
+                                                     c.num_kv_heads, c.head_dim, w.dtype.itemsize,
+                                                     w.kv_dtype.itemsize),
                    must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
     return row
 
@@ -100,7 +101,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
                 row["plan_us"] = plan.median_us
             else:
                 runner.plan()
-        row.update(resolved_backend=runner.resolved_backend, wrapper=getattr(runner, "wrapper_mode", None),
+        row.update(resolved_backend=runner.resolved_backend, wrapper_mode=getattr(runner, "wrapper_mode", None),
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)

@@ -14,7 +14,10 @@ import torch
 
 from .cases import Case, parse_accept
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                "float8_e4m3": torch.float8_e4m3fn}
+SINK_MEAN, SINK_STD = 3.0, 2.0  # the sink logits drawn per head: large enough to move every row (SERVING 2)
+SOFT_CAP_LOGIT_STD = 0.1  # with a soft-cap, random logits have this std in units of the cap, so the cap bends them
 
 
 def request_lengths(case: Case) -> tuple[list[int], list[int]]:
@@ -77,6 +80,7 @@ class Workload:
     key_position: torch.Tensor  # int64, device: its position j within the request
     query_request: torch.Tensor  # int64, device: request of every query row
     query_position: torch.Tensor  # int64, device: its absolute position p = prefix + i
+    sinks: torch.Tensor | None = None  # float32 [num_qo_heads], device: each head's sink logit
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
 
@@ -94,8 +98,11 @@ class Workload:
 
     @property
     def sm_scale(self) -> float:
-        return self.case.head_dim ** -0.5
+        return self.case.scale
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.k_store.dtype
 
     def _flat(self, store: torch.Tensor) -> torch.Tensor:
         return store.view(-1, self.case.num_kv_heads, self.case.head_dim)
@@ -117,10 +124,18 @@ class Workload:
         return self.q[lo:hi]
 
     def fill_random(self, seed: int) -> None:
-        """Fresh N(0, 1) data in place (the buffers, page tables and plans stay the same)."""
+        """Fresh N(0, 1) data in place (the buffers, page tables and plans stay the same).  With a
+        soft-cap the queries are scaled so the logits reach where the cap bends them; with sinks,
+        each head's sink logit is drawn from N(SINK_MEAN, SINK_STD) with its own generator."""
+        c = self.case
         g = torch.Generator(device=self.device).manual_seed(seed)
         for t in (self.q, self.k_store, self.v_store):
             t.copy_(torch.randn(t.shape, generator=g, device=self.device, dtype=torch.float32))
+        if c.logits_soft_cap:
+            self.q.mul_(SOFT_CAP_LOGIT_STD * c.logits_soft_cap / (self.sm_scale * c.head_dim ** 0.5))
+        if self.sinks is not None:
+            gs = torch.Generator(device=self.device).manual_seed(seed + 7)
+            self.sinks.copy_(SINK_MEAN + SINK_STD * torch.randn(self.sinks.shape, generator=gs, device=self.device))
         self.data = ("random", seed)
 
     def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
@@ -128,14 +143,14 @@ class Workload:
         and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
         self.data = ()
         k = k_by_position[self.key_position].expand(-1, self.case.num_kv_heads, -1)
-        self._flat(self.k_store)[self.slots] = k.to(self.dtype)
-        self._flat(self.v_store)[self.slots] = v_rows.to(self.dtype)
+        self._flat(self.k_store)[self.slots] = k.to(self.kv_dtype)
+        self._flat(self.v_store)[self.slots] = v_rows.to(self.kv_dtype)
 
 
 def build(case: Case, device="cpu") -> Workload:
     """Allocate and fill the tensors for a case."""
     device = torch.device(device)
-    dtype = TORCH_DTYPES[case.dtype]
+    dtype, kv_dtype = TORCH_DTYPES[case.dtype], TORCH_DTYPES[case.cache_dtype]
     qo_lens, kv_lens = request_lengths(case)
     h, hkv, d = case.num_qo_heads, case.num_kv_heads, case.head_dim
     slot_indptr = _indptr(kv_lens)
@@ -154,13 +169,13 @@ def build(case: Case, device="cpu") -> Workload:
         last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
         # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
-        k_store = torch.empty(num_pages, ps, hkv, d, dtype=dtype, device=device)
+        k_store = torch.empty(num_pages, ps, hkv, d, dtype=kv_dtype, device=device)
         kv_indices = kv_indices_host.to(device, torch.int32)
         kv_last = torch.tensor(last, dtype=torch.int32, device=device)
     else:
         kv_indptr_host, kv_indices_host = slot_indptr, None
         slots = torch.arange(int(slot_indptr[-1]))
-        k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=dtype, device=device)
+        k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=kv_dtype, device=device)
         kv_indices = kv_last = None
     w = Workload(case=case, device=device, dtype=dtype, qo_lens=qo_lens, kv_lens=kv_lens,
                  q=torch.empty(sum(qo_lens), h, d, dtype=dtype, device=device),
@@ -170,7 +185,8 @@ def build(case: Case, device="cpu") -> Workload:
                  kv_last_page_len=kv_last, kv_indptr_host=kv_indptr_host,
                  kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr,
                  key_request=req.to(device), key_position=pos.to(device), query_request=q_req.to(device),
-                 query_position=q_pos.to(device))
+                 query_position=q_pos.to(device),
+                 sinks=torch.empty(h, dtype=torch.float32, device=device) if case.sinks else None)
     w.fill_random(case.seed)
     return w
 
@@ -181,11 +197,21 @@ def trim_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, 
     ``starts`` must be page-aligned. Returns (indptr, indices, kv_lens) of the trimmed table, all
     on the CPU; the last page of every request is unchanged.
     """
+    indptr, indices, _ = slice_page_table(kv_indptr, kv_indices, starts, kv_lens, page_size)
+    return indptr, indices, [k - s for k, s in zip(kv_lens, starts)]
+
+
+def slice_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, starts, ends, page_size: int):
+    """The table of each request's keys ``[start, end)``: (indptr, indices, last_page_len), on the CPU.
+
+    ``starts`` must be page-aligned and each slice non-empty; the last page holds ``end`` minus the
+    keys of the pages before it, so a slice may end inside a page (the keys after it are not seen)."""
     first = torch.tensor([s // page_size for s in starts], dtype=torch.int64)
+    pages = torch.tensor([-(-e // page_size) for e in ends], dtype=torch.int64) - first
     begin = kv_indptr[:-1] + first
-    kept = (kv_indptr[1:] - begin).tolist()
-    req, offset = _owners(kept)
-    return _indptr(kept), kv_indices[begin[req] + offset], [k - s for k, s in zip(kv_lens, starts)]
+    req, offset = _owners(pages.tolist())
+    last = torch.tensor([e - (-(-e // page_size) - 1) * page_size for e in ends], dtype=torch.int32)
+    return _indptr(pages.tolist()), kv_indices[begin[req] + offset], last
 
 
 def free_bytes(device: torch.device) -> int:

@@ -193,7 +193,8 @@ def test_out_of_memory_while_making_is_a_resource_error(monkeypatch):
 
 
 def test_fa3_with_an_fp8_cache_under_bf16_queries_is_unsupported():
-    c = types.SimpleNamespace(dtype="bfloat16", head_dim=64, kv_dtype="float8_e4m3")
+    c = scenarios.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64,
+                                 kv_dtype="float8_e4m3"))
     impl = registry.get("paged-window")
     assert "fp8 queries" in impl.unsupported(c, "fa3")
     assert impl.unsupported(c, "fa2") is None

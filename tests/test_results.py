@@ -100,4 +100,9 @@ def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
 def test_a_frozen_run_of_the_first_format_reads_with_every_column():
     from pathlib import Path
     table, meta = results.load(Path(__file__).parent / "fixtures" / "h200-run")
-    assert set(results.COLUMNS) <= set(table.columns) and meta["format_version"] == 2 and meta["jit_warmups"]
+    assert set(results.COLUMNS) <= set(table.columns) and meta["format_version"] == 3 and meta["jit_warmups"]
+    # format 2 kept how the wrapper was built in "wrapper"; the serving axes take the values every case had
+    assert table["wrapper_mode"].dropna().str.startswith("cuda-graph").all()
+    assert set(table["wrapper"]) <= {"prefill", "torch", "flex"}
+    assert (table["kv_dtype"] == table["dtype"]).all() and not table["sinks"].any()
+    assert (table["sm_scale"] == table["head_dim"] ** -0.5).all() and (table["logits_soft_cap"] == 0).all()

@@ -4,7 +4,9 @@ Both gather K/V through the page table and call SDPA with a boolean mask; they d
 FlashInfer paths do: ``torch-trim`` gathers only the keys some query's window can reach (the
 trimming idea), ``torch-mask`` gathers every key and lets a dense mask do the work (the naive idea).
 The ``planted-*`` variants are the same code with the window off by one, kept so every run can show
-that the gate catches such mistakes.
+that the gate catches such mistakes.  SDPA has no soft-cap and no sink term: with either, the
+scores are written out by hand (the same gather, the same mask).  An fp8 cache is upcast after
+the gather, as a kernel reading it would.
 """
 
 from __future__ import annotations
@@ -36,14 +38,34 @@ class GatherRunner:
         self.parts = parts
 
     def run(self) -> None:
-        c = self.w.case
-        k_flat = self.w.k_store.view(-1, c.num_kv_heads, c.head_dim)
-        v_flat = self.w.v_store.view(-1, c.num_kv_heads, c.head_dim)
+        w, c = self.w, self.w.case
+        k_flat = w.k_store.view(-1, c.num_kv_heads, c.head_dim)
+        v_flat = w.v_store.view(-1, c.num_kv_heads, c.head_dim)
+        by_hand = c.logits_soft_cap or w.sinks is not None
         for lo, hi, slots, mask in self.parts:
-            q = self.w.q[lo:hi].transpose(0, 1)
-            k, v = k_flat[slots].transpose(0, 1), v_flat[slots].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.w.sm_scale, enable_gqa=True)
+            q = w.q[lo:hi].transpose(0, 1)
+            k = k_flat[slots].transpose(0, 1).to(q.dtype)
+            v = v_flat[slots].transpose(0, 1).to(q.dtype)
+            if by_hand:
+                o = attend(q, k, v, mask, w.sm_scale, c.logits_soft_cap, w.sinks)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w.sm_scale, enable_gqa=True)
             self.out[lo:hi] = o.transpose(0, 1)
+
+
+def attend(q, k, v, mask, scale: float, soft_cap: float, sinks) -> torch.Tensor:
+    """Attention written out, in float32: q [H, n, D], k and v [Hkv, m, D], mask [n, m]; the soft-cap
+    bends the scores and each head's sink logit joins the denominator with no value."""
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0).float(), v.repeat_interleave(group, dim=0).float()
+    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    if soft_cap:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks[:, None, None].float().expand(-1, scores.shape[1], 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., :k.shape[1]]
+    return torch.matmul(probs, v).to(q.dtype)
 
 
 def _gather(visibility, trim):

@@ -114,14 +114,44 @@ def _resource_errors():
         raise ResourceError(_brief(e)) from e
 
 
+def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs):
+    """Plan with a float workspace that holds this workload: (the planned wrapper, its workspace bytes).
+
+    In CUDA-graph mode fa2's planner reserves split-kv partial outputs for the worst case: in 0.7.2,
+    num_qo_heads x head_dim_vo floats for each of padded_tiles x cta_tile_q / group_size rows (260 MiB
+    at GPT-OSS extend shapes).  Start from FlashInfer's own count where it has one and double on
+    overflow up to the cap; a CUDA-graph wrapper takes its buffers at construction, so each size gets
+    a new wrapper (``new_wrapper(workspace)``).  An overflow of the int workspace (fixed by FlashInfer)
+    is not retried."""
+    cap = _workspace_cap(device)
+    estimate = -(-_estimate(wrapper, args, kwargs) // MIB) * MIB
+    want = min(cap, max(WORKSPACE_BYTES, estimate))
+    while True:
+        if want != size:
+            wrapper, size = new_wrapper(_workspace(device, want)), want
+        try:
+            wrapper.plan(*args, **kwargs)
+            return wrapper, size
+        except RuntimeError as e:
+            if OVERFLOW not in str(e):
+                raise
+            if size >= cap or "tmp_" not in str(e):
+                raise ResourceError(f"{_brief(e)} at {size // MIB} MiB") from e
+            want = min(cap, 2 * size)
+
+
 @dataclass(frozen=True)
 class Variant:
     storage: str  # "paged" | "ragged"
     window_at_plan: bool = True  # plan(..., window_left=W); False plans without a window
     mask: bool = False  # window and causality as a custom mask, full KV, no window at plan
     start: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> first key kept
+    end: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> keys kept from the start
     deprecated_forward: bool = False  # run through forward(..., window_left=W)
     decode: str | None = None  # "cuda-core" | "tensor-core": BatchDecodeWithPagedKVCacheWrapper, decode steps only
+    modes: tuple[str, ...] = ()  # the steps it models, where not every mode (): all
+    sinks: str | None = None  # "apply": BatchAttentionWithAttentionSinkWrapper; "drop": run(..., sinks=s) on the
+    # prefill wrapper, which takes them and leaves them out
 
 
 def _accepts(fn, name: str) -> bool:
@@ -169,6 +199,10 @@ class FlashInferRunner:
                             mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
         cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
+        if variant.sinks == "apply":  # its JIT module is chosen at construction: the dtypes and the window
+            cls = flashinfer.BatchAttentionWithAttentionSinkWrapper
+            bufs.update(q_data_type=w.dtype, kv_data_type=w.kv_dtype, head_dim_qk=w.case.head_dim,
+                        head_dim_vo=w.case.head_dim, window_left=w.case.window_left)
         self._new_wrapper = lambda workspace: cls(workspace, "NHD", backend=backend, **bufs)
         self._workspace_bytes = WORKSPACE_BYTES
         self.wrapper = self._new_wrapper(_workspace(dev, WORKSPACE_BYTES))
@@ -190,67 +224,62 @@ class FlashInferRunner:
         else:
             window = dict(causal=True, window_left=window_left, head_dim_qk=c.head_dim)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, q_data_type=w.dtype,
-                     kv_data_type=w.dtype, **window)
+                     kv_data_type=w.kv_dtype, sm_scale=w.sm_scale, **window)
+        if c.logits_soft_cap:
+            shape["logits_soft_cap"] = c.logits_soft_cap
         if self.hint:
             shape["uniform_q_len"] = w.qo_lens[0]
         if v.storage == "ragged":
             args = (qo_indptr, w.kv_indptr_host.to(i32))
         else:
-            indptr, indices, ps = w.kv_indptr_host, w.kv_indices_host, w.page_size
-            if v.start is not None:
-                starts = [v.start(c.window_left, q, k, ps) for q, k in zip(w.qo_lens, w.kv_lens)]
-                indptr, indices, _ = workloads.trim_page_table(indptr, indices, w.kv_lens, starts, ps)
-            args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), w.kv_last_page_len.cpu())
+            indptr, indices, last, ps = w.kv_indptr_host, w.kv_indices_host, w.kv_last_page_len.cpu(), w.page_size
+            if v.start is not None or v.end is not None:
+                lengths = list(zip(w.qo_lens, w.kv_lens))
+                starts = [v.start(c.window_left, q, k, ps) if v.start else 0 for q, k in lengths]
+                ends = [v.end(c.window_left, q, k, ps) if v.end else k for q, k in lengths]
+                indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
+            args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)
             shape["page_size"] = ps
         with _resource_errors():
             if self.workspace_mib is None:
-                self._fit_workspace(args, shape)
+                self.wrapper, size = plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
+                                                       w.device, args, shape)
+                self._workspace_bytes, self.workspace_mib = size, size // MIB
             else:
                 self.wrapper.plan(*args, **shape)
         self.resolved_backend = getattr(self.wrapper, "_backend", self.backend)
         self.wrapper_mode = ("cuda-graph" if self.graph_wrapper else "plain") + \
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
 
-    def _fit_workspace(self, args, kwargs) -> None:
-        """Plan with a float workspace that holds this workload.  In CUDA-graph mode fa2's planner
-        reserves split-kv partial outputs for the worst case: in 0.7.2, num_qo_heads x head_dim_vo
-        floats for each of padded_tiles x cta_tile_q / group_size rows (260 MiB at GPT-OSS extend
-        shapes).  Start from FlashInfer's own count where it has one and double on overflow up to
-        the cap; a CUDA-graph wrapper takes its buffers at construction, so each size gets a new
-        wrapper.  An overflow of the int workspace (fixed by FlashInfer) is not retried."""
-        cap = _workspace_cap(self.w.device)
-        estimate = -(-_estimate(self.wrapper, args, kwargs) // MIB) * MIB
-        size = min(cap, max(WORKSPACE_BYTES, estimate))
-        while True:
-            if size != self._workspace_bytes:
-                self.wrapper = self._new_wrapper(_workspace(self.w.device, size))
-                self._workspace_bytes = size
-            try:
-                self.wrapper.plan(*args, **kwargs)
-                break
-            except RuntimeError as e:
-                if OVERFLOW not in str(e):
-                    raise
-                if size >= cap or "tmp_" not in str(e):
-                    raise ResourceError(f"{_brief(e)} at {size // MIB} MiB") from e
-                size = min(cap, 2 * size)
-        self.workspace_mib = size // MIB
-
     def run(self) -> None:
         w = self.w
         kv = (w.k_store, w.v_store)
         if self.variant.deprecated_forward:
             self.out.copy_(self.wrapper.forward(w.q, kv, causal=True, window_left=w.case.window_left))
+        elif self.variant.sinks == "apply":  # the variant's extra tensor and scalar, positionally
+            self.wrapper.run(w.q, kv, w.sinks, w.sm_scale, out=self.out)
+        elif self.variant.sinks == "drop":
+            self.wrapper.run(w.q, kv, out=self.out, sinks=w.sinks)
         elif self.variant.storage == "paged":
             self.wrapper.run(w.q, kv, out=self.out)
         else:
             self.wrapper.run(w.q, *kv, out=self.out)
 
 
-def _unsupported(variant: Variant):
+def unsupported(variant: Variant):
+    """The variant's check: why FlashInfer cannot run a case on a backend this way, or None."""
     def check(case, backend: str) -> str | None:
+        if variant.sinks and not case.sinks:
+            return "runs only cases with sinks (without them it is the paged window path)"
+        if case.sinks and not variant.sinks:
+            return ("this wrapper has no sink term: only BatchAttentionWithAttentionSinkWrapper applies sinks "
+                    "(never run without them)")
+        if variant.sinks == "apply" and case.logits_soft_cap:
+            return "the sink wrapper's AttentionSink variant applies no soft-cap"
         if variant.decode and case.mode != "decode":
             return f"the decode wrapper runs decode steps (one query per request), not {case.mode}"
+        if variant.modes and case.mode not in variant.modes:
+            return f"models {' and '.join(variant.modes)} steps, not {case.mode}"
         if variant.decode == "cuda-core" and backend == "fa3":
             return "the CUDA-core decode kernel has no fa3 variant (use_tensor_cores=True runs fa2/fa3 prefill kernels)"
         if case.dtype not in DTYPES:
@@ -259,15 +288,16 @@ def _unsupported(variant: Variant):
             return f"FlashInfer prefill is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim}"
         if variant.mask and backend == "fa3":
             return "fa3 has no custom-mask support"
-        kv = getattr(case, "kv_dtype", None) or case.dtype
-        if backend == "fa3" and kv.startswith(("float8", "fp8")) and not case.dtype.startswith(("float8", "fp8")):
+        if backend == "fa3" and "fp8_kv" in case.features:
             return ("fa3 reads an fp8 KV cache only with fp8 queries (flashinfer 0.7.2 "
                     "utils.is_fa3_backend_supported; bf16 x fp8 has no Hopper GMMA, so the module does not build)")
         return None
     return check
 
 
-def _register(name, summary, variant: Variant, kind="correct", visibility=None, **roles):
+def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None, **roles):
+    """Register a FlashInfer path; ``roles`` are Implementation's role fields (baseline, reference,
+    timed_where_exact, ignores)."""
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
@@ -275,8 +305,10 @@ def _register(name, summary, variant: Variant, kind="correct", visibility=None, 
             return FlashInferRunner(w, backend, variant)
 
     extra = {"visibility": visibility} if visibility else {}
-    register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, backends=BACKENDS,
-                            needs_cuda=True, unsupported=_unsupported(variant), available=_import_error,
+    wrapper = wrapper or ("decode" if variant.decode else "sink" if variant.sinks == "apply" else "prefill")
+    register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
+                            backends=BACKENDS,
+                            needs_cuda=True, unsupported=unsupported(variant), available=_import_error,
                             **extra, **roles))
 
 
@@ -289,19 +321,19 @@ def _request_trim(window_left, qo_len, kv_len, page_size):
 
 
 register_library(Library("flashinfer", jit_modules=jit_modules, jit_cache_dir=jit_cache_dir))
-_register("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"), reference="fa2")
-_register("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
+register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"), reference="fa2")
+register_variant("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
           Variant("paged", start=_trim))
-_register("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"), reference="fa2")
-_register("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
+register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"), reference="fa2")
+register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
           baseline=True)
-_register("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)", Variant("ragged", mask=True),
+register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)", Variant("ragged", mask=True),
           baseline=True)
-_register("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
+register_variant("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
           "the kernel without the window mask is chosen at plan time",
           Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",
           visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW))
-_register("paged-trim-causal", "trim at prefix - W per request, causal, no window at plan: "
+register_variant("paged-trim-causal", "trim at prefix - W per request, causal, no window at plan: "
           "query j of the block sees j keys too many",
           Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",
           visibility=lambda w, prefix, ps: semantics.Visibility(
@@ -315,14 +347,20 @@ def _decode_trim_window(window_left, prefix_len, page_size):
                                                                                      page_size))
 
 
-_register("decode-window", "decode wrapper, CUDA-core kernel, full page table, plan(window_left=W)",
+register_variant("decode-window", "decode wrapper, CUDA-core kernel, full page table, plan(window_left=W)",
           Variant("paged", decode="cuda-core"))
-_register("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, window_left=W",
+register_variant("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, window_left=W",
           Variant("paged", decode="cuda-core", start=_trim))
-_register("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at plan: "
+register_variant("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at plan: "
           "exact only when pages hold one token", Variant("paged", decode="cuda-core", start=_trim, window_at_plan=False),
           kind="known-bug", visibility=_decode_trim_window, timed_where_exact=True)
-_register("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full table, "
+register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full table, "
           "window_left=W", Variant("paged", decode="tensor-core"))
-_register("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key kv_len-1-W, "
+register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key kv_len-1-W, "
           "window_left=W", Variant("paged", decode="tensor-core", start=_trim))
+
+
+register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
+          "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
+register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves them out",
+          Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

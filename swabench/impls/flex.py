@@ -92,6 +92,8 @@ class FlexRunner:
             seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
             return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
 
+        cap = c.logits_soft_cap
+        self.score_mod = (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if cap else None
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
         self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev, BLOCK_SIZE=block)
         self.flex = _compiled_flex(dev)
@@ -108,7 +110,8 @@ class FlexRunner:
         k = w.k_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
         v = w.v_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
         q = w.q.transpose(0, 1)[None]
-        o = self.flex(q, k, v, block_mask=self.block_mask, scale=w.sm_scale, enable_gqa=True)
+        o = self.flex(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask, scale=w.sm_scale,
+                      enable_gqa=True)
         self.out.copy_(o[0].transpose(0, 1))
 
 
@@ -118,7 +121,7 @@ def _compile_class(case) -> tuple:
     and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic shapes).  Queries
     are counted at the most a case can have (some modes draw fewer per request)."""
     queries, group = case.batch_size * case.qo_len, case.num_qo_heads // max(case.num_kv_heads, 1)
-    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype)
+    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
     if queries < SPARSE_BLOCK:
         return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
     return ("flex-attention", *heads)
@@ -127,6 +130,10 @@ def _compile_class(case) -> tuple:
 def _unsupported(case, backend):
     if case.num_qo_heads % case.num_kv_heads:
         return "FlexAttention GQA needs num_qo_heads divisible by num_kv_heads"
+    if case.sinks:
+        return "this peer has no sink term (a score_mod cannot add a logit that carries no value)"
+    if "fp8_kv" in case.features:
+        return "FlexAttention takes queries, keys and values of one dtype (no fp8 cache under bf16 queries)"
     return None
 
 

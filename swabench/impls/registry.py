@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 KINDS = ("correct", "known-bug", "planted")
-MODULES = ("flashinfer_impls", "embedded", "flex")  # each registers its implementations on import
+MODULES = ("flashinfer_impls", "recipes", "embedded", "flex")  # each registers its implementations on import
 
 
 class Unsupported(Exception):
@@ -54,6 +54,7 @@ class Implementation:
     summary: str
     make: Callable[..., Runner]
     kind: str = "correct"
+    wrapper: str = ""  # the wrapper family it goes through (prefill, decode, sink, recipe); "" = its library
     backends: tuple[str, ...] = ()  # FlashInfer backends it runs on; () = the library has none
     needs_cuda: bool = False
     # What the implementation actually computes, as (window_left, prefix_len, page_size) -> Visibility.
@@ -74,6 +75,9 @@ class Implementation:
     # A known bug whose mistake cannot show on a point (must_fail is False there) computes the exact
     # answer there; when engines run it that way (SGLang's decode recipe at page size 1), time it.
     timed_where_exact: bool = False
+    # Case features (Case.features) this known bug takes and does not apply: it must fail on every
+    # point whose case uses one, whatever its visibility.
+    ignores: frozenset[str] = frozenset()
 
     @property
     def expected_to_fail(self) -> bool:
@@ -83,6 +87,8 @@ class Implementation:
         """Whether some query of this workload sees a different key set than the exact semantics."""
         if not self.expected_to_fail:
             return False
+        if self.ignores & case.features:
+            return True
         truth = semantics.Visibility(case.window_left)
         return any(semantics.differs(self.visibility(case.window_left, k - q, case.page_size or 1), truth, q, k)
                    for q, k in zip(qo_lens, kv_lens))

@@ -1,0 +1,177 @@
+"""The engines' own recipes (SERVING 5): an SWA layer as SGLang runs it on FlashInfer, several
+wrappers combined the way its source combines them, gated and timed whole.
+
+Read at sgl-project/sglang, ``python/sglang/srt/layers/attention/flashinfer_backend.py``:
+
+- commit 0005834cdb2a (after PR #26513, "extend with a cached prefix on SWA layers"): extend runs
+  the new tokens against each other through the ragged wrapper (``begin_forward`` without a window,
+  ``forward_return_lse(..., causal=True, window_left=W)``) and against the prefix through the paged
+  wrapper over the prefix trimmed to its last W tokens (``effective_start = clamp(prefix - W, 0)``,
+  ``kv_start_idx = effective_start``) with the custom mask ``_build_swa_prefix_custom_mask``
+  (key ``k`` visible to query ``q`` when ``k >= q - W``), ``causal=False``; then
+  ``o, _ = _safe_merge_state(o1, s1, o2, s2)`` (``flashinfer.cascade.merge_state``);
+- commit 454e84dab272 (before #26513): the same two parts with no mask on the prefix.
+
+FlashInfer compiles the per-element window in only when ``plan()`` gets ``window_left >= 0``; a
+window given at run time (``forward_return_lse(window_left=W)``) then only skips whole key tiles.
+So the recipe as written sees every new token of the chunk (``sglang-extend-ragged-nowindow``),
+and ``sglang-extend`` plans the ragged part with the window its run call asks for.
+
+SGLang numbers the KV cache per token (page size 1); on larger pages the trimmed prefix starts at
+the page holding key ``prefix - W`` and the mask does the rest.  The new tokens' K/V are copied out
+of the cache on every call into the contiguous buffers the ragged wrapper reads: it stands in for
+``set_kv_buffer``, which SGLang pays on the same step to write them in (the same bytes, the other
+direction).  ``merge_state_in_place`` merges into the ragged output where SGLang's ``merge_state``
+allocates a new tensor: the same kernel arithmetic, no allocation inside a captured graph.
+
+EAGLE verify (``python/sglang/srt/speculative/eagle_info.py`` at f1f60ea0258f,
+``EagleVerifyInput.generate_attn_arg_prefill``, SGLang issue 22679): the SWA updater cuts the
+kernel's KV length to ``min(prefix, W) + draft`` but forwards ``kv_start_idx`` only for DFlash
+verify, so EAGLE's indices start at the request's first key: the verify block attends to the
+request's first ``min(prefix, W) + draft`` keys (``eagle-verify-untrimmed``; its tree mask is left
+out: a chain draft is causal).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import semantics, workloads
+from . import flashinfer_impls as fi
+from .registry import Implementation, register
+
+
+class SGLangExtendRunner:
+    """SGLang's extend with a cached prefix: ragged (new x new) + paged (new x trimmed prefix) + merge."""
+
+    def __init__(self, w: workloads.Workload, backend: str, prefix_mask: bool, ragged_window: bool):
+        import flashinfer
+
+        self.w, self.backend, self.prefix_mask, self.ragged_window = w, backend, prefix_mask, ragged_window
+        self.resolved_backend = backend
+        self.merge = flashinfer.merge_state_in_place
+        c, dev, i32, b = w.case, w.device, torch.int32, w.batch_size
+        total_q = sum(w.qo_lens)
+        self.out = torch.empty_like(w.q)
+        self.prefix_out = torch.empty_like(w.q)
+        self.lse_new = torch.empty(total_q, c.num_qo_heads, dtype=torch.float32, device=dev)
+        self.lse_prefix = torch.empty_like(self.lse_new)
+        self.k_new = torch.empty(total_q, c.num_kv_heads, c.head_dim, dtype=w.kv_dtype, device=dev)
+        self.v_new = torch.empty_like(self.k_new)
+        self.new_slots = torch.cat([w.request_slots(i, k - q) for i, (q, k) in enumerate(zip(w.qo_lens, w.kv_lens))])
+        self.starts = [semantics.trim_start(p, 0, c.window_left, w.page_size) for p in w.prefix_lens]
+        ragged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
+                           kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+        paged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
+                          paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
+                          paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
+                          paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev))
+        if prefix_mask:
+            kept = [p - s for p, s in zip(w.prefix_lens, self.starts)]
+            paged_bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, kept),
+                                                          dtype=torch.uint8, device=dev),
+                              mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+        self._new = {
+            "ragged": lambda ws: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend,
+                                                                                 **ragged_bufs),
+            "paged": lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend,
+                                                                               **paged_bufs)}
+        self.wrappers = {part: make(fi._workspace(dev, fi.WORKSPACE_BYTES)) for part, make in self._new.items()}
+        self.sizes = dict.fromkeys(self.wrappers, fi.WORKSPACE_BYTES)
+        self.workspace_mib: int | None = None
+        self.wrapper_mode = "cuda-graph"
+
+    def prefix_visibility_mask(self) -> torch.Tensor:
+        """``_build_swa_prefix_custom_mask``: each request's [qo, kept prefix] rows, flattened."""
+        w, c = self.w, self.w.case
+        rows = [semantics.Visibility(c.window_left).mask(q, k, key_offset=s)[:, :k - q - s]
+                for q, k, s in zip(w.qo_lens, w.kv_lens, self.starts)]
+        return torch.cat([r.reshape(-1) for r in rows]).to(w.device)
+
+    def plan(self) -> None:
+        w, c, i32 = self.w, self.w.case, torch.int32
+        qo_indptr = torch.tensor(w.qo_indptr_host, dtype=i32)
+        common = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim_qk=c.head_dim,
+                      q_data_type=w.dtype, kv_data_type=w.kv_dtype, sm_scale=w.sm_scale)
+        if c.logits_soft_cap:
+            common["logits_soft_cap"] = c.logits_soft_cap
+        ragged = dict(common, causal=True, window_left=c.window_left if self.ragged_window else semantics.NO_WINDOW)
+        indptr, indices, last = workloads.slice_page_table(w.kv_indptr_host, w.kv_indices_host, self.starts,
+                                                           w.prefix_lens, w.page_size)
+        paged = dict(common, causal=False, page_size=w.page_size)
+        if self.prefix_mask:
+            paged["custom_mask"] = self.prefix_visibility_mask()
+        plans = {"ragged": ((qo_indptr, qo_indptr), ragged),
+                 "paged": ((qo_indptr, indptr.to(i32), indices.to(i32), last), paged)}
+        with fi._resource_errors():
+            for part, (args, kwargs) in plans.items():
+                if self.workspace_mib is None:
+                    self.wrappers[part], self.sizes[part] = fi.plan_in_workspace(
+                        self._new[part], self.wrappers[part], self.sizes[part], w.device, args, kwargs)
+                else:
+                    self.wrappers[part].plan(*args, **kwargs)
+        self.workspace_mib = max(self.sizes.values()) // fi.MIB
+        self.resolved_backend = getattr(self.wrappers["ragged"], "_backend", self.backend)
+
+    def run(self) -> None:
+        w, c = self.w, self.w.case
+        torch.index_select(w.k_store.view(-1, c.num_kv_heads, c.head_dim), 0, self.new_slots, out=self.k_new)
+        torch.index_select(w.v_store.view(-1, c.num_kv_heads, c.head_dim), 0, self.new_slots, out=self.v_new)
+        self.wrappers["ragged"].run(w.q, self.k_new, self.v_new, out=self.out, lse=self.lse_new, return_lse=True)
+        self.wrappers["paged"].run(w.q, (w.k_store, w.v_store), out=self.prefix_out, lse=self.lse_prefix,
+                                   return_lse=True)
+        self.merge(self.out, self.lse_new, self.prefix_out, self.lse_prefix)
+
+
+def _extend_unsupported(case, backend) -> str | None:
+    if case.mode != "extend":
+        return f"SGLang's extend recipe runs extend steps with a cached prefix, not {case.mode}"
+    if case.prefix_len is None or case.prefix_len == 0:
+        return "the recipe's paged part needs a cached prefix (prefix_len > 0)"
+    if case.window_left < 0:
+        return "the recipe is SGLang's sliding-window path (window_left >= 0)"
+    return fi.unsupported(fi.Variant("paged", mask=True))(case, backend)
+
+
+def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None):
+    def make(w, backend):
+        with fi._resource_errors():
+            return SGLangExtendRunner(w, backend, prefix_mask, ragged_window)
+
+    extra = {"visibility": visibility} if visibility else {}
+    register(Implementation(name, "flashinfer", ("paged",), summary, make, kind=kind, wrapper="recipe",
+                            backends=fi.BACKENDS, needs_cuda=True, unsupported=_extend_unsupported,
+                            available=fi._import_error, **extra))
+
+
+def _nomask_visibility(window_left, prefix_len, page_size):
+    """The prefix part unmasked: every key from the trimmed table's first on (the interval hull of
+    what each query sees; it differs from the exact window exactly where the union does)."""
+    return semantics.Visibility(semantics.NO_WINDOW, first_key=semantics.trim_start(prefix_len, 0, window_left,
+                                                                                     page_size))
+
+
+_register_extend("sglang-extend", "SGLang's extend on a cached prefix: ragged (window at plan) for the new tokens + "
+                 "paged over the prefix trimmed to W with its custom mask + merge_state", True, True)
+_register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask: query i of the chunk sees i "
+                 "prefix keys too many", False, True, kind="known-bug", visibility=_nomask_visibility)
+_register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "
+                 "without a window (W at run only skips tiles), so a query sees every new token before it",
+                 True, False, kind="known-bug",
+                 visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix))
+
+
+def _eagle_keys(window_left, qo_len, kv_len, page_size):
+    """Keys the untrimmed verify keeps: the request's first min(prefix, W) + draft."""
+    return min(kv_len - qo_len, window_left) + qo_len
+
+
+def _eagle_visibility(window_left, prefix_len, page_size):
+    """Query at p sees keys [0, p - max(0, prefix - W)]: the table cut at the wrong end."""
+    return semantics.Visibility(semantics.NO_WINDOW, future=-max(0, prefix_len - window_left))
+
+
+fi.register_variant("eagle-verify-untrimmed", "EAGLE verify on an SWA layer (SGLang issue 22679): KV length cut to "
+                    "min(prefix, W) + draft, table not shifted (kv_start_idx missing): the request's first keys",
+                    fi.Variant("paged", window_at_plan=False, end=_eagle_keys, modes=("verify",)), kind="known-bug",
+                    visibility=_eagle_visibility, wrapper="recipe")
