@@ -380,7 +380,7 @@ def load(folder) -> tuple[pd.DataFrame, dict]:
     if table["wrapper"].isna().any():  # written before the column named the wrapper family
         from .impls import registry
         family = {i.name: i.wrapper or i.library for i in registry.all_implementations()}
-        table["wrapper"] = table["wrapper"].fillna(table["impl"].map(family))
+        table["wrapper"] = table["wrapper"].astype(object).fillna(table["impl"].map(family))
     return table, meta
 
 

@@ -49,7 +49,9 @@ class FakeWrapper:
 def fake_flashinfer(monkeypatch):
     module = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=FakeWrapper,
                                    BatchPrefillWithRaggedKVCacheWrapper=FakeWrapper,
-                                   BatchDecodeWithPagedKVCacheWrapper=FakeWrapper)
+                                   BatchDecodeWithPagedKVCacheWrapper=FakeWrapper,
+                                   BatchAttentionWithAttentionSinkWrapper=FakeWrapper,
+                                   merge_state_in_place=lambda *args: None)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(fi, "_shared", {})
     # meta tensors have a size and no memory: a 4 GiB workspace costs nothing here
@@ -241,3 +243,73 @@ def test_sglang_decode_recipe_must_fail_only_where_a_page_reaches_before_the_win
     w = workloads.build(c)
     impl = registry.get("decode-trim-nowindow")
     assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must and impl.timed_where_exact
+
+
+def test_serving_axes_reach_plan():
+    wrapper, w = planned("paged-window", logits_soft_cap=50.0, sm_scale=144 ** -0.5, kv_dtype="float8_e4m3")
+    assert wrapper.kwargs["logits_soft_cap"] == 50.0 and wrapper.kwargs["sm_scale"] == 144 ** -0.5
+    assert wrapper.kwargs["kv_data_type"] == torch.float8_e4m3fn and wrapper.kwargs["q_data_type"] == torch.bfloat16
+    wrapper, _ = planned("paged-window")
+    assert "logits_soft_cap" not in wrapper.kwargs and wrapper.kwargs["sm_scale"] == 64 ** -0.5
+
+
+def test_sink_wrapper_is_built_for_the_window_and_the_dropped_sinks_are_handed_over():
+    wrapper, w = planned("sink-window", sinks=True)
+    assert wrapper.bufs["window_left"] == 31 and wrapper.bufs["head_dim_qk"] == 64
+    assert wrapper.kwargs["window_left"] == 31 and wrapper.kwargs["causal"] is True
+    calls = []
+    runner = registry.get("paged-sinks-dropped").make(w, "fa2")
+    runner.plan()
+    runner.wrapper.run = lambda *args, **kwargs: calls.append(kwargs)
+    runner.run()
+    assert calls[0]["sinks"] is w.sinks
+
+
+@pytest.mark.parametrize("impl,reason", [("paged-window", "no sink term"), ("decode-tc-trim", "no sink term"),
+                                         ("sglang-extend", "no sink term"), ("flex-window", "no sink term")])
+def test_paths_without_a_sink_term_skip_cases_with_sinks(impl, reason):
+    c = scenarios.make_case(dict(mode="decode" if "decode" in impl else "extend", extend_len=8, prefix_len=100,
+                                 window_left=31, head_dim=64, sinks=True))
+    assert reason in registry.get(impl).unsupported(c, "fa2")
+    plain = scenarios.make_case(dict(mode="extend", extend_len=8, prefix_len=100, window_left=31, head_dim=64))
+    assert "only cases with sinks" in registry.get("sink-window").unsupported(plain, "fa2")
+
+
+def extend_recipe(impl, extend_len=8, prefix_len=100, window_left=31, page_size=16):
+    c = scenarios.make_case(dict(mode="extend", extend_len=extend_len, prefix_len=prefix_len, window_left=window_left,
+                                 page_size=page_size, num_qo_heads=4, num_kv_heads=2, head_dim=64, batch_size=3))
+    w = workloads.build(c)
+    runner = registry.get(impl).make(w, "fa2")
+    runner.plan()
+    return runner, w
+
+
+@pytest.mark.parametrize("impl,mask,ragged_window", [("sglang-extend", True, 31), ("sglang-extend-nomask", False, 31),
+                                                     ("sglang-extend-ragged-nowindow", True, -1)])
+def test_sglang_extend_plans_the_new_tokens_ragged_and_the_trimmed_prefix_paged(impl, mask, ragged_window):
+    runner, w = extend_recipe(impl)
+    ragged, paged = runner.wrappers["ragged"], runner.wrappers["paged"]
+    assert ragged.kwargs["window_left"] == ragged_window and ragged.kwargs["causal"] is True
+    assert torch.equal(ragged.args[0], ragged.args[1])  # new tokens against new tokens
+    assert paged.kwargs["causal"] is False and "window_left" not in paged.kwargs
+    # prefix 100, W 31: SGLang starts at key 69; 16-token pages start the table at 64 and end it at key 100
+    _, indptr, indices, last = paged.args
+    assert indptr.tolist() == [0, 3, 6, 9] and last.tolist() == [4, 4, 4]
+    assert torch.equal(indices[:3], w.kv_indices_host[4:7].to(torch.int32))
+    if not mask:
+        assert "custom_mask" not in paged.kwargs
+        return
+    rows = paged.kwargs["custom_mask"][:8 * 36].view(8, 36)  # request 0: 8 queries x keys 64..99
+    keys, queries = torch.arange(64, 100), torch.arange(100, 108)
+    assert torch.equal(rows, keys[None, :] >= queries[:, None] - 31)
+    # the new tokens' K/V are gathered from the cache for the ragged part
+    assert torch.equal(runner.new_slots[:8], w.request_slots(0, 100))
+
+
+def test_eagle_verify_untrimmed_keeps_the_requests_first_keys():
+    wrapper, w = planned("eagle-verify-untrimmed")  # prefix 100, 4 draft tokens, W 31
+    _, indptr, indices, last = wrapper.args
+    assert wrapper.kwargs["window_left"] == -1
+    # min(100, 31) + 4 = 35 keys from key 0: three 16-token pages, the last holding 3
+    assert indptr.tolist() == [0, 3, 6, 9] and last.tolist() == [3, 3, 3]
+    assert torch.equal(indices[:3], w.kv_indices_host[:3].to(torch.int32))
