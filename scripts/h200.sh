@@ -14,6 +14,9 @@
 #   quick-compare  `quick` against the committed quick run (results/h200-quick-run1), point by point
 #   workspace  workspace.toml: GPT-OSS and Gemma-2-9B extend shapes that need more than 256 MiB of workspace
 #   decode-tests  the decode-wrapper GPU tests alone; serving-check  `swabench check serving`
+#   serving-warmup  build every module serving.toml needs (12 at once), then pack the JIT cache into
+#            OUTDIR/jitcache.tar.xz (it replaces .gpu/jitcache.tar.xz, so the next node does not build again)
+#   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
@@ -39,6 +42,13 @@ for step in $steps; do
     decode-tests) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k decode 2>&1 \
                  | tee "$out/gpu-decode-tests.log" | tail -4 ;;
     serving-check) ( time sb check serving --out "$out/h200-serving-check" ) 2>&1 | tail -16 ;;
+    serving-warmup)
+               ( time sb warmup serving --jobs 12 ) 2>&1 | tail -40
+               tar cJf "$out/jitcache.tar.xz" -C /tmp/fiws .cache && ls -la "$out/jitcache.tar.xz" ;;
+    serving-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k serving 2>&1 \
+                 | tee "$out/gpu-serving-tests.log" | tail -30 ;;
+    serving)   fresh_compile_cache
+               ( time sb run serving --out "$out/h200-serving-run" ) 2>&1 | tail -40 ;;
     default-compare)
                sb compare results/h200x2-default-1gpu "$out/h200-default-run" > "$out/h200-default-compare.md"
                echo "compare exit $?"; head -8 "$out/h200-default-compare.md" ;;

@@ -167,10 +167,12 @@ class WarmUp:
 
 
 def module_signature(p: Point) -> str:
-    """What decides which JIT module a point runs (its implementation, backend, dtype, head_dim, and
-    whether it has a window): points with one signature share a module."""
+    """What decides which JIT module a point runs (its implementation, backend, dtype, head_dim,
+    whether it has a window, and the serving features it asks for: a soft-cap, sinks, an fp8
+    cache): points with one signature share a module."""
     c = p.case
-    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}"
+    features = "".join(f" {f}" for f in sorted(c.features))
+    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}{features}"
 
 
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
@@ -190,10 +192,12 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
         other error is left for each point to meet again and record as its own failure."""
         label, p = item
         c = p.case
+        queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
         tiny = make_case(dict(
-            mode="verify", qo_len=4, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
+            mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
             storage=c.storage, page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads,
-            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype))
+            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype, sinks=c.sinks,
+            logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype, **queries))
         t0, error = time.perf_counter(), None
         with nvtx_range(f"warm-up {label}"):
             try:

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.gpu
 
 FLASHINFER = [i.name for i in registry.all_implementations() if i.library == "flashinfer"]
 DECODE_FI = [n for n in FLASHINFER if n.startswith("decode-")]  # decode steps only: tested on their own below
-CORRECT_FI = [n for n in FLASHINFER if registry.get(n).kind == "correct" and n not in DECODE_FI]
-BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug" and n not in DECODE_FI]
+SERVING_FI = [n for n in FLASHINFER if registry.get(n).wrapper in ("sink", "recipe") or "sinks" in n]  # below
+CORRECT_FI = [n for n in FLASHINFER if registry.get(n).kind == "correct" and n not in DECODE_FI + SERVING_FI]
+BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug" and n not in DECODE_FI + SERVING_FI]
 
 
 def workload(impl, window_left, prefix_len, qo_len, page_size=16, mode="verify", batch_size=4):
@@ -135,6 +136,56 @@ def test_decode_wrappers_on_the_gpu(impl, page_size, head_dim, heads, backend):
     else:
         assert result.passed, result.reason
     assert_replays_in_a_graph(runner)
+
+
+GPT_OSS = dict(num_qo_heads=64, num_kv_heads=8, head_dim=64, sliding_window=128)
+GEMMA2 = dict(num_qo_heads=16, num_kv_heads=8, head_dim=256, sliding_window=4096)
+VERIFY = dict(mode="verify", draft_tokens=8, batch_size=4)
+SERVING = [  # (implementation, backends, axes): every serving path and each new axis, on the model's shape
+    *[(impl, ("fa2", "fa3"), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": p})
+      for impl in ("sink-window", "paged-sinks-dropped") for p in (300, 4000)],
+    ("torch-trim", ("torch",), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": 4000}),
+    *[(impl, ("fa2", "fa3"), {**VERIFY, **GEMMA2, "logits_soft_cap": 50.0, "prefix_len": 5000, "storage": storage})
+      for impl, storage in (("paged-window", "paged"), ("paged-trim", "paged"), ("ragged-window", "ragged"))],
+    ("decode-tc-trim", ("fa2", "fa3"), {**GEMMA2, "mode": "decode", "batch_size": 8, "logits_soft_cap": 50.0,
+                                        "prefix_len": 5000}),
+    ("flex-window", ("flex",), {**VERIFY, **GEMMA2, "head_dim": 128, "logits_soft_cap": 50.0, "prefix_len": 5000}),
+    *[(impl, ("fa2",), {**VERIFY, "num_qo_heads": 32, "num_kv_heads": 16, "head_dim": 128, "sliding_window": 4096,
+                        "sm_scale": 144 ** -0.5, "prefix_len": 5000}) for impl in ("paged-window", "ragged-window")],
+    *[(impl, ("fa2", "fa3"), {**VERIFY, "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "sliding_window": 128,
+                              "kv_dtype": "float8_e4m3", "prefix_len": 4000}) for impl in ("paged-window", "paged-trim")],
+    ("decode-tc-trim", ("fa2",), {"mode": "decode", "batch_size": 8, "num_qo_heads": 32, "num_kv_heads": 8,
+                                  "head_dim": 128, "sliding_window": 128, "kv_dtype": "float8_e4m3",
+                                  "prefix_len": 4000}),
+    *[(impl, ("fa2", "fa3"), {"mode": "extend", "extend_len": e, "batch_size": 2, "prefix_len": p,
+                              "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "sliding_window": w,
+                              "page_size": ps})
+      for impl in ("sglang-extend", "sglang-extend-nomask", "sglang-extend-ragged-nowindow")
+      for e, p, w, ps in ((300, 4000, 128, 16), (64, 4200, 4096, 1), (1, 40, 128, 16))],
+    *[(impl, ("fa2", "fa3"), {**VERIFY, "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+                              "sliding_window": 128, "prefix_len": p})
+      for impl in ("eagle-verify-untrimmed",) for p in (100, 4000)],
+]
+
+
+@pytest.mark.parametrize("impl,backends,axes", SERVING, ids=lambda v: v if isinstance(v, str) else None)
+def test_serving_paths_on_the_gpu(impl, backends, axes):
+    """Each serving path gated on the GPU where SERVING.md puts it: the correct ones pass (and replay
+    in a graph); each known bug is caught exactly where it must fail, by a wide margin."""
+    c = scenarios.make_case({"page_size": 16, "dtype": "bfloat16", **axes})
+    for backend in backends:
+        w = workloads.build(c, "cuda")
+        reason = registry.get(impl).skip_reason(c, backend, w.device)
+        if reason:
+            assert backend == "fa3", reason  # fa3: no custom mask (the recipes), no bf16 x fp8
+            continue
+        runner, result = gated(impl, w, backend)
+        if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens):
+            assert not result.passed and result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2, \
+                (backend, result)
+        else:
+            assert result.passed, (backend, result.reason)
+            assert_replays_in_a_graph(runner)
 
 
 def assert_replays_in_a_graph(runner):
