@@ -15,7 +15,8 @@
 #   workspace  workspace.toml: GPT-OSS and Gemma-2-9B extend shapes that need more than 256 MiB of workspace
 #   decode-tests  the decode-wrapper GPU tests alone; serving-check  `swabench check serving`
 #   serving-warmup  build every module serving.toml needs (12 at once), then pack the JIT cache into
-#            OUTDIR/jitcache.tar.xz (it replaces .gpu/jitcache.tar.xz, so the next node does not build again)
+#            OUTDIR/jitcache.tar.xz.part-* (15 MB each; joined, they replace .gpu/jitcache.tar.xz, so the
+#            next node does not build again)
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
@@ -44,7 +45,7 @@ for step in $steps; do
     serving-check) ( time sb check serving --out "$out/h200-serving-check" ) 2>&1 | tail -16 ;;
     serving-warmup)
                ( time sb warmup serving --jobs 12 ) 2>&1 | tail -40
-               tar cJf "$out/jitcache.tar.xz" -C /tmp/fiws .cache && ls -la "$out/jitcache.tar.xz" ;;
+               tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
     serving-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k serving 2>&1 \
                  | tee "$out/gpu-serving-tests.log" | tail -30 ;;
     serving)   fresh_compile_cache

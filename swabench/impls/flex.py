@@ -92,8 +92,10 @@ class FlexRunner:
             seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
             return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
 
-        cap = c.logits_soft_cap
-        self.score_mod = (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if cap else None
+        # a tensor, like the window: a Python float would be lifted to a CPU scalar under dynamic=True
+        # and read back with .item() inside the kernel (Inductor: "unbacked_bindings")
+        cap = torch.tensor(c.logits_soft_cap, dtype=torch.float32, device=dev)
+        self.score_mod = (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if c.logits_soft_cap else None
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
         self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev, BLOCK_SIZE=block)
         self.flex = _compiled_flex(dev)

@@ -1,0 +1,28 @@
+"""Which of the ragged wrapper's settings breaks the 32/16-head case with sm_scale = 144 ** -0.5
+(the GPU serving test saw rel-L2 3.8 on fa2 where the paged wrapper passed): the same verify step
+through ragged-window with and without the scale, the uniform_q_len hint and GQA group 2, gated.
+Usage on the GPU node: python scripts/ragged_sm_scale.py"""
+
+from swabench import gate, scenarios, workloads
+from swabench.impls import flashinfer_impls as fi
+
+BASE = dict(mode="verify", draft_tokens=8, batch_size=4, prefix_len=5000, sliding_window=4096, head_dim=128,
+            dtype="bfloat16", storage="ragged")
+VARIANTS = [  # (label, axes, uniform_q_len hint, storage)
+    ("32/16 scale 1/12", dict(num_qo_heads=32, num_kv_heads=16, sm_scale=144 ** -0.5), True, "ragged"),
+    ("32/16 scale 1/12, no hint", dict(num_qo_heads=32, num_kv_heads=16, sm_scale=144 ** -0.5), False, "ragged"),
+    ("32/16 default scale", dict(num_qo_heads=32, num_kv_heads=16), True, "ragged"),
+    ("32/16 default scale, no hint", dict(num_qo_heads=32, num_kv_heads=16), False, "ragged"),
+    ("32/8 scale 1/12", dict(num_qo_heads=32, num_kv_heads=8, sm_scale=144 ** -0.5), True, "ragged"),
+    ("8/2 scale 1/12", dict(num_qo_heads=8, num_kv_heads=2, sm_scale=144 ** -0.5), True, "ragged"),
+    ("32/16 scale 1/12, paged", dict(num_qo_heads=32, num_kv_heads=16, sm_scale=144 ** -0.5), True, "paged"),
+]
+
+for label, axes, hint, storage in VARIANTS:
+    for backend in ("fa2", "fa3"):
+        w = workloads.build(scenarios.make_case({**BASE, **axes, "storage": storage}), "cuda")
+        runner = fi.FlashInferRunner(w, backend, fi.Variant(storage), uniform_hint=hint)
+        runner.plan()
+        result = gate.check(runner, w)
+        print(f"{label:32s} {backend}  passed={result.passed}  rel_l2={result.rel_l2:.3g}  "
+              f"probe={result.probe_rel_l2:.3g}  {result.reason[:100]}")
