@@ -18,6 +18,7 @@
 #            OUTDIR/jitcache.tar.xz.part-* (15 MB each; joined, they replace .gpu/jitcache.tar.xz, so the
 #            next node does not build again)
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
+#   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
@@ -48,6 +49,9 @@ for step in $steps; do
                tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
     serving-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k serving 2>&1 \
                  | tee "$out/gpu-serving-tests.log" | tail -30 ;;
+    decode-profile)
+               sb profile default --case decode --impl decode-window --impl decode-trim --impl decode-tc-window \
+                 --impl decode-tc-trim --impl paged-window --out "$out/h200-decode-profile" 2>&1 | tail -3 ;;
     serving)   fresh_compile_cache
                ( time sb run serving --out "$out/h200-serving-run" ) 2>&1 | tail -40 ;;
     default-compare)

@@ -74,7 +74,7 @@ def nsys_export_sqlite(report: Path) -> Path:
     return out
 
 
-_KERNELS_PER_REPLAY_RANGE = """
+_KERNELS_IN_REPLAY_RANGES = """
 WITH ranges AS (
     SELECT n.start, n.end, n.globalTid,
            COALESCE(n.text, (SELECT value FROM StringIds WHERE id = n.textId)) AS name
@@ -86,38 +86,59 @@ replays AS (
       ON p.globalTid = r.globalTid AND p.start <= r.start AND p.end >= r.end AND p.name LIKE '%#%'
     WHERE r.name = 'replay'
 )
-SELECT replays.point AS point, s.value AS kernel, COUNT(*) AS launches, SUM(k.end - k.start) AS total_ns
+SELECT replays.point AS point, replays.end - replays.start AS range_ns, k.start AS start, k.end AS end,
+       s.value AS kernel, full.value LIKE '%FillFunctor%' AS flush  -- the cold-L2 flush: a zero_ of twice the L2
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k
 JOIN replays ON k.start >= replays.start AND k.end <= replays.end
 JOIN StringIds AS s ON s.id = k.shortName
 JOIN StringIds AS full ON full.id = k.demangledName
-WHERE full.value NOT LIKE '%FillFunctor%'  -- the cold-L2 flush: a zero_ of twice the L2
-GROUP BY replays.point, s.value
-"""
-
-_REPLAY_RANGES = """
-SELECT p.name AS point, SUM(r.end - r.start) AS replay_ns
-FROM (SELECT start, end, globalTid, COALESCE(text, (SELECT value FROM StringIds WHERE id = textId)) AS name
-      FROM NVTX_EVENTS WHERE end IS NOT NULL) AS r
-JOIN (SELECT start, end, globalTid, COALESCE(text, (SELECT value FROM StringIds WHERE id = textId)) AS name
-      FROM NVTX_EVENTS WHERE end IS NOT NULL) AS p
-  ON p.globalTid = r.globalTid AND p.start <= r.start AND p.end >= r.end AND p.name LIKE '%#%'
-WHERE r.name = 'replay'
-GROUP BY p.name
+ORDER BY replays.point, k.start
 """
 # Kernels are tied to a replay range by time: every replay is waited for (an event sync) inside
 # the range and nothing else runs on the GPU meanwhile, so GPU work inside the range is its own.
 
 
+def _median(values) -> float:
+    import statistics
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def period_per_call_ns(kernels: pd.DataFrame, kernels_per_call: int, calls_per_replay: int) -> float:
+    """GPU time per call the way the graph timer counts it, from nsys's own timestamps: the call's
+    kernels and the bubbles before each of them.  Cold L2: from the end of the flush before a call to
+    the end of the call's last kernel (the timer subtracts a graph of flushes alone, which pays the
+    bubble after each flush that the call pays after its last kernel).  Warm L2: from one call's
+    first kernel to the next call's, where a replay holds a few calls.  Medians over every call."""
+    starts, ends, flushes = kernels["start"].tolist(), kernels["end"].tolist(), [bool(f) for f in kernels["flush"]]
+    if any(flushes):
+        spans, flush_end, call_end = [], None, None
+        for end, flush in zip(ends, flushes):
+            if flush:
+                if call_end is not None and flush_end is not None:
+                    spans.append(call_end - flush_end)
+                flush_end, call_end = end, None
+            else:
+                call_end = end
+        if call_end is not None and flush_end is not None:
+            spans.append(call_end - flush_end)
+        return _median(spans)
+    firsts, lasts = starts[::kernels_per_call], ends[kernels_per_call - 1::kernels_per_call]
+    if calls_per_replay >= 3:
+        return _median(b - a for a, b in zip(firsts, firsts[1:]))
+    return _median(last - first for first, last in zip(firsts, lasts))
+
+
 def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
-    """Per timed point: the kernels Nsight saw inside its replay range, their time per call, and
-    how far the CUDA-graph median is from it (agreement = graph / nsys - 1; gap_us = graph - nsys,
-    which a graph pays per kernel boundary and a sum of kernel durations does not)."""
+    """Per timed point: the kernels Nsight saw inside its replay range and two nsys times per call
+    to hold the CUDA-graph median against.  ``nsys_kernel_us`` sums kernel durations (busy time);
+    ``nsys_period_us`` also counts the bubbles at kernel boundaries, which the graph timer pays too
+    (``period_per_call_ns``).  agreement = graph / period - 1; busy_agreement = graph / busy - 1;
+    gap_us = graph - busy, what a call pays at its kernel boundaries."""
     import pandas as pd
 
     with sqlite3.connect(sqlite_path) as con:
-        kernels = pd.read_sql_query(_KERNELS_PER_REPLAY_RANGE, con)
-        replay_ns = pd.read_sql_query(_REPLAY_RANGES, con).set_index("point")["replay_ns"]
+        kernels = pd.read_sql_query(_KERNELS_IN_REPLAY_RANGES, con)
     rows = []
     timed = table.dropna(subset=["median_us"]).set_index(["case_id", "impl", "backend"])
     for point, group in kernels.groupby("point"):
@@ -126,11 +147,16 @@ def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
             continue
         r = timed.loc[key]
         calls = int(r["graph_calls"]) * int(r["repeats"])
-        nsys_us = group["total_ns"].sum() / 1e3 / calls
+        own = group[group["flush"] == 0]
+        counts = own.groupby("kernel", sort=False).size()
+        per_call = max(1, round(len(own) / calls))
+        busy_us = (own["end"] - own["start"]).sum() / 1e3 / calls
+        period_us = period_per_call_ns(group, per_call, int(r["graph_calls"])) / 1e3
         rows.append({"case_id": key[0], "case": r["case"], "impl": key[1], "backend": key[2],
-                     "kernels": "; ".join(f"{k} x{n // calls}" for k, n in zip(group["kernel"], group["launches"])),
-                     "kernels_per_call": group["launches"].sum() / calls,
-                     "replay_range_ms": replay_ns.get(point, float("nan")) / 1e6,
-                     "graph_median_us": r["median_us"], "nsys_kernel_us": nsys_us,
-                     "gap_us": r["median_us"] - nsys_us, "agreement": r["median_us"] / nsys_us - 1})
+                     "kernels": "; ".join(f"{k} x{n // calls}" for k, n in counts.items()),
+                     "kernels_per_call": len(own) / calls,
+                     "replay_range_ms": group["range_ns"].drop_duplicates().sum() / 1e6,
+                     "graph_median_us": r["median_us"], "nsys_period_us": period_us, "nsys_kernel_us": busy_us,
+                     "gap_us": r["median_us"] - busy_us, "agreement": r["median_us"] / period_us - 1,
+                     "busy_agreement": r["median_us"] / busy_us - 1})
     return pd.DataFrame(rows)

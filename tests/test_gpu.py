@@ -151,7 +151,8 @@ SERVING = [  # (implementation, backends, axes): every serving path and each new
                                         "prefix_len": 5000}),
     ("flex-window", ("flex",), {**VERIFY, **GEMMA2, "head_dim": 128, "logits_soft_cap": 50.0, "prefix_len": 5000}),
     *[(impl, ("fa2",), {**VERIFY, "num_qo_heads": 32, "num_kv_heads": 16, "head_dim": 128, "sliding_window": 4096,
-                        "sm_scale": 144 ** -0.5, "prefix_len": 5000}) for impl in ("paged-window", "ragged-window")],
+                        "sm_scale": 144 ** -0.5, "prefix_len": 5000, "storage": registry.get(impl).storages[0]})
+      for impl in ("paged-window", "ragged-window")],
     *[(impl, ("fa2", "fa3"), {**VERIFY, "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "sliding_window": 128,
                               "kv_dtype": "float8_e4m3", "prefix_len": 4000}) for impl in ("paged-window", "paged-trim")],
     ("decode-tc-trim", ("fa2",), {"mode": "decode", "batch_size": 8, "num_qo_heads": 32, "num_kv_heads": 8,

@@ -208,3 +208,8 @@ def test_a_sliced_page_table_ends_inside_its_last_page():
     sliced = workloads.slice_page_table(indptr, indices, [16, 0], [50, 33], 16)
     assert sliced[0].tolist() == [0, 3, 6] and sliced[1].tolist() == [11, 12, 13, 14, 15, 16]
     assert sliced[2].tolist() == [2, 1]
+
+
+def test_a_point_on_the_other_storage_is_a_skip_not_a_wrong_answer():
+    paged = scenarios.make_case(dict(CASE))
+    assert "runs on ragged storage, not paged" in registry.get("ragged-window").skip_reason(paged, "fa2", "cpu")

@@ -101,6 +101,8 @@ class Implementation:
 
     def skip_reason(self, case, backend: str, device: torch.device) -> str | None:
         """Why this point cannot run here (recorded as a skip row), or None."""
+        if case.storage not in self.storages:
+            return f"runs on {' or '.join(self.storages)} storage, not {case.storage}"
         return self.availability(device) or self.unsupported(case, backend)
 
 
