@@ -265,8 +265,10 @@ def bench_host(out, quick):
 @case_option
 @opt("--tool", type=click.Choice(["nsys", "torch"]), default="nsys", show_default=True,
      help="nsys: re-run under Nsight Systems; torch: torch.profiler in this process.")
+@opt("--against", type=click.Path(exists=True, file_okay=False), default=None,
+     help="nsys: a run of the same points without the profiler, whose graph times to hold nsys's against.")
 @l2_option
-def profile(scenario, out, impls, cases, tool, l2):
+def profile(scenario, out, impls, cases, tool, against, l2):
     """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
     from . import profiling
 
@@ -278,7 +280,8 @@ def profile(scenario, out, impls, cases, tool, l2):
         click.echo(text + f"\nChrome/Perfetto trace and torch_stats.txt are in {out}")
         return report_outcome(outcome, False, runs.rerun_command(out))
     try:
-        stats = profiling.run_under_nsys(s.path, out, ["--l2", l2, *launch.worker_args(impls, cases)])
+        stats = profiling.run_under_nsys(s.path, out, ["--l2", l2, *launch.worker_args(impls, cases)],
+                                         Path(against) if against else None)
     except profiling.ProfileError as e:
         raise click.ClickException(str(e)) from None
     click.echo(stats.to_string(index=False) if len(stats) else "no timed points to attribute")

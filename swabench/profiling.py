@@ -22,9 +22,10 @@ class ProfileError(RuntimeError):
     """The profiled run itself failed (exit 1: not the user's input)."""
 
 
-def run_under_nsys(scenario_path: str, out: Path, child_args: list[str]) -> pd.DataFrame:
+def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against: Path | None = None) -> pd.DataFrame:
     """``swabench run`` again under nsys into ``out``; its report, SQLite export and nsys_stats.csv
-    (the kernels of every timed point) land in the run folder."""
+    (the kernels of every timed point) land in the run folder.  ``against``: a run of the same points
+    without the profiler, whose graph times the nsys times are also held against (``hold_against``)."""
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
     results.refuse_a_run(out)
@@ -40,6 +41,8 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str]) -> pd.D
     written.rename(out / "profile.nsys-rep")
     sqlite = nsys_export_sqlite(out / "profile.nsys-rep")
     stats = nsys_kernel_table(sqlite, results.load(out)[0])
+    if against is not None:
+        stats = hold_against(stats, results.load(against)[0])
     results.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
     return stats
 
@@ -160,3 +163,17 @@ def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
                      "gap_us": r["median_us"] - busy_us, "agreement": r["median_us"] / period_us - 1,
                      "busy_agreement": r["median_us"] / busy_us - 1})
     return pd.DataFrame(rows)
+
+
+def hold_against(stats: pd.DataFrame, unprofiled: pd.DataFrame) -> pd.DataFrame:
+    """``stats`` with the graph median of a run made without the profiler (``graph_unprofiled_us``)
+    and its agreement with nsys's period per call (``agreement_unprofiled``).  Tracing graph nodes
+    one by one (--cuda-graph-trace=node) lengthens every replay by about a microsecond a node (H200:
+    2 to 3 us on a call of a kernel and a merge after an L2 flush), which the profiled run's own graph
+    times carry and nsys's kernel timestamps do not: the unprofiled run is the number to check."""
+    timed = unprofiled.dropna(subset=["median_us"]).set_index(list(results.KEY))["median_us"]
+    stats = stats.copy()
+    stats["graph_unprofiled_us"] = [timed.get(key, float("nan"))
+                                    for key in zip(stats["case_id"], stats["impl"], stats["backend"])]
+    stats["agreement_unprofiled"] = stats["graph_unprofiled_us"] / stats["nsys_period_us"] - 1
+    return stats

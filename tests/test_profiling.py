@@ -64,3 +64,12 @@ def test_warm_calls_are_timed_start_to_start():
                             "flush": [0] * 6})
     assert profiling.period_per_call_ns(kernels, 2, 3) == 100  # three calls of two kernels, 100 ns apart
     assert profiling.period_per_call_ns(kernels, 2, 1) == 50  # one call a replay: its own span
+
+
+def test_nsys_times_are_held_against_a_run_without_the_profiler():
+    stats = pd.DataFrame([{"case_id": "abc", "impl": "paged-window", "backend": "fa2", "nsys_period_us": 50.0,
+                           "agreement": 0.06}])
+    run = pd.DataFrame([{"case_id": "abc", "impl": "paged-window", "backend": "fa2", "median_us": 50.5},
+                        {"case_id": "abc", "impl": "paged-window", "backend": "fa3", "median_us": 99.0}])
+    out = profiling.hold_against(stats, run)
+    assert out["graph_unprofiled_us"].tolist() == [50.5] and abs(out["agreement_unprofiled"][0] - 0.01) < 1e-12
