@@ -13,6 +13,7 @@ import pandas as pd
 
 from .impls import registry
 from .cases import MODES
+from . import results
 from .results import headline_paths, reference_library, versus_reference
 
 matplotlib.use("Agg")
@@ -208,8 +209,9 @@ def speculative(table, meta):
 
 def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
-    window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages."""
-    t = _timed(table[table["mode"] == "decode"])
+    window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages.  Cases
+    with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
+    t = _timed(results.plain(table[table["mode"] == "decode"]))
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -291,7 +293,8 @@ def backends(table, meta):
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticklabels([c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], rotation=30, ha="right",
                            fontsize=6)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")
     return fig
 

@@ -29,6 +29,7 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
                      **{s: int(counts.get(s, 0)) for s in STATUS_ORDER},
                      "worst rel-L2 (pass)": passed["rel_l2"].max(),
                      "worst probe row (pass)": passed["probe_rel_l2"].max(),
+                     "lowest rel-L2 (xfail)": caught["rel_l2"].min(),
                      "lowest probe row (xfail)": caught["probe_rel_l2"].min()})
     return pd.DataFrame(rows)
 
@@ -101,6 +102,45 @@ def versus_reference(table: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
+def _spread(ratios: pd.Series) -> str:
+    """'1.07x' for one value, else 'median (best-worst, n)'."""
+    if len(ratios) == 1:
+        return f"{ratios.iloc[0]:.2f}x"
+    return f"{ratios.median():.2f}x ({ratios.min():.2f}-{ratios.max():.2f}, {len(ratios)})"
+
+
+def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
+    """results.feature_costs per feature, mode, path and twin: time with the feature / time of the
+    plain twin, as median (best-worst, points)."""
+    per_point = results.feature_costs(table)
+    if per_point.empty:
+        return pd.DataFrame()
+    keys = ["feature", "mode", "impl", "backend", "twin_impl"]
+    out = per_point.groupby(keys, sort=False)["ratio"].apply(_spread).rename("time / plain twin").reset_index()
+    order = {f: i for i, f in enumerate(results.FEATURES)}
+    return out.sort_values(["feature", "mode", "impl"], key=lambda c: c.map(order) if c.name == "feature" else
+                           c.map(registry.order) if c.name == "impl" else c).reset_index(drop=True)
+
+
+def decode_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Decode steps per window and context: the reference path's median time, and each decode path's
+    time / the reference's on the same cases (median (best-worst, cases) over batch, page size, GQA
+    group, head_dim and the serving features)."""
+    per_point = results.versus_reference(table, baselines=False)
+    per_point = per_point[per_point["mode"] == "decode"]
+    if per_point.empty:
+        return pd.DataFrame()
+    per_point = per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])])
+    index = ["sliding_window", "prefix_len"]
+    cells = per_point.groupby(index + ["path"])["ratio"].apply(_spread).reset_index()
+    wide = cells.pivot_table(index=index, columns="path", values="ratio", aggfunc="first").reset_index()
+    reference = per_point.groupby(index)["reference_us"].median().rename("reference us (median)").reset_index()
+    paths = sorted(set(per_point["path"]), key=lambda p: (registry.order(p.split(" [")[0]), p))
+    wide = reference.merge(wide, on=index)
+    return wide[index + ["reference us (median)"] + paths].rename(
+        columns={"sliding_window": "window (keys)", "prefix_len": "context"}).fillna("")
+
+
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
     from . import plots
@@ -137,6 +177,18 @@ def write(run_dir: Path, out: Path) -> Path:
                   "is faster.  Other backends, the custom-mask paths of other libraries and the peers "
                   "(FlexAttention, SDPA) on the cases where the run timed both.",
                   markdown_table(versus)]
+    decode = decode_table(table)
+    if len(decode):
+        parts += [f"## Decode: each wrapper against {registry.describe_reference()}",
+                  "Time of each decode path / time of the reference path on the same decode step, per window and "
+                  "context: median (best-worst, cases) over batch, page size, GQA group and head_dim.",
+                  markdown_table(decode)]
+    features = feature_costs(table)
+    if len(features):
+        parts += ["## Serving features against their plain twins",
+                  "Time with sinks, a soft-cap or an fp8 cache / time of the same shape without it, through the "
+                  "same path and backend (the sink wrapper, which runs only cases with sinks, against the "
+                  "reference path): median (best-worst, points).", markdown_table(features)]
     timings = timing_summary(table, meta)
     if timings:
         parts += ["## Timings", timings]

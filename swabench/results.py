@@ -328,6 +328,57 @@ def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFram
     return others.assign(ratio=others["median_us"] / others["reference_us"])
 
 
+FEATURES = {"sinks": "sinks", "soft_cap": "logits_soft_cap", "fp8_kv": "kv_dtype"}  # Case.features -> column
+
+
+def _feature_on(table: pd.DataFrame, column: str) -> pd.Series:
+    if column == "kv_dtype":
+        return table["kv_dtype"].fillna(table["dtype"]) != table["dtype"]
+    return table[column].fillna(0).astype(float) != 0
+
+
+def plain(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose case asks for none of the serving features (figures that mix shapes compare these)."""
+    keep = ~sum((_feature_on(table, column) for column in FEATURES.values()), start=table["impl"].isna())
+    return table[keep.astype(bool)]
+
+
+def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
+    """Each timed point whose case asks for a serving feature (sinks, a soft-cap, an fp8 cache) against
+    its plain twin: the same shape with the feature off, through the same implementation and backend
+    where that ran, else through the reference path of its storage on the same backend (the sink
+    wrapper runs only cases with sinks).  One row per point: feature, twin_impl, twin_us, ratio."""
+    from dataclasses import fields
+
+    import pandas as pd
+
+    from .cases import Case
+    from .impls import registry
+
+    t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
+    axes = [f.name for f in fields(Case) if f.name in t.columns]
+    parts = []
+    for feature, column in FEATURES.items():
+        on = _feature_on(t, column)
+        if not on.any() or on.all():
+            continue
+        key = [a for a in axes if a not in (column, "sm_scale")]
+        keyed = t.assign(_twin=[repr(k) for k in zip(*(t[c] for c in key))])
+        plain = keyed[~on][["_twin", "impl", "backend", "median_us"]].rename(
+            columns={"median_us": "twin_us", "impl": "twin_impl"})
+        asked = keyed[on]
+        same = asked.merge(plain, left_on=["_twin", "impl", "backend"], right_on=["_twin", "twin_impl", "backend"])
+        rest = asked[~asked.set_index(["_twin", "impl", "backend"]).index.isin(
+            same.set_index(["_twin", "impl", "backend"]).index)]
+        rest = rest.assign(twin_impl=rest["storage"].map(lambda s: (registry.reference_path(s) or (None,))[0]))
+        other = rest.merge(plain, on=["_twin", "twin_impl", "backend"])
+        parts.append(pd.concat([same, other]).assign(feature=feature))
+    if not parts:
+        return t.iloc[0:0].assign(feature=[], twin_impl=[], twin_us=[], ratio=[])
+    out = pd.concat(parts, ignore_index=True).drop(columns="_twin")
+    return out.assign(ratio=out["median_us"] / out["twin_us"])
+
+
 def to_samples(rows: list[dict]) -> pd.DataFrame:
     import pandas as pd
     records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)

@@ -72,6 +72,7 @@ def test_the_page_says_how_it_was_made(page, cpu_run):
 def test_every_section_with_data_is_there(page):
     assert list(sections(page)) == ["Runs", "Correctness", "Headline: speedup over the custom-mask path",
                                     "Against the reference path (paged-window / ragged-window on fa2)",
+                                    "Decode: each wrapper against paged-window / ragged-window on fa2",
                                     "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
 
 

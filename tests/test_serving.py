@@ -213,3 +213,69 @@ def test_a_sliced_page_table_ends_inside_its_last_page():
 def test_a_point_on_the_other_storage_is_a_skip_not_a_wrong_answer():
     paged = scenarios.make_case(dict(CASE))
     assert "runs on ragged storage, not paged" in registry.get("ragged-window").skip_reason(paged, "fa2", "cpu")
+
+
+SERVING_CPU = """
+name = "serving-cpu"
+implementations = ["torch-trim", "torch-mask"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+dtype = "bfloat16"
+[[sweep]]
+mode = "verify"
+draft_tokens = 4
+prefix_len = 60
+window_left = 15
+sinks = [false, true]
+logits_soft_cap = [0.0, 30.0]
+kv_dtype = ["bfloat16", "fp8"]
+"""
+
+
+def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_twin(write_scenario, tmp_path):
+    from conftest import invoke
+
+    from swabench import report, results
+    r = invoke("run", write_scenario(SERVING_CPU), "--out", tmp_path / "run", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    table, _ = results.load(tmp_path / "run")
+    assert set(table["status"]) == {"pass"} and len(table) == 16
+    assert set(table["kv_dtype"]) == {"bfloat16", "float8_e4m3"} and set(table["wrapper"]) == {"torch"}
+    assert len(results.plain(table)) == 2
+    costs = results.feature_costs(table)
+    # each point with a feature against the same shape, same path, with that feature off
+    assert len(costs) == 3 * 8 and (costs["impl"] == costs["twin_impl"]).all()  # 8 points have each feature
+    one = costs[(costs["feature"] == "sinks") & (costs["impl"] == "torch-trim") & (costs["logits_soft_cap"] == 0)
+                & (costs["kv_dtype"] == "bfloat16")].iloc[0]
+    twin = table[(table["impl"] == "torch-trim") & (~table["sinks"].astype(bool)) & (table["logits_soft_cap"] == 0)
+                 & (table["kv_dtype"] == "bfloat16")].iloc[0]
+    assert one["twin_us"] == twin["median_us"] and one["ratio"] == one["median_us"] / twin["median_us"]
+    assert set(report.feature_costs(table)["feature"]) == {"sinks", "soft_cap", "fp8_kv"}
+    from swabench import findings
+    page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
+    section = page.split("## Sinks, soft-cap and fp8 caches")[1].split("\n## ")[0]
+    assert f"From `{tmp_path / 'run'}`:" in section and "| soft_cap | verify | torch-trim |" in section
+
+
+def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_window_and_context():
+    import pandas as pd
+
+    from swabench import report, results
+    base = dict(kind="correct", status="pass", storage="paged", mode="decode", batch_size=8, seq_len=None,
+                qo_len=1, accept=None, window_left=127, sliding_window=128, page_size=16, page_layout="scattered",
+                num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", seed=0, logits_soft_cap=0.0,
+                sm_scale=128 ** -0.5, kv_dtype="bfloat16", backend="fa2", noise=0.01)
+    rows = [dict(base, case_id=f"c{p}", prefix_len=p, impl=i, median_us=us, sinks=False)
+            for p in (8192, 32768) for i, us in (("paged-window", 10.0), ("decode-window", 10.0 * p / 1024),
+                                                 ("decode-tc-trim", 10.5))]
+    rows += [dict(base, case_id="s", prefix_len=8192, impl="sink-window", median_us=12.0, sinks=True)]
+    table = pd.DataFrame(rows)
+    costs = results.feature_costs(table)
+    assert costs[["impl", "twin_impl", "twin_us", "ratio"]].values.tolist() == [["sink-window", "paged-window", 10.0,
+                                                                                    1.2]]
+    decode = report.decode_table(table)
+    assert decode["context"].tolist() == [8192, 32768]
+    assert decode["decode-window [fa2]"].tolist() == ["8.00x", "32.00x"]
+    assert decode["decode-tc-trim [fa2]"].tolist() == ["1.05x", "1.05x"]
