@@ -19,6 +19,8 @@
 #            next node does not build again)
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
+#   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
+#            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
@@ -52,6 +54,9 @@ for step in $steps; do
     decode-profile)
                sb profile default --case decode --impl decode-window --impl decode-trim --impl decode-tc-window \
                  --impl decode-tc-trim --impl paged-window --out "$out/h200-decode-profile" 2>&1 | tail -3 ;;
+    recipe-profile)
+               sb profile serving --case "extend b4" --impl sglang-extend --impl paged-window \
+                 --against results/h200-serving-run2 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
     serving)   fresh_compile_cache
                ( time sb run serving --out "$out/h200-serving-run" ) 2>&1 | tail -40 ;;
     default-compare)

@@ -133,7 +133,8 @@ def period_per_call_ns(kernels: pd.DataFrame, kernels_per_call: int, calls_per_r
 
 
 def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
-    """Per timed point: the kernels Nsight saw inside its replay range and two nsys times per call
+    """Per timed point: the kernels Nsight saw inside its replay range (each with its launches and
+    busy time per call) and two nsys times per call
     to hold the CUDA-graph median against.  ``nsys_kernel_us`` sums kernel durations (busy time);
     ``nsys_period_us`` also counts the bubbles at kernel boundaries, which the graph timer pays too
     (``period_per_call_ns``).  agreement = graph / period - 1; busy_agreement = graph / busy - 1;
@@ -151,12 +152,13 @@ def nsys_kernel_table(sqlite_path: Path, table: pd.DataFrame) -> pd.DataFrame:
         r = timed.loc[key]
         calls = int(r["graph_calls"]) * int(r["repeats"])
         own = group[group["flush"] == 0]
-        counts = own.groupby("kernel", sort=False).size()
+        per_kernel = own.assign(ns=own["end"] - own["start"]).groupby("kernel", sort=False)["ns"].agg(["size", "sum"])
         per_call = max(1, round(len(own) / calls))
         busy_us = (own["end"] - own["start"]).sum() / 1e3 / calls
         period_us = period_per_call_ns(group, per_call, int(r["graph_calls"])) / 1e3
         rows.append({"case_id": key[0], "case": r["case"], "impl": key[1], "backend": key[2],
-                     "kernels": "; ".join(f"{k} x{n // calls}" for k, n in counts.items()),
+                     "kernels": "; ".join(f"{k} x{n // calls} {ns / 1e3 / calls:.3g} us"
+                                          for k, (n, ns) in per_kernel.iterrows()),
                      "kernels_per_call": len(own) / calls,
                      "replay_range_ms": group["range_ns"].drop_duplicates().sum() / 1e6,
                      "graph_median_us": r["median_us"], "nsys_period_us": period_us, "nsys_kernel_us": busy_us,

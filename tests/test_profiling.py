@@ -41,7 +41,7 @@ def test_kernels_are_tied_to_their_point(tmp_path):
     out = profiling.nsys_kernel_table(tmp_path / "r.sqlite", table)
     assert len(out) == 1
     row = out.iloc[0]
-    assert row["kernels"] == "BatchPrefillWithPagedKVCacheKernel x1"
+    assert row["kernels"] == "BatchPrefillWithPagedKVCacheKernel x1 0.01 us"
     assert abs(row["nsys_kernel_us"] - 0.010) < 1e-12  # 40 ns of kernels over 4 calls
     assert abs(row["nsys_period_us"] - 0.020) < 1e-12  # and the 10 ns bubble before each
     assert abs(row["agreement"] - 0.05) < 1e-9 and abs(row["busy_agreement"] - 1.1) < 1e-9
