@@ -18,7 +18,7 @@ ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
-SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None}
+SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None}
 
 
 def parse_accept(value) -> tuple[str, float]:
@@ -61,6 +61,7 @@ class Case:
     logits_soft_cap: float = 0.0  # l = cap * tanh(l / cap) when > 0 (Gemma 2)
     sm_scale: float | None = None  # None: head_dim ** -0.5
     kv_dtype: str | None = None  # None: the same as dtype
+    model: str | None = None  # the preset (swabench.models) that set the head shape, window and features
 
     @property
     def scale(self) -> float:
@@ -99,7 +100,8 @@ class Case:
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
                    + (f" kv-{self.kv_dtype}" if self.kv_dtype else ""))
         return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
-                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype}{serving} s{self.seed}")
+                f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype}{serving} s{self.seed}"
+                + (f" [{self.model}]" if self.model else ""))
 
     def axes(self) -> dict:
         """The case's columns for the results table."""

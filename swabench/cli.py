@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from . import __version__, launch, runs, scenarios, shards
-from .console import (Bar, InputError, Main, case_option, costs_option, device_of, impl_option, l2_option, opt,
-                      out_option, run_dir, run_options)
+from .console import (Bar, InputError, Main, case_option, costs_option, device_of, impl_option, l2_option,
+                      model_option, opt, out_option, run_dir, run_options)
 
 
 def scenario_file(name: str | None, device_type: str) -> Path:
@@ -25,9 +25,21 @@ def scenario_file(name: str | None, device_type: str) -> Path:
     return scenarios.find(name or default)
 
 
-def load(name, impls=(), cases=(), device_type="cpu") -> scenarios.Scenario:
+def model_scenario(scenario, model, device_type: str) -> str | None:
+    """--model NAME without SCENARIO: the shipped template for this device (models.toml on a GPU,
+    models-cpu.toml without one); the name is checked here, before any work."""
+    if not model:
+        return scenario
+    from . import models
+    if model not in models.MODELS:
+        raise InputError(f"--model: unknown model {model!r}; known: {', '.join(models.MODELS)}")
+    return scenario or ("models" if device_type == "cuda" else "models-cpu")
+
+
+def load(name, impls=(), cases=(), device_type="cpu", model=None) -> scenarios.Scenario:
     path = name if isinstance(name, Path) else scenario_file(name, device_type)
-    return scenarios.select(scenarios.load(path, impl_filter=impls or None), cases)
+    s = scenarios.load(path, impl_filter=impls or None)
+    return scenarios.select(scenarios.select_model(s, model), cases)
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,9 +48,10 @@ def main():
     """Correctness-gated benchmarks of sliding-window attention on FlashInfer."""
 
 
-def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None):
+def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
+                  model=None):
     device = device_of(device)
-    s = load(scenario, impls, cases, device.type)
+    s = load(model_scenario(scenario, model, device.type), impls, cases, device.type, model)
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
@@ -70,7 +83,7 @@ def summary(table, out: Path) -> None:
 @opt("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
 @opt("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
 @costs_option
-def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, costs_from):
+def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, gpus, costs_from):
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
@@ -78,32 +91,35 @@ def run(scenario, out, device, impls, cases, resume, strict, l2, shard, gpus, co
         raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
                          "(run the same command again to continue a launch)")
     if gpus:
-        return run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict)
+        return run_on_gpus(model_scenario(scenario, model, "cuda"), out, impls, cases, l2, gpus, costs_from, strict,
+                           model)
     if costs_from and not shard:
         raise InputError("--costs-from balances shards: use it with --shard or --gpus")
-    sweep_command(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from)
+    sweep_command(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from, model)
 
 
-def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict) -> None:
+def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None) -> None:
     chosen, visible = launch.choose_gpus(gpus)
     path = scenario_file(scenario, "cuda")
     out = Path(out) if out else runs.default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
 
     def validate():
         shards.point_costs(costs_from)
-        return load(path, impls, cases, "cuda")
+        return load(path, impls, cases, "cuda", model)
 
-    args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from)]
+    args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else [])]
     outcome = runs.execute_on_gpus(runs.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
     report_outcome(outcome, strict, runs.rerun_command(out, resume=False))
 
 
 @main.command()
-@click.argument("scenario")
+@click.argument("scenario", required=False)
 @run_options
-def check(scenario, out, device, impls, cases, resume, strict):
+def check(scenario, out, device, impls, cases, model, resume, strict):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
-    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False)
+    if not scenario and not model:
+        raise InputError("check needs SCENARIO or --model NAME")
+    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model)
 
 
 @main.command("list")
@@ -115,12 +131,25 @@ def list_cmd():
 
 
 @main.command()
-@click.argument("scenario")
+@click.argument("scenario", required=False)
 @impl_option
+@model_option
+@opt("--device", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True,
+     help="With --model and no SCENARIO: which device's template to show.")
 @opt("--cases", "each", is_flag=True, help="Also list every case with its memory estimate.")
-def show(scenario, impls, each):
+def show(scenario, impls, model, device, each):
     """What SCENARIO expands to: cases, implementations, axes, skips, memory."""
-    click.echo(scenarios.describe(load(scenario, impls), each))
+    if not scenario and not model:
+        raise InputError("show needs SCENARIO or --model NAME")
+    click.echo(scenarios.describe(load(model_scenario(scenario, model, device), impls, model=model), each))
+
+
+@main.command("models")
+def models_cmd():
+    """The model presets: each one's sliding-window layer shape and where it was checked."""
+    from . import models
+
+    click.echo(models.listing())
 
 
 @main.command()

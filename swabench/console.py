@@ -73,6 +73,9 @@ case_option = opt("--case", "cases", multiple=True, metavar="ID|TEXT",
                   help="Only cases whose id starts with, or whose label contains, this (repeatable).")
 costs_option = opt("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False), metavar="RUN_DIR",
                    help="Balance the shards by each point's time in this earlier run.")
+model_option = opt("--model", metavar="NAME", help="Only this model preset's cases (see `swabench models`); without "
+                                                   "SCENARIO, the shipped template for it (models.toml on a GPU, "
+                                                   "models-cpu.toml without one).")
 impl_option = opt("--impl", "impls", multiple=True, metavar="NAME", help="Only these implementations (repeatable).")
 out_option = opt("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-WHAT-DEVICE-TIME).")
 run_dir = click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
@@ -81,6 +84,6 @@ run_dir = click.argument("run_dir", type=click.Path(exists=True, file_okay=False
 def run_options(command):
     """The options ``run`` and ``check`` share."""
     resume = opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
-    for option in (strict_option, resume, case_option, impl_option, device_option, out_option):
+    for option in (strict_option, resume, model_option, case_option, impl_option, device_option, out_option):
         command = option(command)
     return command

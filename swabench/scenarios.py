@@ -33,8 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import semantics
-from . import footprint
+from . import footprint, models, semantics
 from .cases import MODES, QO_FIELD, STORAGES, Case, Point, parse_accept
 from .errors import UserError
 from .impls import registry
@@ -136,7 +135,10 @@ AXES = {
     "logits_soft_cap": _float(0.0, "a number >= 0 (0 = off; Gemma 2 uses 50)"),
     "sm_scale": _float(0.0, "a number > 0 (default head_dim ** -0.5)", open_low=True),
     "kv_dtype": _choice(("bfloat16", "float16", "float32", "float8_e4m3"), KV_DTYPES),
+    "model": _choice(tuple(models.MODELS)),
 }
+MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
+              "logits_soft_cap", "sm_scale")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0}
@@ -173,6 +175,7 @@ def _compile_rule(expr, path, where) -> Rule:
 def _rule_namespace(combo: dict, group: str) -> dict:
     """What a skip rule sees: every axis (None when unset), with both window conventions and the
     query count and total keys filled in whichever way the combination gives them."""
+    combo = with_model(combo)
     ns = {name: combo.get(name, DEFAULTS.get(name)) for name in AXES}
     if ns["window_left"] is None and ns["sliding_window"] is not None:
         ns["window_left"] = semantics.window_left_from(sliding_window=ns["sliding_window"])
@@ -234,9 +237,17 @@ def _one_of(point: dict, names, path, where, required=True):
     return given[0] if given else None
 
 
+def with_model(point: dict) -> dict:
+    """The combination with its model preset's axes in place of whatever [fixed] gave them."""
+    if not point.get("model"):
+        return point
+    rest = {k: v for k, v in point.items() if k not in MODEL_SETS}
+    return {**rest, **models.get(point["model"]).axes()}
+
+
 def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     """A Case from one expanded combination of axis values, with the cross-field checks."""
-    p = {**DEFAULTS, **point}
+    p = {**DEFAULTS, **with_model(point)}
     if "mode" not in p:
         raise ScenarioError(path, f"{where}.mode", f"missing; allowed: {', '.join(MODES)}")
     mode = p["mode"]
@@ -277,7 +288,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=p.get("sm_scale"),
-                kv_dtype=_kv_dtype(p, path, where))
+                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"))
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
@@ -394,7 +405,13 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         group = dict(group) if isinstance(group, dict) else group
         label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
         where = f"sweep[{gi}]"
-        axes = {**fixed, **_check_axes(group, path, where)}
+        own = _check_axes(group, path, where)
+        clash = [a for a in MODEL_SETS if a in own or ("model" in fixed and a in fixed)] \
+            if "model" in own or "model" in fixed else []
+        if clash:
+            raise ScenarioError(path, f"{where}.{clash[0]}", f"the model preset sets {clash[0]}: give the model "
+                                                             f"or the shape, not both")
+        axes = {**fixed, **own}
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         names = list(axes)
         for combo in itertools.product(*(axes[n] for n in names)):
@@ -461,6 +478,19 @@ def select(scenario: Scenario, cases) -> Scenario:
     if not keep:
         raise ScenarioError(scenario.path, "--case", f"no case of {scenario.name} matches {', '.join(cases)} "
                                                      f"(give a case_id prefix or part of a label, see `swabench show`)")
+    scenario.points = keep
+    return scenario
+
+
+def select_model(scenario: Scenario, model: str | None) -> Scenario:
+    """Keep the points of ``model``'s cases (``model = ...`` in the scenario)."""
+    if not model:
+        return scenario
+    keep = [p for p in scenario.points if p.case.model == model]
+    if not keep:
+        present = sorted({p.case.model for p in scenario.points} - {None})
+        raise ScenarioError(scenario.path, "--model", f"no case of {scenario.name} is for {model}; its models: "
+                                                      f"{', '.join(present) or 'none (it sets no model axis)'}")
     scenario.points = keep
     return scenario
 

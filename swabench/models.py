@@ -1,0 +1,118 @@
+"""Model presets: the sliding-window layer of each served model, as the axes of a case.
+
+One row per model, each field with the Hugging Face ``config.json`` key it came from and where the
+value was read.  ``window_left = sliding_window - 1`` (SGLang's ``get_attention_sliding_window_size``
+and vLLM both convert HF's inclusive count so); ``sm_scale`` is ``query_pre_attn_scalar ** -0.5``
+where the config has one.  ``verified`` says where each row was checked; the official configs of
+google/, openai/ and mistralai/ were not reachable from here, so rows were checked against copies of
+them (duplicates and derived models that keep the hub's values) and transformers' own defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import semantics
+
+KEYS = {  # axis -> the config.json key it comes from
+    "num_qo_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim (else hidden_size / num_attention_heads)", "window_left": "sliding_window - 1",
+    "sinks": "learned per-head sinks in the modeling code", "logits_soft_cap": "attn_logit_softcapping",
+    "sm_scale": "query_pre_attn_scalar ** -0.5",
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    hf_id: str
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int  # HF's count of keys a query sees, itself included
+    layers: str  # which layers slide
+    sinks: bool = False
+    logits_soft_cap: float = 0.0
+    query_pre_attn_scalar: int | None = None
+    verified: str = ""
+
+    @property
+    def window_left(self) -> int:
+        return semantics.window_left_from(sliding_window=self.sliding_window)
+
+    @property
+    def sm_scale(self) -> float | None:
+        """None where the model scales by head_dim ** -0.5 (the default)."""
+        if self.query_pre_attn_scalar is None or self.query_pre_attn_scalar == self.head_dim:
+            return None
+        return self.query_pre_attn_scalar ** -0.5
+
+    def axes(self) -> dict:
+        """The case axes this model sets."""
+        axes = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    window_left=self.window_left, sinks=self.sinks, logits_soft_cap=self.logits_soft_cap)
+        if self.sm_scale is not None:
+            axes["sm_scale"] = self.sm_scale
+        return axes
+
+
+GPT_OSS = ("GitHub EchoCog/gpt-oss-20b config.json @52971a17 (a copy of the hub config); transformers "
+           "configuration_gpt_oss.py @02b8f42b (defaults = the 120b values); sinks: modeling_gpt_oss.py @00d4b3d2 "
+           "(GptOssAttention.sinks, one nn.Parameter per head)")
+GEMMA2 = ("copies of google/gemma-2-*-it config.json (unsloth/gemma-2-it-GGUF @656b57f, thejaminator/gemma-hook-"
+          "layer-0-step-2000 @33738e3, Saxo/Linkbricks-Horizon-AI-Korean-Superb-27B @468f547); transformers "
+          "configuration_gemma2.py @008e5743")
+GEMMA3 = ("transformers configuration_gemma3.py @008f5c8c and convert_gemma3_weights_orbax_to_hf.py @0d914582; "
+          "TensorRT-LLM test_modeling_gemma3.py @fe6fa01d (1b and 27b head shapes); HF OpenPipe/gemma-3-12b-it-"
+          "text-only config.json (12b)")
+
+MODELS = {m.name: m for m in (
+    Model("gpt-oss-20b", "openai/gpt-oss-20b", 64, 8, 64, 128, "every other layer (layer_types alternate, "
+          "sliding first): 12 of 24", sinks=True, verified=GPT_OSS),
+    Model("gpt-oss-120b", "openai/gpt-oss-120b", 64, 8, 64, 128, "every other layer: 18 of 36", sinks=True,
+          verified=GPT_OSS + "; HF Fred808/helium_memory @9ce9198 (the 120b diff of that config)"),
+    Model("gemma-2-2b", "google/gemma-2-2b", 8, 4, 256, 4096, "every other layer: 13 of 26", logits_soft_cap=50.0,
+          query_pre_attn_scalar=256, verified=GEMMA2),
+    Model("gemma-2-9b", "google/gemma-2-9b", 16, 8, 256, 4096, "every other layer: 21 of 42", logits_soft_cap=50.0,
+          query_pre_attn_scalar=256, verified=GEMMA2 + "; query_pre_attn_scalar 256 as the hub config has it "
+          "(transformers' convert_gemma2_weights_to_hf.py @15ea02a2 says 224)"),
+    Model("gemma-2-27b", "google/gemma-2-27b", 32, 16, 128, 4096, "every other layer: 23 of 46",
+          logits_soft_cap=50.0, query_pre_attn_scalar=144, verified=GEMMA2),
+    Model("gemma-3-1b", "google/gemma-3-1b-pt", 4, 1, 256, 512, "5 of every 6 (sliding_window_pattern 6): 22 of 26",
+          query_pre_attn_scalar=256, verified=GEMMA3),
+    Model("gemma-3-4b", "google/gemma-3-4b-pt", 8, 4, 256, 1024, "5 of every 6: 29 of 34 (text_config)",
+          query_pre_attn_scalar=256, verified=GEMMA3 + "; text_config copies (head counts equal the defaults)"),
+    Model("gemma-3-12b", "google/gemma-3-12b-pt", 16, 8, 256, 1024, "5 of every 6: 40 of 48 (text_config)",
+          query_pre_attn_scalar=256, verified=GEMMA3),
+    Model("gemma-3-27b", "google/gemma-3-27b-pt", 32, 16, 128, 1024, "5 of every 6: 52 of 62 (text_config)",
+          query_pre_attn_scalar=168, verified=GEMMA3),
+    Model("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", 32, 8, 128, 4096, "every layer",
+          verified="copies with _name_or_path mistralai/Mistral-7B-v0.1 (Open-Orca/Mistral-7B-OpenOrca); "
+                   "mlx-community/mistral-7B-v0.1 params.json (head_dim 128); transformers configuration_mistral.py "
+                   "@001f85b3 (head_dim = hidden_size / num_attention_heads)"),
+    Model("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", 32, 32, 96, 2047, "every layer",
+          verified="HF Alignment-Lab-AI/idfkphi4kiguess config.json (a duplicate of microsoft/Phi-3-mini-4k-"
+                   "instruct); transformers modular_phi3.py @06053b84 (head_dim = 3072 / 32)"),
+)}
+
+
+def get(name: str) -> Model:
+    """The preset, or ValueError naming the known ones."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def listing() -> str:
+    """What ``swabench models`` prints: each preset's layer shape, and where it was checked."""
+    lines = [f"  {'model':16s} {'heads':7s} {'head_dim':8s} {'window':7s} {'W':5s} extras"]
+    for m in MODELS.values():
+        extras = ", ".join(x for x in ("sinks" if m.sinks else "",
+                                       f"soft-cap {m.logits_soft_cap:g}" if m.logits_soft_cap else "",
+                                       f"sm_scale {m.query_pre_attn_scalar}^-0.5" if m.sm_scale else "") if x)
+        heads = f"{m.num_qo_heads}/{m.num_kv_heads}"
+        lines.append(f"  {m.name:16s} {heads:7s} {m.head_dim:<8d} {m.sliding_window:<7d} "
+                     f"{m.window_left:<5d} {extras or '-'}; sliding layers: {m.layers}")
+    lines.append("fields: " + "; ".join(f"{axis} = {key}" for axis, key in KEYS.items()))
+    lines += [f"  {m.name}: {m.hf_id}; checked against {m.verified}" for m in MODELS.values()]
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Model presets: each one's axes make a valid case of every step, the scenario axis and the CLI's
+--model reach them, and a shape FlashInfer is not built for is a skip that says so."""
+
+import pytest
+from conftest import invoke
+
+from swabench import models, results, scenarios
+from swabench.impls import registry
+
+STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verify", draft_tokens=16, prefix_len=16384),
+         dict(mode="draft_extend", draft_tokens=16, prefix_len=16384), dict(mode="decode", prefix_len=32768)]
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_every_preset_makes_every_step(name):
+    m = models.get(name)
+    for step in STEPS:
+        c = scenarios.make_case({**step, "model": name, "num_qo_heads": 1})  # the preset overrides the shape
+        assert (c.num_qo_heads, c.num_kv_heads, c.head_dim) == (m.num_qo_heads, m.num_kv_heads, m.head_dim)
+        assert c.window_left == m.sliding_window - 1 and c.sliding_window == m.sliding_window
+        assert c.sinks == m.sinks and c.logits_soft_cap == m.logits_soft_cap and c.model == name
+        assert f"[{name}]" in c.label
+
+
+def test_the_presets_carry_what_their_configs_say():
+    assert models.get("gpt-oss-120b").axes() == dict(num_qo_heads=64, num_kv_heads=8, head_dim=64, window_left=127,
+                                                      sinks=True, logits_soft_cap=0.0)
+    assert models.get("gemma-2-27b").axes()["sm_scale"] == 144 ** -0.5
+    assert "sm_scale" not in models.get("gemma-2-9b").axes()  # query_pre_attn_scalar 256 = head_dim
+    assert models.get("gemma-3-27b").sm_scale == 168 ** -0.5 and models.get("gemma-3-1b").window_left == 511
+    assert all(m.verified for m in models.MODELS.values())
+
+
+def test_phi3_head_dim_is_a_skip_on_flashinfer():
+    c = scenarios.make_case(dict(mode="decode", prefix_len=4096, model="phi-3-mini"))
+    assert "not 96" in registry.get("decode-tc-trim").unsupported(c, "fa2")
+
+
+def test_a_group_that_gives_both_a_model_and_its_shape_is_refused(write_scenario):
+    text = ('implementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\nprefix_len = 100\n'
+            'model = "gemma-3-1b"\nnum_kv_heads = 2\n')
+    with pytest.raises(scenarios.ScenarioError, match=r"sweep\[0\]\.num_kv_heads: the model preset sets num_kv_heads"):
+        scenarios.load(write_scenario(text))
+    with pytest.raises(scenarios.ScenarioError, match=r"model: must be one of gpt-oss-20b, .*; got 'llama'"):
+        scenarios.load(write_scenario(text.replace("gemma-3-1b", "llama").replace("num_kv_heads = 2\n", "")))
+
+
+def test_models_lists_every_preset_with_its_source():
+    r = invoke("models")
+    assert r.exit_code == 0 and all(name in r.output for name in models.MODELS)
+    assert "attn_logit_softcapping" in r.output and "checked against" in r.output
+
+
+def test_run_with_a_model_runs_its_cpu_template(tmp_path):
+    r = invoke("run", "--model", "gemma-2-27b", "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    table, meta = results.load(tmp_path / "run")
+    assert meta["scenario"] == "models-cpu" and set(table["model"]) == {"gemma-2-27b"}
+    ran = table[table["status"] != "skip"]
+    assert set(ran["status"]) == {"pass"} and set(ran["impl"]) == {"torch-trim", "torch-mask"}
+    assert (table["logits_soft_cap"] == 50).all() and (table["sm_scale"] == 144 ** -0.5).all()
+
+
+@pytest.mark.parametrize("args,message", [(["run", "--model", "llama"], "--model: unknown model 'llama'"),
+                                          (["check", "quick", "--model", "gemma-3-1b"], "no case of quick is for"),
+                                          (["show"], "show needs SCENARIO or --model NAME")])
+def test_bad_model_input_exits_2(args, message):
+    r = invoke(*args)
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_every_preset_passes_on_the_embedded_paths(tmp_path):
+    r = invoke("check", "models-cpu", "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    table, _ = results.load(tmp_path / "run")
+    ran = table[table["status"] != "skip"]
+    assert set(ran["status"]) == {"pass"} and set(ran["model"]) == set(models.MODELS)
