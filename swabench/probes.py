@@ -12,12 +12,12 @@ distance, so
 
 The profile is a sum of cosines at frequencies pi / 2^i (i = 0..n-1), realised exactly as q.k with
 q = f(p - c), k = f(j): it peaks at distance c with n, and any other distance x has some i where
-pi * (x - c) / 2^i is an odd multiple of pi, costing at least 2.  The slot of sin(pi x), zero at every integer x, carries a
-constant key against ``-n * SCALE`` in the query instead: it shifts every row so its peak logit is 0: a soft-cap is
-then nearly linear where the answer is decided (cap * tanh(-16 / cap) is still about -16 nats at a
-cap of 50), and a sink logit of 0 takes half of every row, so a dropped sink moves it by O(1).  No
-randomness, so no row is ever left untested by chance; heads and passes rotate the four edges so
-every row meets all four.
+pi * (x - c) / 2^i is an odd multiple of pi, costing at least 2.  The slot of sin(pi x), zero at
+every integer x, carries a constant key against ``-n * SCALE`` in the query instead: it shifts every
+row so its peak logit is 0.  A soft-cap is then nearly linear where the answer is decided
+(cap * tanh(-16 / cap) is still about -16 nats at a cap of 50), and a sink logit of 0 takes half of
+every row, so a dropped sink moves it by O(1).  No randomness, so no row is ever left untested by
+chance; heads and passes rotate the four edges so every row meets all four.
 """
 
 from __future__ import annotations

@@ -125,20 +125,28 @@ def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
 def decode_table(table: pd.DataFrame) -> pd.DataFrame:
     """Decode steps per window and context: the reference path's median time, and each decode path's
     time / the reference's on the same cases (median (best-worst, cases) over batch, page size, GQA
-    group, head_dim and the serving features)."""
-    per_point = results.versus_reference(table, baselines=False)
-    per_point = per_point[per_point["mode"] == "decode"]
+    group and head_dim).  Cases with sinks, a soft-cap or an fp8 cache are left to feature_costs."""
+    per_point = decode_versus_reference(table)
     if per_point.empty:
         return pd.DataFrame()
-    per_point = per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])])
-    index = ["sliding_window", "prefix_len"]
+    index = ["sliding_window", "context"]
     cells = per_point.groupby(index + ["path"])["ratio"].apply(_spread).reset_index()
     wide = cells.pivot_table(index=index, columns="path", values="ratio", aggfunc="first").reset_index()
     reference = per_point.groupby(index)["reference_us"].median().rename("reference us (median)").reset_index()
     paths = sorted(set(per_point["path"]), key=lambda p: (registry.order(p.split(" [")[0]), p))
     wide = reference.merge(wide, on=index)
-    return wide[index + ["reference us (median)"] + paths].rename(
-        columns={"sliding_window": "window (keys)", "prefix_len": "context"}).fillna("")
+    columns = index + ["reference us (median)"] + paths
+    return wide[columns].rename(columns={"sliding_window": "window (keys)"}).fillna("")
+
+
+def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
+    """results.versus_reference's decode rows of plain cases, with ``path`` ('impl [backend]') and
+    ``context`` (the keys before the query, however the case gave them)."""
+    per_point = results.versus_reference(results.plain(table), baselines=False)
+    per_point = per_point[per_point["mode"] == "decode"]
+    context = per_point["prefix_len"].fillna(per_point["seq_len"] - 1).astype("Int64")
+    return per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])],
+                            context=context)
 
 
 def write(run_dir: Path, out: Path) -> Path:
@@ -181,7 +189,8 @@ def write(run_dir: Path, out: Path) -> Path:
     if len(decode):
         parts += [f"## Decode: each wrapper against {registry.describe_reference()}",
                   "Time of each decode path / time of the reference path on the same decode step, per window and "
-                  "context: median (best-worst, cases) over batch, page size, GQA group and head_dim.",
+                  "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with "
+                  "sinks, a soft-cap or an fp8 cache are in the next table.",
                   markdown_table(decode)]
     features = feature_costs(table)
     if len(features):

@@ -244,9 +244,16 @@ def to_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def with_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """Every schema column present (empty where no row has it), leading in schema order."""
+    """Every schema column present (empty where no row has it), leading in schema order; a table of
+    an older format (from its CSV or its journal) read as the current one."""
+    df = schema.migrate_table(df)
     lead = list(COLUMNS)
-    return df.reindex(columns=lead + [c for c in df.columns if c not in lead])
+    df = df.reindex(columns=lead + [c for c in df.columns if c not in lead])
+    if df["wrapper"].isna().any() and len(df):  # written before the column named the wrapper family
+        from .impls import registry
+        family = {i.name: i.family for i in registry.all_implementations()}
+        df["wrapper"] = df["wrapper"].astype(object).fillna(df["impl"].map(family))
+    return df
 
 
 def _default_backend(impl_name: str) -> str:
@@ -362,7 +369,7 @@ def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
         on = _feature_on(t, column)
         if not on.any() or on.all():
             continue
-        key = [a for a in axes if a not in (column, "sm_scale")]
+        key = [a for a in axes if a != column]
         keyed = t.assign(_twin=[repr(k) for k in zip(*(t[c] for c in key))])
         plain = keyed[~on][["_twin", "impl", "backend", "median_us"]].rename(
             columns={"median_us": "twin_us", "impl": "twin_impl"})
@@ -427,12 +434,7 @@ def load(folder) -> tuple[pd.DataFrame, dict]:
     folder = Path(folder)
     if (folder / ROWS).exists():
         return add_derived(to_table(RunStore(folder).rows()), meta.get("peaks")), meta
-    table = with_columns(schema.migrate_table(_read_csv(folder / TABLE, (*KEY, "status"))))
-    if table["wrapper"].isna().any():  # written before the column named the wrapper family
-        from .impls import registry
-        family = {i.name: i.wrapper or i.library for i in registry.all_implementations()}
-        table["wrapper"] = table["wrapper"].astype(object).fillna(table["impl"].map(family))
-    return table, meta
+    return with_columns(_read_csv(folder / TABLE, (*KEY, "status"))), meta
 
 
 def read_meta(folder) -> dict:

@@ -287,7 +287,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 page_layout=p["page_layout"] if paged else None,
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
-                logits_soft_cap=p["logits_soft_cap"], sm_scale=p.get("sm_scale"),
+                logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"))
     never = footprint.impossible(case)
     if never:
@@ -296,14 +296,20 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     return case
 
 
+def _sm_scale(p: dict) -> float | None:
+    """The query scale when it is not head_dim ** -0.5 (None: the default, one case id for both)."""
+    scale = p.get("sm_scale")
+    return None if scale is None or scale == p["head_dim"] ** -0.5 else scale
+
+
 def _kv_dtype(p: dict, path, where) -> str | None:
     """The cache's dtype when it differs from the queries' (None: the same)."""
-    kv = p.get("kv_dtype")
+    kv = KV_DTYPES.get(p.get("kv_dtype"), p.get("kv_dtype"))
     if kv is None or kv == p["dtype"]:
         return None
     if not kv.startswith("float8"):
-        raise ScenarioError(path, f"{where}.kv_dtype", f"{kv} with {p['dtype']} queries: a cache of another "
-                                                       f"width is float8_e4m3 (or the queries' own dtype)")
+        raise ScenarioError(path, f"{where}.kv_dtype", f"{kv} with {p['dtype']} queries: a cache dtype other than "
+                                                       f"the queries' must be float8_e4m3")
     if p["dtype"] == "float32":
         raise ScenarioError(path, f"{where}.kv_dtype", "an fp8 cache is read with bfloat16 or float16 queries, "
                                                        "not float32")

@@ -89,6 +89,8 @@ def migrate_table(df):
     and head_dim ** -0.5."""
     if "wrapper_mode" not in df.columns and "wrapper" in df.columns:
         df = df.rename(columns={"wrapper": "wrapper_mode"})
+    if df.empty:
+        return df
     fill = {"sinks": False, "logits_soft_cap": 0.0}
     if "dtype" in df.columns:
         fill["kv_dtype"] = df["dtype"]

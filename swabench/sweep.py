@@ -52,8 +52,8 @@ def timer_method(options: SweepOptions) -> dict:
 def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -> dict:
     """Every axis of the point, and the counts that do not depend on timing."""
     impl, c = registry.get(point.impl), point.case
-    row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind,
-           "library": impl.library, "wrapper": impl.wrapper or impl.library, "backend": point.backend, "device": str(device), "host": HOST,
+    row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind, "library": impl.library,
+           "wrapper": impl.family, "backend": point.backend, "device": str(device), "host": HOST,
            "gpu_id": gpu_identity(device), **c.axes()}
     if w is not None:
         pairs = sum(semantics.useful_pairs(q, k, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens))

@@ -313,3 +313,32 @@ def test_eagle_verify_untrimmed_keeps_the_requests_first_keys():
     # min(100, 31) + 4 = 35 keys from key 0: three 16-token pages, the last holding 3
     assert indptr.tolist() == [0, 3, 6, 9] and last.tolist() == [3, 3, 3]
     assert torch.equal(indices[:3], w.kv_indices_host[:3].to(torch.int32))
+
+
+def test_the_sink_wrapper_runs_with_the_sinks_and_the_scale_as_its_variant_declares_them():
+    wrapper, w = planned("sink-window", sinks=True, sm_scale=0.1)
+    calls = []
+    wrapper.run = lambda *args, **kwargs: calls.append((args, kwargs))
+    runner = registry.get("sink-window").make(w, "fa2")
+    runner.plan()
+    runner.wrapper.run = wrapper.run
+    runner.run()
+    (q, kv, sinks, scale), kwargs = calls[0]
+    assert q is w.q and kv == (w.k_store, w.v_store) and sinks is w.sinks and scale == 0.1
+    assert kwargs["out"] is runner.out
+
+
+def test_the_recipe_as_sglang_writes_it_hands_the_ragged_part_its_window_at_run():
+    runner, _ = extend_recipe("sglang-extend-ragged-nowindow")
+    assert runner.wrappers["ragged"].kwargs["window_left"] == -1 and runner.wrappers["ragged"]._window_left == 31
+    runner, _ = extend_recipe("sglang-extend")
+    assert not hasattr(runner.wrappers["ragged"], "_window_left")
+
+
+@pytest.mark.parametrize("impl,axes,reason", [
+    ("eagle-verify-untrimmed", dict(mode="verify", draft_tokens=4, window_left=-1), "window_left >= 0"),
+    ("sglang-extend", dict(mode="extend", extend_len=4, window_left=0), "window_left >= 1"),
+])
+def test_the_recipes_refuse_cases_without_a_window_to_cut_to(impl, axes, reason):
+    c = scenarios.make_case(dict(prefix_len=100, head_dim=64, **axes))
+    assert reason in registry.get(impl).unsupported(c, "fa2")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from swabench import rules
 from swabench.rules import RuleError, compile_rule
 
-NAMES = ("group", "mode", "impl", "backend", "prefix_len", "seq_len", "qo_len", "kv_len", "window_left")
+NAMES = ("group", "mode", "impl", "backend", "prefix_len", "seq_len", "qo_len", "kv_len", "window_left", "sinks")
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 FAST = 0.5  # CPU seconds (not wall time: other work on the machine must not fail the test)
 clock = time.process_time
@@ -219,7 +219,7 @@ def test_shipped_rules_agree_with_python_eval():
                        "paged-window"],
               "backend": ["fa2", "fa3", "auto"], "prefix_len": [None, 0, 1, 17, 18, 130],
               "seq_len": [None, 16, 130], "qo_len": [1, 16, 512, None], "kv_len": [None, 0, 16, 17, 18, 130],
-              "window_left": [-1, 0, 15, 16, 128]}
+              "window_left": [-1, 0, 15, 16, 128], "sinks": [False, True]}
     checked = 0
     for _ in range(3000):
         ns = {k: rng.choice(v) for k, v in values.items()}

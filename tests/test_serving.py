@@ -32,6 +32,7 @@ def test_default_serving_axes_keep_every_published_case_id():
         other = scenarios.make_case({**CASE, axis: value})
         assert other.case_id != plain.case_id and other.label != plain.label
     assert scenarios.make_case({**CASE, "kv_dtype": "bfloat16"}).case_id == plain.case_id
+    assert scenarios.make_case({**CASE, "sm_scale": 64 ** -0.5}).case_id == plain.case_id  # the default, spelt out
 
 
 @pytest.mark.parametrize("axis,value,message", [
@@ -47,7 +48,19 @@ def test_bad_serving_axes_are_refused_by_name(write_scenario, axis, value, messa
 
 def test_an_fp8_cache_needs_half_precision_queries():
     with pytest.raises(scenarios.ScenarioError, match="kv_dtype: an fp8 cache is read with bfloat16 or float16"):
-        scenarios.make_case({**CASE, "dtype": "float32", "kv_dtype": "float8_e4m3"})
+        scenarios.make_case({**CASE, "dtype": "float32", "kv_dtype": "fp8"})
+    with pytest.raises(scenarios.ScenarioError, match="kv_dtype: float16 with bfloat16 queries: a cache dtype other "
+                                                      "than the queries' must be float8_e4m3"):
+        scenarios.make_case({**CASE, "kv_dtype": "float16"})
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_soft_cap_and_scale_refuse_nan_and_inf(write_scenario, value):
+    for axis in ("logits_soft_cap", "sm_scale"):
+        text = f'implementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\nprefix_len = 10\nwindow_left = 3\n' \
+               f'{axis} = {value}\n'
+        with pytest.raises(scenarios.ScenarioError, match=f"sweep\\[0\\].{axis}: must be a number"):
+            scenarios.load(write_scenario(text))
 
 
 def explicit(w) -> torch.Tensor:

@@ -1,8 +1,11 @@
-"""FlashInfer implementations (DESIGN section 2): every FlashInfer row, correct and known-bug.
+"""FlashInfer implementations (DESIGN section 2, SERVING 1 and 2): every single-wrapper FlashInfer
+row, correct and known-bug (the engines' multi-wrapper recipes are in ``recipes``).
 
 One runner covers them all; a Variant says what differs: paged or ragged storage, whether
 ``window_left`` reaches ``plan()``, whether the window is a custom mask instead, where the page
-table starts (trimming), and whether ``run`` goes through the deprecated ``forward``.  Wrappers are
+table starts and ends (trimming, or a table cut at the wrong end), whether ``run`` goes through the
+deprecated ``forward``, the decode wrapper (CUDA-core or tensor-core kernel), and the sink wrapper
+or sinks handed to a wrapper that drops them.  Wrappers are
 built in CUDA-graph mode (fixed buffers sized for the workload) so the very objects that pass the
 gate can be captured and timed.
 """
@@ -146,7 +149,7 @@ class Variant:
     window_at_plan: bool = True  # plan(..., window_left=W); False plans without a window
     mask: bool = False  # window and causality as a custom mask, full KV, no window at plan
     start: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> first key kept
-    end: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> keys kept from the start
+    end: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> the key the table ends before
     deprecated_forward: bool = False  # run through forward(..., window_left=W)
     decode: str | None = None  # "cuda-core" | "tensor-core": BatchDecodeWithPagedKVCacheWrapper, decode steps only
     modes: tuple[str, ...] = ()  # the steps it models, where not every mode (): all
@@ -280,6 +283,8 @@ def unsupported(variant: Variant):
             return f"the decode wrapper runs decode steps (one query per request), not {case.mode}"
         if variant.modes and case.mode not in variant.modes:
             return f"models {' and '.join(variant.modes)} steps, not {case.mode}"
+        if variant.end is not None and case.window_left < 0:
+            return "cuts the table to the window: it models a sliding-window layer (window_left >= 0)"
         if variant.decode == "cuda-core" and backend == "fa3":
             return "the CUDA-core decode kernel has no fa3 variant (use_tensor_cores=True runs fa2/fa3 prefill kernels)"
         if case.dtype not in DTYPES:
@@ -321,23 +326,25 @@ def _request_trim(window_left, qo_len, kv_len, page_size):
 
 
 register_library(Library("flashinfer", jit_modules=jit_modules, jit_cache_dir=jit_cache_dir))
-register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"), reference="fa2")
+register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"),
+                 reference="fa2")
 register_variant("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
-          Variant("paged", start=_trim))
-register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"), reference="fa2")
+                 Variant("paged", start=_trim))
+register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"),
+                 reference="fa2")
 register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
-          baseline=True)
-register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)", Variant("ragged", mask=True),
-          baseline=True)
+                 baseline=True)
+register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
+                 Variant("ragged", mask=True), baseline=True)
 register_variant("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
-          "the kernel without the window mask is chosen at plan time",
-          Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",
-          visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW))
+                 "the kernel without the window mask is chosen at plan time",
+                 Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",
+                 visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW))
 register_variant("paged-trim-causal", "trim at prefix - W per request, causal, no window at plan: "
-          "query j of the block sees j keys too many",
-          Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",
-          visibility=lambda w, prefix, ps: semantics.Visibility(
-              semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix, w, ps)))
+                 "query j of the block sees j keys too many",
+                 Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",
+                 visibility=lambda w, prefix, ps: semantics.Visibility(
+                     semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix, w, ps)))
 
 
 def _decode_trim_window(window_left, prefix_len, page_size):
@@ -348,19 +355,18 @@ def _decode_trim_window(window_left, prefix_len, page_size):
 
 
 register_variant("decode-window", "decode wrapper, CUDA-core kernel, full page table, plan(window_left=W)",
-          Variant("paged", decode="cuda-core"))
-register_variant("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, window_left=W",
-          Variant("paged", decode="cuda-core", start=_trim))
-register_variant("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at plan: "
-          "exact only when pages hold one token", Variant("paged", decode="cuda-core", start=_trim, window_at_plan=False),
-          kind="known-bug", visibility=_decode_trim_window, timed_where_exact=True)
-register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full table, "
-          "window_left=W", Variant("paged", decode="tensor-core"))
-register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key kv_len-1-W, "
-          "window_left=W", Variant("paged", decode="tensor-core", start=_trim))
-
-
+                 Variant("paged", decode="cuda-core"))
+register_variant("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, "
+                 "window_left=W", Variant("paged", decode="cuda-core", start=_trim))
+register_variant("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at "
+                 "plan: exact only when pages hold one token",
+                 Variant("paged", decode="cuda-core", start=_trim, window_at_plan=False), kind="known-bug",
+                 visibility=_decode_trim_window, timed_where_exact=True)
+register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full "
+                 "table, window_left=W", Variant("paged", decode="tensor-core"))
+register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key "
+                 "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=_trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
-          "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
-register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves them out",
-          Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))
+                 "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
+register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
+                 "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

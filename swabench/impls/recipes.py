@@ -13,9 +13,10 @@ Read at sgl-project/sglang, ``python/sglang/srt/layers/attention/flashinfer_back
 - commit 454e84dab272 (before #26513): the same two parts with no mask on the prefix.
 
 FlashInfer compiles the per-element window in only when ``plan()`` gets ``window_left >= 0``; a
-window given at run time (``forward_return_lse(window_left=W)``) then only skips whole key tiles.
-So the recipe as written sees every new token of the chunk (``sglang-extend-ragged-nowindow``),
-and ``sglang-extend`` plans the ragged part with the window its run call asks for.
+window given at run time (``forward_return_lse(window_left=W)``, which sets the wrapper's
+``_window_left`` before its ``run``) then only skips whole key tiles.  So the recipe as written sees
+every new token of the chunk in the tiles it does not skip (``sglang-extend-ragged-nowindow``), and
+``sglang-extend`` plans the ragged part with the window its run call asks for.
 
 SGLang numbers the KV cache per token (page size 1); on larger pages the trimmed prefix starts at
 the page holding key ``prefix - W`` and the mask does the rest.  The new tokens' K/V are copied out
@@ -111,6 +112,8 @@ class SGLangExtendRunner:
                 else:
                     self.wrappers[part].plan(*args, **kwargs)
         self.workspace_mib = max(self.sizes.values()) // fi.MIB
+        if not self.ragged_window:  # what SGLang's forward_return_lse(..., window_left=W) sets before run()
+            self.wrappers["ragged"]._window_left = c.window_left
         self.resolved_backend = getattr(self.wrappers["ragged"], "_backend", self.backend)
 
     def run(self) -> None:
@@ -128,8 +131,8 @@ def _extend_unsupported(case, backend) -> str | None:
         return f"SGLang's extend recipe runs extend steps with a cached prefix, not {case.mode}"
     if case.prefix_len is None or case.prefix_len == 0:
         return "the recipe's paged part needs a cached prefix (prefix_len > 0)"
-    if case.window_left < 0:
-        return "the recipe is SGLang's sliding-window path (window_left >= 0)"
+    if case.window_left < 1:
+        return "the recipe is SGLang's sliding-window path with a prefix to see (window_left >= 1)"
     return fi.unsupported(fi.Variant("paged", mask=True))(case, backend)
 
 
@@ -156,7 +159,8 @@ _register_extend("sglang-extend", "SGLang's extend on a cached prefix: ragged (w
 _register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask: query i of the chunk sees i "
                  "prefix keys too many", False, True, kind="known-bug", visibility=_nomask_visibility)
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "
-                 "without a window (W at run only skips tiles), so a query sees every new token before it",
+                 "without a window and given W at run, which only skips whole tiles: a query sees new tokens before "
+                 "its window",
                  True, False, kind="known-bug",
                  visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix))
 

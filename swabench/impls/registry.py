@@ -80,6 +80,11 @@ class Implementation:
     ignores: frozenset[str] = frozenset()
 
     @property
+    def family(self) -> str:
+        """The ``wrapper`` column: the wrapper family, else the library."""
+        return self.wrapper or self.library
+
+    @property
     def expected_to_fail(self) -> bool:
         return self.kind != "correct"
 
