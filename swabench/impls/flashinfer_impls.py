@@ -366,6 +366,9 @@ register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True 
                  "table, window_left=W", Variant("paged", decode="tensor-core"))
 register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key "
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=_trim))
+# FlashInfer 0.7.2 names the sink wrapper's JIT module by q dtype, window and backend only: a process that
+# has used it at one head_dim gets that module again at another (measured on the H200: rows never written,
+# or wrong; results/h200-tests-serving/sink_head_dims-7e808b3.txt).  The gate reports it where it happens.
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
