@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import random
 from dataclasses import asdict, dataclass
 
 from . import semantics
@@ -19,6 +21,66 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None}
+
+
+LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
+LENGTH_SALT = {"prefix_len": 1, "seq_len": 2, "qo_len": 3}  # each length field draws from its own stream
+LOGNORMAL_TAIL = 4.0  # lognormal draws stop at MEDIAN * e^(4 SIGMA): a bound the memory estimate can use
+
+
+def parse_length(value, lo: int):
+    """A length axis value: an integer >= lo (every request), a distribution drawn per request with
+    the case seed ('uniform:LO:HI', 'lognormal:MEDIAN:SIGMA'), or an explicit per-request list (a
+    tuple).  ValueError naming the forms otherwise."""
+    def whole(x):
+        return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+    if whole(value):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(whole(x) for x in value):
+        return tuple(value)
+    if isinstance(value, str):
+        kind, _, args = value.partition(":")
+        parts = args.split(":")
+        try:
+            if kind == "uniform" and len(parts) == 2 and lo <= int(parts[0]) <= int(parts[1]):
+                return value
+            if kind == "lognormal" and len(parts) == 2 and int(parts[0]) >= max(lo, 1) and 0 < float(parts[1]) < 4:
+                return value
+        except ValueError:
+            pass
+    raise ValueError(f"must be {LENGTH_FORMS} (integers >= {lo}; LO <= HI; 0 < SIGMA < 4); got {value!r}")
+
+
+def draw_lengths(value, batch: int, seed: int, salt: int) -> list[int]:
+    """One length per request from a parse_length value, deterministic in (seed, salt)."""
+    if isinstance(value, int):
+        return [value] * batch
+    if isinstance(value, tuple):
+        return list(value)
+    kind, lo_or_median, spread = value.split(":")
+    rng = random.Random(seed * 1009 + salt)
+    if kind == "uniform":
+        return [rng.randint(int(lo_or_median), int(spread)) for _ in range(batch)]
+    median, sigma = int(lo_or_median), float(spread)
+    return [max(1, round(median * math.exp(max(-LOGNORMAL_TAIL, min(LOGNORMAL_TAIL, rng.gauss(0.0, 1.0))) * sigma)))
+            for _ in range(batch)]
+
+
+def length_bound(value) -> int:
+    """The largest length a parse_length value can give, without drawing (safe for any batch size)."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, tuple):
+        return max(value)
+    kind, first, second = value.split(":")
+    return int(second) if kind == "uniform" else round(int(first) * math.exp(LOGNORMAL_TAIL * float(second)))
+
+
+def length_label(value) -> str:
+    """How a label shows a length: 17, ~uniform:1:64, or [3,4,5]."""
+    if isinstance(value, tuple):
+        return "[" + ",".join(map(str, value)) + "]"
+    return f"~{value}" if isinstance(value, str) else str(value)
 
 
 def parse_accept(value) -> tuple[str, float]:
@@ -90,10 +152,25 @@ class Case:
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
 
+    def drawn(self, field: str) -> list[int]:
+        """Each request's value of the length axis ``field`` (prefix_len, seq_len or qo_len)."""
+        return draw_lengths(getattr(self, field), self.batch_size, self.seed, LENGTH_SALT[field])
+
+    @property
+    def uniform_lengths(self) -> bool:
+        return all(isinstance(getattr(self, f), int) or getattr(self, f) is None for f in LENGTH_SALT)
+
+    def largest(self) -> tuple[int, int]:
+        """(qo_len, kv_len) bounds of the largest request, by arithmetic alone (draft_extend draws at
+        most the whole block)."""
+        qo = length_bound(self.qo_len)
+        kv = length_bound(self.seq_len) if self.seq_len is not None else length_bound(self.prefix_len) + qo
+        return qo, kv
+
     @property
     def label(self) -> str:
-        ctx = f"p{self.prefix_len}" if self.prefix_len is not None else f"s{self.seq_len}"
-        q = f"q{self.qo_len}" + (f"~{self.accept}" if self.accept else "")
+        ctx = f"p{length_label(self.prefix_len)}" if self.prefix_len is not None else f"s{length_label(self.seq_len)}"
+        q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             if self.storage == "paged" else "ragged"
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
@@ -107,6 +184,9 @@ class Case:
         """The case's columns for the results table."""
         row = asdict(self)
         row.update(sliding_window=self.sliding_window, sm_scale=self.scale, kv_dtype=self.cache_dtype)
+        drawn = {f: v for f in LENGTH_SALT if not isinstance(v := getattr(self, f), int) and v is not None}
+        row["length_dist"] = "; ".join(f"{f}={length_label(v).lstrip('~')}" for f, v in drawn.items()) or None
+        row.update(dict.fromkeys(drawn))  # the numeric columns hold one length; totals are in total_qo/total_kv
         return row
 
 

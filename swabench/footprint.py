@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cases import QO_FIELD, Case
+from .cases import QO_FIELD, Case, length_label
 
 REFERENCE_CHUNK_ELEMENTS = 1 << 26  # scores per chunk of the reference (256 MiB in float32): bounds 32k contexts
 
@@ -48,9 +48,8 @@ def human_bytes(n: int) -> str:
 
 
 def _worst_lengths(case: Case) -> tuple[int, int]:
-    """(qo_len, kv_len) of the largest request: draft_extend draws at most the whole block."""
-    kv = case.seq_len if case.seq_len is not None else case.prefix_len + case.qo_len
-    return case.qo_len, kv
+    """(qo_len, kv_len) of the largest request (every request is counted at that size)."""
+    return case.largest()
 
 
 def _reference_chunk(case: Case, qo: int, kv: int, acc: int) -> int:
@@ -99,9 +98,9 @@ def footprint(case: Case, device_type: str = "cpu") -> Footprint:
 def _keys_phrase(case: Case) -> str:
     """The axis fields that set keys per request, as the scenario writer named them."""
     if case.seq_len is not None:
-        return f"(seq_len {case.seq_len})"
+        return f"(seq_len {length_label(case.seq_len)})"
     qo_name = QO_FIELD.get(case.mode, "qo_len")
-    return f"(prefix_len {case.prefix_len} + {qo_name} {case.qo_len})"
+    return f"(prefix_len {length_label(case.prefix_len)} + {qo_name} {length_label(case.qo_len)})"
 
 
 def impossible(case: Case) -> str | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import footprint, models, semantics
-from .cases import MODES, QO_FIELD, STORAGES, Case, Point, parse_accept
+from .cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, Point, length_bound, parse_accept, parse_length
 from .errors import UserError
 from .impls import registry
 from .rules import Rule, RuleError, compile_rule
@@ -87,6 +87,12 @@ def _sliding_window(value):
     return _int(1, "an integer >= 1 (HF convention: W + 1 keys), or -1 for no window")(value)
 
 
+def _length(lo: int):
+    def check(value):
+        return parse_length(value, lo)
+    return check
+
+
 def _accept(value):
     parse_accept(value)
     return value
@@ -115,11 +121,11 @@ AXES = {
     "mode": _choice(MODES),
     "storage": _choice(STORAGES),
     "batch_size": _int(1, "an integer >= 1"),
-    "prefix_len": _int(0, "an integer >= 0"),
-    "seq_len": _int(1, "an integer >= 1"),
-    "qo_len": _int(1, "an integer >= 1"),
-    "extend_len": _int(1, "an integer >= 1"),
-    "draft_tokens": _int(1, "an integer >= 1"),
+    "prefix_len": _length(0),
+    "seq_len": _length(1),
+    "qo_len": _length(1),
+    "extend_len": _length(1),
+    "draft_tokens": _length(1),
     "accept": _accept,
     "window_left": _int(-1, "an integer >= -1 (-1 = no window)"),
     "sliding_window": _sliding_window,
@@ -172,10 +178,14 @@ def _compile_rule(expr, path, where) -> Rule:
         raise ScenarioError(path, where, str(e)) from None
 
 
+LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
+
+
 def _rule_namespace(combo: dict, group: str) -> dict:
     """What a skip rule sees: every axis (None when unset), with both window conventions and the
-    query count and total keys filled in whichever way the combination gives them."""
-    combo = with_model(combo)
+    query count and total keys filled in whichever way the combination gives them; a length drawn
+    per request reads as the largest it can be."""
+    combo = {k: (length_bound(v) if k in LENGTHS and v is not None else v) for k, v in with_model(combo).items()}
     ns = {name: combo.get(name, DEFAULTS.get(name)) for name in AXES}
     if ns["window_left"] is None and ns["sliding_window"] is not None:
         ns["window_left"] = semantics.window_left_from(sliding_window=ns["sliding_window"])
@@ -255,7 +265,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     window_left = semantics.window_left_from(**{win: p[win]})
     if mode == "decode":
         qo_len = p.get("qo_len", 1)
-        if qo_len != 1:
+        if not isinstance(qo_len, int) or qo_len != 1:
             raise ScenarioError(path, f"{where}.qo_len", f"decode has exactly one query, got {qo_len}")
     else:
         own = QO_FIELD[mode]
@@ -268,14 +278,15 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         qo_len = p[qo_name]
     if mode == "draft_extend":
         kind, arg = parse_accept(p["accept"])
+        if not isinstance(qo_len, int):
+            raise ScenarioError(path, f"{where}.draft_tokens", f"draft_extend's draft block is one size for the "
+                                                               f"batch (accept draws what each request keeps); got "
+                                                               f"{qo_len!r}")
         if kind == "fixed" and arg > qo_len:
             raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
                                                          f"the draft block of {qo_len}")
     ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
-    if ctx == "seq_len" and qo_len > p["seq_len"]:
-        name = QO_FIELD.get(mode, "qo_len")
-        raise ScenarioError(path, f"{where}.{name}", f"{qo_len} is larger than seq_len {p['seq_len']}: "
-                                                     f"the queries must fit in the context")
+    _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
     if p["num_qo_heads"] % p["num_kv_heads"]:
         raise ScenarioError(path, f"{where}.num_kv_heads", f"{p['num_kv_heads']} must divide "
                                                            f"num_qo_heads {p['num_qo_heads']} (GQA groups)")
@@ -294,6 +305,29 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         raise ScenarioError(path, where, never)
     _check_probe_fits(case, path, where)
     return case
+
+
+def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:
+    """An explicit per-request list has one length per request, and with seq_len every request's
+    queries fit in its context (the lengths drawn as the case will draw them)."""
+    b = p["batch_size"]
+    for field, value in lengths.items():
+        if isinstance(value, tuple) and len(value) != b:
+            name = qo_name if field == "qo_len" else field
+            raise ScenarioError(path, f"{where}.{name}", f"{len(value)} per-request values for batch_size {b}")
+    if "seq_len" in lengths and all(isinstance(v, int) or len(v) == b for v in lengths.values() if v is not None):
+        seed = p["seed"]
+        if length_bound(lengths["qo_len"]) > 10 ** 6 or b > 10 ** 6:  # the impossible-size check has its say
+            return
+        from .cases import draw_lengths
+        qo = draw_lengths(lengths["qo_len"], b, seed, LENGTH_SALT["qo_len"])
+        seq = draw_lengths(lengths["seq_len"], b, seed, LENGTH_SALT["seq_len"])
+        over = [(i, q, s) for i, (q, s) in enumerate(zip(qo, seq)) if q > s]
+        if over:
+            i, q, s = over[0]
+            said = f"{q} is larger than seq_len {s}" if all(isinstance(v, int) for v in lengths.values()) else \
+                f"request {i} has {q} queries but seq_len {s}"
+            raise ScenarioError(path, f"{where}.{qo_name}", f"{said}: the queries must fit in the context")
 
 
 def _sm_scale(p: dict) -> float | None:
@@ -321,7 +355,7 @@ def _check_probe_fits(case: Case, path, where) -> None:
     the context cannot be checked, so it is refused here rather than failed by the gate."""
     from . import probes
 
-    keys = case.seq_len if case.seq_len is not None else case.prefix_len + case.qo_len
+    keys = case.largest()[1]
     need = probes.required_head_dim(keys, case.window_left)
     if case.head_dim < need:
         raise ScenarioError(path, f"{where}.head_dim", f"{case.head_dim} is too small for the gate's probe inputs "

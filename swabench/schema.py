@@ -23,7 +23,7 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 # so readers never meet a missing column.  Others may follow.
 COLUMNS = [
     "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "status",
-    "reason", "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+    "reason", "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
     "seed", "device", "gpu_id",

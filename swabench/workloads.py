@@ -24,15 +24,15 @@ SOFT_CAP_LOGITS = (0.3, 0.1)
 
 
 def request_lengths(case: Case) -> tuple[list[int], list[int]]:
-    """Per-request (qo_len, kv_len). draft_extend draws each request's accepted tokens."""
-    b = case.batch_size
+    """Per-request (qo_len, kv_len): each length axis drawn per request (Case.drawn); draft_extend
+    draws each request's accepted tokens from its block."""
     if case.mode == "draft_extend":
-        qo = draw_accept_lengths(case.accept, case.qo_len, b, case.seed)
+        qo = draw_accept_lengths(case.accept, case.qo_len, case.batch_size, case.seed)
     else:
-        qo = [case.qo_len] * b
+        qo = case.drawn("qo_len")
     if case.seq_len is not None:
-        return qo, [case.seq_len] * b
-    return qo, [case.prefix_len + q for q in qo]
+        return qo, case.drawn("seq_len")
+    return qo, [p + q for p, q in zip(case.drawn("prefix_len"), qo)]
 
 
 def draw_accept_lengths(spec: str, block: int, batch: int, seed: int) -> list[int]:

@@ -122,7 +122,7 @@ def _compile_class(case) -> tuple:
     per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the H200, 10 s
     and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic shapes).  Queries
     are counted at the most a case can have (some modes draw fewer per request)."""
-    queries, group = case.batch_size * case.qo_len, case.num_qo_heads // max(case.num_kv_heads, 1)
+    queries, group = case.batch_size * case.largest()[0], case.num_qo_heads // max(case.num_kv_heads, 1)
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
     if queries < SPARSE_BLOCK:
         return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
