@@ -172,6 +172,7 @@ class Case:
         ctx = f"p{length_label(self.prefix_len)}" if self.prefix_len is not None else f"s{length_label(self.seq_len)}"
         q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
+            + (f" {self.page_layout}" if str(self.page_layout).startswith("evicted") else "") \
             if self.storage == "paged" else "ragged"
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")

@@ -86,6 +86,23 @@ def _where(w, token: int, head: int) -> str:
             f"head {head}")
 
 
+def reads_evicted(runner, w) -> bool | None:
+    """The NaN diagnostic (SERVING 6): with the shared page that evicted entries point at filled with
+    NaN, does the output turn NaN?  True: the kernel touches memory before the window (a masked read
+    is harmless with finite data, and shows here).  None where the layout has no such page.  Leaves
+    fresh random data in the buffers."""
+    if w.evicted_pages is None or not len(w.evicted_pages):
+        return None
+    w.fill_random(w.case.seed)
+    w.fill_evicted(float("nan"))
+    runner.out.zero_()
+    runner.run()
+    timing.device_sync(w.device)()
+    touched = bool(torch.isnan(runner.out).any())
+    w.fill_random(w.case.seed)
+    return touched
+
+
 def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None) -> GateResult:
     """Gate one planned runner on its workload; leaves fresh random data in the buffers."""
     tol = tolerance or TOLERANCES[w.case.dtype]

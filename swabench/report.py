@@ -149,6 +149,20 @@ def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
                             context=context)
 
 
+def evicted_reads(table: pd.DataFrame) -> pd.DataFrame:
+    """Per implementation and backend, on pages evicted to a shared null page: points where the NaN
+    diagnostic turned the output NaN (the kernel reads memory before the window) out of those tried."""
+    if "reads_evicted" not in table:
+        return pd.DataFrame()
+    t = table.dropna(subset=["reads_evicted"])
+    if t.empty:
+        return pd.DataFrame()
+    reads = t["reads_evicted"].astype(str).str.lower() == "true"
+    out = t.assign(reads=reads).groupby(["impl", "backend"], sort=False)["reads"].agg(["sum", "count"])
+    return pd.DataFrame({"impl": [i for i, _ in out.index], "backend": [b for _, b in out.index],
+                         "reads before the window": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
+
+
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
     from . import plots
@@ -192,6 +206,12 @@ def write(run_dir: Path, out: Path) -> Path:
                   "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with "
                   "sinks, a soft-cap or an fp8 cache are in the next table.",
                   markdown_table(decode)]
+    evicted = evicted_reads(table)
+    if len(evicted):
+        parts += ["## Evicted pages: who reads before the window",
+                  "With the pages before each request's window pointed at one shared page, that page filled with "
+                  "NaN: points whose output turned NaN (the kernel read it, masked or not) / points tried.",
+                  markdown_table(evicted)]
     features = feature_costs(table)
     if len(features):
         parts += ["## Serving features against their plain twins",

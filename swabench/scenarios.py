@@ -39,7 +39,7 @@ from .errors import UserError
 from .impls import registry
 from .rules import Rule, RuleError, compile_rule
 
-PAGE_LAYOUTS = ("scattered", "contiguous")
+PAGE_LAYOUTS = ("scattered", "contiguous", "evicted-reused", "evicted-null")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
           "half": "float16", "float32": "float32", "fp32": "float32"}
 BACKENDS = ("fa2", "fa3", "auto")

@@ -27,7 +27,7 @@ COLUMNS = [
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
     "seed", "device", "gpu_id",
-    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows",
+    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "reads_evicted",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
     "noise", "eager_us", "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops",
     "pct_peak_tbps", "point_s", "workload_s",

@@ -105,6 +105,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)
+            row["reads_evicted"] = gate.reads_evicted(runner, w) if result.passed else None
         row.update(result.columns())
         del row["passed"]
         status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed)

@@ -16,6 +16,7 @@ from .cases import Case, parse_accept
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                 "float8_e4m3": torch.float8_e4m3fn}
+EVICTED_VALUE = 100.0  # what an evicted page holds: finite in bf16/fp16/fp8, and a leaked key's logit rules its row
 SINK_MEAN, SINK_STD = 3.0, 2.0  # the sink logits drawn per head: large enough to move every row (SERVING 2)
 # With a soft-cap, random logits are drawn around 0.3 cap with std 0.1 cap, where tanh bends them: a
 # path that ignores the cap then moves the output by 5% at 8 keys (35% at 4096), while tanh.approx's
@@ -84,6 +85,8 @@ class Workload:
     query_request: torch.Tensor  # int64, device: request of every query row
     query_position: torch.Tensor  # int64, device: its absolute position p = prefix + i
     sinks: torch.Tensor | None = None  # float32 [num_qo_heads], device: each head's sink logit
+    evicted: torch.Tensor | None = None  # bool per entry of slots: its page was evicted (another's, or shared)
+    evicted_pages: torch.Tensor | None = None  # pages only evicted entries point at (filled with EVICTED_VALUE)
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
 
@@ -143,15 +146,24 @@ class Workload:
         if self.sinks is not None:
             gs = torch.Generator(device=self.device).manual_seed(seed + 7)
             self.sinks.copy_(SINK_MEAN + SINK_STD * torch.randn(self.sinks.shape, generator=gs, device=self.device))
+        self.fill_evicted(EVICTED_VALUE)
         self.data = ("random", seed)
+
+    def fill_evicted(self, value: float) -> None:
+        """Write ``value`` into the pages that only evicted entries point at (the shared null page)."""
+        if self.evicted_pages is not None and len(self.evicted_pages):
+            self.k_store[self.evicted_pages] = value
+            self.v_store[self.evicted_pages] = value
 
     def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
         """Set every request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
         and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
         self.data = ()
         k = k_by_position[self.key_position].expand(-1, self.case.num_kv_heads, -1)
-        self._flat(self.k_store)[self.slots] = k.to(self.kv_dtype)
-        self._flat(self.v_store)[self.slots] = v_rows.to(self.kv_dtype)
+        live = slice(None) if self.evicted is None else ~self.evicted  # an evicted entry's page is not its own
+        self._flat(self.k_store)[self.slots[live]] = k[live].to(self.kv_dtype)
+        self._flat(self.v_store)[self.slots[live]] = v_rows[live].to(self.kv_dtype)
+        self.fill_evicted(EVICTED_VALUE)
 
 
 def build(case: Case, device="cpu") -> Workload:
@@ -169,18 +181,25 @@ def build(case: Case, device="cpu") -> Workload:
         pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
         num_pages = sum(pages_per_req)
         g = torch.Generator().manual_seed(case.seed + 1)
-        order = torch.randperm(num_pages, generator=g) if case.page_layout == "scattered" \
+        order = torch.randperm(num_pages, generator=g) if case.page_layout != "contiguous" \
             else torch.arange(num_pages)
         kv_indptr_host = _indptr(pages_per_req)
         kv_indices_host = order.to(torch.int64)
+        evicted_pages = None
+        if case.page_layout.startswith("evicted"):
+            kv_indices_host, evicted_pages = evict(case, kv_indptr_host, kv_indices_host, kv_lens, qo_lens)
+            num_pages = max(num_pages, int(kv_indices_host.max()) + 1)
         last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
         # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
+        evicted = (pos // ps) < torch.tensor(evicted_before(case, kv_lens, qo_lens))[req] \
+            if evicted_pages is not None else None
         k_store = torch.empty(num_pages, ps, hkv, d, dtype=kv_dtype, device=device)
         kv_indices = kv_indices_host.to(device, torch.int32)
         kv_last = torch.tensor(last, dtype=torch.int32, device=device)
     else:
         kv_indptr_host, kv_indices_host = slot_indptr, None
+        evicted = evicted_pages = None
         slots = torch.arange(int(slot_indptr[-1]))
         k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=kv_dtype, device=device)
         kv_indices = kv_last = None
@@ -193,9 +212,36 @@ def build(case: Case, device="cpu") -> Workload:
                  kv_indices_host=kv_indices_host, slots=slots.to(device), slot_indptr=slot_indptr,
                  key_request=req.to(device), key_position=pos.to(device), query_request=q_req.to(device),
                  query_position=q_pos.to(device),
-                 sinks=torch.empty(h, dtype=torch.float32, device=device) if case.sinks else None)
+                 sinks=torch.empty(h, dtype=torch.float32, device=device) if case.sinks else None,
+                 evicted=None if evicted is None else evicted.to(device),
+                 evicted_pages=None if evicted_pages is None else evicted_pages.to(device))
     w.fill_random(case.seed)
     return w
+
+
+def evicted_before(case: Case, kv_lens, qo_lens) -> list[int]:
+    """Per request, how many of its first pages lie wholly before the first key any of its queries
+    can see (the first query's window start): the pages an engine frees (SERVING 6)."""
+    if case.window_left < 0:
+        return [0] * len(kv_lens)
+    return [max(0, k - q - case.window_left) // case.page_size for q, k in zip(qo_lens, kv_lens)]
+
+
+def evict(case: Case, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, qo_lens):
+    """The page table with every evicted page replaced: ``evicted-null`` points them all at one
+    shared page past the others (vLLM's null block); ``evicted-reused`` at pages other requests
+    still hold, round robin (SGLang frees them and hands them out), or at a spare page past the
+    others where no other request has one.  Returns (indices, the pages only evicted entries reach)."""
+    indices, spare = kv_indices.clone(), int(kv_indices.max()) + 1
+    gone = evicted_before(case, kv_lens, qo_lens)
+    starts = kv_indptr[:-1].tolist()
+    kept = [kv_indices[s + n:e].tolist() for s, e, n in zip(starts, kv_indptr[1:].tolist(), gone)]
+    for b, (start, n) in enumerate(zip(starts, gone)):
+        donors = [p for other, pages in enumerate(kept) if other != b for p in pages]
+        for i in range(n):
+            reuse = case.page_layout == "evicted-reused" and donors
+            indices[start + i] = donors[i % len(donors)] if reuse else spare
+    return indices, torch.tensor([spare] if (indices == spare).any() else [], dtype=torch.int64)
 
 
 def trim_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens, starts, page_size: int):

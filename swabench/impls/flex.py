@@ -82,8 +82,9 @@ class FlexRunner:
         n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
         slot_request = torch.full((n_slots,), -1, dtype=torch.int32, device=dev)
         slot_pos = torch.zeros(n_slots, dtype=torch.int32, device=dev)
-        slot_request[w.slots] = w.key_request.to(torch.int32)
-        slot_pos[w.slots] = w.key_position.to(torch.int32)
+        live = slice(None) if w.evicted is None else ~w.evicted  # an evicted entry's row is another's, or nobody's
+        slot_request[w.slots[live]] = w.key_request[live].to(torch.int32)
+        slot_pos[w.slots[live]] = w.key_position[live].to(torch.int32)
         q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
         windowed = c.window_left >= 0
         window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W

@@ -1,0 +1,61 @@
+"""Evicted pages (SERVING 6): the pages before each request's window handed to other requests or
+pointed at one shared page; correct paths pass, leaks are caught, and the NaN diagnostic tells the
+kernels that read before the window from those that do not."""
+
+import pytest
+import torch
+
+from swabench import gate, report, scenarios, workloads
+from swabench.impls import registry
+
+
+def build(layout, **kw):
+    return workloads.build(scenarios.make_case({**dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=15,
+                                                        page_size=16, page_layout=layout, num_qo_heads=4,
+                                                        num_kv_heads=2, head_dim=64, batch_size=3), **kw}))
+
+
+def test_pages_wholly_before_the_window_are_evicted():
+    w = build("evicted-null")
+    # prefix 100, W 15: the first query sees keys from 85, so pages 0..4 (keys 0..79) go, page 5 stays
+    assert workloads.evicted_before(w.case, w.kv_lens, w.qo_lens) == [5, 5, 5]
+    table = w.kv_indices_host.view(3, 7)
+    null = int(w.evicted_pages[0])
+    assert (table[:, :5] == null).all() and (table[:, 5:] != null).all() and null == 21
+    assert int(w.evicted.sum()) == 3 * 5 * 16
+
+
+def test_reused_pages_are_pages_other_requests_still_hold():
+    w = build("evicted-reused")
+    table, gone = w.kv_indices_host.view(3, 7), 5
+    for b in range(3):
+        others = {int(p) for o in range(3) if o != b for p in table[o, gone:]}
+        assert {int(p) for p in table[b, :gone]} <= others
+    assert len(w.evicted_pages) == 0  # nothing of their own to fill
+
+
+@pytest.mark.parametrize("layout", ["evicted-null", "evicted-reused"])
+@pytest.mark.parametrize("name,passes,reads", [("torch-trim", True, False), ("torch-mask", True, True),
+                                               ("flex-window", True, True),  # eager flex scores every row
+                                               ("planted-wide", False, None)])
+def test_correct_paths_pass_and_the_diagnostic_sees_who_reads(layout, name, passes, reads):
+    w = build(layout)
+    runner = registry.get(name).make(w, "torch")
+    runner.plan()
+    result = gate.check(runner, w)
+    assert result.passed is passes, result.reason
+    if passes:
+        seen = gate.reads_evicted(runner, w)
+        assert seen is (reads if layout == "evicted-null" else None)
+        assert not torch.isnan(w.k_store).any()  # the diagnostic leaves random data behind
+
+
+def test_the_report_counts_reads_per_path():
+    import pandas as pd
+    t = pd.DataFrame({"impl": ["a", "a", "b"], "backend": ["fa2"] * 3, "reads_evicted": [True, False, None]})
+    assert report.evicted_reads(t).values.tolist() == [["a", "fa2", "1/2"]]
+
+
+def test_the_evicted_scenario_loads():
+    s = scenarios.load(scenarios.find("evicted"))
+    assert {c.page_layout for c in s.cases} == {"scattered", "evicted-reused", "evicted-null"}
