@@ -144,6 +144,38 @@ def show(scenario, impls, model, device, each):
     click.echo(scenarios.describe(load(model_scenario(scenario, model, device), impls, model=model), each))
 
 
+@main.command()
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@impl_option
+@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+     help="Where to run; auto picks CUDA when it is there.")
+@out_option
+@l2_option
+def replay(trace, impls, device, out, l2):
+    """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
+    time per 1000 steps of that mix, per implementation.  TRACE is JSON Lines, one serving step a line:
+    {"mode": "decode", "model": "gpt-oss-120b", "requests": [[PREFIX, QUERIES], ...], "count": N}
+    (mode extend, verify or decode; the layer a model preset or its shape axes; count optional)."""
+    import hashlib
+
+    from . import results, traces
+    from .impls import registry
+    from .markdown import markdown_table
+
+    steps = traces.read(trace)
+    names = list(impls) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
+    s = traces.scenario(trace, steps, names)
+    device = device_of(device)
+    out = Path(out) if out else runs.default_out(s.name, device.type, "run")
+    outcome = runs.execute(runs.Request(s, out, device, True, False, l2), Bar())
+    weights = traces.weights(steps)
+    results.RunStore(out).update_meta(trace={
+        "file": str(trace), "sha256": hashlib.sha256(Path(trace).read_bytes()).hexdigest(),
+        "steps": sum(steps.values()), "distinct": len(steps), "weights": weights})
+    click.echo(markdown_table(traces.per_thousand_steps(outcome.table, weights)))
+    report_outcome(outcome, False, f"swabench replay {trace} --out {out}")
+
+
 @main.command("models")
 def models_cmd():
     """The model presets: each one's sliding-window layer shape and where it was checked."""

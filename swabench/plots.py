@@ -66,7 +66,12 @@ def _log_x_ticks(ax, values) -> None:
 
 
 def _timed(table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["status"] == "pass"].dropna(subset=["median_us"]) if "median_us" in table else table.iloc[0:0]
+    """The timed rows, lengths as numbers (NaN where each request has its own: length_dist says how)."""
+    if "median_us" not in table:
+        return table.iloc[0:0]
+    t = table[table["status"] == "pass"].dropna(subset=["median_us"])
+    lengths = {c: pd.to_numeric(t[c], errors="coerce") for c in ("prefix_len", "seq_len", "qo_len") if c in t}
+    return t.assign(**lengths)
 
 
 def _primary(table: pd.DataFrame) -> pd.DataFrame:

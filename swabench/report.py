@@ -206,6 +206,13 @@ def write(run_dir: Path, out: Path) -> Path:
                   "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with "
                   "sinks, a soft-cap or an fp8 cache are in the next table.",
                   markdown_table(decode)]
+    trace = meta.get("trace")
+    if trace:
+        from . import traces
+        parts += [f"## Trace replay: {trace['file']}",
+                  f"{trace['steps']} steps, {trace['distinct']} distinct, each gated and timed once and weighted by how "
+                  f"often it occurs: attention time per 1000 steps of the mix, over the steps each path timed.",
+                  markdown_table(traces.per_thousand_steps(table, trace["weights"]))]
     evicted = evicted_reads(table)
     if len(evicted):
         parts += ["## Evicted pages: who reads before the window",

@@ -219,7 +219,7 @@ def _did_you_mean(word, options) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_axes(table: dict, path, where: str) -> dict:
+def check_axes(table: dict, path, where: str) -> dict:
     """Validate a [fixed] or [[sweep]] table; every value becomes a non-empty list."""
     if not isinstance(table, dict):
         raise ScenarioError(path, where, "must be a table of axis = value(s)")
@@ -428,7 +428,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
     if impl_filter:
         impls = [n for n in _check_impls(list(impl_filter), path, "--impl") if n in impls] or \
             _no_impl_left(path, impl_filter, impls)
-    fixed = _check_axes(doc.get("fixed", {}), path, "fixed")
+    fixed = check_axes(doc.get("fixed", {}), path, "fixed")
     groups = doc.get("sweep", [{}])
     groups = [groups] if isinstance(groups, dict) else groups
     if not isinstance(groups, list) or not groups:
@@ -445,7 +445,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         group = dict(group) if isinstance(group, dict) else group
         label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
         where = f"sweep[{gi}]"
-        own = _check_axes(group, path, where)
+        own = check_axes(group, path, where)
         clash = [a for a in MODEL_SETS if a in own or ("model" in fixed and a in fixed)] \
             if "model" in own or "model" in fixed else []
         if clash:

@@ -44,6 +44,7 @@ META_KEYS = {
     "selection": "what a resume must match: device, L2 mode, and a hash of the points' keys",
     "method": "how every number was measured: kernel and plan timers, gate, tolerances",
     "sharding": "this folder's shard (index, count, how costs were known), or null",
+    "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
     "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",

@@ -1,0 +1,163 @@
+"""Trace replay (SERVING 6): the steps a server really ran, each distinct step gated and timed once
+and weighted by how often it occurs.
+
+A trace is JSON Lines, one serving step a line::
+
+    {"mode": "decode", "model": "gpt-oss-120b", "requests": [[8191, 1], [20480, 1]]}
+    {"mode": "extend", "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "sliding_window": 4096,
+     "page_size": 16, "requests": [[0, 2048], [6144, 512]], "count": 3}
+
+``requests`` lists each request's [prefix, queries] (keys already cached, tokens of this step);
+``mode`` is extend (prefill, chunked prefill, draft extend), verify or decode; the layer is a
+``model`` preset or its shape (any scenario axis but the lengths, the batch and the mode);
+``count`` (default 1) says how many such steps the line stands for.  A trace becomes a scenario
+with one sweep group per distinct step, so replay runs through the same gate, timers and run
+folder as any scenario, and the folder's meta.json keeps each case's weight.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import scenarios
+from .cases import QO_FIELD
+from .errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MODES = ("extend", "verify", "decode")
+LAYER = ("model", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left", "sinks",
+         "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed")
+KEYS = ("mode", "requests", "count", *LAYER)
+
+
+class TraceError(UserError, ValueError):
+    def __init__(self, path, line: int | None, message: str):
+        super().__init__(f"{path}" + (f": line {line}" if line else "") + f": {message}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One distinct serving step: the layer, the mode, and each request's (prefix, queries)."""
+
+    mode: str
+    layer: tuple  # sorted (axis, value) pairs
+    requests: tuple  # ((prefix, queries), ...)
+
+    def axes(self) -> dict:
+        """The case axes of this step (a per-request length is a tuple)."""
+        prefixes, queries = zip(*self.requests)
+        qo = {} if self.mode == "decode" else {QO_FIELD[self.mode]: _one_or_each(queries)}
+        return {"mode": self.mode, "batch_size": len(self.requests), "prefix_len": _one_or_each(prefixes), **qo,
+                **dict(self.layer)}
+
+
+def _one_or_each(values):
+    return values[0] if len(set(values)) == 1 else tuple(values)
+
+
+def _as_scenario_values(axes: dict) -> dict:
+    """Case axes as a sweep group writes them: a per-request list is a list inside the list."""
+    return {k: [list(v)] if isinstance(v, tuple) else v for k, v in axes.items()}
+
+
+def read(path) -> Counter:
+    """The trace's distinct steps and how many steps each stands for (TraceError naming the line)."""
+    path, steps = Path(path), Counter()
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(path, None, f"cannot read it ({e})") from None
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(path, n, f"not JSON ({e.msg})") from None
+        step, count = _step(path, n, line)
+        scenarios.check_axes(dict(step.layer), path, f"line {n}")  # every field checked as a scenario's would be
+        scenarios.make_case(step.axes(), path, f"line {n}")
+        steps[step] += count
+    if not steps:
+        raise TraceError(path, None, "no steps: one JSON object a line, see `swabench replay --help`")
+    return steps
+
+
+def _step(path, n: int, line) -> tuple[Step, int]:
+    if not isinstance(line, dict):
+        raise TraceError(path, n, "must be a JSON object")
+    unknown = [k for k in line if k not in KEYS]
+    if unknown:
+        raise TraceError(path, n, f"unknown key {unknown[0]!r}; allowed: {', '.join(KEYS)}")
+    if line.get("mode") not in MODES:
+        raise TraceError(path, n, f"mode: must be one of {', '.join(MODES)} (a draft extend step is an extend); "
+                                  f"got {line.get('mode')!r}")
+    requests = line.get("requests")
+    if not isinstance(requests, list) or not requests or not all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+            for r in requests):
+        raise TraceError(path, n, "requests: must be a non-empty list of [prefix, queries] integer pairs")
+    if line["mode"] == "decode" and any(q != 1 for _, q in requests):
+        raise TraceError(path, n, "requests: a decode step has one query per request")
+    count = line.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise TraceError(path, n, f"count: must be an integer >= 1, got {count!r}")
+    layer = {k: v for k, v in line.items() if k in LAYER}
+    if "model" not in layer and not any(k in layer for k in ("window_left", "sliding_window")):
+        raise TraceError(path, n, "give the layer: a model preset, or its shape with window_left or sliding_window")
+    return Step(line["mode"], tuple(sorted(layer.items())), tuple(tuple(r) for r in requests)), count
+
+
+def scenario(path, steps: Counter, implementations: list[str]) -> scenarios.Scenario:
+    """The scenario of a trace: one sweep group per distinct step, named by its first line's order."""
+    groups = [{"group": f"step-{i}", **_as_scenario_values(step.axes())} for i, step in enumerate(steps)]
+    doc = {"name": "replay-" + scenarios.declared_name({}, path), "implementations": implementations,
+           "description": f"replay of {Path(path).name}: {len(steps)} distinct steps, {sum(steps.values())} in all",
+           "sweep": groups}
+    return scenarios.parse(doc, path, _toml(doc))
+
+
+def weights(steps: Counter) -> dict[str, int]:
+    """case_id -> how many steps of the trace it stands for."""
+    return {scenarios.make_case(step.axes()).case_id: count for step, count in steps.items()}
+
+
+def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int]) -> pd.DataFrame:
+    """Per implementation and backend: attention time per 1000 steps of the trace's mix, over the
+    steps it timed, and how much of the mix that covers (a path that skipped steps says so)."""
+    import pandas as pd
+
+    total = sum(weights.values())
+    timed = table.dropna(subset=["median_us"])
+    rows = []
+    for (impl, backend), g in timed.groupby(["impl", "backend"], sort=False):
+        w = g["case_id"].map(weights).fillna(0)
+        covered = int(w.sum())
+        if covered:
+            rows.append({"impl": impl, "backend": backend,
+                         "ms per 1000 steps": float((g["median_us"] * w).sum() / covered),  # us a step = ms
+                         "steps covered": f"{covered}/{total}"})
+    return pd.DataFrame(rows)
+
+
+def _toml(doc: dict) -> str:
+    """The generated scenario as TOML (what the run folder keeps as scenario.toml)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = [f"{k} = {value(doc[k])}" for k in ("name", "description", "implementations")]
+    for group in doc["sweep"]:
+        lines += ["", "[[sweep]]"] + [f"{k} = {value(v)}" for k, v in group.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""Trace replay: a JSON Lines trace becomes one case per distinct step, weighted by how often it
+occurs; bad lines are refused by number; the replay's table is reported per 1000 steps of the mix."""
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import invoke
+
+from swabench import report, results, scenarios, traces
+
+LAYER = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "sliding_window": 16, "page_size": 16}
+STEPS = [{"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]]},
+         {"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]], "count": 2},
+         {"mode": "extend", **LAYER, "requests": [[0, 24], [30, 8]]},
+         {"mode": "verify", "model": "gemma-3-1b", "requests": [[90, 4], [90, 4]]}]
+
+
+def write(tmp_path, steps, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((s if isinstance(s, str) else json.dumps(s)) + "\n" for s in steps))
+    return path
+
+
+def test_distinct_steps_and_their_weights(tmp_path):
+    steps = traces.read(write(tmp_path, STEPS))
+    assert list(steps.values()) == [3, 1, 1]  # the two decode lines are one step, three times
+    s = traces.scenario(tmp_path / "t.jsonl", steps, ["torch-trim"])
+    assert s.name == "replay-t" and len(s.cases) == 3
+    labels = [c.label for c in s.cases]
+    assert "extend b2 p[0,30] q[24,8] W15" in labels[1] and "[gemma-3-1b]" in labels[2]
+    weights = traces.weights(steps)
+    assert sorted(weights.values()) == [1, 1, 3] and set(weights) == {c.case_id for c in s.cases}
+
+
+@pytest.mark.parametrize("line,message", [
+    ("{not json", "line 1: not JSON"),
+    ({"mode": "prefill", "requests": [[1, 1]]}, "line 1: mode: must be one of extend, verify, decode"),
+    ({"mode": "decode", **LAYER, "requests": [[1, 2]]}, "line 1: requests: a decode step has one query"),
+    ({"mode": "extend", **LAYER, "requests": []}, "line 1: requests: must be a non-empty list"),
+    ({"mode": "extend", "requests": [[1, 2]]}, "line 1: give the layer"),
+    ({"mode": "extend", **LAYER, "requests": [[1, 2]], "batch": 3}, "line 1: unknown key 'batch'"),
+    ({"mode": "extend", **LAYER, "head_dim": 12, "requests": [[1, 2]]}, "line 1.head_dim: must be a positive multiple"),
+    ({"mode": "extend", **LAYER, "requests": [[1, 2]], "count": 0}, "line 1: count: must be an integer >= 1"),
+])
+def test_bad_lines_are_refused_by_number(tmp_path, line, message):
+    with pytest.raises((traces.TraceError, scenarios.ScenarioError), match=message):
+        traces.read(write(tmp_path, [line]))
+
+
+def test_time_per_thousand_steps_weights_each_step():
+    table = pd.DataFrame({"case_id": ["a", "b", "a"], "impl": ["x", "x", "y"], "backend": ["fa2"] * 3,
+                          "median_us": [10.0, 40.0, 20.0]})
+    out = traces.per_thousand_steps(table, {"a": 3, "b": 1})
+    assert out.values.tolist() == [["x", "fa2", (3 * 10 + 40) / 4, "4/4"], ["y", "fa2", 20.0, "3/4"]]
+
+
+def test_replay_runs_end_to_end_and_reports(tmp_path):
+    trace = write(tmp_path, STEPS)
+    r = invoke("replay", trace, "--impl", "torch-trim", "--impl", "paged-window", "--device", "cpu",
+               "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert "| torch-trim | torch |" in r.output and "5/5" in r.output
+    table, meta = results.load(tmp_path / "run")
+    assert meta["trace"]["steps"] == 5 and meta["trace"]["distinct"] == 3
+    assert set(table[table["impl"] == "torch-trim"]["status"]) == {"pass"}
+    text = report.write(tmp_path / "run", tmp_path / "report").read_text()
+    assert "## Trace replay" in text and "| torch-trim | torch |" in text
+
+
+def test_a_bad_trace_exits_2(tmp_path):
+    r = invoke("replay", write(tmp_path, [{"mode": "decode", "requests": [[1, 1]]}]), "--device", "cpu")
+    assert r.exit_code == 2 and "line 1: give the layer" in r.output
