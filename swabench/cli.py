@@ -150,8 +150,9 @@ def show(scenario, impls, model, device, each):
 @opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
      help="Where to run; auto picks CUDA when it is there.")
 @out_option
+@opt("--resume", is_flag=True, help="Continue the replay in --out, skipping the points it already has.")
 @l2_option
-def replay(trace, impls, device, out, l2):
+def replay(trace, impls, device, out, resume, l2):
     """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
     time per 1000 steps of that mix, per implementation.  TRACE is JSON Lines, one serving step a line:
     {"mode": "decode", "model": "gpt-oss-120b", "requests": [[PREFIX, QUERIES], ...], "count": N}
@@ -166,14 +167,16 @@ def replay(trace, impls, device, out, l2):
     names = list(impls) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
     s = traces.scenario(trace, steps, names)
     device = device_of(device)
+    if resume and out is None:
+        raise InputError("--resume needs --out DIR: the replay to continue")
     out = Path(out) if out else runs.default_out(s.name, device.type, "run")
-    outcome = runs.execute(runs.Request(s, out, device, True, False, l2), Bar())
+    outcome = runs.execute(runs.Request(s, out, device, True, resume, l2), Bar())
     weights = traces.weights(steps)
     results.RunStore(out).update_meta(trace={
         "file": str(trace), "sha256": hashlib.sha256(Path(trace).read_bytes()).hexdigest(),
         "steps": sum(steps.values()), "distinct": len(steps), "weights": weights})
     click.echo(markdown_table(traces.per_thousand_steps(outcome.table, weights)))
-    report_outcome(outcome, False, f"swabench replay {trace} --out {out}")
+    report_outcome(outcome, False, f"swabench replay {trace} --out {out} --resume")
 
 
 @main.command("models")

@@ -52,6 +52,20 @@ def _worst_lengths(case: Case) -> tuple[int, int]:
     return case.largest()
 
 
+DRAW_LIMIT = 10 ** 6  # a batch of per-request lengths up to this size is drawn and summed; beyond, bounded
+
+
+def _totals(case: Case) -> tuple[int, int, int]:
+    """Queries, keys and pages over the batch: the drawn lengths where each request has its own (a
+    lognormal bound times the batch would overstate a real mix many times over), else by arithmetic."""
+    b, (qo, kv), ps = case.batch_size, _worst_lengths(case), case.page_size or 1
+    if case.uniform_lengths or b > DRAW_LIMIT:
+        return b * qo, b * kv, b * -(-kv // ps)
+    q = case.drawn("qo_len")
+    k = case.drawn("seq_len") if case.seq_len is not None else [p + x for p, x in zip(case.drawn("prefix_len"), q)]
+    return sum(q), sum(k), sum(-(-n // ps) for n in k)
+
+
 def _reference_chunk(case: Case, qo: int, kv: int, acc: int) -> int:
     """The reference's largest live chunk (as ``reference.attention`` steps through a request): three
     [H, rows, keys] arrays at once (the scores, their scaled copy or the probabilities, the copy the
@@ -69,9 +83,10 @@ def footprint(case: Case, device_type: str = "cpu") -> Footprint:
     b, (qo, kv) = case.batch_size, _worst_lengths(case)
     h, hkv, d, e = case.num_qo_heads, case.num_kv_heads, case.head_dim, ELEMENT_BYTES[case.dtype]
     acc = 8 if device_type == "cpu" else 4  # reference.accumulate_dtype: float64 on the CPU
-    queries, keys = b * qo, b * kv
+    queries, keys, pages = _totals(case)
     paged = case.storage == "paged"
-    pages = b * -(-kv // case.page_size) if paged else 0
+    spare = str(case.page_layout).startswith("evicted")  # the shared page an evicted layout may add
+    pages = pages + spare if paged else 0
     rows = pages * case.page_size if paged else keys  # K/V rows at the storage's layout
     kv_bytes = 2 * rows * hkv * d * ELEMENT_BYTES[case.cache_dtype]
     q_bytes = queries * h * d * e  # q, and again the runner's output

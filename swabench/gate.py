@@ -95,12 +95,13 @@ def reads_evicted(runner, w) -> bool | None:
         return None
     w.fill_random(w.case.seed)
     w.fill_evicted(float("nan"))
-    runner.out.zero_()
-    runner.run()
-    timing.device_sync(w.device)()
-    touched = bool(torch.isnan(runner.out).any())
-    w.fill_random(w.case.seed)
-    return touched
+    try:
+        runner.out.zero_()
+        runner.run()
+        timing.device_sync(w.device)()
+        return bool(torch.isnan(runner.out).any())
+    finally:
+        w.fill_random(w.case.seed)
 
 
 def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None) -> GateResult:

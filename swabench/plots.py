@@ -156,7 +156,7 @@ def speedup_heatmap(table, meta):
     t = headline_paths(_timed(table))
     t = t[(t["storage"] == "paged") & (t["page_layout"] == "scattered")].dropna(subset=["speedup_vs_mask"])
     # only shapes measured at several page sizes, so every cell compares the same cases
-    shape = [c for c in ("impl", "mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept",
+    shape = [c for c in ("impl", "mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
                          "sliding_window", "num_qo_heads", "num_kv_heads", "head_dim", "dtype") if c in t]
     t = t[t.groupby(shape, dropna=False)["page_size"].transform("nunique") > 1]
     if t.empty:

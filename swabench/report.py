@@ -160,7 +160,7 @@ def evicted_reads(table: pd.DataFrame) -> pd.DataFrame:
     reads = t["reads_evicted"].astype(str).str.lower() == "true"
     out = t.assign(reads=reads).groupby(["impl", "backend"], sort=False)["reads"].agg(["sum", "count"])
     return pd.DataFrame({"impl": [i for i, _ in out.index], "backend": [b for _, b in out.index],
-                         "reads before the window": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
+                         "output turned NaN": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
 
 
 def write(run_dir: Path, out: Path) -> Path:
@@ -215,9 +215,10 @@ def write(run_dir: Path, out: Path) -> Path:
                   markdown_table(traces.per_thousand_steps(table, trace["weights"]))]
     evicted = evicted_reads(table)
     if len(evicted):
-        parts += ["## Evicted pages: who reads before the window",
-                  "With the pages before each request's window pointed at one shared page, that page filled with "
-                  "NaN: points whose output turned NaN (the kernel read it, masked or not) / points tried.",
+        parts += ["## Evicted pages: who reads pages wholly before the window",
+                  "With the pages wholly before each request's window pointed at one shared page, that page filled "
+                  "with NaN: points whose output turned NaN (the kernel read it, masked or not; a read whose result "
+                  "is never used would not show) / points tried.",
                   markdown_table(evicted)]
     features = feature_costs(table)
     if len(features):

@@ -369,7 +369,7 @@ def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
         on = _feature_on(t, column)
         if not on.any() or on.all():
             continue
-        key = [a for a in axes if a != column]
+        key = [a for a in axes if a != column] + ["length_dist"] * ("length_dist" in t.columns)
         keyed = t.assign(_twin=[repr(k) for k in zip(*(t[c] for c in key))])
         plain = keyed[~on][["_twin", "impl", "backend", "median_us"]].rename(
             columns={"median_us": "twin_us", "impl": "twin_impl"})

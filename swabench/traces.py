@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import scenarios
+from . import scenarios, semantics
 from .cases import QO_FIELD
 from .errors import UserError
 
@@ -81,7 +81,6 @@ def read(path) -> Counter:
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not JSON ({e.msg})") from None
         step, count = _step(path, n, line)
-        scenarios.check_axes(dict(step.layer), path, f"line {n}")  # every field checked as a scenario's would be
         scenarios.make_case(step.axes(), path, f"line {n}")
         steps[step] += count
     if not steps:
@@ -101,15 +100,23 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     requests = line.get("requests")
     if not isinstance(requests, list) or not requests or not all(
             isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-            for r in requests):
-        raise TraceError(path, n, "requests: must be a non-empty list of [prefix, queries] integer pairs")
+            and r[0] >= 0 and r[1] >= 1 for r in requests):
+        raise TraceError(path, n, "requests: must be a non-empty list of [prefix >= 0, queries >= 1] pairs")
     if line["mode"] == "decode" and any(q != 1 for _, q in requests):
         raise TraceError(path, n, "requests: a decode step has one query per request")
     count = line.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise TraceError(path, n, f"count: must be an integer >= 1, got {count!r}")
     layer = {k: v for k, v in line.items() if k in LAYER}
-    if "model" not in layer and not any(k in layer for k in ("window_left", "sliding_window")):
+    if any(isinstance(v, list) for v in layer.values()):
+        raise TraceError(path, n, "one value per layer key (a trace line is one step, not a sweep)")
+    layer = {k: v[0] for k, v in scenarios.check_axes(layer, path, f"line {n}").items()}  # checked, aliases resolved
+    clash = [k for k in scenarios.MODEL_SETS if k in layer] if "model" in layer else []
+    if clash:
+        raise TraceError(path, n, f"the model preset sets {clash[0]}: give the model or the shape, not both")
+    if "sliding_window" in layer:  # one spelling of the window, so equal steps are one step
+        layer["window_left"] = semantics.window_left_from(sliding_window=layer.pop("sliding_window"))
+    if "model" not in layer and "window_left" not in layer:
         raise TraceError(path, n, "give the layer: a model preset, or its shape with window_left or sliding_window")
     return Step(line["mode"], tuple(sorted(layer.items())), tuple(tuple(r) for r in requests)), count
 
@@ -125,7 +132,10 @@ def scenario(path, steps: Counter, implementations: list[str]) -> scenarios.Scen
 
 def weights(steps: Counter) -> dict[str, int]:
     """case_id -> how many steps of the trace it stands for."""
-    return {scenarios.make_case(step.axes()).case_id: count for step, count in steps.items()}
+    out = Counter()
+    for step, count in steps.items():
+        out[scenarios.make_case(step.axes()).case_id] += count
+    return dict(out)
 
 
 def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int]) -> pd.DataFrame:

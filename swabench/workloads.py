@@ -156,8 +156,9 @@ class Workload:
             self.v_store[self.evicted_pages] = value
 
     def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
-        """Set every request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
-        and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table."""
+        """Set each request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
+        and the values to ``v_rows`` ([total_kv, H, D], request-major), through the page table; an
+        evicted entry is skipped (its page is another request's, or the shared one)."""
         self.data = ()
         k = k_by_position[self.key_position].expand(-1, self.case.num_kv_heads, -1)
         live = slice(None) if self.evicted is None else ~self.evicted  # an evicted entry's page is not its own
@@ -236,11 +237,18 @@ def evict(case: Case, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens
     gone = evicted_before(case, kv_lens, qo_lens)
     starts = kv_indptr[:-1].tolist()
     kept = [kv_indices[s + n:e].tolist() for s, e, n in zip(starts, kv_indptr[1:].tolist(), gone)]
+    pool = [(owner, page) for owner, pages in enumerate(kept) for page in pages]  # pages requests still hold
+    turn = 0
     for b, (start, n) in enumerate(zip(starts, gone)):
-        donors = [p for other, pages in enumerate(kept) if other != b for p in pages]
+        someone_else = any(owner != b for owner, _ in pool) and case.page_layout == "evicted-reused"
         for i in range(n):
-            reuse = case.page_layout == "evicted-reused" and donors
-            indices[start + i] = donors[i % len(donors)] if reuse else spare
+            if not someone_else:
+                indices[start + i] = spare
+                continue
+            while pool[turn % len(pool)][0] == b:  # round robin over the other requests' pages
+                turn += 1
+            indices[start + i] = pool[turn % len(pool)][1]
+            turn += 1
     return indices, torch.tensor([spare] if (indices == spare).any() else [], dtype=torch.int64)
 
 

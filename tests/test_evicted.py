@@ -59,3 +59,27 @@ def test_the_report_counts_reads_per_path():
 def test_the_evicted_scenario_loads():
     s = scenarios.load(scenarios.find("evicted"))
     assert {c.page_layout for c in s.cases} == {"scattered", "evicted-reused", "evicted-null"}
+
+
+def test_probe_writes_leave_other_requests_pages_their_own():
+    from swabench import probes
+    w = build("evicted-reused")
+    probes.fill(w, 0, seed=0)
+    n_freq = probes.frequencies_needed(max(w.kv_lens), w.case.window_left)
+    want = probes.features(w.key_position, n_freq, w.case.head_dim)
+    want[:, probes.SHIFT] = 1.0
+    live = ~w.evicted
+    got = w.k_store.view(-1, 2, 64)[w.slots[live], 0].double()
+    torch.testing.assert_close(got, want[live].to(torch.bfloat16).double())
+
+
+def test_a_leak_into_an_evicted_page_is_an_order_one_error():
+    from swabench import semantics
+    from swabench.impls import embedded
+    errors = {}
+    for layout in ("scattered", "evicted-null"):
+        w = build(layout)
+        runner = embedded.GatherRunner(w, lambda wl, prefix, ps: semantics.Visibility(semantics.NO_WINDOW), trim=False)
+        runner.plan()
+        errors[layout] = gate.check(runner, w).rel_l2
+    assert errors["evicted-null"] > 10 * errors["scattered"] and errors["evicted-null"] > 1

@@ -49,7 +49,7 @@ def test_a_per_request_batch_reaches_the_workload_and_the_table():
 
 
 def test_uniform_cases_keep_their_ids_and_lists_get_their_own():
-    assert case(extend_len=2, prefix_len=3).case_id == case(extend_len=2, prefix_len=3).case_id
+    assert case(extend_len=2, prefix_len=3).case_id == "f7b8f8eabb96"  # its id before per-request lengths existed
     assert case(extend_len=2, prefix_len=(3, 3, 3)).case_id != case(extend_len=2, prefix_len=3).case_id
 
 
@@ -90,6 +90,7 @@ def test_the_uniform_hint_goes_only_to_batches_of_one_query_count(monkeypatch):
 @pytest.mark.parametrize("axes,message", [
     (dict(extend_len=(6, 8), prefix_len=0), "extend_len: 2 per-request values for batch_size 3"),
     (dict(mode="verify", draft_tokens=4, seq_len=(9, 3, 9)), "draft_tokens: request 1 has 4 queries but seq_len 3"),
+    (dict(mode="verify", draft_tokens=8, seq_len="uniform:2:20", batch_size=4), "queries but seq_len"),
     (dict(mode="draft_extend", draft_tokens="uniform:1:4", prefix_len=9), "draft block is one size"),
     (dict(mode="decode", qo_len="uniform:1:2", prefix_len=9), "decode has exactly one query"),
 ])
@@ -102,3 +103,10 @@ def test_sglang_regression_batches_are_in_edges():
     s = scenarios.load(scenarios.find("edges"))
     labels = {c.label for c in s.cases}
     assert any("p0 q[6,8,12] W4" in label for label in labels) and any("p[3,4,5] q2 W4" in label for label in labels)
+
+
+def test_the_memory_estimate_sums_a_drawn_mix_rather_than_its_bound():
+    from swabench import footprint
+    mix = case(mode="decode", prefix_len="lognormal:8192:1.0", batch_size=256)
+    bound = case(mode="decode", prefix_len=mix.largest()[1] - 1, batch_size=256)
+    assert footprint.footprint(mix, "cuda").kv_bytes < footprint.footprint(bound, "cuda").kv_bytes / 10

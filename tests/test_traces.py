@@ -71,3 +71,30 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
 def test_a_bad_trace_exits_2(tmp_path):
     r = invoke("replay", write(tmp_path, [{"mode": "decode", "requests": [[1, 1]]}]), "--device", "cpu")
     assert r.exit_code == 2 and "line 1: give the layer" in r.output
+
+
+def test_equal_steps_are_one_step_however_they_are_spelt(tmp_path):
+    a = {"mode": "decode", "num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "window_left": 15,
+         "logits_soft_cap": 50, "dtype": "bf16", "requests": [[40, 1]]}
+    b = {**{k: v for k, v in a.items() if k != "window_left"}, "sliding_window": 16, "logits_soft_cap": 50.0,
+         "dtype": "bfloat16", "count": 5}
+    steps = traces.read(write(tmp_path, [a, b]))
+    assert list(steps.values()) == [6] and list(traces.weights(steps).values()) == [6]
+    s = traces.scenario(tmp_path / "t.jsonl", steps, ["torch-trim"])
+    assert set(traces.weights(steps)) == {c.case_id for c in s.cases}  # the table's ids carry the weights
+
+
+@pytest.mark.parametrize("extra,message", [({"page_size": [16]}, "one value per layer key"),
+                                           ({"model": "gemma-3-1b"}, "the model preset sets num_qo_heads"),
+                                           ({"requests": [[-1, 2]]}, r"requests: must be a non-empty list of \[prefix >= 0")])
+def test_more_bad_lines(tmp_path, extra, message):
+    with pytest.raises(traces.TraceError, match="line 1: " + message):
+        traces.read(write(tmp_path, [{"mode": "extend", **LAYER, "requests": [[1, 2]], **extra}]))
+
+
+def test_an_interrupted_replay_resumes(tmp_path):
+    trace = write(tmp_path, STEPS)
+    first = invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run")
+    again = invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run", "--resume")
+    assert first.exit_code == 0 and again.exit_code == 0, again.output
+    assert len(results.load(tmp_path / "run")[0]) == 3
