@@ -18,6 +18,8 @@
 #            OUTDIR/jitcache.tar.xz.part-* (15 MB each; joined, they replace .gpu/jitcache.tar.xz, so the
 #            next node does not build again)
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
+#   models   models.toml (every preset through extend, verify, draft extend, decode); gpt-oss  `run --model gpt-oss-120b`
+#   replay   `swabench replay traces/example.jsonl`; evicted  evicted.toml (reads_evicted per kernel)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
 #            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
@@ -54,6 +56,12 @@ for step in $steps; do
     decode-profile)
                sb profile default --case decode --impl decode-window --impl decode-trim --impl decode-tc-window \
                  --impl decode-tc-trim --impl paged-window --out "$out/h200-decode-profile" 2>&1 | tail -3 ;;
+    models)    fresh_compile_cache
+               ( time sb run models --out "$out/h200-models-run" ) 2>&1 | tail -30 ;;
+    gpt-oss)   ( time sb run --model gpt-oss-120b --out "$out/h200-gpt-oss-120b-run" ) 2>&1 | tail -20 ;;
+    replay)    ( time sb replay traces/example.jsonl --out "$out/h200-replay-example" ) 2>&1 | tail -30 ;;
+    evicted)   fresh_compile_cache
+               ( time sb run evicted --out "$out/h200-evicted-run" ) 2>&1 | tail -25 ;;
     recipe-profile)
                sb profile serving --case "extend b4" --impl sglang-extend --impl paged-window \
                  --against results/h200-serving-run2 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
