@@ -149,6 +149,27 @@ def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
                             context=context)
 
 
+def fastest_per_model(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model preset and step (mode, storage): the fastest correct path that passed, its time, the
+    runner-up, and fa3's best time against fa2's best (below 1: fa3 is faster)."""
+    if "model" not in table:
+        return pd.DataFrame()
+    t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
+    rows = []
+    for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
+        ranked = g.sort_values("median_us")
+        best = ranked.iloc[0]
+        second = ranked.iloc[1] if len(ranked) > 1 else None
+        by_backend = g.groupby("backend")["median_us"].min()
+        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{best['impl']} [{best['backend']}]",
+                     "us": best["median_us"],
+                     "next": f"{second['impl']} [{second['backend']}] {second['median_us'] / best['median_us']:.2f}x"
+                     if second is not None else "",
+                     "fa3 / fa2 (best)": by_backend["fa3"] / by_backend["fa2"]
+                     if {"fa2", "fa3"} <= set(by_backend.index) else None})
+    return pd.DataFrame(rows)
+
+
 def evicted_reads(table: pd.DataFrame) -> pd.DataFrame:
     """Per implementation and backend, on pages evicted to a shared null page: points where the NaN
     diagnostic turned the output NaN (the kernel reads memory before the window) out of those tried."""
@@ -206,6 +227,11 @@ def write(run_dir: Path, out: Path) -> Path:
                   "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with "
                   "sinks, a soft-cap or an fp8 cache are in the next table.",
                   markdown_table(decode)]
+    fastest = fastest_per_model(table)
+    if len(fastest):
+        parts += ["## Per model: the fastest correct path of each step",
+                  "Among the paths that passed the gate on the model's shape: the fastest, the next one (its time / "
+                  "the fastest's), and the best fa3 time / the best fa2 time.", markdown_table(fastest)]
     trace = meta.get("trace")
     if trace:
         from . import traces

@@ -75,3 +75,16 @@ def test_every_preset_passes_on_the_embedded_paths(tmp_path):
     table, _ = results.load(tmp_path / "run")
     ran = table[table["status"] != "skip"]
     assert set(ran["status"]) == {"pass"} and set(ran["model"]) == set(models.MODELS)
+
+
+def test_the_report_names_the_fastest_path_per_model_and_step():
+    import pandas as pd
+
+    from swabench import report
+    rows = [dict(model="gpt-oss-120b", mode="decode", storage="paged", impl=i, backend=b, kind="correct",
+                 status="pass", median_us=us) for i, b, us in (("decode-tc-trim", "fa2", 10.0), ("paged-window", "fa2", 11.0),
+                                                               ("decode-tc-trim", "fa3", 30.0))]
+    rows.append(dict(rows[0], impl="decode-window", median_us=5.0, status="fail"))  # a failing path never counts
+    out = report.fastest_per_model(pd.DataFrame(rows))
+    assert out.to_dict("records") == [{"model": "gpt-oss-120b", "step": "decode paged", "fastest": "decode-tc-trim [fa2]",
+                                       "us": 10.0, "next": "paged-window [fa2] 1.10x", "fa3 / fa2 (best)": 3.0}]

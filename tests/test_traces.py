@@ -66,6 +66,11 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     assert set(table[table["impl"] == "torch-trim"]["status"]) == {"pass"}
     text = report.write(tmp_path / "run", tmp_path / "report").read_text()
     assert "## Trace replay" in text and "| torch-trim | torch |" in text
+    from swabench import findings
+    page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
+    section = page.split("## Models, traces and evicted pages")[1]
+    assert f"From `{tmp_path / 'run'}`, replay of {trace}: ms per 1000 steps (5 steps, 3 distinct):" in section
+    assert "the fastest correct path per model and step" in section  # the gemma-3-1b verify step
 
 
 def test_a_bad_trace_exits_2(tmp_path):
