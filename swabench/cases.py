@@ -76,9 +76,14 @@ def length_bound(value) -> int:
     return int(second) if kind == "uniform" else round(int(first) * math.exp(LOGNORMAL_TAIL * float(second)))
 
 
+LABEL_LIST = 8  # a longer per-request list shows as its count and range
+
+
 def length_label(value) -> str:
-    """How a label shows a length: 17, ~uniform:1:64, or [3,4,5]."""
+    """How a label shows a length: 17, ~uniform:1:64, [3,4,5], or [32 of 1687..16068]."""
     if isinstance(value, tuple):
+        if len(value) > LABEL_LIST:
+            return f"[{len(value)} of {min(value)}..{max(value)}]"
         return "[" + ",".join(map(str, value)) + "]"
     return f"~{value}" if isinstance(value, str) else str(value)
 

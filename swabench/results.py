@@ -345,8 +345,11 @@ def _feature_on(table: pd.DataFrame, column: str) -> pd.Series:
 
 
 def plain(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows whose case asks for none of the serving features (figures that mix shapes compare these)."""
+    """The rows whose case asks for none of the serving features and keeps every page it has (figures
+    and tables that mix shapes compare these)."""
     keep = ~sum((_feature_on(table, column) for column in FEATURES.values()), start=table["impl"].isna())
+    if "page_layout" in table:
+        keep &= ~table["page_layout"].astype(str).str.startswith("evicted")
     return table[keep.astype(bool)]
 
 

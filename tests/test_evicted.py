@@ -83,3 +83,12 @@ def test_a_leak_into_an_evicted_page_is_an_order_one_error():
         runner.plan()
         errors[layout] = gate.check(runner, w).rel_l2
     assert errors["evicted-null"] > 10 * errors["scattered"] and errors["evicted-null"] > 1
+
+
+def test_evicted_layouts_are_not_plain():
+    import pandas as pd
+
+    from swabench import results
+    t = pd.DataFrame({"impl": ["a"] * 3, "page_layout": ["scattered", "evicted-null", None], "sinks": False,
+                      "logits_soft_cap": 0.0, "kv_dtype": "bfloat16", "dtype": "bfloat16"})
+    assert results.plain(t).index.tolist() == [0, 2]  # ragged storage has no page layout: plain

@@ -110,3 +110,8 @@ def test_the_memory_estimate_sums_a_drawn_mix_rather_than_its_bound():
     mix = case(mode="decode", prefix_len="lognormal:8192:1.0", batch_size=256)
     bound = case(mode="decode", prefix_len=mix.largest()[1] - 1, batch_size=256)
     assert footprint.footprint(mix, "cuda").kv_bytes < footprint.footprint(bound, "cuda").kv_bytes / 10
+
+
+def test_a_long_per_request_list_shows_as_its_count_and_range():
+    c = case(mode="decode", prefix_len=tuple(range(100, 132)), batch_size=32)
+    assert "p[32 of 100..131]" in c.label and "p[3,4,5]" in case(extend_len=2, prefix_len=(3, 4, 5)).label
