@@ -93,6 +93,15 @@ def test_roles_come_from_the_registry():
     assert registry.baseline_for("flex", "paged") == "paged-mask"  # a peer without a naive path of its own
 
 
+def test_registration_order_does_not_hang_on_which_module_was_imported_first():
+    import subprocess
+    import sys
+    code = ("from swabench.impls import embedded\nfrom swabench.impls import registry\n"
+            "print(registry.names()[0], registry.baseline_for('flex', 'paged'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["paged-window", "paged-mask"]
+
+
 def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):
     from click.testing import CliRunner
 

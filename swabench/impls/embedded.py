@@ -75,15 +75,15 @@ def _gather(visibility, trim):
 BOTH = ("paged", "ragged")
 register(Implementation(
     "torch-trim", "torch", BOTH, "gather only the keys the block's windows reach, SDPA with the window mask",
-    _gather(exact, trim=True)))
+    _gather(exact, trim=True)), __name__)
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False), baseline=True))
+    _gather(exact, trim=False), baseline=True), __name__)
 
 
 def _planted(name, summary, visibility):
     register(Implementation(name, "torch", BOTH, summary, _gather(visibility, trim=True), kind="planted",
-                            visibility=visibility))
+                            visibility=visibility), __name__)
 
 
 _planted("planted-wide", "window one key too wide (W + 1): the gate must catch it",

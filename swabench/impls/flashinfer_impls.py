@@ -300,9 +300,10 @@ def unsupported(variant: Variant):
     return check
 
 
-def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None, **roles):
-    """Register a FlashInfer path; ``roles`` are Implementation's role fields (baseline, reference,
-    timed_where_exact, ignores)."""
+def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
+                     module: str = __name__, **roles):
+    """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
+    reference, timed_where_exact, ignores)."""
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
@@ -314,7 +315,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
                             backends=BACKENDS,
                             needs_cuda=True, unsupported=unsupported(variant), available=_import_error,
-                            **extra, **roles))
+                            **extra, **roles), module)
 
 
 def _trim(window_left, qo_len, kv_len, page_size):

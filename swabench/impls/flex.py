@@ -143,4 +143,4 @@ def _unsupported(case, backend):
 register(Implementation(
     "flex-window", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention, window and request boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compile_class=_compile_class))
+    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compile_class=_compile_class), __name__)

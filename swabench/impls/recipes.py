@@ -144,7 +144,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, "flashinfer", ("paged",), summary, make, kind=kind, wrapper="recipe",
                             backends=fi.BACKENDS, needs_cuda=True, unsupported=_extend_unsupported,
-                            available=fi._import_error, **extra))
+                            available=fi._import_error, **extra), __name__)
 
 
 def _nomask_visibility(window_left, prefix_len, page_size):
@@ -178,4 +178,4 @@ def _eagle_visibility(window_left, prefix_len, page_size):
 fi.register_variant("eagle-verify-untrimmed", "EAGLE verify on an SWA layer (SGLang issue 22679): KV length cut to "
                     "min(prefix, W) + draft, table not shifted (kv_start_idx missing): the request's first keys",
                     fi.Variant("paged", window_at_plan=False, end=_eagle_keys, modes=("verify",)), kind="known-bug",
-                    visibility=_eagle_visibility, wrapper="recipe")
+                    visibility=_eagle_visibility, wrapper="recipe", module=__name__)

@@ -122,22 +122,31 @@ class Library:
 
 
 _REGISTRY: dict[str, Implementation] = {}
+_ORIGIN: dict[str, str] = {}  # implementation -> the module that registered it
 _LIBRARIES: dict[str, Library] = {}
 _LOADED = False
 
 
 def _load() -> None:
+    """Import every implementation module, then order the registry by MODULES (and by registration
+    within a module), so the order of plots and tables does not hang on what imported what first."""
     global _LOADED
     if not _LOADED:
         for module in MODULES:  # a module that fails to import fails every use, not just the first
             importlib.import_module(f"{__package__}.{module}")
+        rank = {f"{__package__}.{m}": i for i, m in enumerate(MODULES)}
+        ordered = sorted(_REGISTRY.values(), key=lambda impl: rank.get(_ORIGIN[impl.name], len(rank)))
+        _REGISTRY.clear()
+        _REGISTRY.update((impl.name, impl) for impl in ordered)
         _LOADED = True
 
 
-def register(impl: Implementation) -> Implementation:
+def register(impl: Implementation, module: str) -> Implementation:
+    """Add ``impl``, registered by ``module`` (its ``__name__``)."""
     assert impl.kind in KINDS and impl.name not in _REGISTRY, impl.name
     assert not (impl.baseline and impl.expected_to_fail), f"{impl.name}: a baseline must be correct"
     _REGISTRY[impl.name] = impl
+    _ORIGIN[impl.name] = module
     return impl
 
 
