@@ -34,6 +34,11 @@ class Run:
     def name(self) -> str:
         return f"`{self.folder}`"
 
+    @property
+    def timed(self) -> bool:
+        """Whether any point of the run has a kernel time (a check has none)."""
+        return bool(len(self.table)) and not self.table["median_us"].isna().all()
+
 
 def write(run_dirs: list[Path], out: Path) -> Path:
     """FINDINGS.md at ``out`` from ``run_dirs`` (RunFolderError for a folder that is not a run)."""
@@ -180,7 +185,7 @@ def headline(runs: list[Run]) -> list[str]:
     naive custom-mask path, per mode and window."""
     parts = []
     for r in runs:
-        if not len(r.table) or r.table["median_us"].isna().all():
+        if not r.timed:
             continue
         table = report.headline(r.table)
         if not len(table):
@@ -210,7 +215,7 @@ def versus_reference(runs: list[Run]) -> list[str]:
     case: where each is faster, where slower, and by how much."""
     parts = []
     for r in runs:
-        if not len(r.table) or r.table["median_us"].isna().all():
+        if not r.timed:
             continue
         v = report.versus_reference(r.table)
         per_point = results.versus_reference(r.table, baselines=False)
@@ -263,7 +268,7 @@ def decode(runs: list[Run]) -> list[str]:
     window and context, with the best and worst of each path over the whole grid."""
     parts = []
     for r in runs:
-        if not len(r.table) or r.table["median_us"].isna().all():
+        if not r.timed:
             continue
         table = report.decode_table(r.table)
         if not len(table):
@@ -296,7 +301,7 @@ def serving_features(runs: list[Run]) -> list[str]:
                          f"{_span(dropped['rel_l2'])} on random data; on the probe pass, where each sink is level "
                          f"with its row's peak, rows off by up to {_ratio(dropped['probe_rel_l2'].max())} times "
                          f"their own norm (a row whose keys the sink all but silences comes out O(1)) ({r.name}).")
-        if r.table["median_us"].isna().all():
+        if not r.timed:
             continue
         costs = report.feature_costs(r.table)
         if len(costs):
@@ -318,8 +323,7 @@ def real_workloads(runs: list[Run]) -> list[str]:
         trace = r.meta.get("trace")
         for title, table in (("the fastest correct path per model and step", report.fastest_per_model(r.table)),
                              (f"replay of {trace['file']}: ms per 1000 steps ({trace['steps']} steps, "
-                              f"{trace['distinct']} distinct)" if trace else "",
-                              traces_table(r.table, trace)),
+                              f"{trace['distinct']} distinct)" if trace else "", report.replay_table(r.table, r.meta)),
                              ("evicted pages: outputs that turned NaN with the shared page holding NaN",
                               report.evicted_reads(r.table))):
             if len(table):
@@ -327,13 +331,6 @@ def real_workloads(runs: list[Run]) -> list[str]:
     if not parts:
         return []
     return ["## Models, traces and evicted pages"] + parts
-
-
-def traces_table(table: pd.DataFrame, trace: dict | None) -> pd.DataFrame:
-    if not trace:
-        return pd.DataFrame()
-    from . import traces
-    return traces.per_thousand_steps(table, trace["weights"])
 
 
 def workspace(runs: list[Run]) -> list[str]:
@@ -405,7 +402,7 @@ def measurement(runs: list[Run]) -> list[str]:
     does: there a fraction of a microsecond of jitter is already a few percent."""
     rows = []
     for r in runs:
-        if not len(r.table) or r.table["median_us"].isna().all():
+        if not r.timed:
             continue
         timed = r.table.dropna(subset=["median_us"])
         long = timed[timed["median_us"] >= LONG_US]

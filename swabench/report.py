@@ -184,6 +184,20 @@ def evicted_reads(table: pd.DataFrame) -> pd.DataFrame:
                          "output turned NaN": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
 
 
+def replay_table(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A replay's time per 1000 steps of its trace's mix (empty for a run that replayed no trace)."""
+    trace = meta.get("trace")
+    if not trace:
+        return pd.DataFrame()
+    from . import traces
+    return traces.per_thousand_steps(table, trace["weights"])
+
+
+def _section(title: str, caption: str, frame: pd.DataFrame) -> list[str]:
+    """A report section: its heading, what the table is, the table; nothing where the run has no rows for it."""
+    return [f"## {title}", caption, markdown_table(frame)] if len(frame) else []
+
+
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
     from . import plots
@@ -213,45 +227,30 @@ def write(run_dir: Path, out: Path) -> Path:
                   "Median over the run's cases of the baseline's time (the custom-mask path of the same "
                   "storage) / the path's time; (n) = cases in the cell.",
                   markdown_table(head)]
-    versus = versus_reference(table)
-    if len(versus):
-        parts += [f"## Against the reference path ({registry.describe_reference()})",
-                  "Time of each path / time of the reference path of its storage on the same case: below 1 "
-                  "is faster.  Other backends, the custom-mask paths of other libraries and the peers "
-                  "(FlexAttention, SDPA) on the cases where the run timed both.",
-                  markdown_table(versus)]
-    decode = decode_table(table)
-    if len(decode):
-        parts += [f"## Decode: each wrapper against {registry.describe_reference()}",
-                  "Time of each decode path / time of the reference path on the same decode step, per window and "
-                  "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with "
-                  "sinks, a soft-cap or an fp8 cache are in the next table.",
-                  markdown_table(decode)]
-    fastest = fastest_per_model(table)
-    if len(fastest):
-        parts += ["## Per model: the fastest correct path of each step",
-                  "Among the paths that passed the gate on the model's shape: the fastest, the next one (its time / "
-                  "the fastest's), and the best fa3 time / the best fa2 time.", markdown_table(fastest)]
-    trace = meta.get("trace")
-    if trace:
-        from . import traces
-        parts += [f"## Trace replay: {trace['file']}",
-                  f"{trace['steps']} steps, {trace['distinct']} distinct, each gated and timed once and weighted by how "
-                  f"often it occurs: attention time per 1000 steps of the mix, over the steps each path timed.",
-                  markdown_table(traces.per_thousand_steps(table, trace["weights"]))]
-    evicted = evicted_reads(table)
-    if len(evicted):
-        parts += ["## Evicted pages: who reads pages wholly before the window",
-                  "With the pages wholly before each request's window pointed at one shared page, that page filled "
-                  "with NaN: points whose output turned NaN (the kernel read it, masked or not; a read whose result "
-                  "is never used would not show) / points tried.",
-                  markdown_table(evicted)]
-    features = feature_costs(table)
-    if len(features):
-        parts += ["## Serving features against their plain twins",
-                  "Time with sinks, a soft-cap or an fp8 cache / time of the same shape without it, through the "
-                  "same path and backend (the sink wrapper, which runs only cases with sinks, against the "
-                  "reference path): median (best-worst, points).", markdown_table(features)]
+    parts += _section(f"Against the reference path ({registry.describe_reference()})",
+                      "Time of each path / time of the reference path of its storage on the same case: below 1 "
+                      "is faster.  Other backends, the custom-mask paths of other libraries and the peers "
+                      "(FlexAttention, SDPA) on the cases where the run timed both.", versus_reference(table))
+    trace = meta.get("trace") or {}
+    parts += _section(f"Decode: each wrapper against {registry.describe_reference()}",
+                      "Time of each decode path / time of the reference path on the same decode step, per window "
+                      "and context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases "
+                      "with sinks, a soft-cap or an fp8 cache are in the next table.", decode_table(table))
+    parts += _section("Serving features against their plain twins",
+                      "Time with sinks, a soft-cap or an fp8 cache / time of the same shape without it, through the "
+                      "same path and backend (the sink wrapper, which runs only cases with sinks, against the "
+                      "reference path): median (best-worst, points).", feature_costs(table))
+    parts += _section("Per model: the fastest correct path of each step",
+                      "Among the paths that passed the gate on the model's shape: the fastest, the next one (its "
+                      "time / the fastest's), and the best fa3 time / the best fa2 time.", fastest_per_model(table))
+    parts += _section(f"Trace replay: {trace.get('file')}",
+                      f"{trace.get('steps')} steps, {trace.get('distinct')} distinct, each gated and timed once and "
+                      f"weighted by how often it occurs: attention time per 1000 steps of the mix, over the steps "
+                      f"each path timed.", replay_table(table, meta))
+    parts += _section("Evicted pages: who reads pages wholly before the window",
+                      "With the pages wholly before each request's window pointed at one shared page, that page "
+                      "filled with NaN: points whose output turned NaN (the kernel read it, masked or not; a read "
+                      "whose result is never used would not show) / points tried.", evicted_reads(table))
     timings = timing_summary(table, meta)
     if timings:
         parts += ["## Timings", timings]
