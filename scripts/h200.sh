@@ -14,12 +14,13 @@
 #   quick-compare  `quick` against the committed quick run (results/h200-quick-run1), point by point
 #   workspace  workspace.toml: GPT-OSS and Gemma-2-9B extend shapes that need more than 256 MiB of workspace
 #   decode-tests  the decode-wrapper GPU tests alone; serving-check  `swabench check serving`
-#   serving-warmup  build every module serving.toml needs (12 at once), then pack the JIT cache into
-#            OUTDIR/jitcache.tar.xz.part-* (15 MB each; joined, they replace .gpu/jitcache.tar.xz, so the
-#            next node does not build again)
+#   serving-warmup, models-warmup  build every module serving.toml (models.toml) needs (12 at once), then
+#            pack the JIT cache into OUTDIR/jitcache.tar.xz.part-* (15 MB each; joined, they replace
+#            .gpu/jitcache.tar.xz, so the next node does not build again)
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
 #   models   models.toml (every preset through extend, verify, draft extend, decode); gpt-oss  `run --model gpt-oss-120b`
 #   replay   `swabench replay traces/example.jsonl`; evicted  evicted.toml (reads_evicted per kernel)
+#   edges-check  `swabench check edges` alone (the SGLang regression batches among them)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
 #            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
@@ -48,8 +49,8 @@ for step in $steps; do
     decode-tests) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k decode 2>&1 \
                  | tee "$out/gpu-decode-tests.log" | tail -4 ;;
     serving-check) ( time sb check serving --out "$out/h200-serving-check" ) 2>&1 | tail -16 ;;
-    serving-warmup)
-               ( time sb warmup serving --jobs 12 ) 2>&1 | tail -40
+    serving-warmup|models-warmup)
+               ( time sb warmup "${step%-warmup}" --jobs 12 ) 2>&1 | tail -40
                tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
     serving-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k serving 2>&1 \
                  | tee "$out/gpu-serving-tests.log" | tail -30 ;;
@@ -94,6 +95,7 @@ for step in $steps; do
     wrappers)  python3 scripts/wrapper_modes.py "$out/wrapper_modes.csv" ;;
     profile)   sb profile quick --out "$out/h200-quick-profile" 2>&1 | tail -30 ;;
     peers)     sb run peers --out "$out/h200-peers-run" 2>&1 | tail -16 ;;
+    edges-check) ( time sb check edges --out "$out/h200-edges-check" ) 2>&1 | tail -12 ;;
     check)     sb check edges --out "$out/h200-edges-check" 2>&1 | tail -3
                sb check default --out "$out/h200-default-check" 2>&1 | tail -3 ;;
     *)         echo "unknown step $step" ;;
