@@ -151,8 +151,10 @@ def show(scenario, impls, model, device, each):
      help="Where to run; auto picks CUDA when it is there.")
 @out_option
 @opt("--resume", is_flag=True, help="Continue the replay in --out, skipping the points it already has.")
+@opt("--backend", "backends", multiple=True, type=click.Choice(["fa2", "fa3"]), default=("fa2", "fa3"),
+     show_default=True, help="FlashInfer backends each step runs through (repeatable).")
 @l2_option
-def replay(trace, impls, device, out, resume, l2):
+def replay(trace, impls, device, out, resume, backends, l2):
     """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
     time per 1000 steps of that mix, per implementation.  TRACE is JSON Lines, one serving step a line:
     {"mode": "decode", "model": "gpt-oss-120b", "requests": [[PREFIX, QUERIES], ...], "count": N}
@@ -165,7 +167,7 @@ def replay(trace, impls, device, out, resume, l2):
 
     steps = traces.read(trace)
     names = list(impls) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
-    s = traces.scenario(trace, steps, names)
+    s = traces.scenario(trace, steps, names, backends)
     device = device_of(device)
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the replay to continue")

@@ -103,6 +103,15 @@ def get(name: str) -> Model:
     return MODELS[name]
 
 
+def serves(name: str, sinks, logits_soft_cap) -> bool:
+    """Whether a result row with these features is the model as served rather than its plain twin
+    (a preset this version does not know, or a table without these columns, counts as served)."""
+    m = MODELS.get(name)
+    if m is None or sinks != sinks or logits_soft_cap != logits_soft_cap:  # NaN: the column is missing
+        return True
+    return str(sinks).lower() == str(m.sinks).lower() and float(logits_soft_cap) == float(m.logits_soft_cap)
+
+
 def listing() -> str:
     """What ``swabench models`` prints: each preset's layer shape, and where it was checked."""
     lines = [f"  {'model':16s} {'heads':7s} {'head_dim':8s} {'window':7s} {'W':5s} extras"]

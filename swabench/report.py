@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import results, schema
+from . import models, results, schema
 from .cases import MODES
 from .impls import registry
 from .markdown import environment_line, markdown_table
@@ -150,11 +150,14 @@ def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def fastest_per_model(table: pd.DataFrame) -> pd.DataFrame:
-    """Per model preset and step (mode, storage): the fastest correct path that passed, its time, the
-    runner-up, and fa3's best time against fa2's best (below 1: fa3 is faster)."""
+    """Per model preset and step (mode, storage), on the cases with the model's own sinks and soft-cap
+    (not their plain twins): the fastest correct path that passed, its time, the runner-up, and fa3's
+    best time against fa2's best (below 1: fa3 is faster)."""
     if "model" not in table:
         return pd.DataFrame()
     t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
+    features = t.reindex(columns=["sinks", "logits_soft_cap"])
+    t = t[[models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"], features["logits_soft_cap"])]]
     rows = []
     for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
         ranked = g.sort_values("median_us")

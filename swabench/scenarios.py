@@ -142,12 +142,14 @@ AXES = {
     "sm_scale": _float(0.0, "a number > 0 (default head_dim ** -0.5)", open_low=True),
     "kv_dtype": _choice(("bfloat16", "float16", "float32", "float8_e4m3"), KV_DTYPES),
     "model": _choice(tuple(models.MODELS)),
+    "model_features": _bool,
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
-            "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0}
+            "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
+            "model_features": True}
 
 
 @dataclass
@@ -248,11 +250,16 @@ def _one_of(point: dict, names, path, where, required=True):
 
 
 def with_model(point: dict) -> dict:
-    """The combination with its model preset's axes in place of whatever [fixed] gave them."""
+    """The combination with its model preset's axes in place of whatever [fixed] gave them; with
+    model_features false, the preset's shape without its sinks and soft-cap (the plain twin that says
+    what those cost, and that the paths which cannot apply them run)."""
     if not point.get("model"):
         return point
     rest = {k: v for k, v in point.items() if k not in MODEL_SETS}
-    return {**rest, **models.get(point["model"]).axes()}
+    axes = models.get(point["model"]).axes()
+    if point.get("model_features") is False:
+        axes.update(sinks=False, logits_soft_cap=0.0)
+    return {**rest, **axes}
 
 
 def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
@@ -451,6 +458,8 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         if clash:
             raise ScenarioError(path, f"{where}.{clash[0]}", f"the model preset sets {clash[0]}: give the model "
                                                              f"or the shape, not both")
+        if "model_features" in {**fixed, **own} and "model" not in {**fixed, **own}:
+            raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
         axes = {**fixed, **own}
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         names = list(axes)

@@ -9,7 +9,8 @@ A trace is JSON Lines, one serving step a line::
 
 ``requests`` lists each request's [prefix, queries] (keys already cached, tokens of this step);
 ``mode`` is extend (prefill, chunked prefill, draft extend), verify or decode; the layer is a
-``model`` preset or its shape (any scenario axis but the lengths, the batch and the mode);
+``model`` preset (``"model_features": false`` drops its sinks and soft-cap) or its shape (any
+scenario axis but the lengths, the batch and the mode);
 ``count`` (default 1) says how many such steps the line stands for.  A trace becomes a scenario
 with one sweep group per distinct step, so replay runs through the same gate, timers and run
 folder as any scenario, and the folder's meta.json keeps each case's weight.
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 MODES = ("extend", "verify", "decode")
-LAYER = ("model", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left", "sinks",
+LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left", "sinks",
          "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed")
 KEYS = ("mode", "requests", "count", *LAYER)
 
@@ -121,12 +122,13 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     return Step(line["mode"], tuple(sorted(layer.items())), tuple(tuple(r) for r in requests)), count
 
 
-def scenario(path, steps: Counter, implementations: list[str]) -> scenarios.Scenario:
-    """The scenario of a trace: one sweep group per distinct step, named by its first line's order."""
+def scenario(path, steps: Counter, implementations: list[str], backends=("fa2", "fa3")) -> scenarios.Scenario:
+    """The scenario of a trace: one sweep group per distinct step, named by its first line's order,
+    each through every backend in ``backends``."""
     groups = [{"group": f"step-{i}", **_as_scenario_values(step.axes())} for i, step in enumerate(steps)]
     doc = {"name": "replay-" + scenarios.declared_name({}, path), "implementations": implementations,
            "description": f"replay of {Path(path).name}: {len(steps)} distinct steps, {sum(steps.values())} in all",
-           "sweep": groups}
+           "fixed": {"backend": list(backends)}, "sweep": groups}
     return scenarios.parse(doc, path, _toml(doc))
 
 
@@ -168,6 +170,7 @@ def _toml(doc: dict) -> str:
         return repr(v)
 
     lines = [f"{k} = {value(doc[k])}" for k in ("name", "description", "implementations")]
+    lines += ["", "[fixed]"] + [f"{k} = {value(v)}" for k, v in doc["fixed"].items()]
     for group in doc["sweep"]:
         lines += ["", "[[sweep]]"] + [f"{k} = {value(v)}" for k, v in group.items()]
     return "\n".join(lines) + "\n"

@@ -85,6 +85,42 @@ def test_the_report_names_the_fastest_path_per_model_and_step():
                  status="pass", median_us=us) for i, b, us in (("decode-tc-trim", "fa2", 10.0), ("paged-window", "fa2", 11.0),
                                                                ("decode-tc-trim", "fa3", 30.0))]
     rows.append(dict(rows[0], impl="decode-window", median_us=5.0, status="fail"))  # a failing path never counts
+    rows.append(dict(rows[0], impl="decode-trim", median_us=1.0, sinks=False, logits_soft_cap=0.0))  # the plain twin
     out = report.fastest_per_model(pd.DataFrame(rows))
     assert out.to_dict("records") == [{"model": "gpt-oss-120b", "step": "decode paged", "fastest": "decode-tc-trim [fa2]",
                                        "us": 10.0, "next": "paged-window [fa2] 1.10x", "fa3 / fa2 (best)": 3.0}]
+
+
+def test_model_features_false_is_the_models_plain_twin(write_scenario):
+    path = write_scenario("""
+        implementations = ["torch-trim", "sink-window"]
+        [fixed]
+        model = ["gpt-oss-120b", "mistral-7b-v0.1"]
+        model_features = [true, false]
+        [[sweep]]
+        mode = "decode"
+        prefix_len = 300
+        [[skip]]
+        when = "impl == 'sink-window' and sinks == False"
+        reason = "no sinks"
+        """)
+    s = scenarios.load(path)
+    cases = {(p.case.model, p.case.sinks, p.case.logits_soft_cap) for p in s.points}
+    assert cases == {("gpt-oss-120b", True, 0.0), ("gpt-oss-120b", False, 0.0), ("mistral-7b-v0.1", False, 0.0)}
+    assert len(s.points) == 4  # mistral has no features to drop: one case, not two; sink-window only with sinks
+    gemma = scenarios.make_case({"model": "gemma-2-9b", "model_features": False, "mode": "decode", "prefix_len": 9})
+    assert (gemma.logits_soft_cap, gemma.head_dim, gemma.scale) == (0.0, 256, 256 ** -0.5)
+
+
+def test_model_features_without_a_model_is_refused(write_scenario):
+    path = write_scenario("""
+        implementations = ["torch-trim"]
+        [fixed]
+        model_features = false
+        [[sweep]]
+        mode = "decode"
+        prefix_len = 300
+        window_left = 7
+        """)
+    with pytest.raises(scenarios.ScenarioError, match="model_features"):
+        scenarios.load(path)

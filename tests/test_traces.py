@@ -31,6 +31,17 @@ def test_distinct_steps_and_their_weights(tmp_path):
     assert "extend b2 p[0,30] q[24,8] W15" in labels[1] and "[gemma-3-1b]" in labels[2]
     weights = traces.weights(steps)
     assert sorted(weights.values()) == [1, 1, 3] and set(weights) == {c.case_id for c in s.cases}
+    both = traces.scenario(tmp_path / "t.jsonl", steps, ["paged-window"])
+    assert sorted({p.backend for p in both.points}) == ["fa2", "fa3"] and len(both.points) == 6
+    assert {p.backend for p in traces.scenario(tmp_path / "t.jsonl", steps, ["paged-window"], ["fa3"]).points} \
+        == {"fa3"}
+
+
+def test_a_line_can_ask_for_the_models_plain_twin(tmp_path):
+    line = {"mode": "decode", "model": "gpt-oss-120b", "requests": [[40, 1]]}
+    steps = traces.read(write(tmp_path, [line, {**line, "model_features": False}]))
+    s = traces.scenario(tmp_path / "t.jsonl", steps, ["torch-trim"])
+    assert sorted(c.sinks for c in s.cases) == [False, True]
 
 
 @pytest.mark.parametrize("line,message", [
