@@ -80,10 +80,11 @@ LABEL_LIST = 8  # a longer per-request list shows as its count and range
 
 
 def length_label(value) -> str:
-    """How a label shows a length: 17, ~uniform:1:64, [3,4,5], or [32 of 1687..16068]."""
+    """How a label shows a length: 17, ~uniform:1:64, [3,4,5], or [32 of 1687..16068 sum 301212] (the
+    sum, so that two long lists with the same range still read apart)."""
     if isinstance(value, tuple):
         if len(value) > LABEL_LIST:
-            return f"[{len(value)} of {min(value)}..{max(value)}]"
+            return f"[{len(value)} of {min(value)}..{max(value)} sum {sum(value)}]"
         return "[" + ",".join(map(str, value)) + "]"
     return f"~{value}" if isinstance(value, str) else str(value)
 

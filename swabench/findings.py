@@ -330,7 +330,14 @@ def real_workloads(runs: list[Run]) -> list[str]:
                 parts += [f"From {r.name}, {title}:", markdown_table(table)]
     if not parts:
         return []
-    return ["## Models, traces and evicted pages"] + parts
+    return ["## Models, traces and evicted pages",
+            "Per model preset, the fastest correct path of each step on the model as served (its own sinks and "
+            "soft-cap; the plain twins are in the feature table above), with the runner-up and fa3's best time / "
+            "fa2's best (below 1: fa3 is faster).  A trace replay is milliseconds of attention per 1000 steps of the "
+            "trace's mix, split by the step's mode; its last row serves each mode with its fastest path.  Evicted "
+            "pages: with the pages wholly before each request's window pointed at one shared page that holds NaN, "
+            "the points whose output turned NaN, that is, whose kernel read memory before the window (with finite "
+            "values there every correct path passes: the correctness table above)."] + parts
 
 
 def workspace(runs: list[Run]) -> list[str]:

@@ -4,6 +4,7 @@ points that failed the gate or were skipped drawn as such rather than dropped.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -63,6 +64,13 @@ def _log_x_ticks(ax, values) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
+
+
+def _differences(labels: list[str]) -> list[str]:
+    """Case labels without the words every one of them shares (the head shape, dtype, model, ...)."""
+    words = [re.findall(r"\S*\[[^\]]*\]\S*|\S+", label) for label in labels]  # "p[32 of 1..9 sum 80]" is one word
+    shared = set.intersection(*map(set, words)) if len(words) > 1 else set()
+    return [" ".join(w for w in ws if w not in shared) or label for ws, label in zip(words, labels)]
 
 
 def _timed(table: pd.DataFrame) -> pd.DataFrame:
@@ -274,11 +282,12 @@ def backends(table, meta):
     fig, axes = _figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
     for ax, impl in zip(axes[:, 0], impls):
         g = every[every["impl"] == impl]
-        cases = list(dict.fromkeys(g["case"]))
+        cases = list(dict.fromkeys(g["case_id"]))  # ids: two steps of a trace can share a label
+        labels = g.drop_duplicates("case_id").set_index("case_id")["case"]
         names = [b for b in ("fa2", "fa3", "auto") if b in set(g["backend"])]
         width = 0.8 / len(names)
         for k, backend in enumerate(names):
-            rows = g[g["backend"] == backend].set_index("case")
+            rows = g[g["backend"] == backend].set_index("case_id")
             for i, case in enumerate(cases):
                 x = i + (k - (len(names) - 1) / 2) * width
                 if case not in rows.index:
@@ -290,14 +299,13 @@ def backends(table, meta):
                     ax.text(x, 0.02, r["status"], transform=ax.get_xaxis_transform(), rotation=90, ha="center",
                             va="bottom", fontsize=6, color="#999999" if r["status"] == "skip" else "#D55E00")
         for i, case in enumerate(cases):
-            c = _timed(g[g["case"] == case]).set_index("backend")
+            c = _timed(g[g["case_id"] == case]).set_index("backend")
             if "auto" in c.index and c["median_us"].min() < c.loc["auto", "median_us"] / 1.05:
                 ax.text(i, c["median_us"].max() * 1.15, f"auto({c.loc['auto', 'resolved_backend']}) loses",
                         ha="center", fontsize=6, color="#D55E00")
         ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticklabels([c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], rotation=30, ha="right",
-                           fontsize=6)
+        ax.set_xticklabels(_differences([labels[c] for c in cases]), rotation=30, ha="right", fontsize=6)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")

@@ -135,8 +135,15 @@ def decode_table(table: pd.DataFrame) -> pd.DataFrame:
     reference = per_point.groupby(index)["reference_us"].median().rename("reference us (median)").reset_index()
     paths = sorted(set(per_point["path"]), key=lambda p: (registry.order(p.split(" [")[0]), p))
     wide = reference.merge(wide, on=index)
+    wide = wide.sort_values(index, key=lambda c: c.map(_numeric_first) if c.name == "context" else c) \
+        .reset_index(drop=True)
     columns = index + ["reference us (median)"] + paths
     return wide[columns].rename(columns={"sliding_window": "window (keys)"}).fillna("")
+
+
+def _numeric_first(text: str) -> tuple:
+    """Sort key: plain numbers in numeric order, then summaries of per-request mixes."""
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
 def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
@@ -144,30 +151,36 @@ def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
     ``context`` (the keys before the query, however the case gave them)."""
     per_point = results.versus_reference(results.plain(table), baselines=False)
     per_point = per_point[per_point["mode"] == "decode"]
-    context = per_point["prefix_len"].fillna(per_point["seq_len"] - 1).astype("Int64")
+    uniform = per_point["prefix_len"].fillna(per_point["seq_len"] - 1)
+    drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
+        .str.replace(r"^\w+=", "", regex=True)
+    context = [str(int(u)) if u == u else d for u, d in zip(uniform, drawn)]  # a per-request mix by its summary
     return per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])],
                             context=context)
 
 
 def fastest_per_model(table: pd.DataFrame) -> pd.DataFrame:
     """Per model preset and step (mode, storage), on the cases with the model's own sinks and soft-cap
-    (not their plain twins): the fastest correct path that passed, its time, the runner-up, and fa3's
-    best time against fa2's best (below 1: fa3 is faster)."""
+    (not their plain twins): the fastest correct path that passed, its time (the mean over the step's
+    cases where there are several, as in a trace, among the paths that timed every one), the runner-up,
+    and fa3's best time against fa2's best (below 1: fa3 is faster)."""
     if "model" not in table:
         return pd.DataFrame()
     t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
     features = t.reindex(columns=["sinks", "logits_soft_cap"])
-    t = t[[models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"], features["logits_soft_cap"])]]
+    t = t[pd.Series([models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"],
+                                                                features["logits_soft_cap"])], index=t.index, dtype=bool)]
     rows = []
     for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
-        ranked = g.sort_values("median_us")
-        best = ranked.iloc[0]
-        second = ranked.iloc[1] if len(ranked) > 1 else None
-        by_backend = g.groupby("backend")["median_us"].min()
-        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{best['impl']} [{best['backend']}]",
-                     "us": best["median_us"],
-                     "next": f"{second['impl']} [{second['backend']}] {second['median_us'] / best['median_us']:.2f}x"
-                     if second is not None else "",
+        paths = g.groupby(["impl", "backend"], sort=False)["median_us"].agg(["mean", "count"])
+        paths = paths[paths["count"] == g["case_id"].nunique()].sort_values("mean")  # those that timed every case
+        if paths.empty:
+            continue
+        (impl, backend), best = paths.index[0], paths["mean"].iloc[0]
+        by_backend = paths.groupby(level="backend")["mean"].min()
+        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{impl} [{backend}]", "us": best,
+                     "next": f"{paths.index[1][0]} [{paths.index[1][1]}] {paths['mean'].iloc[1] / best:.2f}x"
+                     if len(paths) > 1 else "",
                      "fa3 / fa2 (best)": by_backend["fa3"] / by_backend["fa2"]
                      if {"fa2", "fa3"} <= set(by_backend.index) else None})
     return pd.DataFrame(rows)
@@ -244,12 +257,15 @@ def write(run_dir: Path, out: Path) -> Path:
                       "same path and backend (the sink wrapper, which runs only cases with sinks, against the "
                       "reference path): median (best-worst, points).", feature_costs(table))
     parts += _section("Per model: the fastest correct path of each step",
-                      "Among the paths that passed the gate on the model's shape: the fastest, the next one (its "
-                      "time / the fastest's), and the best fa3 time / the best fa2 time.", fastest_per_model(table))
+                      "Among the paths that passed the gate on the model's shape, with its own sinks and soft-cap: "
+                      "the fastest, the next one (its time / the fastest's), and the best fa3 time / the best fa2 "
+                      "time.  Where a step has several cases (a trace's distinct steps), a path's time is its mean "
+                      "over them, among the paths that timed every one.", fastest_per_model(table))
     parts += _section(f"Trace replay: {trace.get('file')}",
                       f"{trace.get('steps')} steps, {trace.get('distinct')} distinct, each gated and timed once and "
-                      f"weighted by how often it occurs: attention time per 1000 steps of the mix, over the steps "
-                      f"each path timed.", replay_table(table, meta))
+                      f"weighted by how often it occurs: milliseconds of attention per 1000 steps of the mix, split "
+                      f"by the step's mode (empty where a path did not run every step of that mode); the last row "
+                      f"serves each mode with its fastest path.", replay_table(table, meta))
     parts += _section("Evicted pages: who reads pages wholly before the window",
                       "With the pages wholly before each request's window pointed at one shared page, that page "
                       "filled with NaN: points whose output turned NaN (the kernel read it, masked or not; a read "

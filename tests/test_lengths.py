@@ -114,4 +114,4 @@ def test_the_memory_estimate_sums_a_drawn_mix_rather_than_its_bound():
 
 def test_a_long_per_request_list_shows_as_its_count_and_range():
     c = case(mode="decode", prefix_len=tuple(range(100, 132)), batch_size=32)
-    assert "p[32 of 100..131]" in c.label and "p[3,4,5]" in case(extend_len=2, prefix_len=(3, 4, 5)).label
+    assert f"p[32 of 100..131 sum {sum(range(100, 132))}]" in c.label and "p[3,4,5]" in case(extend_len=2, prefix_len=(3, 4, 5)).label

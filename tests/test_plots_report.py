@@ -131,3 +131,10 @@ def test_bench_host_saves_json_and_plots(tmp_path):
     assert mpimg.imread(out / "host_work.png").shape[0] > 200
     assert json.loads((out / "meta.json").read_text())["torch"]
 
+
+
+def test_tick_labels_keep_only_what_tells_cases_apart():
+    from swabench.plots import _differences
+    labels = ["decode b32 p[32 of 1..9 sum 80] q1 W7 h8/2 [m]", "verify b32 p[32 of 1..9 sum 81] q4 W7 h8/2 [m]"]
+    assert _differences(labels) == ["decode p[32 of 1..9 sum 80] q1", "verify p[32 of 1..9 sum 81] q4"]
+    assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label

@@ -2,6 +2,7 @@
 occurs; bad lines are refused by number; the replay's table is reported per 1000 steps of the mix."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -59,11 +60,16 @@ def test_bad_lines_are_refused_by_number(tmp_path, line, message):
         traces.read(write(tmp_path, [line]))
 
 
-def test_time_per_thousand_steps_weights_each_step():
-    table = pd.DataFrame({"case_id": ["a", "b", "a"], "impl": ["x", "x", "y"], "backend": ["fa2"] * 3,
-                          "median_us": [10.0, 40.0, 20.0]})
-    out = traces.per_thousand_steps(table, {"a": 3, "b": 1})
-    assert out.values.tolist() == [["x", "fa2", (3 * 10 + 40) / 4, "4/4"], ["y", "fa2", 20.0, "3/4"]]
+def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
+    table = pd.DataFrame({"case_id": ["a", "b", "a", "b"], "mode": ["decode", "verify", "decode", "verify"],
+                          "impl": ["x", "x", "y", "z"], "backend": ["fa2"] * 4,
+                          "median_us": [10.0, 40.0, 20.0, 30.0]})
+    out = traces.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")
+    assert out.values.tolist() == [
+        ["x", "fa2", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],  # ms per 1000 steps = us per step, weighted
+        ["y", "fa2", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
+        ["z", "fa2", 30 / 4, "-", "-", "1/4"],
+        ["fastest per mode", "verify: z [fa2], decode: x [fa2]", 30 / 4, 30 / 4, 60 / 4, "4/4"]]
 
 
 def test_replay_runs_end_to_end_and_reports(tmp_path):
@@ -114,3 +120,22 @@ def test_an_interrupted_replay_resumes(tmp_path):
     again = invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run", "--resume")
     assert first.exit_code == 0 and again.exit_code == 0, again.output
     assert len(results.load(tmp_path / "run")[0]) == 3
+
+
+# results.csv, meta.json and scenario.toml of the published replay results/h200-replay-example (frozen)
+H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
+
+
+def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
+    text = report.write(H200_REPLAY, tmp_path).read_text()
+    replay = text.split("## Trace replay")[1].split("\n## ")[0]
+    assert "| fastest per mode | extend: " in replay and "| 200/200 |" in replay
+    decode = text.split("## Decode:")[1].split("\n## ")[0]
+    assert decode.count("| 1024 | [32 of 4096..16384] |") == 1  # the drawn contexts, one row for their label
+    assert (tmp_path / "backends.png").exists()  # steps that share a label each keep their bar
+
+
+def test_a_run_without_model_presets_has_no_per_model_table():
+    table = pd.DataFrame({"model": [float("nan")], "kind": ["correct"], "status": ["pass"], "median_us": [1.0],
+                          "mode": ["decode"], "storage": ["paged"], "impl": ["x"], "backend": ["fa2"]})
+    assert report.fastest_per_model(table).empty
