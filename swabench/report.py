@@ -168,8 +168,8 @@ def fastest_per_model(table: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
     features = t.reindex(columns=["sinks", "logits_soft_cap"])
-    t = t[pd.Series([models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"],
-                                                                features["logits_soft_cap"])], index=t.index, dtype=bool)]
+    served = [models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"], features["logits_soft_cap"])]
+    t = t[pd.Series(served, index=t.index, dtype=bool)]
     rows = []
     for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
         paths = g.groupby(["impl", "backend"], sort=False)["median_us"].agg(["mean", "count"])

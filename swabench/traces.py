@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 MODES = ("extend", "verify", "decode")
-LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left", "sinks",
-         "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed")
+LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left",
+         "sinks", "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed")
 KEYS = ("mode", "requests", "count", *LAYER)
 
 

@@ -290,8 +290,9 @@ def unsupported(variant: Variant):
         if case.dtype not in DTYPES:
             return f"FlashInfer attention takes {' or '.join(DTYPES)}, not {case.dtype}"
         if case.head_dim not in HEAD_DIMS:
-            return (f"FlashInfer is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim} (fa3 asserts "
-                    f"it; fa2 prefill JIT-builds any head_dim but only multiples of 64 run right: flashinfer issue 4299)")
+            return (f"FlashInfer is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim} (fa3 "
+                    f"asserts it; fa2 prefill JIT-builds any head_dim but only multiples of 64 run right: "
+                    f"flashinfer issue 4299)")
         if variant.mask and backend == "fa3":
             return "fa3 has no custom-mask support"
         if backend == "fa3" and "fp8_kv" in case.features:
