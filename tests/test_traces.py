@@ -122,7 +122,8 @@ def test_an_interrupted_replay_resumes(tmp_path):
     assert len(results.load(tmp_path / "run")[0]) == 3
 
 
-# results.csv, meta.json and scenario.toml of the published replay results/h200-replay-example (frozen)
+# results.csv, meta.json and scenario.toml of the first H200 replay of traces/example.jsonl (at 0cbb748,
+# frozen): its long per-request lists were labelled before labels carried their sum, so steps share labels
 H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
 
 
