@@ -228,7 +228,8 @@ def write(run_dir: Path, out: Path) -> Path:
     method = pd.DataFrame([{"what": k, "how": json.dumps(v) if isinstance(v, dict) else v}
                            for k, v in meta.get("method", {}).items()])
     bad = table[table["status"].isin(["fail", "xpass"])]
-    parts = [f"# swabench report: {meta.get('scenario')}",
+    presets = table["model"].dropna().unique() if "model" in table else []
+    parts = [f"# swabench report: {meta.get('scenario')}" + (f", {presets[0]}" if len(presets) == 1 else ""),
              f"Run folder `{run_dir}`; {len(table)} points over {table['case_id'].nunique()} cases. "
              f"{environment_line(meta)}",
              "## Environment", markdown_table(env),

@@ -129,6 +129,7 @@ H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
 
 def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
     text = report.write(H200_REPLAY, tmp_path).read_text()
+    assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
     replay = text.split("## Trace replay")[1].split("\n## ")[0]
     assert "| fastest per mode | extend: " in replay and "| 200/200 |" in replay
     decode = text.split("## Decode:")[1].split("\n## ")[0]
