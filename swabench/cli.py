@@ -174,11 +174,12 @@ def replay(trace, impls, device, out, resume, backends, l2):
     out = Path(out) if out else runs.default_out(s.name, device.type, "run")
     outcome = runs.execute(runs.Request(s, out, device, True, resume, l2), Bar())
     weights = traces.weights(steps)
+    modes = {c.case_id: c.mode for c in s.cases}
     results.RunStore(out).update_meta(trace={
         "file": str(trace), "sha256": hashlib.sha256(Path(trace).read_bytes()).hexdigest(),
-        "steps": sum(steps.values()), "distinct": len(steps), "weights": weights})
-    click.echo(markdown_table(traces.per_thousand_steps(outcome.table, weights)))
-    report_outcome(outcome, False, f"swabench replay {trace} --out {out} --resume")
+        "steps": sum(steps.values()), "distinct": len(weights), "weights": weights, "modes": modes})
+    click.echo(markdown_table(traces.per_thousand_steps(outcome.table, weights, modes)))
+    report_outcome(outcome, False, runs.rerun_command(out))
 
 
 @main.command("models")

@@ -47,6 +47,10 @@ class Model:
             return None
         return self.query_pre_attn_scalar ** -0.5
 
+    def features(self) -> bool:
+        """Whether the layer has sinks or a soft-cap (what model_features = false takes away)."""
+        return bool(self.sinks or self.logits_soft_cap)
+
     def axes(self) -> dict:
         """The case axes this model sets."""
         axes = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,

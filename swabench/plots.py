@@ -322,7 +322,8 @@ def peers(table, meta):
     r = r[r["case_id"].isin(set(r.loc[r["library"] != reference_library(), "case_id"]))]
     if r.empty:
         return None
-    cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case"]))
+    cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case_id"]))
+    labels = r.drop_duplicates("case_id").set_index("case_id")["case"]
     paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
     fig, axes = _figure(meta, f"Against {registry.describe_reference()}: time / its time per case",
                         size=(8.0, 0.22 * len(cases) + 1.5))
@@ -330,11 +331,11 @@ def peers(table, meta):
     y = {c: i for i, c in enumerate(cases)}
     for k, (impl, backend) in enumerate(paths):
         g = r[(r["impl"] == impl) & (r["backend"] == backend)]
-        ax.scatter(g["ratio"], g["case"].map(y), s=18, marker=PEER_MARKERS[k % len(PEER_MARKERS)],
+        ax.scatter(g["ratio"], g["case_id"].map(y), s=18, marker=PEER_MARKERS[k % len(PEER_MARKERS)],
                    color=OKABE_ITO[k % len(OKABE_ITO)], label=f"{impl} [{backend}]", alpha=0.85)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(cases)), [c.replace(" h8/2 d128 bfloat16 s0", "") for c in cases], fontsize=6)
+    ax.set_yticks(range(len(cases)), _differences([labels[c] for c in cases]), fontsize=6)
     ax.set_xlabel("time / reference-path time (below 1: faster)")
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")

@@ -153,7 +153,7 @@ def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
     per_point = per_point[per_point["mode"] == "decode"]
     uniform = per_point["prefix_len"].fillna(per_point["seq_len"] - 1)
     drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
-        .str.replace(r"^\w+=", "", regex=True)
+        .str.replace(r"^prefix_len=", "", regex=True)  # a drawn seq_len keeps its name: it counts the query too
     context = [str(int(u)) if u == u else d for u, d in zip(uniform, drawn)]  # a per-request mix by its summary
     return per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])],
                             context=context)
@@ -206,7 +206,7 @@ def replay_table(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     if not trace:
         return pd.DataFrame()
     from . import traces
-    return traces.per_thousand_steps(table, trace["weights"])
+    return traces.per_thousand_steps(table, trace["weights"], trace.get("modes"))
 
 
 def _section(title: str, caption: str, frame: pd.DataFrame) -> list[str]:

@@ -463,8 +463,13 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         axes = {**fixed, **own}
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         names = list(axes)
+        seen = set()
         for combo in itertools.product(*(axes[n] for n in names)):
             combo = dict(zip(names, combo))
+            same = repr(sorted((k, v) for k, v in with_model(combo).items() if k != "model_features"))
+            if same in seen:  # a preset without sinks or soft-cap: its plain twin is this very combination
+                continue
+            seen.add(same)
             case = None
             for impl_name in impls:
                 impl = registry.get(impl_name)

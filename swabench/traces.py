@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import scenarios, semantics
+from . import models, scenarios, semantics
 from .cases import QO_FIELD
 from .errors import UserError
 
@@ -112,6 +112,10 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     if any(isinstance(v, list) for v in layer.values()):
         raise TraceError(path, n, "one value per layer key (a trace line is one step, not a sweep)")
     layer = {k: v[0] for k, v in scenarios.check_axes(layer, path, f"line {n}").items()}  # checked, aliases resolved
+    if "model_features" in layer and "model" not in layer:
+        raise TraceError(path, n, "model_features applies to a model preset: give model too")
+    if "model_features" in layer and (layer["model_features"] or not models.get(layer["model"]).features()):
+        del layer["model_features"]  # as served, or a preset with nothing to drop: the same step either way
     clash = [k for k in scenarios.MODEL_SETS if k in layer] if "model" in layer else []
     if clash:
         raise TraceError(path, n, f"the model preset sets {clash[0]}: give the model or the shape, not both")
@@ -140,40 +144,46 @@ def weights(steps: Counter) -> dict[str, int]:
     return dict(out)
 
 
-def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int]) -> pd.DataFrame:
+def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) \
+        -> pd.DataFrame:
     """Per implementation and backend: milliseconds of attention per 1000 steps of the trace's mix,
     split by the mode of the step (a cell is left empty where the path did not time every step of that
     mode: the decode wrappers run no verify), their sum where the path timed every step, and the
-    steps it covered.  A last row takes the fastest path of each mode: the mix served at its best."""
+    steps it covered.  A last row takes the fastest path of each mode: the mix served at its best.
+    ``modes`` (case_id -> mode, from the run's meta) says the mode of a step that has no rows yet; without
+    it, a replay missing whole steps leaves every mode cell empty rather than guess their modes."""
     import pandas as pd
 
     total = sum(weights.values())
+    modes = {**dict(zip(table["case_id"], table["mode"])), **(modes or {})}
+    known = all(c in modes for c in weights)
+    order = [m for m in MODES if m in {modes[c] for c in weights if c in modes}]
+    per_mode = {m: sum(w for c, w in weights.items() if modes.get(c) == m) for m in order}
     timed = table.dropna(subset=["median_us"]).assign(weight=lambda t: t["case_id"].map(weights).fillna(0))
-    modes = [m for m in MODES if m in set(table.loc[table["case_id"].isin(weights), "mode"])]
-    per_mode = {m: int(sum(weights[c] for c in set(table.loc[table["mode"] == m, "case_id"]) if c in weights))
-                for m in modes}
     rows = []
     for (impl, backend), g in timed.groupby(["impl", "backend"], sort=False):
         covered = int(g["weight"].sum())
         if not covered:
             continue
         row = {"impl": impl, "backend": backend}
-        for m in modes:
+        for m in order:
             own = g[g["mode"] == m]
             row[f"{m} ms"] = float((own["median_us"] * own["weight"]).sum() / total) \
-                if int(own["weight"].sum()) == per_mode[m] else None  # us per step x steps per 1000 = ms
-        row["all steps ms"] = sum(row[f"{m} ms"] for m in modes) if covered == total else None
+                if known and int(own["weight"].sum()) == per_mode[m] else float("nan")  # us/step x steps/1000 = ms
+        row["all steps ms"] = sum(row[f"{m} ms"] for m in order) if covered == total else float("nan")
         row["steps covered"] = f"{covered}/{total}"
         rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    best = {f"{m} ms": out[f"{m} ms"].min() for m in modes}
-    picks = ", ".join(f"{m}: {out.loc[out[f'{m} ms'].idxmin(), 'impl']} [{out.loc[out[f'{m} ms'].idxmin(), 'backend']}]"
-                      for m in modes if best[f"{m} ms"] == best[f"{m} ms"])
-    if all(v == v for v in best.values()):
-        out.loc[len(out)] = {"impl": "fastest per mode", "backend": picks, **best,
-                             "all steps ms": sum(best.values()), "steps covered": f"{total}/{total}"}
+    best = {m: out[f"{m} ms"].idxmin() for m in order if out[f"{m} ms"].notna().any()}
+    if known and len(best) == len(order):
+        out.loc[len(out)] = {"impl": "fastest per mode",
+                             "backend": ", ".join(f"{m}: {out.at[i, 'impl']} [{out.at[i, 'backend']}]"
+                                                  for m, i in best.items()),
+                             **{f"{m} ms": out.at[i, f"{m} ms"] for m, i in best.items()},
+                             "all steps ms": sum(out.at[i, f"{m} ms"] for m, i in best.items()),
+                             "steps covered": f"{total}/{total}"}
     return out
 
 

@@ -112,6 +112,7 @@ def test_model_features_false_is_the_models_plain_twin(write_scenario):
     cases = {(p.case.model, p.case.sinks, p.case.logits_soft_cap) for p in s.points}
     assert cases == {("gpt-oss-120b", True, 0.0), ("gpt-oss-120b", False, 0.0), ("mistral-7b-v0.1", False, 0.0)}
     assert len(s.points) == 4  # mistral has no features to drop: one case, not two; sink-window only with sinks
+    assert s.skipped == ["no sinks"] * 2  # gpt-oss's plain twin and mistral, whose twin is itself: not counted again
     gemma = scenarios.make_case({"model": "gemma-2-9b", "model_features": False, "mode": "decode", "prefix_len": 9})
     assert (gemma.logits_soft_cap, gemma.head_dim, gemma.scale) == (0.0, 256, 256 ** -0.5)
 

@@ -64,12 +64,30 @@ def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
     table = pd.DataFrame({"case_id": ["a", "b", "a", "b"], "mode": ["decode", "verify", "decode", "verify"],
                           "impl": ["x", "x", "y", "z"], "backend": ["fa2"] * 4,
                           "median_us": [10.0, 40.0, 20.0, 30.0]})
-    out = traces.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")
+    out = traces.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")  # empty cells are NaN
     assert out.values.tolist() == [
         ["x", "fa2", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],  # ms per 1000 steps = us per step, weighted
         ["y", "fa2", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
         ["z", "fa2", 30 / 4, "-", "-", "1/4"],
         ["fastest per mode", "verify: z [fa2], decode: x [fa2]", 30 / 4, 30 / 4, 60 / 4, "4/4"]]
+
+
+def test_a_replay_missing_whole_steps_claims_no_mode_it_did_not_cover():
+    table = pd.DataFrame({"case_id": ["a", "c"], "mode": ["decode", "verify"], "impl": ["x", "x"],
+                          "backend": ["fa2"] * 2, "median_us": [10.0, 20.0]})
+    weights = {"a": 3, "b": 1, "c": 1}  # b (a decode step) has no rows yet: an interrupted replay
+    blind = traces.per_thousand_steps(table, weights)
+    assert blind["impl"].tolist() == ["x"] and blind.drop(columns=["impl", "backend", "steps covered"]).isna().all(axis=None)
+    told = traces.per_thousand_steps(table, weights, {"a": "decode", "b": "decode", "c": "verify"})
+    assert told["impl"].tolist() == ["x"] and told["verify ms"].tolist() == [4.0] and told["decode ms"].isna().all()
+
+
+def test_model_features_in_a_trace_line_is_one_step_where_it_changes_nothing(tmp_path):
+    line = {"mode": "decode", "model": "gemma-3-1b", "requests": [[40, 1]]}
+    steps = traces.read(write(tmp_path, [line, {**line, "model_features": True}, {**line, "model_features": False}]))
+    assert list(steps.values()) == [3]  # gemma-3 has no sinks or soft-cap to drop
+    with pytest.raises(traces.TraceError, match="line 1: model_features applies to a model preset"):
+        traces.read(write(tmp_path, [{"mode": "decode", **LAYER, "model_features": False, "requests": [[4, 1]]}]))
 
 
 def test_replay_runs_end_to_end_and_reports(tmp_path):
@@ -131,7 +149,8 @@ def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
     text = report.write(H200_REPLAY, tmp_path).read_text()
     assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
     replay = text.split("## Trace replay")[1].split("\n## ")[0]
-    assert "| fastest per mode | extend: " in replay and "| 200/200 |" in replay
+    best = [line for line in replay.splitlines() if line.startswith("| fastest per mode | extend: ")]
+    assert len(best) == 1 and best[0].endswith("| 200/200 |")
     decode = text.split("## Decode:")[1].split("\n## ")[0]
     assert decode.count("| 1024 | [32 of 4096..16384] |") == 1  # the drawn contexts, one row for their label
     assert (tmp_path / "backends.png").exists()  # steps that share a label each keep their bar

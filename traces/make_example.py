@@ -3,7 +3,7 @@ on one sliding-window layer (decode of 32 requests whose contexts grow every ste
 a chunked prefill of 2048 tokens beside a short extend), in the format `swabench replay` reads.  A real
 trace is dumped the same way from a server: one line per forward step, with each request's cached
 prefix and the tokens it adds, rounded up to a bucket so that steps which differ by a few tokens are
-one step (a server would round to 256; 4096 keeps this example at 8 distinct steps).  Usage: python traces/make_example.py"""
+one step (a server would round to 256; 4096 keeps this example at 9 distinct steps).  Usage: python traces/make_example.py"""
 
 import json
 import random
@@ -24,7 +24,7 @@ for i in range(200):
     batch = contexts[i % 2]
     if i % 50 == 49:  # a chunked prefill joins now and then
         step = ("extend", ((0, 2048), (6144, 512)))
-    elif i % 4 == 3:  # EAGLE verify of 4 drafts for the same requests, 1 to 5 of them kept
+    elif (i // 2) % 4 == 3:  # every 4th step of each batch: EAGLE verify of 4 drafts, 1 to 5 tokens kept
         step = ("verify", tuple((bucket(c), 4) for c in batch))
         batch[:] = [c + rng.randint(1, 5) for c in batch]
     else:
