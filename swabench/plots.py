@@ -66,6 +66,12 @@ def _log_x_ticks(ax, values) -> None:
     ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
 
 
+def _tick_labels(frame: pd.DataFrame, case_ids: list[str]) -> list[str]:
+    """The labels of these cases (keyed by id: two steps of a trace can share a label), shortened."""
+    labels = frame.drop_duplicates("case_id").set_index("case_id")["case"]
+    return _differences([labels[c] for c in case_ids])
+
+
 def _differences(labels: list[str]) -> list[str]:
     """Case labels without the words every one of them shares (the head shape, dtype, model, ...)."""
     words = [re.findall(r"\S*\[[^\]]*\]\S*|\S+", label) for label in labels]  # "p[32 of 1..9 sum 80]" is one word
@@ -282,8 +288,7 @@ def backends(table, meta):
     fig, axes = _figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
     for ax, impl in zip(axes[:, 0], impls):
         g = every[every["impl"] == impl]
-        cases = list(dict.fromkeys(g["case_id"]))  # ids: two steps of a trace can share a label
-        labels = g.drop_duplicates("case_id").set_index("case_id")["case"]
+        cases = list(dict.fromkeys(g["case_id"]))
         names = [b for b in ("fa2", "fa3", "auto") if b in set(g["backend"])]
         width = 0.8 / len(names)
         for k, backend in enumerate(names):
@@ -305,7 +310,7 @@ def backends(table, meta):
                         ha="center", fontsize=6, color="#D55E00")
         ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticklabels(_differences([labels[c] for c in cases]), rotation=30, ha="right", fontsize=6)
+        ax.set_xticklabels(_tick_labels(g, cases), rotation=30, ha="right", fontsize=6)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")
@@ -323,7 +328,6 @@ def peers(table, meta):
     if r.empty:
         return None
     cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case_id"]))
-    labels = r.drop_duplicates("case_id").set_index("case_id")["case"]
     paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
     fig, axes = _figure(meta, f"Against {registry.describe_reference()}: time / its time per case",
                         size=(8.0, 0.22 * len(cases) + 1.5))
@@ -335,7 +339,7 @@ def peers(table, meta):
                    color=OKABE_ITO[k % len(OKABE_ITO)], label=f"{impl} [{backend}]", alpha=0.85)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(cases)), _differences([labels[c] for c in cases]), fontsize=6)
+    ax.set_yticks(range(len(cases)), _tick_labels(r, cases), fontsize=6)
     ax.set_xlabel("time / reference-path time (below 1: faster)")
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")

@@ -458,9 +458,9 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         if clash:
             raise ScenarioError(path, f"{where}.{clash[0]}", f"the model preset sets {clash[0]}: give the model "
                                                              f"or the shape, not both")
-        if "model_features" in {**fixed, **own} and "model" not in {**fixed, **own}:
-            raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
         axes = {**fixed, **own}
+        if "model_features" in axes and "model" not in axes:
+            raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         names = list(axes)
         seen = set()
