@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from swabench import semantics, workloads
-from swabench.cases import Case
+from swabench.core import semantics, workloads
+from swabench.core.cases import Case
 
 QUICK = os.environ.get("SWABENCH_BENCH_QUICK") == "1"
 BATCHES = [1, 8] if QUICK else [1, 8, 32, 64]

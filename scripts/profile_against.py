@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from swabench import profiling, results
+from swabench.run import profiling
+from swabench.store import folder as results
 
 profile, run = Path(sys.argv[1]), Path(sys.argv[2])
 stats = profiling.hold_against(pd.read_csv(profile / "nsys_stats.csv"), results.load(run)[0])

@@ -5,7 +5,8 @@ setting passed here, and the failure was the test's own (it gave ragged-window a
 mismatch the registry now refuses as a skip).  Kept as the check that settles such a question.
 Usage on the GPU node: python scripts/ragged_sm_scale.py"""
 
-from swabench import gate, scenarios, workloads
+from swabench.core import gate, workloads
+from swabench.spec import scenarios
 from swabench.impls import flashinfer_impls as fi
 
 BASE = dict(mode="verify", draft_tokens=8, batch_size=4, prefix_len=5000, sliding_window=4096, head_dim=128,

@@ -6,7 +6,8 @@ Usage on the GPU node: python scripts/sink_head_dims.py 64 128"""
 
 import sys
 
-from swabench import gate, scenarios, workloads
+from swabench.core import gate, workloads
+from swabench.spec import scenarios
 from swabench.impls import registry
 
 for head_dim in map(int, sys.argv[1:]):

@@ -11,7 +11,9 @@ import sys
 
 import pandas as pd
 
-from swabench import gate, scenarios, timing, workloads
+from swabench.core import gate, workloads
+from swabench.spec import scenarios
+from swabench.measure import timing
 from swabench.impls import flashinfer_impls as fi
 
 CASE = dict(mode="verify", batch_size=32, prefix_len=8192, draft_tokens=16, window_left=1023, page_size=16,

@@ -1,3 +1,3 @@
-from .cli import main
+from swabench.cli import main
 
 main()

@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 from conftest import TINY, cpu_only, invoke
 
-from swabench import results, scenarios, sweep
+from swabench.store import folder as results
+from swabench.spec import scenarios
+from swabench.run import sweep
 
 
 
@@ -148,7 +150,7 @@ def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypat
 def test_exit_status_fail_is_fatal_xpass_only_with_strict(tiny, tmp_path, monkeypatch):
     """A correct implementation that fails exits 1; a known bug that passes is a loud finding, fatal
     only with --strict."""
-    from swabench import semantics
+    from swabench.core import semantics
     from swabench.impls import embedded, registry
 
     trim = registry.get("torch-trim")
@@ -184,7 +186,7 @@ def test_summary_of_a_timed_run(tiny, tmp_path):
 def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeypatch):
     """Two runs of the same scenario; in the second, torch-mask is made 30x slower: compare must
     flag that one implementation and exit 1 (a CI gate), and nothing else."""
-    from swabench import timing
+    from swabench.measure import timing
 
     def host_time(slowed):
         """Samples that depend on the runner alone: a loaded 2-core machine cannot move them."""

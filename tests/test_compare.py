@@ -9,8 +9,9 @@ import textwrap
 import pytest
 from conftest import invoke
 
-from swabench import compare, results
-from swabench.results import RunStore
+from swabench.analysis import compare
+from swabench.store import folder as results
+from swabench.store.folder import RunStore
 
 
 def test_mann_whitney_matches_the_asymptotic_reference():
@@ -288,7 +289,7 @@ def test_a_damaged_journal_is_refused(good, tmp_path):
 # ------------------------------------------------------------------ start-up
 
 def test_importing_compare_does_not_import_matplotlib():
-    code = ("import sys, swabench.compare; "
+    code = ("import sys, swabench.analysis.compare; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -5,7 +5,9 @@ kernels that read before the window from those that do not."""
 import pytest
 import torch
 
-from swabench import gate, report, scenarios, workloads
+from swabench.core import gate, workloads
+from swabench.publish import report
+from swabench.spec import scenarios
 from swabench.impls import registry
 
 
@@ -62,7 +64,7 @@ def test_the_evicted_scenario_loads():
 
 
 def test_probe_writes_leave_other_requests_pages_their_own():
-    from swabench import probes
+    from swabench.core import probes
     w = build("evicted-reused")
     probes.fill(w, 0, seed=0)
     n_freq = probes.frequencies_needed(max(w.kv_lens), w.case.window_left)
@@ -74,7 +76,7 @@ def test_probe_writes_leave_other_requests_pages_their_own():
 
 
 def test_a_leak_into_an_evicted_page_is_an_order_one_error():
-    from swabench import semantics
+    from swabench.core import semantics
     from swabench.impls import embedded
     errors = {}
     for layout in ("scattered", "evicted-null"):
@@ -88,7 +90,7 @@ def test_a_leak_into_an_evicted_page_is_an_order_one_error():
 def test_evicted_layouts_are_not_plain():
     import pandas as pd
 
-    from swabench import results
+    from swabench.store import folder as results
     t = pd.DataFrame({"impl": ["a"] * 3, "page_layout": ["scattered", "evicted-null", None], "sinks": False,
                       "logits_soft_cap": 0.0, "kv_dtype": "bfloat16", "dtype": "bfloat16"})
     assert results.plain(t).index.tolist() == [0, 2]  # ragged storage has no page layout: plain

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY, invoke
 
-from swabench import findings, report, results, sweep
+from swabench.publish import findings, report
+from swabench.store import folder as results
+from swabench.run import sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"

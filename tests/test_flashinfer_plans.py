@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 
-from swabench import scenarios, semantics, workloads
+from swabench.spec import scenarios
+from swabench.core import semantics, workloads
 from swabench.impls import flashinfer_impls as fi
 from swabench.impls import registry
 

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swabench import cli, scenarios
+from swabench import cli
+from swabench.spec import scenarios
 
 AXES = list(scenarios.AXES)
 JUNK = st.text(alphabet=string.printable, max_size=12)

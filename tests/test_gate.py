@@ -4,7 +4,8 @@ windows and at W = 4095, in bf16 tolerance: that is what lets the suite trust it
 import pytest
 import torch
 
-from swabench import gate, probes, scenarios, workloads
+from swabench.core import gate, probes, workloads
+from swabench.spec import scenarios
 from swabench.impls import registry
 
 

@@ -5,7 +5,8 @@ Marked ``gpu``: skipped without CUDA (and the FlashInfer ones without flashinfer
 import pytest
 import torch
 
-from swabench import gate, scenarios, workloads
+from swabench.core import gate, workloads
+from swabench.spec import scenarios
 from swabench.impls import registry
 
 pytestmark = pytest.mark.gpu
@@ -85,7 +86,7 @@ def test_auto_backend_is_resolved_and_recorded():
 def test_graph_timer_measures_a_known_amount_of_work(l2):
     """A copy of 256 MiB: the graph time must sit near bytes / bandwidth, the noise must be small,
     and the eager time (launch overhead included) is never below it by more than noise."""
-    from swabench import timing
+    from swabench.measure import timing
     src = torch.randn(32 << 20, device="cuda")
     dst = torch.empty_like(src)
     kernel, eager = timing.cuda_graph_time(lambda: dst.copy_(src), timing.GraphTimerOptions(l2=l2))

@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
-from swabench import footprint, results, scenarios, workloads
+from swabench.core import footprint, workloads
+from swabench.store import folder as results
+from swabench.spec import scenarios
 from swabench.impls import registry
 
 TINY = textwrap.dedent("""
@@ -187,7 +189,7 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_p
     before = snapshot(out)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from swabench.results import FolderLock
+        from swabench.store.folder import FolderLock
         FolderLock({str(out)!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)
@@ -218,7 +220,7 @@ def test_resume_refuses_other_points_or_options(tmp_path, change):
 
 
 def test_ctrl_c_before_the_sweep_leaves_an_interrupted_folder(tmp_path, monkeypatch):
-    from swabench import runs
+    from swabench.run import lifecycle as runs
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
@@ -263,7 +265,7 @@ def test_a_resource_error_is_a_skip(tmp_path, monkeypatch):
 
 
 def test_the_sweep_loads_no_library_module():
-    code = ("import sys, swabench.sweep, swabench.runs, swabench.results; "
+    code = ("import sys, swabench.run.sweep, swabench.run.lifecycle, swabench.store.folder; "
             "bad = [m for m in sys.modules if 'flashinfer' in m or m.endswith(('.flex', '.embedded'))]; "
             "sys.exit(', '.join(bad) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -4,8 +4,9 @@ same way in every process, checked before any work, and carried through workload
 import pytest
 import torch
 
-from swabench import gate, scenarios, workloads
-from swabench.cases import draw_lengths, length_bound, parse_length
+from swabench.core import gate, workloads
+from swabench.spec import scenarios
+from swabench.core.cases import draw_lengths, length_bound, parse_length
 from swabench.impls import registry
 
 
@@ -106,7 +107,7 @@ def test_sglang_regression_batches_are_in_edges():
 
 
 def test_the_memory_estimate_sums_a_drawn_mix_rather_than_its_bound():
-    from swabench import footprint
+    from swabench.core import footprint
     mix = case(mode="decode", prefix_len="lognormal:8192:1.0", batch_size=256)
     bound = case(mode="decode", prefix_len=mix.largest()[1] - 1, batch_size=256)
     assert footprint.footprint(mix, "cuda").kv_bytes < footprint.footprint(bound, "cuda").kv_bytes / 10

@@ -4,7 +4,8 @@
 import pytest
 from conftest import invoke
 
-from swabench import models, results, scenarios
+from swabench.spec import models, scenarios
+from swabench.store import folder as results
 from swabench.impls import registry
 
 STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verify", draft_tokens=16, prefix_len=16384),
@@ -80,7 +81,7 @@ def test_every_preset_passes_on_the_embedded_paths(tmp_path):
 def test_the_report_names_the_fastest_path_per_model_and_step():
     import pandas as pd
 
-    from swabench import report
+    from swabench.publish import report
     rows = [dict(model="gpt-oss-120b", mode="decode", storage="paged", impl=i, backend=b, kind="correct",
                  status="pass", median_us=us, case_id="c1")
             for i, b, us in (("decode-tc-trim", "fa2", 10.0), ("paged-window", "fa2", 11.0), ("decode-tc-trim", "fa3", 30.0))]

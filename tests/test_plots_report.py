@@ -7,7 +7,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from swabench import plots, report, results
+from swabench.publish import plots, report
+from swabench.store import folder as results
 
 # seven whole cases of the published results/h200x2-default-2gpu run (default.toml with peers), cut by
 # fixtures/make_h200_run.py so that every figure keeps the panels it has on the whole run
@@ -134,7 +135,7 @@ def test_bench_host_saves_json_and_plots(tmp_path):
 
 
 def test_tick_labels_keep_only_what_tells_cases_apart():
-    from swabench.plots import _differences
+    from swabench.publish.plots import _differences
     labels = ["decode b32 p[32 of 1..9 sum 80] q1 W7 h8/2 [m]", "verify b32 p[32 of 1..9 sum 81] q4 W7 h8/2 [m]"]
     assert _differences(labels) == ["decode p[32 of 1..9 sum 80] q1", "verify p[32 of 1..9 sum 81] q4"]
     assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label

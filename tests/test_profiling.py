@@ -2,7 +2,7 @@ import sqlite3
 
 import pandas as pd
 
-from swabench import profiling
+from swabench.run import profiling
 
 
 def fake_report(path):

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from swabench import reference, scenarios, workloads
+from swabench.core import reference, workloads
+from swabench.spec import scenarios
 
 
 def naive(w):

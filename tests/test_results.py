@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from swabench import results
-from swabench.results import RunFolderError, RunStore
+from swabench.store import folder as results
+from swabench.store.folder import RunFolderError, RunStore
 
 
 def row(i, **kw):
@@ -66,7 +66,7 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
 
 def test_commit_sent_with_the_checkout_wins_over_its_git(monkeypatch):
     """A copy on a GPU node may carry a stale .git; the commit its sender names is the one recorded."""
-    from swabench import environment
+    from swabench.run import environment
     monkeypatch.delenv("SWABENCH_GIT_COMMIT", raising=False)
     own = environment.git_state()
     monkeypatch.setenv("SWABENCH_GIT_COMMIT", "0123abcd" * 5)
@@ -76,17 +76,17 @@ def test_commit_sent_with_the_checkout_wins_over_its_git(monkeypatch):
 
 
 def test_meta_keys_are_defined_in_the_schema_and_versioned(tmp_path):
-    from swabench import schema
+    from swabench.store import schema
     store = RunStore.create(tmp_path / "run", {"scenario": "x"}, "a")
     assert store.meta()["format_version"] == schema.FORMAT_VERSION
-    with pytest.raises(ValueError, match="not defined in swabench.schema: jit_warmup_s"):
+    with pytest.raises(ValueError, match="not defined in swabench.store.schema: jit_warmup_s"):
         store.update_meta(jit_warmup_s={})
     (tmp_path / "run" / results.META).write_text(json.dumps({**store.meta(), "note": "added by hand"}))
     assert store.update_meta(state="complete")["note"] == "added by hand"
 
 
 def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
-    from swabench import schema
+    from swabench.store import schema
     (tmp_path / results.META).write_text(json.dumps({"scenario": "old", "jit_warmup_s": {"a": 1.0},
                                                      "jit_warmup_total_s": 1.0}))
     meta = results.read_meta(tmp_path)

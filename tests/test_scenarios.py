@@ -2,8 +2,8 @@ import textwrap
 
 import pytest
 
-from swabench import scenarios
-from swabench.scenarios import ScenarioError
+from swabench.spec import scenarios
+from swabench.spec.scenarios import ScenarioError
 
 SHIPPED = ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"]
 

@@ -2,8 +2,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swabench import semantics
-from swabench.semantics import Visibility
+from swabench.core import semantics
+from swabench.core.semantics import Visibility
 
 shapes = st.tuples(st.integers(1, 40), st.integers(0, 60), st.integers(-1, 50)).map(
     lambda t: (t[0], t[0] + t[1], t[2]))  # (qo_len, kv_len >= qo_len, window_left)

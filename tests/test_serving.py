@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from swabench import gate, reference, scenarios, semantics, workloads
+from swabench.core import gate, reference, semantics, workloads
+from swabench.spec import scenarios
 from swabench.impls import embedded, registry
 
 CASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=7, num_qo_heads=4, num_kv_heads=2,
@@ -22,7 +23,7 @@ def test_default_serving_axes_keep_every_published_case_id():
     """A run from before the serving axes: its scenario, expanded today, gives the ids it recorded."""
     from pathlib import Path
 
-    from swabench import results
+    from swabench.store import folder as results
     folder = Path(__file__).parent / "fixtures" / "h200-run"
     table, _ = results.load(folder)
     today = {c.case_id for c in scenarios.load(folder / "scenario.toml").cases}
@@ -250,7 +251,8 @@ kv_dtype = ["bfloat16", "fp8"]
 def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_twin(write_scenario, tmp_path):
     from conftest import invoke
 
-    from swabench import report, results
+    from swabench.publish import report
+    from swabench.store import folder as results
     r = invoke("run", write_scenario(SERVING_CPU), "--out", tmp_path / "run", "--device", "cpu")
     assert r.exit_code == 0, r.output
     table, _ = results.load(tmp_path / "run")
@@ -266,7 +268,7 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
                  & (table["kv_dtype"] == "bfloat16")].iloc[0]
     assert one["twin_us"] == twin["median_us"] and one["ratio"] == one["median_us"] / twin["median_us"]
     assert set(report.feature_costs(table)["feature"]) == {"sinks", "soft_cap", "fp8_kv"}
-    from swabench import findings
+    from swabench.publish import findings
     page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
     section = page.split("## Sinks, soft-cap and fp8 caches")[1].split("\n## ")[0]
     assert f"From `{tmp_path / 'run'}`:" in section and "| soft_cap | verify | torch-trim |" in section
@@ -275,7 +277,8 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
 def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_window_and_context():
     import pandas as pd
 
-    from swabench import report, results
+    from swabench.publish import report
+    from swabench.store import folder as results
     base = dict(kind="correct", status="pass", storage="paged", mode="decode", batch_size=8, seq_len=None,
                 qo_len=1, accept=None, window_left=127, sliding_window=128, page_size=16, page_layout="scattered",
                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", seed=0, logits_soft_cap=0.0,

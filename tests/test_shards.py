@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 from conftest import cpu_only, invoke
 
-from swabench import launch, results, scenarios, shards
+from swabench.run import launch, shards
+from swabench.store import folder as results
+from swabench.spec import scenarios
 
 TINY = """
 implementations = ["torch-trim", "torch-mask", "planted-wide"]

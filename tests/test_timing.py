@@ -3,7 +3,8 @@ import itertools
 import pandas as pd
 import pytest
 
-from swabench import results, timing
+from swabench.store import folder as results
+from swabench.measure import timing
 
 
 def test_sample_until_stops_when_quiet():

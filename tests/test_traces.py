@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
-from swabench import report, results, scenarios, traces
+from swabench.publish import report
+from swabench.store import folder as results
+from swabench.spec import scenarios, traces
 
 LAYER = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "sliding_window": 16, "page_size": 16}
 STEPS = [{"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]]},
@@ -101,7 +103,7 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     assert set(table[table["impl"] == "torch-trim"]["status"]) == {"pass"}
     text = report.write(tmp_path / "run", tmp_path / "report").read_text()
     assert "## Trace replay" in text and "| torch-trim | torch |" in text
-    from swabench import findings
+    from swabench.publish import findings
     page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
     section = page.split("## Models, traces and evicted pages")[1]
     assert f"From `{tmp_path / 'run'}`, replay of {trace}: ms per 1000 steps (5 steps, 3 distinct):" in section

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from swabench import footprint, scenarios, workloads
+from swabench.core import footprint, workloads
+from swabench.spec import scenarios
 
 
 def case(**kw):
@@ -116,7 +117,7 @@ def test_footprint_bounds_what_build_allocates(name):
     f = footprint.footprint(c)
     assert held <= f.device_bytes <= 3 * held + chunk, (held, f.device_bytes, chunk)
     assert f.kv_bytes == w.k_store.nbytes + w.v_store.nbytes
-    from swabench import semantics
+    from swabench.core import semantics
     dense = sum(q * k for q, k in zip(qo, kv)) + semantics.packed_mask_bytes(qo, kv)
     assert f.mask_bytes == dense if c.mode != "draft_extend" or c.accept == "full" else f.mask_bytes >= dense
     assert f.host_bytes >= 8 * (len(w.slots) + len(w.key_request) + len(w.key_position))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import semantics
+from swabench.core import semantics
 from .registry import Implementation, exact, register
 
 

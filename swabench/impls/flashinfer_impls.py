@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .. import semantics, workloads
+from swabench.core import semantics, workloads
 from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import semantics, workloads
+from swabench.core import semantics, workloads
 from . import flashinfer_impls as fi
 from .registry import Implementation, register
 

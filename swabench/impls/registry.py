@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Protocol
 
-from .. import semantics
+from swabench.core import semantics
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .markers import nvtx_range
+from swabench.measure.markers import nvtx_range
 
 
 @dataclass

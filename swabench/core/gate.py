@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import probes, reference, timing
+from swabench.core import probes, reference
+from swabench.measure import timing
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import footprint, models, semantics
-from .cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, Point, length_bound, parse_accept, parse_length
-from .errors import UserError
-from .impls import registry
-from .rules import Rule, RuleError, compile_rule
+from swabench.core import footprint, semantics
+from swabench.spec import models
+from swabench.core.cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, Point, length_bound, parse_accept, parse_length
+from swabench.errors import UserError
+from swabench.impls import registry
+from swabench.spec.rules import Rule, RuleError, compile_rule
 
 PAGE_LAYOUTS = ("scattered", "contiguous", "evicted-reused", "evicted-null")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -326,7 +327,7 @@ def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> Non
         seed = p["seed"]
         if b > footprint.DRAW_LIMIT:  # the impossible-size check has its say
             return
-        from .cases import draw_lengths
+        from swabench.core.cases import draw_lengths
         qo = draw_lengths(lengths["qo_len"], b, seed, LENGTH_SALT["qo_len"])
         seq = draw_lengths(lengths["seq_len"], b, seed, LENGTH_SALT["seq_len"])
         over = [(i, q, s) for i, (q, s) in enumerate(zip(qo, seq)) if q > s]
@@ -360,7 +361,7 @@ def _kv_dtype(p: dict, path, where) -> str | None:
 def _check_probe_fits(case: Case, path, where) -> None:
     """The gate's probe pass encodes key positions in the head dimension: a head_dim too small for
     the context cannot be checked, so it is refused here rather than failed by the gate."""
-    from . import probes
+    from swabench.core import probes
 
     keys = case.largest()[1]
     need = probes.required_head_dim(keys, case.window_left)
@@ -515,7 +516,7 @@ def shipped_dir() -> Path:
     spec = importlib.util.find_spec("swabench.scenario_files")  # a namespace package: a folder of .toml files
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "scenarios"
+    return Path(__file__).resolve().parents[2] / "scenarios"
 
 
 def scenario_dirs() -> list[Path]:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .errors import RunFailed, UserError
+from swabench.errors import RunFailed, UserError
 
 
 class InputError(click.ClickException):

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import environment, results, schema
-from .errors import RunFailed, UserError
+from swabench.run import environment
+from swabench.store import folder as results, schema
+from swabench.errors import RunFailed, UserError
 
 BENCHMARKS = environment.REPO / "benchmarks"  # a checkout's; an installed wheel has none
 
@@ -27,7 +28,7 @@ def default_out() -> Path:
 
 def run(out: Path, quick: bool = False) -> list[Path]:
     """Run the benchmarks into ``out``: meta.json, every round (compressed JSON) and the figure."""
-    from . import plots
+    from swabench.publish import plots
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import semantics
+from swabench.core import semantics
 
 KEYS = {  # axis -> the config.json key it comes from
     "num_qo_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",

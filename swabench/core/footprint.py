@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cases import QO_FIELD, Case, length_label
+from swabench.core.cases import QO_FIELD, Case, length_label
 
 REFERENCE_CHUNK_ELEMENTS = 1 << 26  # scores per chunk of the reference (256 MiB in float32): bounds 32k contexts
 

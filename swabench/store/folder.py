@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import schema
-from .errors import UserError
-from .schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STATUSES, TABLE  # noqa: F401  (re-exported)
+from swabench.store import schema
+from swabench.errors import UserError
+from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STATUSES, TABLE  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -250,7 +250,7 @@ def with_columns(df: pd.DataFrame) -> pd.DataFrame:
     lead = list(COLUMNS)
     df = df.reindex(columns=lead + [c for c in df.columns if c not in lead])
     if df["wrapper"].isna().any() and len(df):  # written before the column named the wrapper family
-        from .impls import registry
+        from swabench.impls import registry
         family = {i.name: i.family for i in registry.all_implementations()}
         df["wrapper"] = df["wrapper"].astype(object).fillna(df["impl"].map(family))
     return df
@@ -258,7 +258,7 @@ def with_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 def _default_backend(impl_name: str) -> str:
     """The backend a baseline is timed on when the point's own backend has none (fa3 has no masks)."""
-    from .impls import registry
+    from swabench.impls import registry
 
     impl = registry.get(impl_name)
     return impl.backends[0] if impl.backends else impl.library
@@ -270,7 +270,7 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     and percent of the measured bf16 matmul rate and copy bandwidth."""
     if table.empty:
         return table
-    from .impls import registry
+    from swabench.impls import registry
 
     timed = table.dropna(subset=["median_us"])
     medians = {(r.case_id, r.impl, r.backend): r.median_us for r in timed.itertuples()}
@@ -293,7 +293,7 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
 def reference_library() -> str | None:
     """The library the reference paths belong to (FlashInfer): its baselines are the headline's."""
-    from .impls import registry
+    from swabench.impls import registry
 
     paths = [registry.reference_path(s) for s in ("paged", "ragged")]
     return next((registry.get(impl).library for impl, _ in filter(None, paths)), None)
@@ -302,7 +302,7 @@ def reference_library() -> str | None:
 def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of the headline: the reference library's correct paths other than its baselines, on
     the reference backend (fa2's window and trim paths)."""
-    from .impls import registry
+    from swabench.impls import registry
 
     ref = registry.reference_path("paged") or registry.reference_path("ragged")
     if ref is None:
@@ -317,7 +317,7 @@ def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFram
     """Every other timed correct path against the reference path declared for its storage (fa2's
     window path) on the same case: one row per point with ``ratio`` = its time / the reference's.
     ``baselines=False`` leaves out the reference library's own baselines (the headline's subject)."""
-    from .impls import registry
+    from swabench.impls import registry
 
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
     if t.empty:
@@ -362,8 +362,8 @@ def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
 
     import pandas as pd
 
-    from .cases import Case
-    from .impls import registry
+    from swabench.core.cases import Case
+    from swabench.impls import registry
 
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
     axes = [f.name for f in fields(Case) if f.name in t.columns]

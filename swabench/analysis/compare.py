@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import results
-from .errors import UserError
-from .markdown import environment_line, markdown_table
+from swabench.store import folder as results
+from swabench.errors import UserError
+from swabench.publish.markdown import environment_line, markdown_table
 
 KEY = list(results.KEY)
 # What reading a damaged run folder can raise: pandas' ParserError and EmptyDataError, JSON and

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from . import semantics
+from swabench.core import semantics
 
 MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
@@ -129,7 +129,7 @@ class Case:
     logits_soft_cap: float = 0.0  # l = cap * tanh(l / cap) when > 0 (Gemma 2)
     sm_scale: float | None = None  # None: head_dim ** -0.5
     kv_dtype: str | None = None  # None: the same as dtype
-    model: str | None = None  # the preset (swabench.models) that set the head shape, window and features
+    model: str | None = None  # the preset (swabench.spec.models) that set the head shape, window and features
 
     @property
     def scale(self) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .footprint import REFERENCE_CHUNK_ELEMENTS as CHUNK_ELEMENTS
-from .workloads import Workload
+from swabench.core.footprint import REFERENCE_CHUNK_ELEMENTS as CHUNK_ELEMENTS
+from swabench.core.workloads import Workload
 
 
 def accumulate_dtype(device: torch.device) -> torch.dtype:

@@ -12,10 +12,10 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from .impls import registry
-from .cases import MODES
-from . import results
-from .results import headline_paths, reference_library, versus_reference
+from swabench.impls import registry
+from swabench.core.cases import MODES
+from swabench.store import folder as results
+from swabench.store.folder import headline_paths, reference_library, versus_reference
 
 matplotlib.use("Agg")
 

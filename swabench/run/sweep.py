@@ -15,11 +15,12 @@ from typing import Iterator
 
 import torch
 
-from . import footprint, gate, semantics, timing, workloads
-from .cases import Point
-from .impls import registry
-from .markers import nvtx_range, point_range_name
-from .scenarios import make_case
+from swabench.core import footprint, gate, semantics, workloads
+from swabench.measure import timing
+from swabench.core.cases import Point
+from swabench.impls import registry
+from swabench.measure.markers import nvtx_range, point_range_name
+from swabench.spec.scenarios import make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
@@ -44,7 +45,7 @@ def timer_method(options: SweepOptions) -> dict:
     return {"kernel_time": kernel if options.timed else "not timed (gate only)",
             "plan_time": f"host wall clock of plan(), median of {PLAN_TIMER.min_repeats}+ calls after "
                          f"{PLAN_TIMER.warmup} warm-up (the warm-up absorbs module loading)",
-            "gate": "random N(0,1) pass + probe passes (swabench.probes) against the reference "
+            "gate": "random N(0,1) pass + probe passes (swabench.core.probes) against the reference "
                     "(float64 on CPU, float32 on GPU); output poisoned with NaN before each call",
             "tolerances": {k: vars(v) for k, v in gate.TOLERANCES.items()}}
 

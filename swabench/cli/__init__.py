@@ -12,8 +12,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__, launch, runs, scenarios, shards
-from .console import (Bar, InputError, Main, case_option, costs_option, device_of, impl_option, l2_option,
+from swabench import __version__
+from swabench.run import launch, lifecycle as runs, shards
+from swabench.spec import scenarios
+from swabench.cli.options import (Bar, InputError, Main, case_option, costs_option, device_of, impl_option, l2_option,
                       model_option, opt, out_option, run_dir, run_options)
 
 
@@ -30,7 +32,7 @@ def model_scenario(scenario, model, device_type: str) -> str | None:
     models-cpu.toml without one); the name is checked here, before any work."""
     if not model:
         return scenario
-    from . import models
+    from swabench.spec import models
     if model not in models.MODELS:
         raise InputError(f"--model: unknown model {model!r}; known: {', '.join(models.MODELS)}")
     return scenario or ("models" if device_type == "cuda" else "models-cpu")
@@ -68,7 +70,7 @@ def report_outcome(outcome: runs.Outcome, strict: bool, resume_with: str) -> Non
 
 
 def summary(table, out: Path) -> None:
-    from .markdown import console_summary
+    from swabench.publish.markdown import console_summary
 
     colours = {"  FAIL": "red", "  XPASS": "yellow"}
     click.echo(f"\nresults: {out}" if len(table) else "no rows")
@@ -125,7 +127,7 @@ def check(scenario, out, device, impls, cases, model, resume, strict):
 @main.command("list")
 def list_cmd():
     """Scenario files and implementations."""
-    from .impls import registry
+    from swabench.impls import registry
 
     click.echo("scenarios:\n" + scenarios.listing() + "\n\nimplementations:\n" + registry.listing(device_of("auto")))
 
@@ -161,9 +163,10 @@ def replay(trace, impls, device, out, resume, backends, l2):
     (mode extend, verify or decode; the layer a model preset or its shape axes; count optional)."""
     import hashlib
 
-    from . import results, traces
-    from .impls import registry
-    from .markdown import markdown_table
+    from swabench.store import folder as results
+    from swabench.spec import traces
+    from swabench.impls import registry
+    from swabench.publish.markdown import markdown_table
 
     steps = traces.read(trace)
     names = list(impls) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
@@ -185,7 +188,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
 @main.command("models")
 def models_cmd():
     """The model presets: each one's sliding-window layer shape and where it was checked."""
-    from . import models
+    from swabench.spec import models
 
     click.echo(models.listing())
 
@@ -231,7 +234,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
 def warmup(scenario, jobs, impls):
     """Build every JIT module SCENARIO needs (in parallel) and say what it built and how long it took;
     `swabench run` does the same before timing, so no compile lands in a timed region."""
-    from . import sweep
+    from swabench.run import sweep
 
     click.echo(sweep.warm_up(load(scenario, impls).points, device_of("cuda", "warmup"), jobs).text())
 
@@ -246,7 +249,7 @@ def warmup(scenario, jobs, impls):
 @opt("--allow-different-gpus", is_flag=True, help="Compare runs made on different devices anyway.")
 def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
     """Point-by-point timing comparison of two run folders; exit 1 on a significant regression."""
-    from . import compare
+    from swabench.analysis import compare
 
     result = compare.compare(base, new, threshold, alpha, allow_different_gpus)
     for warning in result.warnings:
@@ -256,13 +259,13 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 
 
 def figures_out(run, out) -> Path:
-    from . import results
+    from swabench.store import folder as results
 
     return results.make_folder(Path(out) if out else Path("plots") / Path(run).resolve().name)
 
 
 def read_run(run):
-    from . import results
+    from swabench.store import folder as results
 
     table, meta = results.load(run)
     note = results.completeness(meta, table)
@@ -276,7 +279,7 @@ def read_run(run):
 @opt("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
 def plot(run_dir, out):
     """Figures of a run folder, PNG and SVG."""
-    from . import plots
+    from swabench.publish import plots
 
     for name, paths in plots.make_all(*read_run(run_dir), figures_out(run_dir, out)).items():
         click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
@@ -287,7 +290,7 @@ def plot(run_dir, out):
 @opt("--out", type=click.Path(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
 def report_cmd(run_dir, out):
     """One Markdown report (environment, method, correctness, headline, figures) for a pull request."""
-    from . import report
+    from swabench.publish import report
 
     read_run(run_dir)
     click.echo(report.write(run_dir, figures_out(run_dir, out)))
@@ -298,7 +301,7 @@ def report_cmd(run_dir, out):
 @opt("--out", type=click.Path(dir_okay=False), default="FINDINGS.md", show_default=True, help="The page to write.")
 def findings(run_dirs, out):
     """The findings page: what the runs show, each number with the run folder it comes from."""
-    from . import findings as page
+    from swabench.publish import findings as page
 
     click.echo(page.write([Path(r) for r in run_dirs], Path(out)))
 
@@ -307,7 +310,7 @@ def findings(run_dirs, out):
 @run_dir
 def summary_cmd(run_dir):
     """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
-    from . import report
+    from swabench.publish import report
 
     table, meta = read_run(run_dir)
     click.echo("\n\n".join(filter(None, (report.correctness_summary(table, meta), report.timing_summary(table, meta)))))
@@ -319,7 +322,7 @@ def summary_cmd(run_dir):
 def bench_host(out, quick):
     """pytest-benchmark of the host work a step pays (mask build and packing, trimmed page tables,
     indptr arrays), saved as JSON in a run folder and plotted beside it."""
-    from . import hostbench
+    from swabench.run import hostbench
 
     for path in hostbench.run(Path(out) if out else hostbench.default_out(), quick):
         click.echo(path)
@@ -337,7 +340,7 @@ def bench_host(out, quick):
 @l2_option
 def profile(scenario, out, impls, cases, tool, against, l2):
     """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
-    from . import profiling
+    from swabench.run import profiling
 
     device = device_of("cuda", "profile")
     s = load(scenario, impls, cases, device.type)
@@ -359,6 +362,6 @@ def profile(scenario, out, impls, cases, tool, against, l2):
 @opt("--peaks", "measure_peaks", is_flag=True, help="Also measure the node's bf16 matmul rate and copy bandwidth.")
 def env(measure_peaks):
     """What is installed and usable here: GPU, CUDA, torch, flashinfer, nsys."""
-    from . import environment
+    from swabench.run import environment
 
     click.echo(environment.describe(device_of("auto"), measure_peaks))

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__
+from swabench import __version__
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(cmd: list[str], cwd=None) -> str | None:
@@ -116,9 +116,9 @@ def collect_command() -> str:
 def describe(device, measure_peaks: bool = False) -> str:
     """What ``swabench env`` prints: ``collect``'s fields, the peaks if asked, the implementations
     usable here."""
-    from . import peaks
-    from .errors import UserError
-    from .impls import registry
+    from swabench.measure import peaks
+    from swabench.errors import UserError
+    from swabench.impls import registry
 
     if measure_peaks and device.type != "cuda":
         raise UserError("--peaks: no CUDA device here; peaks are GPU measurements")

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import models, scenarios, semantics
-from .cases import QO_FIELD
-from .errors import UserError
+from swabench.spec import models, scenarios
+from swabench.core import semantics
+from swabench.core.cases import QO_FIELD
+from swabench.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd

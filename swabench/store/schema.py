@@ -77,7 +77,7 @@ def check_meta(meta: dict) -> dict:
     bug here, not a new field: ValueError)."""
     unknown = [k for k in meta if k not in META_KEYS and not k.startswith(META_PREFIXES)]
     if unknown:
-        raise ValueError(f"meta.json keys not defined in swabench.schema: {', '.join(sorted(unknown))}")
+        raise ValueError(f"meta.json keys not defined in swabench.store.schema: {', '.join(sorted(unknown))}")
     return meta
 
 

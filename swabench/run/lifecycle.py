@@ -21,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from . import STARTED, launch, scenarios, schema
-from .results import RunFolderError, RunStore, refuse_a_run, text_hash
+from swabench import STARTED
+from swabench.run import launch
+from swabench.spec import scenarios
+from swabench.store import schema
+from swabench.store.folder import RunFolderError, RunStore, refuse_a_run, text_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -136,7 +139,7 @@ def interrupt_on_sigterm():
 def open_store(request: Request) -> RunStore:
     """The run folder, created with its metadata or reopened to resume; RunFolderError before any
     GPU work when it cannot be."""
-    from . import environment, sweep
+    from swabench.run import environment, sweep
 
     s = request.scenario
     if request.resume:
@@ -177,7 +180,8 @@ def rerun_command(out: Path, command: str | None = None, resume: bool = True) ->
 
 
 def sweep_options(request: Request, unbuildable: dict | None = None):
-    from . import sweep, timing
+    from swabench.run import sweep
+    from swabench.measure import timing
 
     return sweep.SweepOptions(device=request.device, timed=request.timed, unbuildable=unbuildable or {},
                               graph_timer=timing.GraphTimerOptions(l2=request.l2))
@@ -187,7 +191,7 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
     """Sweep every point of the request not yet in its folder.  The folder is finalized whatever
     happens from the moment it is open: interrupted (Ctrl-C, SIGTERM) from the GPU preparation on,
     or crashed (recorded as such, and re-raised)."""
-    from . import sweep
+    from swabench.run import sweep
 
     store = open_store(request)
     s, state, started = request.scenario, "complete", time.perf_counter()
@@ -233,7 +237,8 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
 def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> dict:
     """Measure the node's peaks (once per run folder) and build every JIT module before timing;
     returns the modules that could not be built (their points skip instead of building again)."""
-    from . import peaks, sweep
+    from swabench.measure import peaks
+    from swabench.run import sweep
 
     if timed and "peaks" not in store.meta():
         progress.note("measuring the node's bf16 matmul rate and copy bandwidth ...")
@@ -265,7 +270,7 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
     launcher then checks the input in full (each worker checks it too, before any GPU work) and stops
     them, keeping nothing, if it is bad.  Interrupted: every worker keeps its rows, and the same
     launch resumes them."""
-    from . import shards
+    from swabench.run import shards
 
     r = launch_request
     refuse_a_run(r.out, "choose another --out (the shards resume on their own)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cases import Case, parse_accept
+from swabench.core.cases import Case, parse_accept
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                 "float8_e4m3": torch.float8_e4m3fn}

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import report, results
-from .cases import MODES
-from .impls import registry
-from .markdown import environment_line, markdown_table
+from swabench.publish import report
+from swabench.store import folder as results
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.markdown import environment_line, markdown_table
 
 NOISE = 0.02  # the noise bar (IQR / median) a timed point is held to, as in `swabench summary`
 TIE = NOISE  # so a ratio within 2% of 1 is the same time, not a win or a loss

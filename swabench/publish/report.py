@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import models, results, schema
-from .cases import MODES
-from .impls import registry
-from .markdown import environment_line, markdown_table
+from swabench.spec import models
+from swabench.store import folder as results, schema
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.markdown import environment_line, markdown_table
 
 STATUS_ORDER = list(schema.STATUSES)
 
@@ -205,7 +206,7 @@ def replay_table(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     trace = meta.get("trace")
     if not trace:
         return pd.DataFrame()
-    from . import traces
+    from swabench.spec import traces
     return traces.per_thousand_steps(table, trace["weights"], trace.get("modes"))
 
 
@@ -216,7 +217,7 @@ def _section(title: str, caption: str, frame: pd.DataFrame) -> list[str]:
 
 def write(run_dir: Path, out: Path) -> Path:
     """REPORT.md and its figures in ``out``, from the run folder alone."""
-    from . import plots
+    from swabench.publish import plots
 
     run_dir, out = Path(run_dir), Path(out)
     table, meta = results.load(run_dir)

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import results, runs
-from .errors import UserError
-from .markers import parse_point
+from swabench.store import folder as results
+from swabench.run import lifecycle as runs
+from swabench.errors import UserError
+from swabench.measure.markers import parse_point
 
 if TYPE_CHECKING:
     import pandas as pd

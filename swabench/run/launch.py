@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import RunFailed, UserError
-from .results import make_folder, refuse_a_run
-from .schema import META, ROWS
+from swabench.errors import RunFailed, UserError
+from swabench.store.folder import make_folder, refuse_a_run
+from swabench.store.schema import META, ROWS
 
 
 class LaunchError(UserError, ValueError):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import results, schema
-from .errors import UserError
-from .impls import registry
-from .scenarios import Scenario
+from swabench.store import folder as results, schema
+from swabench.errors import UserError
+from swabench.impls import registry
+from swabench.spec.scenarios import Scenario
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,7 +158,7 @@ def check_complete(metas: list[dict], folders) -> str | None:
 def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[results.RunStore, pd.DataFrame]:
     """One run folder from the shards of one scenario file: its store and table.  Refuses a set that
     misses shards unless ``partial`` (the merged folder then says it is incomplete)."""
-    from . import environment
+    from swabench.run import environment
 
     metas = [results.read_meta(f) for f in folders]
     hashes = {m.get("scenario_sha256") for m in metas}

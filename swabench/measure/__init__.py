@@ -1,0 +1,1 @@
+"""How time is taken: CUDA-graph and host timers, NVTX ranges, the node's measured peaks."""

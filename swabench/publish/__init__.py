@@ -1,0 +1,1 @@
+"""What people read: Markdown tables, the section registry, reports, the findings page, figures."""

@@ -1,0 +1,1 @@
+"""Running a sweep: the per-point loop, a run's lifecycle, shards and launches, environment, profiling."""

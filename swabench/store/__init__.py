@@ -1,0 +1,1 @@
+"""The run folder: its format (schema) and the store that writes and reads it."""
