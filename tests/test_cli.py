@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from conftest import TINY, cpu_only, invoke
 
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.spec import scenarios
 from swabench.run import sweep
 
@@ -24,7 +24,7 @@ def test_run_end_to_end_on_the_cpu(tiny, tmp_path):
     r = invoke("run", tiny, "--out", out, "--device", "cpu")
     assert r.exit_code == 0, r.output
     assert "embedded backend" in r.output
-    table = pd.read_csv(out / results.TABLE)
+    table = pd.read_csv(out / run_folder.TABLE)
     correct = table[table["impl"].isin(["torch-trim", "torch-mask"])]
     assert (correct["status"] == "pass").all() and (correct["median_us"] > 0).all()
     assert (correct["rel_l2"] < 1e-2).all() and (correct["tflops"] > 0).all()
@@ -38,19 +38,19 @@ def test_run_end_to_end_on_the_cpu(tiny, tmp_path):
                    "head_dim", "dtype", "rel_l2", "max_abs", "plan_us", "median_us", "iqr_us", "noise",
                    "eager_us", "tflops", "tbps"]:
         assert column in table.columns or column == "eager_us", column
-    meta = json.loads((out / results.META).read_text())
+    meta = json.loads((out / run_folder.META).read_text())
     assert meta["state"] == "complete" and meta["torch"] and meta["embedded_backend"]
     assert "host wall clock" in meta["method"]["kernel_time"]
     assert 0 <= meta["setup_s"] and 0 < meta["wall_s"] <= meta["total_s"]  # start-up recorded apart from the sweep
-    assert (out / results.SCENARIO).read_text() == TINY
-    samples = pd.read_csv(out / results.SAMPLES)
+    assert (out / run_folder.SCENARIO).read_text() == TINY
+    samples = pd.read_csv(out / run_folder.SAMPLES)
     assert set(samples["kind"]) == {"plan", "kernel"}
 
 
 def test_check_is_gate_only(tiny, tmp_path):
     r = invoke("check", tiny, "--out", tmp_path / "c", "--device", "cpu", "--impl", "torch-trim", "--impl", "planted-wide")
     assert r.exit_code == 0, r.output
-    table = pd.read_csv(tmp_path / "c" / results.TABLE)
+    table = pd.read_csv(tmp_path / "c" / run_folder.TABLE)
     assert set(table["impl"]) == {"torch-trim", "planted-wide"}
     assert "median_us" not in table or table["median_us"].isna().all()
     assert set(table["status"]) == {"pass", "xfail"}
@@ -69,19 +69,19 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
     monkeypatch.setattr(sweep, "measure_point", interrupted)
     r = invoke("run", tiny, "--out", out, "--device", "cpu")
     assert r.exit_code == 130 and "--resume" in r.output
-    kept = pd.read_csv(out / results.TABLE)
+    kept = pd.read_csv(out / run_folder.TABLE)
     assert len(kept) >= 4
     monkeypatch.setattr(sweep, "measure_point", real)
     r = invoke("run", tiny, "--out", out, "--device", "cpu", "--resume")
     assert r.exit_code == 0, r.output
-    table = pd.read_csv(out / results.TABLE)
+    table = pd.read_csv(out / run_folder.TABLE)
     full = invoke("run", tiny, "--out", tmp_path / "full", "--device", "cpu")
     assert full.exit_code == 0
-    expected = pd.read_csv(tmp_path / "full" / results.TABLE)
+    expected = pd.read_csv(tmp_path / "full" / run_folder.TABLE)
     key = ["case_id", "impl", "backend"]
     assert not table.duplicated(key).any()
     assert sorted(map(tuple, table[key].values)) == sorted(map(tuple, expected[key].values))
-    assert json.loads((out / results.META).read_text())["state"] == "complete"
+    assert json.loads((out / run_folder.META).read_text())["state"] == "complete"
 
 
 @pytest.mark.parametrize("edit,words", [
@@ -108,10 +108,10 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, tiny, edit, words):
 def test_existing_run_is_never_overwritten(tiny, tmp_path):
     out = tmp_path / "run"
     invoke("run", tiny, "--out", out, "--device", "cpu", "--impl", "torch-trim")
-    before = (out / results.ROWS).read_bytes()
+    before = (out / run_folder.ROWS).read_bytes()
     r = invoke("run", tiny, "--out", out, "--device", "cpu")
     assert r.exit_code == 2 and "already holds a run" in r.output
-    assert (out / results.ROWS).read_bytes() == before
+    assert (out / run_folder.ROWS).read_bytes() == before
 
 
 def test_unreadable_file_and_unknown_scenario(tmp_path):
@@ -143,7 +143,7 @@ def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     assert "running cpu.toml" in r.output
     (run,) = (tmp_path / "results").iterdir()
-    table = pd.read_csv(run / results.TABLE)
+    table = pd.read_csv(run / run_folder.TABLE)
     assert len(table) == 64 and (table["status"] == "pass").all() and (table["median_us"] > 0).all()
 
 
@@ -169,7 +169,7 @@ def test_exit_status_fail_is_fatal_xpass_only_with_strict(tiny, tmp_path, monkey
         r = invoke("check", path, "--out", out, "--device", "cpu", *(["--strict"] if strict else []))
         assert r.exit_code == code, r.output
         assert status.upper() in r.output
-        assert set(pd.read_csv(out / results.TABLE)["status"]) == {status}
+        assert set(pd.read_csv(out / run_folder.TABLE)["status"]) == {status}
         summary = invoke("summary", out)
         assert summary.exit_code == 0 and f"| {impl} |" in summary.output
 
@@ -222,17 +222,17 @@ def test_sigterm_keeps_finished_rows_and_resume_completes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
-    while time.time() < deadline and not ((out / results.ROWS).exists() and (out / results.ROWS).stat().st_size):
+    while time.time() < deadline and not ((out / run_folder.ROWS).exists() and (out / run_folder.ROWS).stat().st_size):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=60)[0].decode()
     assert proc.returncode == 130, output
     total = len(scenarios.load(scenario).points)
-    kept = pd.read_csv(out / results.TABLE)
-    assert 1 <= len(kept) < total and json.loads((out / results.META).read_text())["state"] == "interrupted"
+    kept = pd.read_csv(out / run_folder.TABLE)
+    assert 1 <= len(kept) < total and json.loads((out / run_folder.META).read_text())["state"] == "interrupted"
     r = invoke("run", scenario, "--device", "cpu", "--out", out, "--resume")
     assert r.exit_code == 0
-    assert len(pd.read_csv(out / results.TABLE)) == total
+    assert len(pd.read_csv(out / run_folder.TABLE)) == total
 
 
 def test_the_command_line_starts_without_torch_pandas_or_pyplot():

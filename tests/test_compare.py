@@ -10,8 +10,8 @@ import pytest
 from conftest import invoke
 
 from swabench.analysis import compare
-from swabench.store import folder as results
-from swabench.store.folder import RunStore
+from swabench.store import run_folder
+from swabench.store.run_folder import RunStore
 
 
 def test_mann_whitney_matches_the_asymptotic_reference():
@@ -160,17 +160,17 @@ def interrupt(run, out, keep: int):
     """A copy of ``run`` as an interrupted sweep leaves it: the first ``keep`` rows in the journal,
     no results.csv / samples.csv, meta.json state "interrupted"."""
     shutil.copytree(run, out)
-    (out / results.TABLE).unlink()
-    (out / results.SAMPLES).unlink()
-    lines = (out / results.ROWS).read_text().splitlines(keepends=True)
-    (out / results.ROWS).write_text("".join(lines[:keep]) + lines[keep][:20])  # and a half-written line
-    meta = json.loads((out / results.META).read_text())
-    (out / results.META).write_text(json.dumps({**meta, "state": "interrupted"}))
+    (out / run_folder.TABLE).unlink()
+    (out / run_folder.SAMPLES).unlink()
+    lines = (out / run_folder.ROWS).read_text().splitlines(keepends=True)
+    (out / run_folder.ROWS).write_text("".join(lines[:keep]) + lines[keep][:20])  # and a half-written line
+    meta = json.loads((out / run_folder.META).read_text())
+    (out / run_folder.META).write_text(json.dumps({**meta, "state": "interrupted"}))
     return out
 
 
 def test_an_interrupted_run_compares_with_a_warning(cpu_run, tmp_path):
-    total = len(results.read_rows(cpu_run))
+    total = len(run_folder.read_rows(cpu_run))
     assert total == 8
     partial = interrupt(cpu_run, tmp_path / "partial", keep=5)
     c = compare.compare(cpu_run, partial)
@@ -182,7 +182,7 @@ def test_an_interrupted_run_compares_with_a_warning(cpu_run, tmp_path):
     assert c.table.loc[c.table["verdict"] != "only in one run", "p"].notna().all()  # samples from the journal
     # The other way round, against a published folder (results.csv and samples.csv, no journal).
     published = shutil.copytree(cpu_run, tmp_path / "published")
-    (published / results.ROWS).unlink()
+    (published / run_folder.ROWS).unlink()
     c = compare.compare(partial, published)
     assert (c.joined, c.only_base, c.only_new) == (5, 0, 3)
     assert len(c.warnings) == 1 and c.warnings[0].startswith("BASE is not a complete run (interrupted: 5 ")
@@ -212,7 +212,7 @@ def good(tmp_path):
 def published_copy(run, out):
     """``run`` as a published folder: results.csv and samples.csv, no journal."""
     shutil.copytree(run, out)
-    (out / results.ROWS).unlink()
+    (out / run_folder.ROWS).unlink()
     return out
 
 
@@ -224,7 +224,7 @@ def test_a_folder_that_is_not_a_run_is_refused(good, tmp_path):
     with pytest.raises(compare.CompareError, match=r"BASE .*README.md is not a swabench run folder"):
         compare.compare(tmp_path / "notes" / "README.md", good)
     (tmp_path / "meta-only").mkdir()
-    (tmp_path / "meta-only" / results.META).write_text("{}")
+    (tmp_path / "meta-only" / run_folder.META).write_text("{}")
     with pytest.raises(compare.CompareError, match="has no results.csv and no rows.jsonl"):
         compare.compare(good, tmp_path / "meta-only")
 
@@ -237,18 +237,18 @@ def test_a_folder_that_is_not_a_run_is_refused(good, tmp_path):
 ])
 def test_garbage_meta_json_is_refused(good, tmp_path, text, match):
     bad = shutil.copytree(good, tmp_path / "bad")
-    path = bad / results.META
+    path = bad / run_folder.META
     path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.raises(compare.CompareError, match=rf"^NEW .*bad.*meta\.json.*{match}"):
         compare.compare(good, bad)
 
 
 @pytest.mark.parametrize("name, drop, match", [
-    (results.TABLE, "status", r"results\.csv.* no column status"),
-    (results.TABLE, "case_id", r"results\.csv.* no column case_id"),
-    (results.TABLE, "impl", r"results\.csv.* no column impl"),
-    (results.SAMPLES, "value_us", r"samples\.csv.* no column value_us"),
-    (results.SAMPLES, "backend", r"samples\.csv.* no column backend"),
+    (run_folder.TABLE, "status", r"results\.csv.* no column status"),
+    (run_folder.TABLE, "case_id", r"results\.csv.* no column case_id"),
+    (run_folder.TABLE, "impl", r"results\.csv.* no column impl"),
+    (run_folder.SAMPLES, "value_us", r"samples\.csv.* no column value_us"),
+    (run_folder.SAMPLES, "backend", r"samples\.csv.* no column backend"),
 ])
 def test_a_csv_missing_columns_is_refused(good, tmp_path, name, drop, match):
     import pandas as pd
@@ -259,9 +259,9 @@ def test_a_csv_missing_columns_is_refused(good, tmp_path, name, drop, match):
 
 
 @pytest.mark.parametrize("name, text, match", [
-    (results.TABLE, "", r"results\.csv (is unreadable|cannot be read).*EmptyDataError"),
-    (results.SAMPLES, "", r"samples\.csv (is unreadable|cannot be read).*EmptyDataError"),
-    (results.TABLE, 'case_id,impl,backend,status\nc1,a,fa2,pass\n"c2,b',
+    (run_folder.TABLE, "", r"results\.csv (is unreadable|cannot be read).*EmptyDataError"),
+    (run_folder.SAMPLES, "", r"samples\.csv (is unreadable|cannot be read).*EmptyDataError"),
+    (run_folder.TABLE, 'case_id,impl,backend,status\nc1,a,fa2,pass\n"c2,b',
      r"results\.csv (is unreadable|cannot be read)"),
 ])
 def test_a_damaged_csv_is_refused(good, tmp_path, name, text, match):
@@ -273,14 +273,14 @@ def test_a_damaged_csv_is_refused(good, tmp_path, name, text, match):
 
 def test_a_published_folder_without_samples_is_refused(good, tmp_path):
     bad = published_copy(good, tmp_path / "bad")
-    (bad / results.SAMPLES).unlink()
+    (bad / run_folder.SAMPLES).unlink()
     with pytest.raises(compare.CompareError, match="has results.csv but no samples.csv"):
         compare.compare(good, bad)
 
 
 def test_a_damaged_journal_is_refused(good, tmp_path):
     bad = shutil.copytree(good, tmp_path / "bad")
-    with open(bad / results.ROWS, "a") as f:
+    with open(bad / run_folder.ROWS, "a") as f:
         f.write(json.dumps({"impl": "x", "backend": "fa2"}) + "\n")  # a row without its case_id
     with pytest.raises(compare.CompareError, match=r"^NEW .*bad.*rows\.jsonl.*damaged"):
         compare.compare(good, bad)

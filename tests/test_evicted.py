@@ -5,6 +5,7 @@ kernels that read before the window from those that do not."""
 import pytest
 import torch
 
+from swabench.analysis import versus
 from swabench.core import gate, workloads
 from swabench.publish import report
 from swabench.spec import scenarios
@@ -89,8 +90,6 @@ def test_a_leak_into_an_evicted_page_is_an_order_one_error():
 
 def test_evicted_layouts_are_not_plain():
     import pandas as pd
-
-    from swabench.store import folder as results
     t = pd.DataFrame({"impl": ["a"] * 3, "page_layout": ["scattered", "evicted-null", None], "sinks": False,
                       "logits_soft_cap": 0.0, "kv_dtype": "bfloat16", "dtype": "bfloat16"})
-    assert results.plain(t).index.tolist() == [0, 2]  # ragged storage has no page layout: plain
+    assert versus.plain(t).index.tolist() == [0, 2]  # ragged storage has no page layout: plain

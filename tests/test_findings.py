@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY, invoke
 
+from swabench.analysis import derived
 from swabench.publish import findings, report
-from swabench.store import folder as results
 from swabench.run import sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
@@ -106,7 +106,7 @@ def test_every_number_names_its_folder(page, cpu_run, start):
 
 
 def test_headline_is_report_headline_of_the_folder(page):
-    table, _ = results.load(H200_RUN)
+    table, _ = derived.load(H200_RUN)
     expected = report.headline(table)
     rows = table_under(section(page, "Headline"), f"From `{H200_RUN}`:")
     assert cells(rows[0]) == list(expected.columns)
@@ -120,7 +120,7 @@ def test_headline_is_report_headline_of_the_folder(page):
 
 
 def test_reference_table_holds_report_versus_reference_medians(page):
-    table, _ = results.load(H200_RUN)
+    table, _ = derived.load(H200_RUN)
     expected = report.versus_reference(table)
     rows = table_under(section(page, "Against the reference path"), f"From `{H200_RUN}`:")
     header = cells(rows[0])
@@ -148,7 +148,7 @@ def test_correctness_counts_and_known_bugs(page, cpu_run):
     counts = {c[0]: c for c in map(cells, table_under(lines, next(x for x in lines if x.startswith("Points per"))))}
     header = counts.pop("run")
     h200 = dict(zip(header, counts[f"`{H200_RUN}`"]))
-    table, _ = results.load(H200_RUN)
+    table, _ = derived.load(H200_RUN)
     for status in report.STATUS_ORDER:
         assert int(h200[status]) == int((table["status"] == status).sum()), status
     assert h200["limits (rel-L2 / row)"] == "0.01 / 0.05"
@@ -160,7 +160,7 @@ def test_correctness_counts_and_known_bugs(page, cpu_run):
 
 
 def test_a_failed_correct_path_is_named(tmp_path):
-    table, meta = results.load(H200_RUN)
+    table, meta = derived.load(H200_RUN)
     table.loc[(table["impl"] == "paged-window") & (table["backend"] == "fa3"), "status"] = "fail"
     text = findings.page([findings.Run("runs/x", table, meta)], "swabench findings runs/x")
     assert "**`paged-window` [fa3], a correct implementation, failed the gate on 1 point** (`runs/x`)." in text
@@ -207,7 +207,7 @@ def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monke
     stop_at(4)
     assert invoke("run", tiny, "--out", tmp_path / "cut", "--device", "cpu").exit_code == 130
     folders = [skipped, tmp_path / "empty", tmp_path / "cut"]
-    assert len(results.load(tmp_path / "empty")[0]) == 0 and len(results.load(tmp_path / "cut")[0]) == 3
+    assert len(derived.load(tmp_path / "empty")[0]) == 0 and len(derived.load(tmp_path / "cut")[0]) == 3
     text = findings.write(folders, tmp_path / "F.md").read_text()
     runs = {line.split("`")[1]: line for line in section(text, "Runs") if line.startswith("- ")}
     assert "Incomplete" not in runs[str(skipped)]
@@ -233,7 +233,7 @@ def test_cli_writes_the_page_and_refuses_a_folder_that_is_not_a_run(cpu_run, tmp
 
 
 def test_workspace_section_names_the_shapes_past_256_mib():
-    table, meta = results.load(H200_RUN)
+    table, meta = derived.load(H200_RUN)
     table = table.assign(workspace_mib=[512.0 if q == 64 else 256.0 for q in table["batch_size"]])
     run = findings.Run("frozen", table, meta)
     lines = findings.workspace([run])

@@ -15,7 +15,7 @@ import pytest
 from conftest import invoke
 
 from swabench.core import footprint, workloads
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.spec import scenarios
 from swabench.impls import registry
 
@@ -42,7 +42,7 @@ def scenario(tmp_path, text=TINY, name="s.toml"):
 
 
 def snapshot(folder):
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != results.LOCK}
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != run_folder.LOCK}
 
 
 # 1. the scenario name becomes a folder name
@@ -81,15 +81,15 @@ def runs_in_every_state(tmp_path):
     xfail = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["planted-wide"]'), "xfail.toml")
     assert invoke("run", xfail, "--device", "cpu", "--out", tmp_path / "all-xfail").exit_code == 0
     folders["all-xfail"] = tmp_path / "all-xfail"
-    store = results.RunStore.create(tmp_path / "zero", {"scenario": "zero", "state": "running"}, "x")
+    store = run_folder.RunStore.create(tmp_path / "zero", {"scenario": "zero", "state": "running"}, "x")
     store.finalize(state="complete")
     store.close()
     folders["zero-rows"] = tmp_path / "zero"
     assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "cut").exit_code == 0
-    for name in (results.TABLE, results.SAMPLES):
+    for name in (run_folder.TABLE, run_folder.SAMPLES):
         (tmp_path / "cut" / name).unlink()
-    meta = json.loads((tmp_path / "cut" / results.META).read_text())
-    (tmp_path / "cut" / results.META).write_text(json.dumps({**meta, "state": "interrupted"}))
+    meta = json.loads((tmp_path / "cut" / run_folder.META).read_text())
+    (tmp_path / "cut" / run_folder.META).write_text(json.dumps({**meta, "state": "interrupted"}))
     folders["interrupted"] = tmp_path / "cut"
     return folders
 
@@ -138,7 +138,7 @@ def test_a_case_too_big_for_this_device_is_a_skip_with_its_estimate(tmp_path, mo
     monkeypatch.setattr(workloads, "free_bytes", lambda device: 1 << 10)  # 1 KiB free
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
-    table = pd.read_csv(tmp_path / "run" / results.TABLE)
+    table = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
     assert (table["status"] == "skip").all() and table["reason"].str.contains("needs about").all()
     assert table["reason"].str.contains("free").all()
 
@@ -189,7 +189,7 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_p
     before = snapshot(out)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from swabench.store.folder import FolderLock
+        from swabench.store.run_folder import FolderLock
         FolderLock({str(out)!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)
@@ -204,7 +204,7 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_p
         holder.wait()
     r = invoke("run", path, "--device", "cpu", "--out", out, "--resume", "--impl", "torch-trim")
     assert r.exit_code == 0 and "took over the lock" in r.output and f"pid {holder.pid}" in r.output, r.output
-    assert len(pd.read_csv(out / results.TABLE)) == 2
+    assert len(pd.read_csv(out / run_folder.TABLE)) == 2
 
 
 @pytest.mark.parametrize("change", [["--impl", "torch-mask"], ["--case", "W3"], ["--shard", "0/2"], ["--l2", "warm"]])
@@ -225,10 +225,10 @@ def test_ctrl_c_before_the_sweep_leaves_an_interrupted_folder(tmp_path, monkeypa
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(results.RunStore, "done", interrupted)
+    monkeypatch.setattr(run_folder.RunStore, "done", interrupted)
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 130 and "--resume" in r.output, r.output
-    assert json.loads((tmp_path / "run" / results.META).read_text())["state"] == "interrupted"
+    assert json.loads((tmp_path / "run" / run_folder.META).read_text())["state"] == "interrupted"
     assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out y").endswith("--out y --resume")
 
 
@@ -240,7 +240,7 @@ def test_merge_refuses_missing_shards_unless_partial(tmp_path):
     assert r.exit_code == 2 and "shard(s) 1/2 missing" in r.output and not (tmp_path / "m").exists()
     r = invoke("merge", tmp_path / "m", tmp_path / "s0", "--partial")
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "m" / results.META).read_text())["state"] == "incomplete"
+    assert json.loads((tmp_path / "m" / run_folder.META).read_text())["state"] == "incomplete"
 
 
 # 9. a resource problem is a skip with the library's message, never a failure
@@ -259,13 +259,13 @@ def test_a_resource_error_is_a_skip(tmp_path, monkeypatch):
     path = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["torch-starved"]'))
     r = invoke("run", path, "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
-    table = pd.read_csv(tmp_path / "run" / results.TABLE)
+    table = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
     assert (table["status"] == "skip").all()
     assert table["reason"].str.startswith("resource: Buffer overflow").all()
 
 
 def test_the_sweep_loads_no_library_module():
-    code = ("import sys, swabench.run.sweep, swabench.run.lifecycle, swabench.store.folder; "
+    code = ("import sys, swabench.run.sweep, swabench.run.lifecycle, swabench.store.run_folder; "
             "bad = [m for m in sys.modules if 'flashinfer' in m or m.endswith(('.flex', '.embedded'))]; "
             "sys.exit(', '.join(bad) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -4,8 +4,8 @@
 import pytest
 from conftest import invoke
 
+from swabench.analysis import derived
 from swabench.spec import models, scenarios
-from swabench.store import folder as results
 from swabench.impls import registry
 
 STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verify", draft_tokens=16, prefix_len=16384),
@@ -55,7 +55,7 @@ def test_models_lists_every_preset_with_its_source():
 def test_run_with_a_model_runs_its_cpu_template(tmp_path):
     r = invoke("run", "--model", "gemma-2-27b", "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
-    table, meta = results.load(tmp_path / "run")
+    table, meta = derived.load(tmp_path / "run")
     assert meta["scenario"] == "models-cpu" and set(table["model"]) == {"gemma-2-27b"}
     ran = table[table["status"] != "skip"]
     assert set(ran["status"]) == {"pass"} and set(ran["impl"]) == {"torch-trim", "torch-mask"}
@@ -73,7 +73,7 @@ def test_bad_model_input_exits_2(args, message):
 def test_every_preset_passes_on_the_embedded_paths(tmp_path):
     r = invoke("check", "models-cpu", "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
-    table, _ = results.load(tmp_path / "run")
+    table, _ = derived.load(tmp_path / "run")
     ran = table[table["status"] != "skip"]
     assert set(ran["status"]) == {"pass"} and set(ran["model"]) == set(models.MODELS)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
+from swabench.analysis import derived, versus
 from swabench.publish import plots, report
-from swabench.store import folder as results
 
 # seven whole cases of the published results/h200x2-default-2gpu run (default.toml with peers), cut by
 # fixtures/make_h200_run.py so that every figure keeps the panels it has on the whole run
@@ -19,7 +19,7 @@ PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatma
 
 @pytest.fixture(scope="module")
 def h200():
-    return results.load(H200_RUN)
+    return derived.load(H200_RUN)
 
 
 @pytest.mark.parametrize("name", list(PANELS))
@@ -73,7 +73,7 @@ def test_headline_is_computed_from_the_table(h200):
 
 def test_versus_reference_divides_by_fa2_window_path_on_the_same_case(h200):
     table, _ = h200
-    per_point = results.versus_reference(table)
+    per_point = versus.against_reference(table)
     flex = per_point[(per_point["impl"] == "flex-window") & (per_point["storage"] == "ragged")].iloc[0]
     fa2 = table[(table["case_id"] == flex["case_id"]) & (table["impl"] == "ragged-window") & (table["backend"] == "fa2")]
     assert flex["ratio"] == pytest.approx(flex["median_us"] / fa2["median_us"].iloc[0])

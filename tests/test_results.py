@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-from swabench.store import folder as results
-from swabench.store.folder import RunFolderError, RunStore
+from swabench.analysis import derived
+from swabench.store import run_folder
+from swabench.store.run_folder import RunFolderError, RunStore
 
 
 def row(i, **kw):
@@ -19,11 +20,11 @@ def test_rows_survive_and_finalize_writes_tidy_tables(tmp_path):
     table = store.finalize(state="complete")
     assert list(table["case_id"]) == ["c0", "c1", "c2"] and "samples" not in table
     assert table.columns[0] == "case_id"
-    samples = results.load(tmp_path / "run")[0]
+    samples = derived.load(tmp_path / "run")[0]
     assert len(samples) == 3
-    long = (tmp_path / "run" / results.SAMPLES).read_text().splitlines()
+    long = (tmp_path / "run" / run_folder.SAMPLES).read_text().splitlines()
     assert long[0] == "case_id,impl,backend,kind,index,value_us" and len(long) == 1 + 9
-    meta = json.loads((tmp_path / "run" / results.META).read_text())
+    meta = json.loads((tmp_path / "run" / run_folder.META).read_text())
     assert meta["state"] == "complete" and meta["rows"] == 3 and meta["status_counts"] == {"pass": 3}
 
 
@@ -38,7 +39,7 @@ def test_create_refuses_an_existing_run(tmp_path):
 def test_resume_drops_a_half_written_line_and_checks_the_scenario(tmp_path):
     store = RunStore.create(tmp_path / "run", {}, "scenario text")
     store.append(row(0))
-    with open(tmp_path / "run" / results.ROWS, "a") as f:
+    with open(tmp_path / "run" / run_folder.ROWS, "a") as f:
         f.write('{"case_id": "c1", "impl": "torch-tr')  # interrupted mid-write
     assert store.done() == {("c0", "torch-trim", "torch")}
     with pytest.raises(RunFolderError, match="different scenario"):
@@ -49,7 +50,7 @@ def test_resume_drops_a_half_written_line_and_checks_the_scenario(tmp_path):
     resumed = RunStore.resume(tmp_path / "run", "scenario text")
     resumed.append(row(1))
     assert resumed.done() == {("c0", "torch-trim", "torch"), ("c1", "torch-trim", "torch")}
-    assert all(json.loads(line) for line in (tmp_path / "run" / results.ROWS).read_text().splitlines())
+    assert all(json.loads(line) for line in (tmp_path / "run" / run_folder.ROWS).read_text().splitlines())
 
 
 def test_resume_needs_a_run_folder(tmp_path):
@@ -58,8 +59,8 @@ def test_resume_needs_a_run_folder(tmp_path):
 
 
 def test_atomic_write_leaves_no_temporary_files(tmp_path):
-    results.atomic_write(tmp_path / "f.csv", "a,b\n")
-    results.atomic_write(tmp_path / "f.csv", "a,b\n1,2\n")
+    run_folder.atomic_write(tmp_path / "f.csv", "a,b\n")
+    run_folder.atomic_write(tmp_path / "f.csv", "a,b\n1,2\n")
     assert [p.name for p in tmp_path.iterdir()] == ["f.csv"]
     assert (tmp_path / "f.csv").read_text() == "a,b\n1,2\n"
 
@@ -81,26 +82,26 @@ def test_meta_keys_are_defined_in_the_schema_and_versioned(tmp_path):
     assert store.meta()["format_version"] == schema.FORMAT_VERSION
     with pytest.raises(ValueError, match="not defined in swabench.store.schema: jit_warmup_s"):
         store.update_meta(jit_warmup_s={})
-    (tmp_path / "run" / results.META).write_text(json.dumps({**store.meta(), "note": "added by hand"}))
+    (tmp_path / "run" / run_folder.META).write_text(json.dumps({**store.meta(), "note": "added by hand"}))
     assert store.update_meta(state="complete")["note"] == "added by hand"
 
 
 def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
     from swabench.store import schema
-    (tmp_path / results.META).write_text(json.dumps({"scenario": "old", "jit_warmup_s": {"a": 1.0},
+    (tmp_path / run_folder.META).write_text(json.dumps({"scenario": "old", "jit_warmup_s": {"a": 1.0},
                                                      "jit_warmup_total_s": 1.0}))
-    meta = results.read_meta(tmp_path)
+    meta = run_folder.read_meta(tmp_path)
     assert meta["format_version"] == schema.FORMAT_VERSION and "jit_warmup_s" not in meta
     assert meta["jit_warmups"] == [{"jit_warmup_s": {"a": 1.0}, "jit_warmup_wall_s": 1.0}]
-    (tmp_path / results.META).write_text(json.dumps({"format_version": schema.FORMAT_VERSION + 1}))
+    (tmp_path / run_folder.META).write_text(json.dumps({"format_version": schema.FORMAT_VERSION + 1}))
     with pytest.raises(RunFolderError, match="newer than this swabench reads"):
-        results.read_meta(tmp_path)
+        run_folder.read_meta(tmp_path)
 
 
 def test_a_frozen_run_of_the_first_format_reads_with_every_column():
     from pathlib import Path
-    table, meta = results.load(Path(__file__).parent / "fixtures" / "h200-run")
-    assert set(results.COLUMNS) <= set(table.columns) and meta["format_version"] == 3 and meta["jit_warmups"]
+    table, meta = derived.load(Path(__file__).parent / "fixtures" / "h200-run")
+    assert set(run_folder.COLUMNS) <= set(table.columns) and meta["format_version"] == 3 and meta["jit_warmups"]
     # format 2 kept how the wrapper was built in "wrapper"; the serving axes take the values every case had
     assert table["wrapper_mode"].dropna().str.startswith("cuda-graph").all()
     assert set(table["wrapper"]) <= {"prefill", "torch", "flex"}

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from swabench.analysis import derived, versus
 from swabench.core import gate, reference, semantics, workloads
 from swabench.spec import scenarios
 from swabench.impls import embedded, registry
@@ -22,10 +23,8 @@ def build(**kw):
 def test_default_serving_axes_keep_every_published_case_id():
     """A run from before the serving axes: its scenario, expanded today, gives the ids it recorded."""
     from pathlib import Path
-
-    from swabench.store import folder as results
     folder = Path(__file__).parent / "fixtures" / "h200-run"
-    table, _ = results.load(folder)
+    table, _ = derived.load(folder)
     today = {c.case_id for c in scenarios.load(folder / "scenario.toml").cases}
     assert set(table["case_id"]) <= today
     plain = scenarios.make_case(dict(CASE))
@@ -252,14 +251,13 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
     from conftest import invoke
 
     from swabench.publish import report
-    from swabench.store import folder as results
     r = invoke("run", write_scenario(SERVING_CPU), "--out", tmp_path / "run", "--device", "cpu")
     assert r.exit_code == 0, r.output
-    table, _ = results.load(tmp_path / "run")
+    table, _ = derived.load(tmp_path / "run")
     assert set(table["status"]) == {"pass"} and len(table) == 16
     assert set(table["kv_dtype"]) == {"bfloat16", "float8_e4m3"} and set(table["wrapper"]) == {"torch"}
-    assert len(results.plain(table)) == 2
-    costs = results.feature_costs(table)
+    assert len(versus.plain(table)) == 2
+    costs = versus.feature_costs(table)
     # each point with a feature against the same shape, same path, with that feature off
     assert len(costs) == 3 * 8 and (costs["impl"] == costs["twin_impl"]).all()  # 8 points have each feature
     one = costs[(costs["feature"] == "sinks") & (costs["impl"] == "torch-trim") & (costs["logits_soft_cap"] == 0)
@@ -278,7 +276,6 @@ def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_wi
     import pandas as pd
 
     from swabench.publish import report
-    from swabench.store import folder as results
     base = dict(kind="correct", status="pass", storage="paged", mode="decode", batch_size=8, seq_len=None,
                 qo_len=1, accept=None, window_left=127, sliding_window=128, page_size=16, page_layout="scattered",
                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", seed=0, logits_soft_cap=0.0,
@@ -288,7 +285,7 @@ def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_wi
                                                  ("decode-tc-trim", 10.5))]
     rows += [dict(base, case_id="s", prefix_len=8192, impl="sink-window", median_us=12.0, sinks=True)]
     table = pd.DataFrame(rows)
-    costs = results.feature_costs(table)
+    costs = versus.feature_costs(table)
     assert costs[["impl", "twin_impl", "twin_us", "ratio"]].values.tolist() == [["sink-window", "paged-window", 10.0,
                                                                                     1.2]]
     decode = report.decode_table(table)

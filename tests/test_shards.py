@@ -8,7 +8,7 @@ import pytest
 from conftest import cpu_only, invoke
 
 from swabench.run import launch, shards
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.spec import scenarios
 
 TINY = """
@@ -23,7 +23,7 @@ draft_tokens = 4
 prefix_len = [40, 90]
 window_left = [3, 15, 31]
 """
-KEY = list(results.KEY)
+KEY = list(run_folder.KEY)
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def tiny(write_scenario):
 
 
 def keys(folder):
-    t = pd.read_csv(folder / results.TABLE)
+    t = pd.read_csv(folder / run_folder.TABLE)
     return sorted(map(tuple, t[KEY].values)), t
 
 
@@ -90,17 +90,17 @@ def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
     assert merged_keys == single_keys and not merged.duplicated(KEY).any()
     status = lambda t: dict(zip(map(tuple, t[KEY].values), t["status"]))  # noqa: E731
     assert status(merged) == status(single)
-    meta = json.loads((tmp_path / "merged" / results.META).read_text())
+    meta = json.loads((tmp_path / "merged" / run_folder.META).read_text())
     assert len(meta["shards"]) == 2 and meta["state"] == "complete" and "--shard" not in meta["command"]
     assert "sharding" not in meta and [m["sharding"]["index"] for m in meta["shards"]] == [0, 1]
-    samples = pd.read_csv(tmp_path / "merged" / results.SAMPLES)
+    samples = pd.read_csv(tmp_path / "merged" / run_folder.SAMPLES)
     assert set(samples["kind"]) == {"plan", "kernel"}
     # published folders carry no journal: merging them again works from results.csv + samples.csv
     for i in range(2):
-        (tmp_path / f"s{i}" / results.ROWS).unlink()
+        (tmp_path / f"s{i}" / run_folder.ROWS).unlink()
     assert invoke("merge", tmp_path / "again", tmp_path / "s0", tmp_path / "s1").exit_code == 0
     assert keys(tmp_path / "again")[0] == single_keys
-    assert len(pd.read_csv(tmp_path / "again" / results.SAMPLES)) == len(samples)
+    assert len(pd.read_csv(tmp_path / "again" / run_folder.SAMPLES)) == len(samples)
 
 
 def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
@@ -139,7 +139,7 @@ def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     merged_keys, merged = keys(tmp_path / "array")
     expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
     assert merged_keys == expect and (merged["status"] == "pass").all()
-    assert len(json.loads((tmp_path / "array" / results.META).read_text())["shards"]) == 2
+    assert len(json.loads((tmp_path / "array" / run_folder.META).read_text())["shards"]) == 2
 
 
 def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
@@ -158,7 +158,7 @@ def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatc
     assert heard[-1] == len(expect) and heard == sorted(heard)
     logs = sorted(p.name for p in launch.work_dir(tmp_path / "run").glob("gpu*.log"))
     assert logs == ["gpu0.log", "gpu1.log"]
-    metas = [json.loads((f / results.META).read_text()) for f in folders]
+    metas = [json.loads((f / run_folder.META).read_text()) for f in folders]
     assert [m["cuda_visible_devices"] for m in metas] == ["3", "5"]
     assert [m["torch_threads"] for m in metas] == [launch.worker_threads(2)] * 2
 
@@ -245,7 +245,7 @@ def test_measured_costs_balance_the_shards(write_scenario):
 
 def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     assert invoke("run", tiny, "--device", "cpu", "--out", tmp_path / "first").exit_code == 0
-    table = pd.read_csv(tmp_path / "first" / results.TABLE)
+    table = pd.read_csv(tmp_path / "first" / run_folder.TABLE)
     assert (table["point_s"] > 0).all() and (table["workload_s"] >= 0).all()
     costs = shards.point_costs(tmp_path / "first")
     assert set(costs) == set(map(tuple, table[KEY].values))
@@ -253,13 +253,13 @@ def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     r = invoke("run", tiny, "--device", "cpu", "--shard", "1/2", "--costs-from", tmp_path / "first",
                "--out", tmp_path / "s1")
     assert r.exit_code == 0, r.output
-    meta = json.loads((tmp_path / "s1" / results.META).read_text())
+    meta = json.loads((tmp_path / "s1" / run_folder.META).read_text())
     assert meta["sharding"]["count"] == 2 and "measured in" in meta["sharding"]["costs"]
     old = tmp_path / "old"
     (old).mkdir()
-    for name in (results.META, results.SCENARIO, results.SAMPLES):
+    for name in (run_folder.META, run_folder.SCENARIO, run_folder.SAMPLES):
         (old / name).write_bytes((tmp_path / "first" / name).read_bytes())
-    table.drop(columns=["point_s", "workload_s"]).to_csv(old / results.TABLE, index=False)
+    table.drop(columns=["point_s", "workload_s"]).to_csv(old / run_folder.TABLE, index=False)
     r = invoke("run", tiny, "--device", "cpu", "--shard", "0/2", "--costs-from", old, "--out", tmp_path / "s0")
     assert r.exit_code == 2 and "no point_s column" in r.output and not (tmp_path / "s0").exists()
     r = invoke("run", tiny, "--device", "cpu", "--costs-from", tmp_path / "first", "--out", tmp_path / "x")
@@ -280,10 +280,10 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
     with pytest.raises(KeyboardInterrupt):
         launch.Workers(args, [0, 1], tmp_path / "run").wait(on_progress=stop_once_rows_arrive, poll_s=0.01)
     expect = sorted(p.key for p in scenarios.load(many, impl_filter=["torch-mask"]).points)
-    kept = [len(results.RunStore(work / f"gpu{g}").rows()) for g in (0, 1)]
+    kept = [len(run_folder.RunStore(work / f"gpu{g}").rows()) for g in (0, 1)]
     assert 0 < sum(kept) < len(expect)
     for g in (0, 1):
-        meta = json.loads((work / f"gpu{g}" / results.META).read_text())
+        meta = json.loads((work / f"gpu{g}" / run_folder.META).read_text())
         assert meta["state"] == "interrupted" and meta["rows"] == kept[g]
     folders = launch.Workers(args, [0, 1], tmp_path / "run").wait(poll_s=0.01)  # the same launch resumes
     assert sorted(k for f in folders for k in keys(f)[0]) == expect
@@ -301,5 +301,5 @@ def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(tiny,
         broken.wait(poll_s=0.05)
     crashed = tmp_path / "crashed"
     crashed.mkdir()
-    (crashed / results.META).write_text(json.dumps({"state": "crashed"}))
+    (crashed / run_folder.META).write_text(json.dumps({"state": "crashed"}))
     assert launch._state(crashed) == "crashed" and launch._state(tmp_path / "nothing") is None

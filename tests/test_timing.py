@@ -3,7 +3,7 @@ import itertools
 import pandas as pd
 import pytest
 
-from swabench.store import folder as results
+from swabench.analysis import derived
 from swabench.measure import timing
 
 
@@ -42,7 +42,7 @@ def test_speedup_over_the_mask_baseline_and_percent_of_peaks():
                  median_us=30.0, tflops=1.0, tbps=0.1),
             dict(case_id="a", impl="torch-mask", backend="torch", library="torch", storage="paged",
                  median_us=60.0, tflops=0.5, tbps=0.05)]
-    table = results.add_derived(pd.DataFrame(rows), {"bf16_matmul_tflops": 800.0, "copy_tbps": 4.0})
+    table = derived.add_derived(pd.DataFrame(rows), {"bf16_matmul_tflops": 800.0, "copy_tbps": 4.0})
     # fa3 has no masks: the fa2 mask row of the same case is the baseline
     assert list(table["speedup_vs_mask"]) == [5.0, 1.0, 2.0, 1.0]
     assert list(table["pct_peak_tflops"]) == [12.5, 2.5, 0.125, 0.0625]

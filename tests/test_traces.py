@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
+from swabench.analysis import derived
 from swabench.publish import report
-from swabench.store import folder as results
 from swabench.spec import scenarios, traces
 
 LAYER = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "sliding_window": 16, "page_size": 16}
@@ -98,7 +98,7 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
                "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     assert "| torch-trim | torch |" in r.output and "5/5" in r.output
-    table, meta = results.load(tmp_path / "run")
+    table, meta = derived.load(tmp_path / "run")
     assert meta["trace"]["steps"] == 5 and meta["trace"]["distinct"] == 3
     assert set(table[table["impl"] == "torch-trim"]["status"]) == {"pass"}
     text = report.write(tmp_path / "run", tmp_path / "report").read_text()
@@ -139,7 +139,7 @@ def test_an_interrupted_replay_resumes(tmp_path):
     first = invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run")
     again = invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run", "--resume")
     assert first.exit_code == 0 and again.exit_code == 0, again.output
-    assert len(results.load(tmp_path / "run")[0]) == 3
+    assert len(derived.load(tmp_path / "run")[0]) == 3
 
 
 # results.csv, meta.json and scenario.toml of the first H200 replay of traces/example.jsonl (at 0cbb748,

@@ -4,7 +4,7 @@ A point is a regression only when both hold: the new median is slower by more th
 and the samples differ significantly (two-sided p < alpha).  A correct implementation that passed
 in BASE and fails the gate in NEW is a regression whatever its timing.
 
-Runs are read with ``results.read_rows`` (the journal when the folder has one, else results.csv and
+Runs are read with ``run_folder.read_rows`` (the journal when the folder has one, else results.csv and
 samples.csv), so an interrupted run compares too.  Anything that makes a comparison impossible is a
 ``CompareError`` naming the folder and what is wrong with it; things a reader should know but that
 do not stop the comparison (different scenarios, an unfinished run, a run that timed nothing) are
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.errors import UserError
 from swabench.publish.markdown import environment_line, markdown_table
 
-KEY = list(results.KEY)
+KEY = list(run_folder.KEY)
 # What reading a damaged run folder can raise: pandas' ParserError and EmptyDataError, JSON and
 class CompareError(UserError, ValueError):
     """Two folders that cannot be compared, or options out of range: the CLI exits 2."""
@@ -97,15 +97,15 @@ def _read_run(label: str, folder) -> tuple[pd.DataFrame, dict, dict]:
     (``results`` names the file and the damage; here, what compare itself needs)."""
     folder = Path(folder)
     try:
-        meta = results.read_meta(folder)
-        if not (folder / results.ROWS).exists() and (folder / results.TABLE).exists() \
-                and not (folder / results.SAMPLES).exists():
-            raise CompareError(f"{label} {folder} has {results.TABLE} but no {results.SAMPLES} "
-                               f"(and no {results.ROWS}): its timing samples are missing")
-        rows = results.read_rows(folder)
-    except results.RunFolderError as e:
+        meta = run_folder.read_meta(folder)
+        if not (folder / run_folder.ROWS).exists() and (folder / run_folder.TABLE).exists() \
+                and not (folder / run_folder.SAMPLES).exists():
+            raise CompareError(f"{label} {folder} has {run_folder.TABLE} but no {run_folder.SAMPLES} "
+                               f"(and no {run_folder.ROWS}): its timing samples are missing")
+        rows = run_folder.read_rows(folder)
+    except run_folder.RunFolderError as e:
         raise CompareError(f"{label} {e}") from None
-    table = results.to_table(rows)
+    table = run_folder.to_table(rows)
     if table.empty:
         raise CompareError(f"{label} {folder} has no points (state: {meta.get('state', 'unknown')})")
     missing = [c for c in [*KEY, "status"] if table[c].isna().any()]

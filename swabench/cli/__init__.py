@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from swabench.analysis import derived
 from swabench import __version__
 from swabench.run import launch, lifecycle as runs, shards
 from swabench.spec import scenarios
@@ -163,7 +164,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
     (mode extend, verify or decode; the layer a model preset or its shape axes; count optional)."""
     import hashlib
 
-    from swabench.store import folder as results
+    from swabench.store import run_folder
     from swabench.spec import traces
     from swabench.impls import registry
     from swabench.publish.markdown import markdown_table
@@ -178,7 +179,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
     outcome = runs.execute(runs.Request(s, out, device, True, resume, l2), Bar())
     weights = traces.weights(steps)
     modes = {c.case_id: c.mode for c in s.cases}
-    results.RunStore(out).update_meta(trace={
+    run_folder.RunStore(out).update_meta(trace={
         "file": str(trace), "sha256": hashlib.sha256(Path(trace).read_bytes()).hexdigest(),
         "steps": sum(steps.values()), "distinct": len(weights), "weights": weights, "modes": modes})
     click.echo(markdown_table(traces.per_thousand_steps(outcome.table, weights, modes)))
@@ -259,16 +260,16 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 
 
 def figures_out(run, out) -> Path:
-    from swabench.store import folder as results
+    from swabench.store import run_folder
 
-    return results.make_folder(Path(out) if out else Path("plots") / Path(run).resolve().name)
+    return run_folder.make_folder(Path(out) if out else Path("plots") / Path(run).resolve().name)
 
 
 def read_run(run):
-    from swabench.store import folder as results
+    from swabench.store import run_folder
 
-    table, meta = results.load(run)
-    note = results.completeness(meta, table)
+    table, meta = derived.load(run)
+    note = run_folder.completeness(meta, table)
     if note:
         click.secho(f"{run}: {note}", fg="yellow", err=True)
     return table, meta

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from swabench.analysis import derived, versus
 from swabench.publish import report
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import environment_line, markdown_table
@@ -43,9 +44,9 @@ class Run:
 
 def write(run_dirs: list[Path], out: Path) -> Path:
     """FINDINGS.md at ``out`` from ``run_dirs`` (RunFolderError for a folder that is not a run)."""
-    runs = [Run(str(Path(d)), *results.load(d)) for d in run_dirs]
+    runs = [Run(str(Path(d)), *derived.load(d)) for d in run_dirs]
     command = f"swabench findings {' '.join(r.folder for r in runs)} --out {out}"
-    results.atomic_write(Path(out), page(runs, command))
+    run_folder.atomic_write(Path(out), page(runs, command))
     return Path(out)
 
 
@@ -88,7 +89,7 @@ def runs_section(runs: list[Run]) -> list[str]:
     folder alone; a run that did not finish says so here."""
     lines = []
     for r in runs:
-        note = results.completeness(r.meta, r.table)
+        note = run_folder.completeness(r.meta, r.table)
         cases = r.table["case_id"].nunique()
         lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`, "
                      f"{len(r.table)} points over {cases} cases"
@@ -173,7 +174,7 @@ def _xpass(r: Run) -> list[str]:
 def _headline_cells(table: pd.DataFrame) -> pd.DataFrame:
     """The headline's medians as numbers (report.headline formats them), one row per mode, window
     and path, for the sentences above its table."""
-    t = results.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    t = versus.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
     return t.groupby(["mode", "sliding_window", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
 
 
@@ -219,7 +220,7 @@ def versus_reference(runs: list[Run]) -> list[str]:
         if not r.timed:
             continue
         v = report.versus_reference(r.table)
-        per_point = results.versus_reference(r.table, baselines=False)
+        per_point = versus.against_reference(r.table, baselines=False)
         if not len(v):
             continue
         v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
@@ -396,7 +397,7 @@ def _launch_against_one(multi: Run, one: Run) -> str:
     if one.meta.get("wall_s") and multi.meta.get("wall_s"):
         c, d = one.meta["wall_s"], multi.meta["wall_s"]
         text += f"; the sweep alone {c / d:.2f}x, `wall_s` {c} s / {d} s"
-    key = list(results.KEY)
+    key = list(run_folder.KEY)
     both = one.table[key + ["status"]].merge(multi.table[key + ["status"]], on=key, suffixes=("_one", "_multi"))
     same = int((both["status_one"] == both["status_multi"]).sum())
     sizes = "" if len(one.table) == len(multi.table) == len(both) else \

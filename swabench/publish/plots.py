@@ -12,10 +12,10 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
+from swabench.analysis import versus
+from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
 from swabench.core.cases import MODES
-from swabench.store import folder as results
-from swabench.store.folder import headline_paths, reference_library, versus_reference
 
 matplotlib.use("Agg")
 
@@ -230,7 +230,7 @@ def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
     window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages.  Cases
     with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
-    t = _timed(results.plain(table[table["mode"] == "decode"]))
+    t = _timed(versus.plain(table[table["mode"] == "decode"]))
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -323,7 +323,7 @@ PEER_MARKERS = "osD^vP*Xh"
 def peers(table, meta):
     """Each path's time over the reference path (fa2's window path) on the same case (log scale, 1 =
     as fast), on the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats it."""
-    r = versus_reference(table, baselines=False)
+    r = against_reference(table, baselines=False)
     r = r[r["case_id"].isin(set(r.loc[r["library"] != reference_library(), "case_id"]))]
     if r.empty:
         return None

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from swabench.analysis import derived, versus
 from swabench.spec import models
-from swabench.store import folder as results, schema
+from swabench.store import run_folder, schema
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import environment_line, markdown_table
@@ -74,7 +75,7 @@ def timing_summary(table: pd.DataFrame, meta: dict) -> str:
 def headline(table: pd.DataFrame) -> pd.DataFrame:
     """Speedup of the headline paths (fa2's window and trim paths) over their baseline (the custom-mask
     path), per mode and window: the median over the run's cases, with how many cases each cell holds."""
-    t = results.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    t = versus.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
     if t.empty:
         return pd.DataFrame()
     grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
@@ -87,10 +88,10 @@ def headline(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def versus_reference(table: pd.DataFrame) -> pd.DataFrame:
-    """results.versus_reference summarised per mode, storage, window and path: median, best and
+    """versus.against_reference summarised per mode, storage, window and path: median, best and
     worst time / the reference path's time over the cases; "faster in" counts the cases below 1.
     The reference library's baselines are left to the headline table."""
-    per_point = results.versus_reference(table, baselines=False)
+    per_point = versus.against_reference(table, baselines=False)
     if per_point.empty:
         return pd.DataFrame()
     keys = ["mode", "storage", "sliding_window", "impl", "backend"]
@@ -111,14 +112,14 @@ def _spread(ratios: pd.Series) -> str:
 
 
 def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
-    """results.feature_costs per feature, mode, path and twin: time with the feature / time of the
+    """versus.feature_costs per feature, mode, path and twin: time with the feature / time of the
     plain twin, as median (best-worst, points)."""
-    per_point = results.feature_costs(table)
+    per_point = versus.feature_costs(table)
     if per_point.empty:
         return pd.DataFrame()
     keys = ["feature", "mode", "impl", "backend", "twin_impl"]
     out = per_point.groupby(keys, sort=False)["ratio"].apply(_spread).rename("time / plain twin").reset_index()
-    order = {f: i for i, f in enumerate(results.FEATURES)}
+    order = {f: i for i, f in enumerate(versus.FEATURES)}
     return out.sort_values(["feature", "mode", "impl"], key=lambda c: c.map(order) if c.name == "feature" else
                            c.map(registry.order) if c.name == "impl" else c).reset_index(drop=True)
 
@@ -148,9 +149,9 @@ def _numeric_first(text: str) -> tuple:
 
 
 def decode_versus_reference(table: pd.DataFrame) -> pd.DataFrame:
-    """results.versus_reference's decode rows of plain cases, with ``path`` ('impl [backend]') and
+    """versus.against_reference's decode rows of plain cases, with ``path`` ('impl [backend]') and
     ``context`` (the keys before the query, however the case gave them)."""
-    per_point = results.versus_reference(results.plain(table), baselines=False)
+    per_point = versus.against_reference(versus.plain(table), baselines=False)
     per_point = per_point[per_point["mode"] == "decode"]
     uniform = per_point["prefix_len"].fillna(per_point["seq_len"] - 1)
     drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
@@ -220,7 +221,7 @@ def write(run_dir: Path, out: Path) -> Path:
     from swabench.publish import plots
 
     run_dir, out = Path(run_dir), Path(out)
-    table, meta = results.load(run_dir)
+    table, meta = derived.load(run_dir)
     made = plots.make_all(table, meta, out)
     env_keys = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "flashinfer", "swabench", "git_commit",
                 "python", "cpu", "host", "time_utc", "command", "nvidia_smi.clocks.max.sm", "peaks"]
@@ -280,5 +281,5 @@ def write(run_dir: Path, out: Path) -> Path:
         doc = (plots.FIGURES[name].__doc__ or name).strip()
         parts.append(f"![{name}]({paths[0].name})\n\n*{doc}*" if paths else f"*{name}: no points for it in this run.*")
     path = out / "REPORT.md"
-    results.atomic_write(path, "\n\n".join(parts) + "\n")
+    run_folder.atomic_write(path, "\n\n".join(parts) + "\n")
     return path

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from swabench.run import environment
-from swabench.store import folder as results, schema
+from swabench.store import run_folder, schema
 from swabench.errors import RunFailed, UserError
 
 BENCHMARKS = environment.REPO / "benchmarks"  # a checkout's; an installed wheel has none
@@ -32,10 +32,10 @@ def run(out: Path, quick: bool = False) -> list[Path]:
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")
-    results.refuse_a_run(out)
-    results.make_folder(out)
+    run_folder.refuse_a_run(out)
+    run_folder.make_folder(out)
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
-    results.write_meta(out, schema.check_meta(meta))
+    run_folder.write_meta(out, schema.check_meta(meta))
     env = {**os.environ, "SWABENCH_BENCH_QUICK": "1" if quick else "0"}
     raw = out / "host_benchmarks.json"
     code = subprocess.run([sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from swabench.errors import RunFailed, UserError
-from swabench.store.folder import make_folder, refuse_a_run
+from swabench.store.run_folder import make_folder, refuse_a_run
 from swabench.store.schema import META, ROWS
 
 

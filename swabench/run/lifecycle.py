@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from swabench import STARTED
+from swabench.analysis import derived
 from swabench.run import launch
 from swabench.spec import scenarios
 from swabench.store import schema
-from swabench.store.folder import RunFolderError, RunStore, refuse_a_run, text_hash
+from swabench.store.run_folder import RunFolderError, RunStore, refuse_a_run, text_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -199,7 +200,7 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
 
     def finalize(state: str):
         wall = earlier_s + time.perf_counter() - started
-        return wall, store.finalize(state=state, wall_s=round(wall, 1), total_s=since_start())
+        return wall, store.finalize(derived.add_derived, state=state, wall_s=round(wall, 1), total_s=since_start())
 
     try:
         try:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import folder as results
+from swabench.store import run_folder
 from swabench.run import lifecycle as runs
 from swabench.errors import UserError
 from swabench.measure.markers import parse_point
@@ -29,22 +29,22 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
     without the profiler, whose graph times the nsys times are also held against (``hold_against``)."""
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
-    results.refuse_a_run(out)
+    run_folder.refuse_a_run(out)
     report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
     child = ["run", scenario_path, "--out", str(out), "--device", "cuda", *child_args]
     code = subprocess.run(nsys_command(str(report), child)).returncode
     if code == 130:
         raise KeyboardInterrupt
     written = report.with_name(report.name + ".nsys-rep")
-    if code not in (0, 1) or not (out / results.META).exists() or not written.exists():
+    if code not in (0, 1) or not (out / run_folder.META).exists() or not written.exists():
         raise ProfileError(f"the profiled run failed (exit {code}" + ("" if written.exists() else
                                                                      f", no {written.name}") + ")")
     written.rename(out / "profile.nsys-rep")
     sqlite = nsys_export_sqlite(out / "profile.nsys-rep")
-    stats = nsys_kernel_table(sqlite, results.load(out)[0])
+    stats = nsys_kernel_table(sqlite, run_folder.load(out)[0])
     if against is not None:
-        stats = hold_against(stats, results.load(against)[0])
-    results.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
+        stats = hold_against(stats, run_folder.load(against)[0])
+    run_folder.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
     return stats
 
 
@@ -58,7 +58,7 @@ def run_under_torch_profiler(request: runs.Request, progress: runs.Progress) -> 
         outcome = runs.execute(request, progress)
     prof.export_chrome_trace(str(request.out / "torch_trace.json"))
     text = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
-    results.atomic_write(request.out / "torch_stats.txt", text + "\n")
+    run_folder.atomic_write(request.out / "torch_stats.txt", text + "\n")
     return outcome, text
 
 
@@ -174,7 +174,7 @@ def hold_against(stats: pd.DataFrame, unprofiled: pd.DataFrame) -> pd.DataFrame:
     one by one (--cuda-graph-trace=node) lengthens every replay by about a microsecond a node (H200:
     2 to 3 us on a call of a kernel and a merge after an L2 flush), which the profiled run's own graph
     times carry and nsys's kernel timestamps do not: the unprofiled run is the number to check."""
-    timed = unprofiled.dropna(subset=["median_us"]).set_index(list(results.KEY))["median_us"]
+    timed = unprofiled.dropna(subset=["median_us"]).set_index(list(run_folder.KEY))["median_us"]
     stats = stats.copy()
     stats["graph_unprofiled_us"] = [timed.get(key, float("nan"))
                                     for key in zip(stats["case_id"], stats["impl"], stats["backend"])]

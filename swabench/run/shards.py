@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import folder as results, schema
+from swabench.analysis import derived
+from swabench.store import run_folder, schema
 from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.spec.scenarios import Scenario
@@ -56,13 +57,13 @@ def point_costs(folder) -> dict[tuple, float] | None:
     case's first point (None without a folder: the shards use estimates)."""
     if not folder:
         return None
-    table, _ = results.load(folder)
+    table, _ = run_folder.load(folder)
     if table["point_s"].isna().all():
         raise ShardError(f"--costs-from {folder}: this run has no point_s column (made before swabench "
                          f"recorded it); give a newer run folder, or leave the option out")
     first = ~table["case_id"].duplicated()
     seconds = table["point_s"] + table["workload_s"].fillna(0.0).where(first, 0.0)
-    return dict(zip(map(tuple, table[list(results.KEY)].values), seconds))
+    return dict(zip(map(tuple, table[list(run_folder.KEY)].values), seconds))
 
 
 def _units(points, cost: dict, count: int, charge: float) -> list[tuple[float, int, list]]:
@@ -155,12 +156,12 @@ def check_complete(metas: list[dict], folders) -> str | None:
     return None
 
 
-def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[results.RunStore, pd.DataFrame]:
+def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_folder.RunStore, pd.DataFrame]:
     """One run folder from the shards of one scenario file: its store and table.  Refuses a set that
     misses shards unless ``partial`` (the merged folder then says it is incomplete)."""
     from swabench.run import environment
 
-    metas = [results.read_meta(f) for f in folders]
+    metas = [run_folder.read_meta(f) for f in folders]
     hashes = {m.get("scenario_sha256") for m in metas}
     if len(hashes) != 1:
         raise ShardError("these run folders ran different scenario files; only shards of one sweep merge")
@@ -168,13 +169,13 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[result
     if gap and not partial:
         raise ShardError(f"{gap}; merge them all, or pass --partial to merge what is there")
     try:
-        text = (Path(folders[0]) / results.SCENARIO).read_text()
+        text = (Path(folders[0]) / run_folder.SCENARIO).read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ShardError(f"{folders[0]} has no readable {results.SCENARIO} ({e}): not a whole run folder") from None
+        raise ShardError(f"{folders[0]} has no readable {run_folder.SCENARIO} ({e}): not a whole run folder") from None
     rows, seen = [], {}
     for folder in folders:
-        for row in results.read_rows(folder):
-            key = tuple(row[k] for k in results.KEY)
+        for row in run_folder.read_rows(folder):
+            key = tuple(row[k] for k in run_folder.KEY)
             if key in seen:
                 raise ShardError(f"point {key} is in both {seen[key]} and {folder}: overlapping shards")
             seen[key] = folder
@@ -186,11 +187,11 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[result
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas), command=environment.collect_command(),
                 points=sum(m.get("points") or 0 for m in metas) or None)
-    store = results.RunStore.create(out, meta, text)
+    store = run_folder.RunStore.create(out, meta, text)
     try:
         store.extend(rows)
         whole = not gap and all(m.get("state") == "complete" for m in metas)
-        table = store.finalize(state="complete" if whole else "incomplete")
+        table = store.finalize(derived.add_derived, state="complete" if whole else "incomplete")
     finally:
         store.close()
     return store, table

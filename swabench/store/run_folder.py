@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from swabench.store import schema
 from swabench.errors import UserError
-from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STATUSES, TABLE  # noqa: F401  (re-exported)
+from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -220,10 +220,12 @@ class RunStore:
         write_meta(self.folder, meta)
         return meta
 
-    def finalize(self, **meta_updates) -> pd.DataFrame:
-        """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json."""
+    def finalize(self, derive=None, **meta_updates) -> pd.DataFrame:
+        """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json;
+        ``derive(table, peaks)`` adds the columns that need other rows (analysis.derived)."""
         rows = self.rows()
-        table = add_derived(to_table(rows), self.meta().get("peaks"))
+        table = to_table(rows)
+        table = derive(table, self.meta().get("peaks")) if derive else table
         atomic_write(self.folder / TABLE, table.to_csv(index=False))
         atomic_write(self.folder / SAMPLES, to_samples(rows).to_csv(index=False))
         counts = table["status"].value_counts().to_dict() if len(table) else {}
@@ -254,139 +256,6 @@ def with_columns(df: pd.DataFrame) -> pd.DataFrame:
         family = {i.name: i.family for i in registry.all_implementations()}
         df["wrapper"] = df["wrapper"].astype(object).fillna(df["impl"].map(family))
     return df
-
-
-def _default_backend(impl_name: str) -> str:
-    """The backend a baseline is timed on when the point's own backend has none (fa3 has no masks)."""
-    from swabench.impls import registry
-
-    impl = registry.get(impl_name)
-    return impl.backends[0] if impl.backends else impl.library
-
-
-def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
-    """Columns that need other rows or the node's peaks: speedup over the baseline path declared
-    for the point's library and storage (same backend, else the baseline's first: fa3 has no masks),
-    and percent of the measured bf16 matmul rate and copy bandwidth."""
-    if table.empty:
-        return table
-    from swabench.impls import registry
-
-    timed = table.dropna(subset=["median_us"])
-    medians = {(r.case_id, r.impl, r.backend): r.median_us for r in timed.itertuples()}
-    baselines = {key: registry.baseline_for(*key) for key in set(zip(table["library"], table["storage"]))}
-
-    def speedup(r):
-        base = baselines.get((r.library, r.storage))
-        if base is None or r.median_us != r.median_us:
-            return float("nan")
-        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, _default_backend(base))))
-        return ref / r.median_us if ref else float("nan")
-
-    table = table.copy()
-    table["speedup_vs_mask"] = [speedup(r) for r in table.itertuples()]
-    if peaks:
-        table["pct_peak_tflops"] = 100 * table["tflops"] / peaks["bf16_matmul_tflops"]
-        table["pct_peak_tbps"] = 100 * table["tbps"] / peaks["copy_tbps"]
-    return table
-
-
-def reference_library() -> str | None:
-    """The library the reference paths belong to (FlashInfer): its baselines are the headline's."""
-    from swabench.impls import registry
-
-    paths = [registry.reference_path(s) for s in ("paged", "ragged")]
-    return next((registry.get(impl).library for impl, _ in filter(None, paths)), None)
-
-
-def headline_paths(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the headline: the reference library's correct paths other than its baselines, on
-    the reference backend (fa2's window and trim paths)."""
-    from swabench.impls import registry
-
-    ref = registry.reference_path("paged") or registry.reference_path("ragged")
-    if ref is None:
-        return table.iloc[0:0]
-    baselines = {i.name for i in registry.all_implementations() if i.baseline}
-    keep = (table["library"] == registry.get(ref[0]).library) & (table["backend"] == ref[1]) \
-        & (table["kind"] == "correct") & ~table["impl"].isin(baselines)
-    return table[keep]
-
-
-def versus_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFrame:
-    """Every other timed correct path against the reference path declared for its storage (fa2's
-    window path) on the same case: one row per point with ``ratio`` = its time / the reference's.
-    ``baselines=False`` leaves out the reference library's own baselines (the headline's subject)."""
-    from swabench.impls import registry
-
-    t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
-    if t.empty:
-        return t.assign(ratio=[])
-    refs = {s: registry.reference_path(s) for s in set(t["storage"])}
-    ref_impl = t["storage"].map(lambda s: (refs[s] or (None, None))[0])
-    ref_backend = t["storage"].map(lambda s: (refs[s] or (None, None))[1])
-    if not baselines:
-        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library == reference_library()}
-        keep = ~t["impl"].isin(dropped)
-        t, ref_impl, ref_backend = t[keep], ref_impl[keep], ref_backend[keep]
-    is_ref = (t["impl"] == ref_impl) & (t["backend"] == ref_backend)
-    ref = t[is_ref].set_index("case_id")["median_us"].rename("reference_us")
-    others = t[~is_ref].join(ref, on="case_id", how="inner")
-    return others.assign(ratio=others["median_us"] / others["reference_us"])
-
-
-FEATURES = {"sinks": "sinks", "soft_cap": "logits_soft_cap", "fp8_kv": "kv_dtype"}  # Case.features -> column
-
-
-def _feature_on(table: pd.DataFrame, column: str) -> pd.Series:
-    if column == "kv_dtype":
-        return table["kv_dtype"].fillna(table["dtype"]) != table["dtype"]
-    return table[column].fillna(0).astype(float) != 0
-
-
-def plain(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows whose case asks for none of the serving features and keeps every page it has (figures
-    and tables that mix shapes compare these)."""
-    keep = ~sum((_feature_on(table, column) for column in FEATURES.values()), start=table["impl"].isna())
-    if "page_layout" in table:
-        keep &= ~table["page_layout"].astype(str).str.startswith("evicted")
-    return table[keep.astype(bool)]
-
-
-def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
-    """Each timed point whose case asks for a serving feature (sinks, a soft-cap, an fp8 cache) against
-    its plain twin: the same shape with the feature off, through the same implementation and backend
-    where that ran, else through the reference path of its storage on the same backend (the sink
-    wrapper runs only cases with sinks).  One row per point: feature, twin_impl, twin_us, ratio."""
-    from dataclasses import fields
-
-    import pandas as pd
-
-    from swabench.core.cases import Case
-    from swabench.impls import registry
-
-    t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
-    axes = [f.name for f in fields(Case) if f.name in t.columns]
-    parts = []
-    for feature, column in FEATURES.items():
-        on = _feature_on(t, column)
-        if not on.any() or on.all():
-            continue
-        key = [a for a in axes if a != column] + ["length_dist"] * ("length_dist" in t.columns)
-        keyed = t.assign(_twin=[repr(k) for k in zip(*(t[c] for c in key))])
-        plain = keyed[~on][["_twin", "impl", "backend", "median_us"]].rename(
-            columns={"median_us": "twin_us", "impl": "twin_impl"})
-        asked = keyed[on]
-        same = asked.merge(plain, left_on=["_twin", "impl", "backend"], right_on=["_twin", "twin_impl", "backend"])
-        rest = asked[~asked.set_index(["_twin", "impl", "backend"]).index.isin(
-            same.set_index(["_twin", "impl", "backend"]).index)]
-        rest = rest.assign(twin_impl=rest["storage"].map(lambda s: (registry.reference_path(s) or (None,))[0]))
-        other = rest.merge(plain, on=["_twin", "twin_impl", "backend"])
-        parts.append(pd.concat([same, other]).assign(feature=feature))
-    if not parts:
-        return t.iloc[0:0].assign(feature=[], twin_impl=[], twin_us=[], ratio=[])
-    out = pd.concat(parts, ignore_index=True).drop(columns="_twin")
-    return out.assign(ratio=out["median_us"] / out["twin_us"])
 
 
 def to_samples(rows: list[dict]) -> pd.DataFrame:
@@ -430,13 +299,15 @@ def read_rows(folder) -> list[dict]:
     return rows
 
 
-def load(folder) -> tuple[pd.DataFrame, dict]:
+def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     """A run's table (every schema column) and metadata, rebuilt from rows.jsonl when the run never
-    finished.  RunFolderError for anything that is not a readable run folder."""
+    finished (``derive`` then adds what finalize would have).  RunFolderError for anything that is
+    not a readable run folder."""
     meta = read_meta(folder)
     folder = Path(folder)
     if (folder / ROWS).exists():
-        return add_derived(to_table(RunStore(folder).rows()), meta.get("peaks")), meta
+        table = to_table(RunStore(folder).rows())
+        return (derive(table, meta.get("peaks")) if derive else table), meta
     return with_columns(_read_csv(folder / TABLE, (*KEY, "status"))), meta
 
 

@@ -1,0 +1,52 @@
+"""Columns that need other rows of the table or the node's peaks: each point's speedup over its
+library's baseline and its share of the measured peaks.  Written into results.csv when a run
+finalizes; added on read for a folder that only has its journal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from swabench.store import run_folder
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _default_backend(impl_name: str) -> str:
+    """The backend a baseline is timed on when the point's own backend has none (fa3 has no masks)."""
+    from swabench.impls import registry
+
+    impl = registry.get(impl_name)
+    return impl.backends[0] if impl.backends else impl.library
+
+
+def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
+    """Columns that need other rows or the node's peaks: speedup over the baseline path declared
+    for the point's library and storage (same backend, else the baseline's first: fa3 has no masks),
+    and percent of the measured bf16 matmul rate and copy bandwidth."""
+    if table.empty:
+        return table
+    from swabench.impls import registry
+
+    timed = table.dropna(subset=["median_us"])
+    medians = {(r.case_id, r.impl, r.backend): r.median_us for r in timed.itertuples()}
+    baselines = {key: registry.baseline_for(*key) for key in set(zip(table["library"], table["storage"]))}
+
+    def speedup(r):
+        base = baselines.get((r.library, r.storage))
+        if base is None or r.median_us != r.median_us:
+            return float("nan")
+        ref = medians.get((r.case_id, base, r.backend), medians.get((r.case_id, base, _default_backend(base))))
+        return ref / r.median_us if ref else float("nan")
+
+    table = table.copy()
+    table["speedup_vs_mask"] = [speedup(r) for r in table.itertuples()]
+    if peaks:
+        table["pct_peak_tflops"] = 100 * table["tflops"] / peaks["bf16_matmul_tflops"]
+        table["pct_peak_tbps"] = 100 * table["tbps"] / peaks["copy_tbps"]
+    return table
+
+
+def load(run_dir) -> tuple[pd.DataFrame, dict]:
+    """A run's table with its derived columns, and its metadata (store.folder.load)."""
+    return run_folder.load(run_dir, derive=add_derived)
