@@ -6,7 +6,7 @@ mismatch the registry now refuses as a skip).  Kept as the check that settles su
 Usage on the GPU node: python scripts/ragged_sm_scale.py"""
 
 from swabench.core import gate, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.impls import flashinfer_impls as fi
 
 BASE = dict(mode="verify", draft_tokens=8, batch_size=4, prefix_len=5000, sliding_window=4096, head_dim=128,
@@ -23,7 +23,7 @@ VARIANTS = [  # (label, axes, uniform_q_len hint, storage)
 
 for label, axes, hint, storage in VARIANTS:
     for backend in ("fa2", "fa3"):
-        w = workloads.build(scenarios.make_case({**BASE, **axes, "storage": storage}), "cuda")
+        w = workloads.build(axes.make_case({**BASE, **axes, "storage": storage}), "cuda")
         runner = fi.FlashInferRunner(w, backend, fi.Variant(storage), uniform_hint=hint)
         runner.plan()
         result = gate.check(runner, w)

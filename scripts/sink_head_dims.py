@@ -7,11 +7,11 @@ Usage on the GPU node: python scripts/sink_head_dims.py 64 128"""
 import sys
 
 from swabench.core import gate, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.impls import registry
 
 for head_dim in map(int, sys.argv[1:]):
-    c = scenarios.make_case(dict(mode="verify", draft_tokens=8, prefix_len=2000, sliding_window=128, batch_size=4,
+    c = axes.make_case(dict(mode="verify", draft_tokens=8, prefix_len=2000, sliding_window=128, batch_size=4,
                                  num_qo_heads=16, num_kv_heads=8, head_dim=head_dim, sinks=True))
     w = workloads.build(c, "cuda")
     try:

@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 
 from swabench.core import gate, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.measure import timing
 from swabench.impls import flashinfer_impls as fi
 
@@ -23,7 +23,7 @@ MODES = {"cuda-graph": dict(graph_wrapper=True, uniform_hint=False),
          "plain": dict(graph_wrapper=False, uniform_hint=False)}
 VARIANTS = {"paged-window": fi.Variant("paged"), "paged-mask": fi.Variant("paged", mask=True)}
 
-w = workloads.build(scenarios.make_case(CASE), "cuda")
+w = workloads.build(axes.make_case(CASE), "cuda")
 rows = []
 for impl, variant in VARIANTS.items():
     for mode, kw in MODES.items():

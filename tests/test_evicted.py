@@ -8,12 +8,12 @@ import torch
 from swabench.analysis import versus
 from swabench.core import gate, workloads
 from swabench.publish import report
-from swabench.spec import scenarios
+from swabench.spec import axes, scenarios
 from swabench.impls import registry
 
 
 def build(layout, **kw):
-    return workloads.build(scenarios.make_case({**dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=15,
+    return workloads.build(axes.make_case({**dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=15,
                                                         page_size=16, page_layout=layout, num_qo_heads=4,
                                                         num_kv_heads=2, head_dim=64, batch_size=3), **kw}))
 

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.core import semantics, workloads
 from swabench.impls import flashinfer_impls as fi
 from swabench.impls import registry
@@ -68,7 +68,7 @@ def planned(impl, mode="verify", **kw):
     raw = {**dict(mode=mode, qo_len=4, prefix_len=100, window_left=31, page_size=16, num_qo_heads=4,
                   num_kv_heads=2, head_dim=64, dtype="bfloat16", batch_size=3, storage=storage,
                   accept="uniform"), **kw}
-    c = scenarios.make_case({k: v for k, v in raw.items() if v is not None})
+    c = axes.make_case({k: v for k, v in raw.items() if v is not None})
     w = workloads.build(c)
     runner = registry.get(impl).make(w, "fa2")
     runner.plan()
@@ -76,7 +76,7 @@ def planned(impl, mode="verify", **kw):
 
 
 def extend_runner(impl="paged-window"):
-    c = scenarios.make_case(dict(mode="extend", extend_len=64, prefix_len=256, batch_size=2, num_qo_heads=8,
+    c = axes.make_case(dict(mode="extend", extend_len=64, prefix_len=256, batch_size=2, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=64, window_left=127, page_size=16,
                                  storage=registry.get(impl).storages[0], dtype="bfloat16"))
     return registry.get(impl).make(workloads.build(c), "fa2")
@@ -196,7 +196,7 @@ def test_out_of_memory_while_making_is_a_resource_error(monkeypatch):
 
 
 def test_fa3_with_an_fp8_cache_under_bf16_queries_is_unsupported():
-    c = scenarios.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64,
+    c = axes.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64,
                                  kv_dtype="float8_e4m3"))
     impl = registry.get("paged-window")
     assert "fp8 queries" in impl.unsupported(c, "fa3")
@@ -204,7 +204,7 @@ def test_fa3_with_an_fp8_cache_under_bf16_queries_is_unsupported():
 
 
 def decode_case(page_size=16, prefix_len=100, window_left=31, batch_size=3):
-    return scenarios.make_case(dict(mode="decode", prefix_len=prefix_len, window_left=window_left, page_size=page_size,
+    return axes.make_case(dict(mode="decode", prefix_len=prefix_len, window_left=window_left, page_size=page_size,
                                     num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16",
                                     batch_size=batch_size))
 
@@ -229,7 +229,7 @@ def test_decode_wrappers_hand_over_their_table_and_window(impl, cores, trimmed, 
 
 
 def test_decode_wrappers_skip_other_modes_and_fa3_on_cuda_cores():
-    verify = scenarios.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64))
+    verify = axes.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64))
     assert "decode steps" in registry.get("decode-window").unsupported(verify, "fa2")
     assert "no fa3" in registry.get("decode-trim").unsupported(decode_case(), "fa3")
     assert registry.get("decode-tc-trim").unsupported(decode_case(), "fa3") is None
@@ -269,15 +269,15 @@ def test_sink_wrapper_is_built_for_the_window_and_the_dropped_sinks_are_handed_o
 @pytest.mark.parametrize("impl,reason", [("paged-window", "no sink term"), ("decode-tc-trim", "no sink term"),
                                          ("sglang-extend", "no sink term"), ("flex-window", "no sink term")])
 def test_paths_without_a_sink_term_skip_cases_with_sinks(impl, reason):
-    c = scenarios.make_case(dict(mode="decode" if "decode" in impl else "extend", extend_len=8, prefix_len=100,
+    c = axes.make_case(dict(mode="decode" if "decode" in impl else "extend", extend_len=8, prefix_len=100,
                                  window_left=31, head_dim=64, sinks=True))
     assert reason in registry.get(impl).unsupported(c, "fa2")
-    plain = scenarios.make_case(dict(mode="extend", extend_len=8, prefix_len=100, window_left=31, head_dim=64))
+    plain = axes.make_case(dict(mode="extend", extend_len=8, prefix_len=100, window_left=31, head_dim=64))
     assert "only cases with sinks" in registry.get("sink-window").unsupported(plain, "fa2")
 
 
 def extend_recipe(impl, extend_len=8, prefix_len=100, window_left=31, page_size=16):
-    c = scenarios.make_case(dict(mode="extend", extend_len=extend_len, prefix_len=prefix_len, window_left=window_left,
+    c = axes.make_case(dict(mode="extend", extend_len=extend_len, prefix_len=prefix_len, window_left=window_left,
                                  page_size=page_size, num_qo_heads=4, num_kv_heads=2, head_dim=64, batch_size=3))
     w = workloads.build(c)
     runner = registry.get(impl).make(w, "fa2")
@@ -336,10 +336,10 @@ def test_the_recipe_as_sglang_writes_it_hands_the_ragged_part_its_window_at_run(
     assert not hasattr(runner.wrappers["ragged"], "_window_left")
 
 
-@pytest.mark.parametrize("impl,axes,reason", [
+@pytest.mark.parametrize("impl,shape,reason", [
     ("eagle-verify-untrimmed", dict(mode="verify", draft_tokens=4, window_left=-1), "window_left >= 0"),
     ("sglang-extend", dict(mode="extend", extend_len=4, window_left=0), "window_left >= 1"),
 ])
-def test_the_recipes_refuse_cases_without_a_window_to_cut_to(impl, axes, reason):
-    c = scenarios.make_case(dict(prefix_len=100, head_dim=64, **axes))
+def test_the_recipes_refuse_cases_without_a_window_to_cut_to(impl, shape, reason):
+    c = axes.make_case(dict(prefix_len=100, head_dim=64, **shape))
     assert reason in registry.get(impl).unsupported(c, "fa2")

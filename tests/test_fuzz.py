@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swabench import cli
-from swabench.spec import scenarios
+from swabench.spec import axes
 
-AXES = list(scenarios.AXES)
+AXES = list(axes.AXES)
 JUNK = st.text(alphabet=string.printable, max_size=12)
 SMALL = st.integers(min_value=-2, max_value=40)
 HUGE = st.sampled_from([10**9, 10**12, 2**31, 2**63, -(2**63)])

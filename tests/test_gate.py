@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from swabench.core import gate, probes, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.impls import registry
 
 
 def workload(window_left, prefix_len, qo_len, dtype="bfloat16", num_qo_heads=4, num_kv_heads=2, **kw):
-    c = scenarios.make_case(dict(mode="verify", draft_tokens=qo_len, prefix_len=prefix_len,
+    c = axes.make_case(dict(mode="verify", draft_tokens=qo_len, prefix_len=prefix_len,
                                  window_left=window_left, num_qo_heads=num_qo_heads,
                                  num_kv_heads=num_kv_heads, head_dim=64, dtype=dtype, batch_size=2, **kw))
     return workloads.build(c)
@@ -110,7 +110,7 @@ def test_gate_leaves_random_data_for_timing():
     ("torch-trim", 4, 50, False),
 ])
 def test_must_fail_is_where_the_visible_set_changes(name, qo, kv, must):
-    c = scenarios.make_case(dict(mode="verify", qo_len=qo, seq_len=kv, window_left=4))
+    c = axes.make_case(dict(mode="verify", qo_len=qo, seq_len=kv, window_left=4))
     assert registry.get(name).must_fail(c, [qo], [kv]) == must
 
 
@@ -122,7 +122,7 @@ def test_flex_query_block_holds_what_the_decoding_kernel_packs(queries, group, b
 
 
 def test_flex_runs_a_decode_batch_with_a_grown_query_block():
-    c = scenarios.make_case(dict(mode="decode", batch_size=40, prefix_len=30, window_left=7, num_qo_heads=8,
+    c = axes.make_case(dict(mode="decode", batch_size=40, prefix_len=30, window_left=7, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=64, dtype="float32", page_size=4))
     runner = registry.get("flex-window").make(workloads.build(c), "flex")
     runner.plan()

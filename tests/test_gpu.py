@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swabench.core import gate, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 from swabench.impls import registry
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ BUGS_FI = [n for n in FLASHINFER if registry.get(n).kind == "known-bug" and n no
 
 def workload(impl, window_left, prefix_len, qo_len, page_size=16, mode="verify", batch_size=4):
     storage = registry.get(impl).storages[0]
-    c = scenarios.make_case(dict(mode=mode, qo_len=qo_len, prefix_len=prefix_len, window_left=window_left,
+    c = axes.make_case(dict(mode=mode, qo_len=qo_len, prefix_len=prefix_len, window_left=window_left,
                                  num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16",
                                  batch_size=batch_size, page_size=page_size, storage=storage, accept="uniform"))
     return workloads.build(c, "cuda")
@@ -100,7 +100,7 @@ def test_graph_timer_measures_a_known_amount_of_work(l2):
 def test_flex_decode_batch_compiles_and_passes(storage):
     """64 single-query requests with 4 query heads per KV head: Inductor's flex-decoding kernel needs
     a 256-row query block here; with the default 128 the H200 peers run failed (NoValidChoicesError)."""
-    c = scenarios.make_case(dict(mode="decode", batch_size=64, prefix_len=2048, window_left=127, num_qo_heads=8,
+    c = axes.make_case(dict(mode="decode", batch_size=64, prefix_len=2048, window_left=127, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=128, dtype="bfloat16", page_size=16, storage=storage))
     runner, result = gated("flex-window", workloads.build(c, "cuda"), "flex")
     assert result.passed, result.reason
@@ -112,7 +112,7 @@ def test_gpt_oss_extend_fits_its_workspace(impl):
     """GPT-OSS extend (16 x 1024 new tokens after 4096, 64/8 heads, head_dim 64, window 128): fa2's
     CUDA-graph planner wants 260 MiB of float workspace here (flashinfer 0.7.2.post1), so a fixed
     256 MiB overflowed; the runner grows it and records the size it planned with."""
-    c = scenarios.make_case(dict(mode="extend", extend_len=1024, prefix_len=4096, batch_size=16, num_qo_heads=64,
+    c = axes.make_case(dict(mode="extend", extend_len=1024, prefix_len=4096, batch_size=16, num_qo_heads=64,
                                  num_kv_heads=8, head_dim=64, window_left=127, page_size=16,
                                  storage=registry.get(impl).storages[0], dtype="bfloat16"))
     runner, result = gated(impl, workloads.build(c, "cuda"), "fa2")
@@ -128,7 +128,7 @@ def test_decode_wrappers_on_the_gpu(impl, page_size, head_dim, heads, backend):
     """Every decode wrapper through the gate at GQA groups 1, 4 and 8 and head_dim 64/128/256: the
     correct ones pass; SGLang's recipe (decode-trim-nowindow) is caught exactly where a page reaches
     before the window, and passes at page size 1."""
-    c = scenarios.make_case(dict(mode="decode", batch_size=8, prefix_len=4001, window_left=127, page_size=page_size,
+    c = axes.make_case(dict(mode="decode", batch_size=8, prefix_len=4001, window_left=127, page_size=page_size,
                                  num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype="bfloat16"))
     w = workloads.build(c, "cuda")
     runner, result = gated(impl, w, backend)
@@ -142,7 +142,7 @@ def test_decode_wrappers_on_the_gpu(impl, page_size, head_dim, heads, backend):
 GPT_OSS = dict(num_qo_heads=64, num_kv_heads=8, head_dim=64, sliding_window=128)
 GEMMA2 = dict(num_qo_heads=16, num_kv_heads=8, head_dim=256, sliding_window=4096)
 VERIFY = dict(mode="verify", draft_tokens=8, batch_size=4)
-SERVING = [  # (implementation, backends, axes): every serving path and each new axis, on the model's shape
+SERVING = [  # (implementation, backends, shape): every serving path and each new axis, on the model's shape
     *[(impl, ("fa2", "fa3"), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": p})
       for impl in ("sink-window", "paged-sinks-dropped") for p in (300, 4000)],
     ("torch-trim", ("torch",), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": 4000}),
@@ -170,11 +170,11 @@ SERVING = [  # (implementation, backends, axes): every serving path and each new
 ]
 
 
-@pytest.mark.parametrize("impl,backends,axes", SERVING, ids=lambda v: v if isinstance(v, str) else None)
-def test_serving_paths_on_the_gpu(impl, backends, axes):
+@pytest.mark.parametrize("impl,backends,shape", SERVING, ids=lambda v: v if isinstance(v, str) else None)
+def test_serving_paths_on_the_gpu(impl, backends, shape):
     """Each serving path gated on the GPU where SERVING.md puts it: the correct ones pass (and replay
     in a graph); each known bug is caught exactly where it must fail, by a wide margin."""
-    c = scenarios.make_case({"page_size": 16, "dtype": "bfloat16", **axes})
+    c = axes.make_case({"page_size": 16, "dtype": "bfloat16", **shape})
     for backend in backends:
         w = workloads.build(c, "cuda")
         reason = registry.get(impl).skip_reason(c, backend, w.device)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from swabench.core import gate, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes, scenarios
 from swabench.core.cases import draw_lengths, length_bound, parse_length
 from swabench.impls import registry
 
@@ -34,7 +34,7 @@ def test_draws_are_deterministic_and_bounded():
 
 
 def case(**kw):
-    return scenarios.make_case({**dict(mode="extend", window_left=4, num_qo_heads=4, num_kv_heads=4, head_dim=64,
+    return axes.make_case({**dict(mode="extend", window_left=4, num_qo_heads=4, num_kv_heads=4, head_dim=64,
                                        batch_size=3, page_size=16), **kw})
 
 
@@ -88,16 +88,16 @@ def test_the_uniform_hint_goes_only_to_batches_of_one_query_count(monkeypatch):
         assert planned["hint"] == hint
 
 
-@pytest.mark.parametrize("axes,message", [
+@pytest.mark.parametrize("shape,message", [
     (dict(extend_len=(6, 8), prefix_len=0), "extend_len: 2 per-request values for batch_size 3"),
     (dict(mode="verify", draft_tokens=4, seq_len=(9, 3, 9)), "draft_tokens: request 1 has 4 queries but seq_len 3"),
     (dict(mode="verify", draft_tokens=8, seq_len="uniform:2:20", batch_size=4), "queries but seq_len"),
     (dict(mode="draft_extend", draft_tokens="uniform:1:4", prefix_len=9), "draft block is one size"),
     (dict(mode="decode", qo_len="uniform:1:2", prefix_len=9), "decode has exactly one query"),
 ])
-def test_per_request_mistakes_name_the_field(axes, message):
-    with pytest.raises(scenarios.ScenarioError, match=message):
-        case(**axes)
+def test_per_request_mistakes_name_the_field(shape, message):
+    with pytest.raises(axes.ScenarioError, match=message):
+        case(**shape)
 
 
 def test_sglang_regression_batches_are_in_edges():

@@ -5,7 +5,7 @@ import pytest
 from conftest import invoke
 
 from swabench.analysis import derived
-from swabench.spec import models, scenarios
+from swabench.spec import axes, models, scenarios
 from swabench.impls import registry
 
 STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verify", draft_tokens=16, prefix_len=16384),
@@ -16,7 +16,7 @@ STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verif
 def test_every_preset_makes_every_step(name):
     m = models.get(name)
     for step in STEPS:
-        c = scenarios.make_case({**step, "model": name, "num_qo_heads": 1})  # the preset overrides the shape
+        c = axes.make_case({**step, "model": name, "num_qo_heads": 1})  # the preset overrides the shape
         assert (c.num_qo_heads, c.num_kv_heads, c.head_dim) == (m.num_qo_heads, m.num_kv_heads, m.head_dim)
         assert c.window_left == m.sliding_window - 1 and c.sliding_window == m.sliding_window
         assert c.sinks == m.sinks and c.logits_soft_cap == m.logits_soft_cap and c.model == name
@@ -33,16 +33,16 @@ def test_the_presets_carry_what_their_configs_say():
 
 
 def test_phi3_head_dim_is_a_skip_on_flashinfer():
-    c = scenarios.make_case(dict(mode="decode", prefix_len=4096, model="phi-3-mini"))
+    c = axes.make_case(dict(mode="decode", prefix_len=4096, model="phi-3-mini"))
     assert "not 96" in registry.get("decode-tc-trim").unsupported(c, "fa2")
 
 
 def test_a_group_that_gives_both_a_model_and_its_shape_is_refused(write_scenario):
     text = ('implementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\nprefix_len = 100\n'
             'model = "gemma-3-1b"\nnum_kv_heads = 2\n')
-    with pytest.raises(scenarios.ScenarioError, match=r"sweep\[0\]\.num_kv_heads: the model preset sets num_kv_heads"):
+    with pytest.raises(axes.ScenarioError, match=r"sweep\[0\]\.num_kv_heads: the model preset sets num_kv_heads"):
         scenarios.load(write_scenario(text))
-    with pytest.raises(scenarios.ScenarioError, match=r"model: must be one of gpt-oss-20b, .*; got 'llama'"):
+    with pytest.raises(axes.ScenarioError, match=r"model: must be one of gpt-oss-20b, .*; got 'llama'"):
         scenarios.load(write_scenario(text.replace("gemma-3-1b", "llama").replace("num_kv_heads = 2\n", "")))
 
 
@@ -114,7 +114,7 @@ def test_model_features_false_is_the_models_plain_twin(write_scenario):
     assert cases == {("gpt-oss-120b", True, 0.0), ("gpt-oss-120b", False, 0.0), ("mistral-7b-v0.1", False, 0.0)}
     assert len(s.points) == 4  # mistral has no features to drop: one case, not two; sink-window only with sinks
     assert s.skipped == ["no sinks"] * 2  # gpt-oss's plain twin and mistral, whose twin is itself: not counted again
-    gemma = scenarios.make_case({"model": "gemma-2-9b", "model_features": False, "mode": "decode", "prefix_len": 9})
+    gemma = axes.make_case({"model": "gemma-2-9b", "model_features": False, "mode": "decode", "prefix_len": 9})
     assert (gemma.logits_soft_cap, gemma.head_dim, gemma.scale) == (0.0, 256, 256 ** -0.5)
 
 
@@ -128,5 +128,5 @@ def test_model_features_without_a_model_is_refused(write_scenario):
         prefix_len = 300
         window_left = 7
         """)
-    with pytest.raises(scenarios.ScenarioError, match="model_features"):
+    with pytest.raises(axes.ScenarioError, match="model_features"):
         scenarios.load(path)

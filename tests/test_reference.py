@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from swabench.core import reference, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes
 
 
 def naive(w):
@@ -27,7 +27,7 @@ def naive(w):
 
 @pytest.mark.parametrize("window_left,storage", [(3, "paged"), (-1, "paged"), (0, "ragged"), (10, "ragged")])
 def test_reference_matches_the_definition(window_left, storage):
-    c = scenarios.make_case(dict(mode="draft_extend", draft_tokens=5, prefix_len=9, window_left=window_left,
+    c = axes.make_case(dict(mode="draft_extend", draft_tokens=5, prefix_len=9, window_left=window_left,
                                  num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="float32",
                                  batch_size=3, page_size=4, storage=storage))
     w = workloads.build(c)
@@ -35,7 +35,7 @@ def test_reference_matches_the_definition(window_left, storage):
 
 
 def test_reference_chunking_changes_nothing(monkeypatch):
-    c = scenarios.make_case(dict(mode="extend", extend_len=40, prefix_len=30, window_left=7,
+    c = axes.make_case(dict(mode="extend", extend_len=40, prefix_len=30, window_left=7,
                                  num_qo_heads=2, num_kv_heads=1, head_dim=16, dtype="bfloat16"))
     w = workloads.build(c)
     whole = reference.attention(w)

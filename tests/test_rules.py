@@ -344,7 +344,7 @@ def load(tmp_path, text):
 
 
 def test_scenario_rule_errors_name_the_rule(tmp_path):
-    from swabench.spec.scenarios import ScenarioError
+    from swabench.spec.axes import ScenarioError
     with pytest.raises(ScenarioError, match=r"s.toml: skip\[0\].when: must be a comparison"):
         load(tmp_path, BASE + 'prefix_len = 8\n[[skip]]\nwhen = "prefix_len"\nreason = "x"\n')
     rules_text = ('[[skip]]\nwhen = "mode == \'decode\'"\nreason = "a"\n'

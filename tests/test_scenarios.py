@@ -3,7 +3,8 @@ import textwrap
 import pytest
 
 from swabench.spec import scenarios
-from swabench.spec.scenarios import ScenarioError
+from swabench.core.cases import MODES
+from swabench.spec.axes import ScenarioError
 
 SHIPPED = ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"]
 
@@ -34,7 +35,7 @@ def test_shipped_scenarios_load(name):
 def test_cpu_scenario_runs_only_correct_embedded_implementations():
     s = scenarios.load(scenarios.find("cpu"))
     assert set(s.implementations) == {"torch-trim", "torch-mask"}
-    assert {c.mode for c in s.cases} == set(scenarios.MODES)
+    assert {c.mode for c in s.cases} == set(MODES)
     assert {c.storage for c in s.cases} == {"paged", "ragged"}
 
 

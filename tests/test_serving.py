@@ -9,7 +9,7 @@ import torch
 
 from swabench.analysis import derived, versus
 from swabench.core import gate, reference, semantics, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes, scenarios
 from swabench.impls import embedded, registry
 
 CASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=7, num_qo_heads=4, num_kv_heads=2,
@@ -17,7 +17,7 @@ CASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=7, num_qo_
 
 
 def build(**kw):
-    return workloads.build(scenarios.make_case({k: v for k, v in {**CASE, **kw}.items() if v is not None}))
+    return workloads.build(axes.make_case({k: v for k, v in {**CASE, **kw}.items() if v is not None}))
 
 
 def test_default_serving_axes_keep_every_published_case_id():
@@ -27,12 +27,12 @@ def test_default_serving_axes_keep_every_published_case_id():
     table, _ = derived.load(folder)
     today = {c.case_id for c in scenarios.load(folder / "scenario.toml").cases}
     assert set(table["case_id"]) <= today
-    plain = scenarios.make_case(dict(CASE))
+    plain = axes.make_case(dict(CASE))
     for axis, value in [("sinks", True), ("logits_soft_cap", 50.0), ("sm_scale", 0.1), ("kv_dtype", "float8_e4m3")]:
-        other = scenarios.make_case({**CASE, axis: value})
+        other = axes.make_case({**CASE, axis: value})
         assert other.case_id != plain.case_id and other.label != plain.label
-    assert scenarios.make_case({**CASE, "kv_dtype": "bfloat16"}).case_id == plain.case_id
-    assert scenarios.make_case({**CASE, "sm_scale": 64 ** -0.5}).case_id == plain.case_id  # the default, spelt out
+    assert axes.make_case({**CASE, "kv_dtype": "bfloat16"}).case_id == plain.case_id
+    assert axes.make_case({**CASE, "sm_scale": 64 ** -0.5}).case_id == plain.case_id  # the default, spelt out
 
 
 @pytest.mark.parametrize("axis,value,message", [
@@ -42,16 +42,16 @@ def test_default_serving_axes_keep_every_published_case_id():
 def test_bad_serving_axes_are_refused_by_name(write_scenario, axis, value, message):
     text = f'implementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\nprefix_len = 10\nwindow_left = 3\n' \
            f'{axis} = {value!r}\n'.replace("'", '"')
-    with pytest.raises(scenarios.ScenarioError, match=f"sweep\\[0\\].{axis}: .*{message}"):
+    with pytest.raises(axes.ScenarioError, match=f"sweep\\[0\\].{axis}: .*{message}"):
         scenarios.load(write_scenario(text))
 
 
 def test_an_fp8_cache_needs_half_precision_queries():
-    with pytest.raises(scenarios.ScenarioError, match="kv_dtype: an fp8 cache is read with bfloat16 or float16"):
-        scenarios.make_case({**CASE, "dtype": "float32", "kv_dtype": "fp8"})
-    with pytest.raises(scenarios.ScenarioError, match="kv_dtype: float16 with bfloat16 queries: a cache dtype other "
+    with pytest.raises(axes.ScenarioError, match="kv_dtype: an fp8 cache is read with bfloat16 or float16"):
+        axes.make_case({**CASE, "dtype": "float32", "kv_dtype": "fp8"})
+    with pytest.raises(axes.ScenarioError, match="kv_dtype: float16 with bfloat16 queries: a cache dtype other "
                                                       "than the queries' must be float8_e4m3"):
-        scenarios.make_case({**CASE, "kv_dtype": "float16"})
+        axes.make_case({**CASE, "kv_dtype": "float16"})
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
@@ -59,7 +59,7 @@ def test_soft_cap_and_scale_refuse_nan_and_inf(write_scenario, value):
     for axis in ("logits_soft_cap", "sm_scale"):
         text = f'implementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\nprefix_len = 10\nwindow_left = 3\n' \
                f'{axis} = {value}\n'
-        with pytest.raises(scenarios.ScenarioError, match=f"sweep\\[0\\].{axis}: must be a number"):
+        with pytest.raises(axes.ScenarioError, match=f"sweep\\[0\\].{axis}: must be a number"):
             scenarios.load(write_scenario(text))
 
 
@@ -85,26 +85,26 @@ def explicit(w) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("axes", [dict(sinks=True), dict(logits_soft_cap=30.0), dict(sm_scale=0.05),
-                                  dict(kv_dtype="float8_e4m3"), dict(sinks=True, logits_soft_cap=30.0, sm_scale=0.2)])
-def test_reference_applies_each_axis_as_defined(axes):
-    w = build(**axes)
+@pytest.mark.parametrize("shape", [dict(sinks=True), dict(logits_soft_cap=30.0), dict(sm_scale=0.05),
+                                   dict(kv_dtype="float8_e4m3"), dict(sinks=True, logits_soft_cap=30.0, sm_scale=0.2)])
+def test_reference_applies_each_axis_as_defined(shape):
+    w = build(**shape)
     torch.testing.assert_close(reference.attention(w), explicit(w), rtol=1e-9, atol=1e-9)
-    if "kv_dtype" in axes:
+    if "kv_dtype" in shape:
         assert w.k_store.dtype == torch.float8_e4m3fn and w.kv_dtype.itemsize == 1
 
 
 def test_sinks_move_every_row_and_the_soft_cap_bends_the_logits():
     """The random pass must make each axis matter, or a path that ignores it would pass."""
     tolerance = gate.TOLERANCES["bfloat16"].rel_l2
-    for axes, moved in ((dict(sinks=True), 10 * tolerance), (dict(logits_soft_cap=50.0), 4 * tolerance)):
-        w = build(**axes)
+    for shape, moved in ((dict(sinks=True), 10 * tolerance), (dict(logits_soft_cap=50.0), 4 * tolerance)):
+        w = build(**shape)
         with_axis = reference.attention(w)
-        plain = workloads.Workload(**{**vars(w), "case": scenarios.make_case(dict(CASE)), "sinks": None,
+        plain = workloads.Workload(**{**vars(w), "case": axes.make_case(dict(CASE)), "sinks": None,
                                       "data": (), "references": {}})
         diff = with_axis - reference.attention(plain)
-        assert diff.norm() / with_axis.norm() > moved, axes
-        assert (diff.norm(dim=-1) / with_axis.norm(dim=-1)).min() > 1e-3, axes
+        assert diff.norm() / with_axis.norm() > moved, shape
+        assert (diff.norm(dim=-1) / with_axis.norm(dim=-1)).min() > 1e-3, shape
 
 
 @pytest.mark.parametrize("name", ["torch-trim", "torch-mask"])
@@ -198,14 +198,14 @@ def test_each_serving_bug_is_caught_by_the_probe_alone(name, axes):
 ])
 def test_must_fail_sets_of_the_serving_bugs(name, qo, kv, page, must):
     mode = "verify" if name.startswith("eagle") else "extend"
-    c = scenarios.make_case(dict(mode=mode, qo_len=qo, seq_len=kv, window_left=7, page_size=page))
+    c = axes.make_case(dict(mode=mode, qo_len=qo, seq_len=kv, window_left=7, page_size=page))
     assert registry.get(name).must_fail(c, [qo], [kv]) is must
 
 
 def test_dropped_sinks_must_fail_exactly_where_the_case_has_sinks():
     impl = registry.get("paged-sinks-dropped")
     for sinks in (False, True):
-        c = scenarios.make_case({**CASE, "sinks": sinks})
+        c = axes.make_case({**CASE, "sinks": sinks})
         assert impl.must_fail(c, [4, 4], [44, 44]) is sinks
 
 
@@ -224,7 +224,7 @@ def test_a_sliced_page_table_ends_inside_its_last_page():
 
 
 def test_a_point_on_the_other_storage_is_a_skip_not_a_wrong_answer():
-    paged = scenarios.make_case(dict(CASE))
+    paged = axes.make_case(dict(CASE))
     assert "runs on ragged storage, not paged" in registry.get("ragged-window").skip_reason(paged, "fa2", "cpu")
 
 

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
-from swabench.analysis import derived
+from swabench.analysis import derived, replay
 from swabench.publish import report
-from swabench.spec import scenarios, traces
+from swabench.spec import axes, traces
 
 LAYER = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "sliding_window": 16, "page_size": 16}
 STEPS = [{"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]]},
@@ -58,7 +58,7 @@ def test_a_line_can_ask_for_the_models_plain_twin(tmp_path):
     ({"mode": "extend", **LAYER, "requests": [[1, 2]], "count": 0}, "line 1: count: must be an integer >= 1"),
 ])
 def test_bad_lines_are_refused_by_number(tmp_path, line, message):
-    with pytest.raises((traces.TraceError, scenarios.ScenarioError), match=message):
+    with pytest.raises((traces.TraceError, axes.ScenarioError), match=message):
         traces.read(write(tmp_path, [line]))
 
 
@@ -66,7 +66,7 @@ def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
     table = pd.DataFrame({"case_id": ["a", "b", "a", "b"], "mode": ["decode", "verify", "decode", "verify"],
                           "impl": ["x", "x", "y", "z"], "backend": ["fa2"] * 4,
                           "median_us": [10.0, 40.0, 20.0, 30.0]})
-    out = traces.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")  # empty cells are NaN
+    out = replay.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")  # empty cells are NaN
     assert out.values.tolist() == [
         ["x", "fa2", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],  # ms per 1000 steps = us per step, weighted
         ["y", "fa2", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
@@ -78,9 +78,9 @@ def test_a_replay_missing_whole_steps_claims_no_mode_it_did_not_cover():
     table = pd.DataFrame({"case_id": ["a", "c"], "mode": ["decode", "verify"], "impl": ["x", "x"],
                           "backend": ["fa2"] * 2, "median_us": [10.0, 20.0]})
     weights = {"a": 3, "b": 1, "c": 1}  # b (a decode step) has no rows yet: an interrupted replay
-    blind = traces.per_thousand_steps(table, weights)
+    blind = replay.per_thousand_steps(table, weights)
     assert blind["impl"].tolist() == ["x"] and blind.drop(columns=["impl", "backend", "steps covered"]).isna().all(axis=None)
-    told = traces.per_thousand_steps(table, weights, {"a": "decode", "b": "decode", "c": "verify"})
+    told = replay.per_thousand_steps(table, weights, {"a": "decode", "b": "decode", "c": "verify"})
     assert told["impl"].tolist() == ["x"] and told["verify ms"].tolist() == [4.0] and told["decode ms"].isna().all()
 
 

@@ -2,14 +2,14 @@ import pytest
 import torch
 
 from swabench.core import footprint, workloads
-from swabench.spec import scenarios
+from swabench.spec import axes, scenarios
 
 
 def case(**kw):
     base = dict(mode="verify", draft_tokens=4, prefix_len=37, window_left=8, num_qo_heads=4,
                 num_kv_heads=2, head_dim=16, dtype="float32", batch_size=5)
     merged = {**base, **kw}
-    return scenarios.make_case({k: v for k, v in merged.items() if v is not None})
+    return axes.make_case({k: v for k, v in merged.items() if v is not None})
 
 
 def absurd(**kw):
@@ -55,7 +55,7 @@ def test_draft_extend_lengths_are_drawn_per_request_and_reproducible():
     assert all(1 <= q <= 8 for q in qo) and len(set(qo)) > 1
     assert kv == [100] * 64  # prefix = seq_len - accepted
     assert (qo, kv) == workloads.request_lengths(c)
-    other = workloads.request_lengths(scenarios.make_case({**_raw(c), "seed": 1}))
+    other = workloads.request_lengths(axes.make_case({**_raw(c), "seed": 1}))
     assert other[0] != qo
 
 
@@ -168,5 +168,5 @@ def test_shipped_cases_are_possible(name):
 
 
 def test_make_case_refuses_what_can_never_run():
-    with pytest.raises(scenarios.ScenarioError, match="batch_size 1000000000 x 41 keys"):
+    with pytest.raises(axes.ScenarioError, match="batch_size 1000000000 x 41 keys"):
         case(batch_size=10**9)

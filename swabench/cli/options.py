@@ -1,13 +1,16 @@
-"""The command line's shared parts: its options, the progress bar it draws a run on, and the rule
-that turns every error a user can fix into a plain message and exit status 2."""
+"""The command line's shared parts: its options, the progress bar it draws a run on, how a command
+finds and loads its scenario and prints a finished sweep, and the rule that turns every error a user
+can fix into a plain message and exit status 2."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from swabench.errors import RunFailed, UserError
+from swabench.spec import scenarios
 
 
 class InputError(click.ClickException):
@@ -31,7 +34,7 @@ class Main(click.Group):
 
 
 class Bar:
-    """runs.Progress on the terminal: notes on stderr, a click progress bar over the points."""
+    """lifecycle.Progress on the terminal: notes on stderr, a click progress bar over the points."""
 
     def __init__(self):
         self.bar = None
@@ -87,3 +90,44 @@ def run_options(command):
     for option in (strict_option, resume, model_option, case_option, impl_option, device_option, out_option):
         command = option(command)
     return command
+
+
+def scenario_file(name: str | None, device_type: str) -> Path:
+    default = "default" if device_type == "cuda" else "cpu"
+    if name is None:
+        click.echo(f"no scenario given: running {default}.toml" + " (the embedded CPU default: no GPU here)"
+                   * (default == "cpu"), err=True)
+    return scenarios.find(name or default)
+
+
+def model_scenario(scenario, model, device_type: str) -> str | None:
+    """--model NAME without SCENARIO: the shipped template for this device (models.toml on a GPU,
+    models-cpu.toml without one); the name is checked here, before any work."""
+    if not model:
+        return scenario
+    from swabench.spec import models
+    if model not in models.MODELS:
+        raise InputError(f"--model: unknown model {model!r}; known: {', '.join(models.MODELS)}")
+    return scenario or ("models" if device_type == "cuda" else "models-cpu")
+
+
+def load(name, impls=(), cases=(), device_type="cpu", model=None) -> scenarios.Scenario:
+    path = name if isinstance(name, Path) else scenario_file(name, device_type)
+    s = scenarios.load(path, impl_filter=impls or None)
+    return scenarios.select(scenarios.select_model(s, model), cases)
+
+
+def report_outcome(outcome, strict: bool, resume_with: str) -> None:
+    summary(outcome.table, outcome.folder)
+    for text, colour in outcome.messages(strict, resume_with):
+        click.secho(text, fg=colour, err=True)
+    sys.exit(outcome.exit_status(strict))
+
+
+def summary(table, out: Path) -> None:
+    from swabench.publish.markdown import console_summary
+
+    colours = {"  FAIL": "red", "  XPASS": "yellow"}
+    click.echo(f"\nresults: {out}" if len(table) else "no rows")
+    for line in console_summary(table).splitlines():
+        click.secho(line, fg=next((c for k, c in colours.items() if line.startswith(k)), None))

@@ -207,8 +207,8 @@ def replay_table(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     trace = meta.get("trace")
     if not trace:
         return pd.DataFrame()
-    from swabench.spec import traces
-    return traces.per_thousand_steps(table, trace["weights"], trace.get("modes"))
+    from swabench.analysis import replay
+    return replay.per_thousand_steps(table, trace["weights"], trace.get("modes"))
 
 
 def _section(title: str, caption: str, frame: pd.DataFrame) -> list[str]:

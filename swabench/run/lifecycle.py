@@ -67,6 +67,7 @@ class Request:
     resume: bool = False
     l2: str = "cold"
     sharding: dict | None = None
+    meta: dict | None = None  # what this kind of run adds to meta.json (a replay's trace)
 
     @property
     def what(self) -> str:
@@ -151,7 +152,7 @@ def open_store(request: Request) -> RunStore:
                 raise RunFolderError(f"{request.out} holds a {meta.get('what')} of other points or options "
                                      f"({meta.get('selection')}); resume it as it was started: "
                                      f"`{rerun_command(request.out, meta.get('command'))}`")
-            store.update_meta(state="running")
+            store.update_meta(state="running", **(request.meta or {}))
         except BaseException:
             store.close()
             raise
@@ -159,7 +160,7 @@ def open_store(request: Request) -> RunStore:
     meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
             "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),
-            "sharding": request.sharding, "embedded_backend": request.device.type == "cpu"}
+            "sharding": request.sharding, "embedded_backend": request.device.type == "cpu", **(request.meta or {})}
     return RunStore.create(request.out, meta, s.text)
 
 

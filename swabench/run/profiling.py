@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.store import run_folder
-from swabench.run import lifecycle as runs
+from swabench.run import lifecycle
 from swabench.errors import UserError
 from swabench.measure.markers import parse_point
 
@@ -48,14 +48,14 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
     return stats
 
 
-def run_under_torch_profiler(request: runs.Request, progress: runs.Progress) -> tuple[runs.Outcome, str]:
+def run_under_torch_profiler(request: lifecycle.Request, progress: lifecycle.Progress) -> tuple[lifecycle.Outcome, str]:
     """The run inside torch.profiler: its trace (torch_trace.json) and the kernel table (torch_stats.txt)
     land in the run folder; returns the outcome and the table."""
     import torch
 
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        outcome = runs.execute(request, progress)
+        outcome = lifecycle.execute(request, progress)
     prof.export_chrome_trace(str(request.out / "torch_trace.json"))
     text = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
     run_folder.atomic_write(request.out / "torch_stats.txt", text + "\n")

@@ -20,7 +20,7 @@ from swabench.measure import timing
 from swabench.core.cases import Point
 from swabench.impls import registry
 from swabench.measure.markers import nvtx_range, point_range_name
-from swabench.spec.scenarios import make_case
+from swabench.spec.axes import make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)

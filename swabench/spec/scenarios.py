@@ -24,7 +24,6 @@ and the allowed values.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import itertools
 import re
@@ -34,123 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.core import footprint, semantics
-from swabench.spec import models
-from swabench.core.cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, Point, length_bound, parse_accept, parse_length
-from swabench.errors import UserError
+from swabench.core.cases import QO_FIELD, Case, Point, length_bound
 from swabench.impls import registry
+from swabench.spec.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, did_you_mean, make_case,
+                                 with_model)
 from swabench.spec.rules import Rule, RuleError, compile_rule
 
-PAGE_LAYOUTS = ("scattered", "contiguous", "evicted-reused", "evicted-null")
-DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-          "half": "float16", "float32": "float32", "fp32": "float32"}
-BACKENDS = ("fa2", "fa3", "auto")
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
-
-
-class ScenarioError(UserError, ValueError):
-    """A scenario file problem, phrased for the person who wrote the file."""
-
-    def __init__(self, path, field_name: str, message: str):
-        self.path, self.field = str(path), field_name
-        super().__init__(f"{path}: {field_name}: {message}")
-
-
-# ---------------------------------------------------------------- field checks
-
-def _int(lo: int, what: str):
-    def check(value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise ValueError(f"must be {what}, got {value!r}")
-        return value
-    return check
-
-
-def _choice(allowed, aliases=None):
-    aliases = aliases or {a: a for a in allowed}
-
-    def check(value):
-        if value not in aliases:
-            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}")
-        return aliases[value]
-    return check
-
-
-def _head_dim(value):
-    _int(8, "a positive multiple of 8")(value)
-    if value % 8:
-        raise ValueError(f"must be a positive multiple of 8, got {value!r}")
-    return value
-
-
-def _sliding_window(value):
-    if value == -1:
-        return value
-    return _int(1, "an integer >= 1 (HF convention: W + 1 keys), or -1 for no window")(value)
-
-
-def _length(lo: int):
-    def check(value):
-        return parse_length(value, lo)
-    return check
-
-
-def _accept(value):
-    parse_accept(value)
-    return value
-
-
-def _bool(value):
-    if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
-    return value
-
-
-def _float(lo: float, what: str, open_low: bool = False):
-    def check(value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                or value < lo or (open_low and value == lo) or value == float("inf"):
-            raise ValueError(f"must be {what}, got {value!r}")
-        return float(value)
-    return check
-
-
-KV_DTYPES = {**DTYPES, "float8_e4m3": "float8_e4m3", "fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3",
-             "float8_e4m3fn": "float8_e4m3"}
-
-
-AXES = {
-    "mode": _choice(MODES),
-    "storage": _choice(STORAGES),
-    "batch_size": _int(1, "an integer >= 1"),
-    "prefix_len": _length(0),
-    "seq_len": _length(1),
-    "qo_len": _length(1),
-    "extend_len": _length(1),
-    "draft_tokens": _length(1),
-    "accept": _accept,
-    "window_left": _int(-1, "an integer >= -1 (-1 = no window)"),
-    "sliding_window": _sliding_window,
-    "page_size": _int(1, "an integer >= 1"),
-    "page_layout": _choice(PAGE_LAYOUTS),
-    "num_qo_heads": _int(1, "an integer >= 1"),
-    "num_kv_heads": _int(1, "an integer >= 1"),
-    "head_dim": _head_dim,
-    "dtype": _choice(("bfloat16", "float16", "float32"), DTYPES),
-    "backend": _choice(BACKENDS),
-    "seed": _int(0, "an integer >= 0"),
-    "sinks": _bool,
-    "logits_soft_cap": _float(0.0, "a number >= 0 (0 = off; Gemma 2 uses 50)"),
-    "sm_scale": _float(0.0, "a number > 0 (default head_dim ** -0.5)", open_low=True),
-    "kv_dtype": _choice(("bfloat16", "float16", "float32", "float8_e4m3"), KV_DTYPES),
-    "model": _choice(tuple(models.MODELS)),
-    "model_features": _bool,
-}
-MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
-              "logits_soft_cap", "sm_scale")  # what a model preset decides
-DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
-            "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
-            "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True}
 
 
 @dataclass
@@ -181,7 +70,6 @@ def _compile_rule(expr, path, where) -> Rule:
         raise ScenarioError(path, where, str(e)) from None
 
 
-LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
 
 
 def _rule_namespace(combo: dict, group: str) -> dict:
@@ -217,170 +105,13 @@ def _skip_reason(rules, ns: dict, path) -> str | None:
 
 # ---------------------------------------------------------------- loading
 
-def _did_you_mean(word, options) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def check_axes(table: dict, path, where: str) -> dict:
-    """Validate a [fixed] or [[sweep]] table; every value becomes a non-empty list."""
-    if not isinstance(table, dict):
-        raise ScenarioError(path, where, "must be a table of axis = value(s)")
-    out = {}
-    for name, raw in table.items():
-        if name not in AXES:
-            raise ScenarioError(path, f"{where}.{name}", f"unknown axis{_did_you_mean(name, AXES)}; "
-                                                         f"allowed: {', '.join(AXES)}")
-        values = raw if isinstance(raw, list) else [raw]
-        if not values:
-            raise ScenarioError(path, f"{where}.{name}", "empty list: give at least one value")
-        try:
-            out[name] = [AXES[name](v) for v in values]
-        except ValueError as e:
-            raise ScenarioError(path, f"{where}.{name}", str(e)) from None
-    return out
-
-
-def _one_of(point: dict, names, path, where, required=True):
-    given = [n for n in names if n in point]
-    if len(given) > 1:
-        raise ScenarioError(path, where, f"give only one of {' / '.join(names)}, not {' and '.join(given)}")
-    if not given and required:
-        raise ScenarioError(path, where, f"needs one of {' / '.join(names)}")
-    return given[0] if given else None
-
-
-def with_model(point: dict) -> dict:
-    """The combination with its model preset's axes in place of whatever [fixed] gave them; with
-    model_features false, the preset's shape without its sinks and soft-cap (the plain twin that says
-    what those cost, and that the paths which cannot apply them run)."""
-    if not point.get("model"):
-        return point
-    rest = {k: v for k, v in point.items() if k not in MODEL_SETS}
-    axes = models.get(point["model"]).axes()
-    if point.get("model_features") is False:
-        axes.update(sinks=False, logits_soft_cap=0.0)
-    return {**rest, **axes}
-
-
-def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
-    """A Case from one expanded combination of axis values, with the cross-field checks."""
-    p = {**DEFAULTS, **with_model(point)}
-    if "mode" not in p:
-        raise ScenarioError(path, f"{where}.mode", f"missing; allowed: {', '.join(MODES)}")
-    mode = p["mode"]
-    win = _one_of(p, ("window_left", "sliding_window"), path, where)
-    window_left = semantics.window_left_from(**{win: p[win]})
-    if mode == "decode":
-        qo_len = p.get("qo_len", 1)
-        if not isinstance(qo_len, int) or qo_len != 1:
-            raise ScenarioError(path, f"{where}.qo_len", f"decode has exactly one query, got {qo_len}")
-    else:
-        own = QO_FIELD[mode]
-        qo_name = _one_of({k: p[k] for k in (own, "qo_len") if k in p}, (own, "qo_len"), path, where,
-                          required=False)
-        if qo_name is None:
-            other = [n for n in ("extend_len", "draft_tokens") if n in p and n != own]
-            hint = f" ({other[0]} applies to {_modes_of(other[0])})" if other else ""
-            raise ScenarioError(path, f"{where}.{own}", f"mode {mode!r} needs {own} (or qo_len){hint}")
-        qo_len = p[qo_name]
-    if mode == "draft_extend":
-        kind, arg = parse_accept(p["accept"])
-        if not isinstance(qo_len, int):
-            raise ScenarioError(path, f"{where}.draft_tokens", f"draft_extend's draft block is one size for the "
-                                                               f"batch (accept draws what each request keeps); got "
-                                                               f"{qo_len!r}")
-        if kind == "fixed" and arg > qo_len:
-            raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
-                                                         f"the draft block of {qo_len}")
-    ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
-    _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
-    if p["num_qo_heads"] % p["num_kv_heads"]:
-        raise ScenarioError(path, f"{where}.num_kv_heads", f"{p['num_kv_heads']} must divide "
-                                                           f"num_qo_heads {p['num_qo_heads']} (GQA groups)")
-    paged = p["storage"] == "paged"
-    case = Case(mode=mode, storage=p["storage"], batch_size=p["batch_size"],
-                prefix_len=p.get("prefix_len"), seq_len=p.get("seq_len"), qo_len=qo_len,
-                accept=p["accept"] if mode == "draft_extend" else None, window_left=window_left,
-                page_size=p["page_size"] if paged else None,
-                page_layout=p["page_layout"] if paged else None,
-                num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
-                head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
-                logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
-                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"))
-    never = footprint.impossible(case)
-    if never:
-        raise ScenarioError(path, where, never)
-    _check_probe_fits(case, path, where)
-    return case
-
-
-def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:
-    """An explicit per-request list has one length per request, and with seq_len every request's
-    queries fit in its context (the lengths drawn as the case will draw them)."""
-    b = p["batch_size"]
-    for field, value in lengths.items():
-        if isinstance(value, tuple) and len(value) != b:
-            name = qo_name if field == "qo_len" else field
-            raise ScenarioError(path, f"{where}.{name}", f"{len(value)} per-request values for batch_size {b}")
-    if "seq_len" in lengths:
-        seed = p["seed"]
-        if b > footprint.DRAW_LIMIT:  # the impossible-size check has its say
-            return
-        from swabench.core.cases import draw_lengths
-        qo = draw_lengths(lengths["qo_len"], b, seed, LENGTH_SALT["qo_len"])
-        seq = draw_lengths(lengths["seq_len"], b, seed, LENGTH_SALT["seq_len"])
-        over = [(i, q, s) for i, (q, s) in enumerate(zip(qo, seq)) if q > s]
-        if over:
-            i, q, s = over[0]
-            said = f"{q} is larger than seq_len {s}" if all(isinstance(v, int) for v in lengths.values()) else \
-                f"request {i} has {q} queries but seq_len {s}"
-            raise ScenarioError(path, f"{where}.{qo_name}", f"{said}: the queries must fit in the context")
-
-
-def _sm_scale(p: dict) -> float | None:
-    """The query scale when it is not head_dim ** -0.5 (None: the default, one case id for both)."""
-    scale = p.get("sm_scale")
-    return None if scale is None or scale == p["head_dim"] ** -0.5 else scale
-
-
-def _kv_dtype(p: dict, path, where) -> str | None:
-    """The cache's dtype when it differs from the queries' (None: the same)."""
-    kv = KV_DTYPES.get(p.get("kv_dtype"), p.get("kv_dtype"))
-    if kv is None or kv == p["dtype"]:
-        return None
-    if not kv.startswith("float8"):
-        raise ScenarioError(path, f"{where}.kv_dtype", f"{kv} with {p['dtype']} queries: a cache dtype other than "
-                                                       f"the queries' must be float8_e4m3")
-    if p["dtype"] == "float32":
-        raise ScenarioError(path, f"{where}.kv_dtype", "an fp8 cache is read with bfloat16 or float16 queries, "
-                                                       "not float32")
-    return kv
-
-
-def _check_probe_fits(case: Case, path, where) -> None:
-    """The gate's probe pass encodes key positions in the head dimension: a head_dim too small for
-    the context cannot be checked, so it is refused here rather than failed by the gate."""
-    from swabench.core import probes
-
-    keys = case.largest()[1]
-    need = probes.required_head_dim(keys, case.window_left)
-    if case.head_dim < need:
-        raise ScenarioError(path, f"{where}.head_dim", f"{case.head_dim} is too small for the gate's probe inputs "
-                                                       f"at {keys} keys: give head_dim >= {need}")
-
-
-def _modes_of(qo_field: str) -> str:
-    return " and ".join(m for m, f in QO_FIELD.items() if f == qo_field)
-
-
 def _check_impls(names, path, where) -> list[str]:
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ScenarioError(path, where, f"must be a non-empty list of names; allowed: "
                                          f"{', '.join(registry.names())}")
     for n in names:
         if n not in registry.names():
-            raise ScenarioError(path, where, f"unknown implementation {n!r}{_did_you_mean(n, registry.names())};"
+            raise ScenarioError(path, where, f"unknown implementation {n!r}{did_you_mean(n, registry.names())};"
                                              f" allowed: {', '.join(registry.names())}")
     return list(dict.fromkeys(names))
 
@@ -429,7 +160,7 @@ def declared_name(doc: dict, path) -> str:
 def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
     for key in doc:
         if key not in TOP_LEVEL:
-            hint = " (sweep axes go under [fixed] or [[sweep]])" if key in AXES else _did_you_mean(key, TOP_LEVEL)
+            hint = " (sweep axes go under [fixed] or [[sweep]])" if key in AXES else did_you_mean(key, TOP_LEVEL)
             raise ScenarioError(path, key, f"unknown top-level key{hint}; allowed: {', '.join(TOP_LEVEL)}")
     name = declared_name(doc, path)
     impls = _check_impls(doc.get("implementations"), path, "implementations")
@@ -507,7 +238,7 @@ def find(name_or_path: str, search_dirs=None) -> Path:
             return candidate
     known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.toml")})
     raise ScenarioError(name_or_path, "scenario", f"no such file or scenario name"
-                                                  f"{_did_you_mean(name_or_path, known)}; known: {', '.join(known)}")
+                                                  f"{did_you_mean(name_or_path, known)}; known: {', '.join(known)}")
 
 
 def shipped_dir() -> Path:

@@ -22,15 +22,11 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from swabench.spec import models, scenarios
+from swabench.spec import axes, models, scenarios
 from swabench.core import semantics
 from swabench.core.cases import QO_FIELD
 from swabench.errors import UserError
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 MODES = ("extend", "verify", "decode")
 LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left",
@@ -68,13 +64,34 @@ def _as_scenario_values(axes: dict) -> dict:
     return {k: [list(v)] if isinstance(v, tuple) else v for k, v in axes.items()}
 
 
+MAX_BYTES = 256 << 20  # a trace of a million steps is about 100 MiB
+
+
+def read_bytes(path) -> bytes:
+    """The trace file's bytes, read once (a pipe cannot be read twice) and at most MAX_BYTES of them."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise TraceError(path, None, f"cannot read it ({e.strerror or e})") from None
+    if len(data) > MAX_BYTES:
+        raise TraceError(path, None, f"larger than {MAX_BYTES >> 20} MiB: not a trace this reads (bucket the "
+                                     f"contexts so that equal steps share a line and a count)")
+    return data
+
+
 def read(path) -> Counter:
     """The trace's distinct steps and how many steps each stands for (TraceError naming the line)."""
-    path, steps = Path(path), Counter()
+    return parse(read_bytes(path), path)
+
+
+def parse(data: bytes, path="<trace>") -> Counter:
+    """``read`` on bytes already in hand."""
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(path, None, f"cannot read it ({e})") from None
+        lines = data.decode().splitlines()
+    except UnicodeDecodeError as e:
+        raise TraceError(path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    steps = Counter()
     for n, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -82,8 +99,10 @@ def read(path) -> Counter:
             line = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not JSON ({e.msg})") from None
+        except RecursionError:
+            raise TraceError(path, n, "nested too deeply to be a trace line") from None
         step, count = _step(path, n, line)
-        scenarios.make_case(step.axes(), path, f"line {n}")
+        axes.make_case(step.axes(), path, f"line {n}")
         steps[step] += count
     if not steps:
         raise TraceError(path, None, "no steps: one JSON object a line, see `swabench replay --help`")
@@ -112,12 +131,12 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     layer = {k: v for k, v in line.items() if k in LAYER}
     if any(isinstance(v, list) for v in layer.values()):
         raise TraceError(path, n, "one value per layer key (a trace line is one step, not a sweep)")
-    layer = {k: v[0] for k, v in scenarios.check_axes(layer, path, f"line {n}").items()}  # checked, aliases resolved
+    layer = {k: v[0] for k, v in axes.check_axes(layer, path, f"line {n}").items()}  # checked, aliases resolved
     if "model_features" in layer and "model" not in layer:
         raise TraceError(path, n, "model_features applies to a model preset: give model too")
     if "model_features" in layer and (layer["model_features"] or not models.get(layer["model"]).features()):
         del layer["model_features"]  # as served, or a preset with nothing to drop: the same step either way
-    clash = [k for k in scenarios.MODEL_SETS if k in layer] if "model" in layer else []
+    clash = [k for k in axes.MODEL_SETS if k in layer] if "model" in layer else []
     if clash:
         raise TraceError(path, n, f"the model preset sets {clash[0]}: give the model or the shape, not both")
     if "sliding_window" in layer:  # one spelling of the window, so equal steps are one step
@@ -141,51 +160,8 @@ def weights(steps: Counter) -> dict[str, int]:
     """case_id -> how many steps of the trace it stands for."""
     out = Counter()
     for step, count in steps.items():
-        out[scenarios.make_case(step.axes()).case_id] += count
+        out[axes.make_case(step.axes()).case_id] += count
     return dict(out)
-
-
-def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) \
-        -> pd.DataFrame:
-    """Per implementation and backend: milliseconds of attention per 1000 steps of the trace's mix,
-    split by the mode of the step (a cell is left empty where the path did not time every step of that
-    mode: the decode wrappers run no verify), their sum where the path timed every step, and the
-    steps it covered.  A last row takes the fastest path of each mode: the mix served at its best.
-    ``modes`` (case_id -> mode, from the run's meta) says the mode of a step that has no rows yet; without
-    it, a replay missing whole steps leaves every mode cell empty rather than guess their modes."""
-    import pandas as pd
-
-    total = sum(weights.values())
-    modes = {**dict(zip(table["case_id"], table["mode"])), **(modes or {})}
-    known = all(c in modes for c in weights)
-    order = [m for m in MODES if m in {modes[c] for c in weights if c in modes}]
-    per_mode = {m: sum(w for c, w in weights.items() if modes.get(c) == m) for m in order}
-    timed = table.dropna(subset=["median_us"]).assign(weight=lambda t: t["case_id"].map(weights).fillna(0))
-    rows = []
-    for (impl, backend), g in timed.groupby(["impl", "backend"], sort=False):
-        covered = int(g["weight"].sum())
-        if not covered:
-            continue
-        row = {"impl": impl, "backend": backend}
-        for m in order:
-            own = g[g["mode"] == m]
-            row[f"{m} ms"] = float((own["median_us"] * own["weight"]).sum() / total) \
-                if known and int(own["weight"].sum()) == per_mode[m] else float("nan")  # us/step x steps/1000 = ms
-        row["all steps ms"] = sum(row[f"{m} ms"] for m in order) if covered == total else float("nan")
-        row["steps covered"] = f"{covered}/{total}"
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    if out.empty:
-        return out
-    best = {m: out[f"{m} ms"].idxmin() for m in order if out[f"{m} ms"].notna().any()}
-    if known and len(best) == len(order):
-        out.loc[len(out)] = {"impl": "fastest per mode",
-                             "backend": ", ".join(f"{m}: {out.at[i, 'impl']} [{out.at[i, 'backend']}]"
-                                                  for m, i in best.items()),
-                             **{f"{m} ms": out.at[i, f"{m} ms"] for m, i in best.items()},
-                             "all steps ms": sum(out.at[i, f"{m} ms"] for m, i in best.items()),
-                             "steps covered": f"{total}/{total}"}
-    return out
 
 
 def _toml(doc: dict) -> str:

@@ -1,0 +1,91 @@
+"""Commands that read run folders: summary, report, plot, findings and compare."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from swabench.cli.options import opt, run_dir
+
+
+def read_run(run):
+    from swabench.analysis import derived
+    from swabench.store import run_folder
+
+    table, meta = derived.load(run)
+    note = run_folder.completeness(meta, table)
+    if note:
+        click.secho(f"{run}: {note}", fg="yellow", err=True)
+    return table, meta
+
+
+def figures_out(run, out) -> Path:
+    from swabench.store import run_folder
+
+    return run_folder.make_folder(Path(out) if out else Path("plots") / Path(run).resolve().name)
+
+
+@click.command("summary")
+@run_dir
+def summary_cmd(run_dir):
+    """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
+    from swabench.publish import report
+
+    table, meta = read_run(run_dir)
+    click.echo("\n\n".join(filter(None, (report.correctness_summary(table, meta), report.timing_summary(table, meta)))))
+
+
+@click.command("report")
+@run_dir
+@opt("--out", type=click.Path(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
+def report_cmd(run_dir, out):
+    """One Markdown report (environment, method, correctness, headline, figures) for a pull request."""
+    from swabench.publish import report
+
+    read_run(run_dir)
+    click.echo(report.write(run_dir, figures_out(run_dir, out)))
+
+
+@click.command()
+@run_dir
+@opt("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
+def plot(run_dir, out):
+    """Figures of a run folder, PNG and SVG."""
+    from swabench.publish import plots
+
+    for name, paths in plots.make_all(*read_run(run_dir), figures_out(run_dir, out)).items():
+        click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@opt("--out", type=click.Path(dir_okay=False), default="FINDINGS.md", show_default=True, help="The page to write.")
+def findings(run_dirs, out):
+    """The findings page: what the runs show, each number with the run folder it comes from."""
+    from swabench.publish import findings as page
+
+    click.echo(page.write([Path(r) for r in run_dirs], Path(out)))
+
+
+@click.command("compare")
+@click.argument("base", type=click.Path(exists=True, file_okay=False))
+@click.argument("new", type=click.Path(exists=True, file_okay=False))
+@opt("--threshold", type=float, default=0.05, show_default=True,
+     help="Smallest relative change of the median that counts (0.05 = 5%).")
+@opt("--alpha", type=float, default=0.01, show_default=True, help="Significance level of the U test, in (0, 1).")
+@opt("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@opt("--allow-different-gpus", is_flag=True, help="Compare runs made on different devices anyway.")
+def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
+    """Point-by-point timing comparison of two run folders; exit 1 on a significant regression."""
+    from swabench.analysis import compare
+
+    result = compare.compare(base, new, threshold, alpha, allow_different_gpus)
+    for warning in result.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    click.echo(compare.to_json(result) if fmt == "json" else compare.to_markdown(result, threshold, alpha))
+    sys.exit(1 if result.regressions else 0)
+
+
+COMMANDS = [summary_cmd, report_cmd, plot, findings, compare_cmd]

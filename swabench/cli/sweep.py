@@ -1,0 +1,144 @@
+"""Commands that expand a scenario and sweep its points: run, check, replay, warmup, and the ones that
+only show what a sweep would do (list, show, models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from swabench.cli.options import (Bar, InputError, costs_option, device_of, impl_option, l2_option, load,
+                                  model_option, model_scenario, opt, out_option, report_outcome, run_options,
+                                  scenario_file)
+from swabench.run import launch, lifecycle, shards
+from swabench.spec import scenarios
+
+
+def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
+                  model=None):
+    device = device_of(device)
+    s = load(model_scenario(scenario, model, device.type), impls, cases, device.type, model)
+    sharding = shards.select_shard(s, shard, costs_from) if shard else None
+    if resume and out is None:
+        raise InputError("--resume needs --out DIR: the run folder to continue")
+    out = Path(out) if out else lifecycle.default_out(s.name, device.type, "run" if timed else "check")
+    outcome = lifecycle.execute(lifecycle.Request(s, out, device, timed, resume, l2, sharding), Bar())
+    report_outcome(outcome, strict, lifecycle.rerun_command(out))
+
+
+@click.command()
+@click.argument("scenario", required=False)
+@run_options
+@l2_option
+@opt("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
+@opt("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
+@costs_option
+def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, gpus, costs_from):
+    """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
+
+    Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
+    if gpus and (shard or resume or device == "cpu"):
+        raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
+                         "(run the same command again to continue a launch)")
+    if gpus:
+        return run_on_gpus(model_scenario(scenario, model, "cuda"), out, impls, cases, l2, gpus, costs_from, strict,
+                           model)
+    if costs_from and not shard:
+        raise InputError("--costs-from balances shards: use it with --shard or --gpus")
+    sweep_command(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from, model)
+
+
+def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None) -> None:
+    chosen, visible = launch.choose_gpus(gpus)
+    path = scenario_file(scenario, "cuda")
+    out = Path(out) if out else lifecycle.default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
+
+    def validate():
+        shards.point_costs(costs_from)
+        return load(path, impls, cases, "cuda", model)
+
+    args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else [])]
+    outcome = lifecycle.execute_on_gpus(lifecycle.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
+    report_outcome(outcome, strict, lifecycle.rerun_command(out, resume=False))
+
+
+@click.command()
+@click.argument("scenario", required=False)
+@run_options
+def check(scenario, out, device, impls, cases, model, resume, strict):
+    """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
+    if not scenario and not model:
+        raise InputError("check needs SCENARIO or --model NAME")
+    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model)
+
+
+@click.command()
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@impl_option
+@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+     help="Where to run; auto picks CUDA when it is there.")
+@out_option
+@opt("--resume", is_flag=True, help="Continue the replay in --out, skipping the points it already has.")
+@opt("--backend", "backends", multiple=True, type=click.Choice(["fa2", "fa3"]), default=("fa2", "fa3"),
+     show_default=True, help="FlashInfer backends each step runs through (repeatable).")
+@l2_option
+def replay(trace, impls, device, out, resume, backends, l2):
+    """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
+    time per 1000 steps of that mix, per implementation.  TRACE is JSON Lines, one serving step a line:
+    {"mode": "decode", "model": "gpt-oss-120b", "requests": [[PREFIX, QUERIES], ...], "count": N}
+    (mode extend, verify or decode; the layer a model preset or its shape axes; count optional)."""
+    from swabench.publish.markdown import markdown_table
+    from swabench.run import replay as replaying
+
+    if resume and out is None:
+        raise InputError("--resume needs --out DIR: the replay to continue")
+    request = replaying.request(trace, impls, backends, out, device_of(device), resume, l2)
+    outcome = lifecycle.execute(request, Bar())
+    table = replaying.per_thousand_steps(outcome, request)
+    click.echo(markdown_table(table) if len(table) else "no step was timed: nothing to weigh")
+    report_outcome(outcome, False, lifecycle.rerun_command(request.out))
+
+
+@click.command()
+@click.argument("scenario")
+@opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
+@impl_option
+def warmup(scenario, jobs, impls):
+    """Build every JIT module SCENARIO needs (in parallel) and say what it built and how long it took;
+    `swabench run` does the same before timing, so no compile lands in a timed region."""
+    from swabench.run import sweep
+
+    click.echo(sweep.warm_up(load(scenario, impls).points, device_of("cuda", "warmup"), jobs).text())
+
+
+@click.command("list")
+def list_cmd():
+    """Scenario files and implementations."""
+    from swabench.impls import registry
+
+    click.echo("scenarios:\n" + scenarios.listing() + "\n\nimplementations:\n" + registry.listing(device_of("auto")))
+
+
+@click.command()
+@click.argument("scenario", required=False)
+@impl_option
+@model_option
+@opt("--device", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True,
+     help="With --model and no SCENARIO: which device's template to show.")
+@opt("--cases", "each", is_flag=True, help="Also list every case with its memory estimate.")
+def show(scenario, impls, model, device, each):
+    """What SCENARIO expands to: cases, implementations, axes, skips, memory."""
+    if not scenario and not model:
+        raise InputError("show needs SCENARIO or --model NAME")
+    click.echo(scenarios.describe(load(model_scenario(scenario, model, device), impls, model=model), each))
+
+
+@click.command("models")
+def models_cmd():
+    """The model presets: each one's sliding-window layer shape and where it was checked."""
+    from swabench.spec import models
+
+    click.echo(models.listing())
+
+
+COMMANDS = [run, check, replay, warmup, list_cmd, show, models_cmd]

@@ -1,0 +1,40 @@
+"""Replaying a server's trace as a run: the trace read once, its steps swept as a scenario, and what
+the folder must keep to weigh them (each case's count and mode, the trace's hash) recorded when the
+folder is opened, so an interrupted replay can still be read."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swabench.impls import registry
+from swabench.run import lifecycle
+from swabench.spec import traces
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def request(trace, implementations, backends, out: Path | None, device, resume: bool = False,
+            l2: str = "cold") -> lifecycle.Request:
+    """The run request of a replay of ``trace`` (every implementation but the planted mistakes when
+    none is named); TraceError or ScenarioError, before anything is written, for a bad trace."""
+    data = traces.read_bytes(trace)
+    steps = traces.parse(data, trace)
+    names = list(implementations) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
+    scenario = traces.scenario(trace, steps, names, backends)
+    weights = traces.weights(steps)
+    meta = {"trace": {"file": str(trace), "sha256": hashlib.sha256(data).hexdigest(), "steps": sum(steps.values()),
+                      "distinct": len(weights), "weights": weights,
+                      "modes": {c.case_id: c.mode for c in scenario.cases}}}
+    out = Path(out) if out else lifecycle.default_out(scenario.name, device.type, "run")
+    return lifecycle.Request(scenario, out, device, True, resume, l2, meta=meta)
+
+
+def per_thousand_steps(outcome: lifecycle.Outcome, request: lifecycle.Request) -> pd.DataFrame:
+    """The replay's table of milliseconds per 1000 steps (analysis.replay)."""
+    from swabench.analysis import replay
+
+    trace = request.meta["trace"]
+    return replay.per_thousand_steps(outcome.table, trace["weights"], trace["modes"])
