@@ -228,10 +228,15 @@ def test_decode_wrappers_hand_over_their_table_and_window(impl, cores, trimmed, 
     assert wrapper.bufs["paged_kv_indices_buffer"].numel() == len(w.kv_indices_host)
 
 
-def test_decode_wrappers_skip_other_modes_and_fa3_on_cuda_cores():
+def test_decode_wrappers_model_decode_only_and_the_cuda_core_kernel_has_no_fa3():
+    """Declared at registration, so a scenario makes no such point; a point made by hand skips, saying why."""
     verify = axes.make_case(dict(mode="verify", draft_tokens=4, prefix_len=100, window_left=31, head_dim=64))
-    assert "decode steps" in registry.get("decode-window").unsupported(verify, "fa2")
-    assert "no fa3" in registry.get("decode-trim").unsupported(decode_case(), "fa3")
+    cpu = torch.device("cpu")
+    assert "models decode steps, not verify" in registry.get("decode-window").skip_reason(verify, "fa2", cpu)
+    assert not registry.get("decode-window").models("paged", "verify", frozenset())
+    assert registry.get("decode-trim").runs_on(["fa2", "fa3"]) == ["fa2"]
+    assert "fa2 only, not fa3" in registry.get("decode-trim").skip_reason(decode_case(), "fa3", cpu)
+    assert registry.get("decode-tc-trim").runs_on(["fa2", "fa3"]) == ["fa2", "fa3"]
     assert registry.get("decode-tc-trim").unsupported(decode_case(), "fa3") is None
 
 
@@ -273,7 +278,10 @@ def test_paths_without_a_sink_term_skip_cases_with_sinks(impl, reason):
                                  window_left=31, head_dim=64, sinks=True))
     assert reason in registry.get(impl).unsupported(c, "fa2")
     plain = axes.make_case(dict(mode="extend", extend_len=8, prefix_len=100, window_left=31, head_dim=64))
-    assert "only cases with sinks" in registry.get("sink-window").unsupported(plain, "fa2")
+    sink_wrapper = registry.get("sink-window")
+    assert "only cases with sinks" in sink_wrapper.skip_reason(plain, "fa2", torch.device("cpu"))
+    assert not sink_wrapper.models("paged", "extend", plain.features)
+    assert sink_wrapper.models("paged", "extend", c.features)
 
 
 def extend_recipe(impl, extend_len=8, prefix_len=100, window_left=31, page_size=16):

@@ -46,6 +46,32 @@ def test_a_group_that_gives_both_a_model_and_its_shape_is_refused(write_scenario
         scenarios.load(write_scenario(text.replace("gemma-3-1b", "llama").replace("num_kv_heads = 2\n", "")))
 
 
+def test_a_shape_in_fixed_beside_a_model_in_fixed_is_blamed_on_fixed(write_scenario):
+    text = ('implementations = ["torch-trim"]\n[fixed]\nmodel = "gemma-3-1b"\nnum_qo_heads = 4\n'
+            '[[sweep]]\nmode = "decode"\nprefix_len = 100\n')
+    with pytest.raises(axes.ScenarioError, match=r": fixed\.num_qo_heads: the model preset sets num_qo_heads"):
+        scenarios.load(write_scenario(text))
+
+
+def test_an_unknown_model_name_gets_a_suggestion():
+    with pytest.raises(ValueError, match=r"unknown model 'gpt-oss-12b' \(did you mean 'gpt-oss-120b'\?\); known: "):
+        models.get("gpt-oss-12b")
+    for command in ("check", "run", "show"):
+        r = invoke(command, "--model", "gema-3-1b")
+        assert r.exit_code == 2 and "--model: unknown model 'gema-3-1b' (did you mean 'gemma-3-1b'?)" in r.output
+
+
+@pytest.mark.parametrize("cuda,args,template", [(False, [], "models-cpu.toml"), (True, [], "models.toml"),
+                                                (False, ["--device", "cuda"], "models.toml"),
+                                                (True, ["--device", "cpu"], "models-cpu.toml")])
+def test_show_with_a_model_shows_the_template_run_would_use(monkeypatch, cuda, args, template):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    r = invoke("show", "--model", "gemma-3-1b", *args)
+    assert r.exit_code == 0 and f"file: {scenarios.find(template.removesuffix('.toml'))}\n" in r.output, r.output
+
+
 def test_models_lists_every_preset_with_its_source():
     r = invoke("models")
     assert r.exit_code == 0 and all(name in r.output for name in models.MODELS)
@@ -105,15 +131,12 @@ def test_model_features_false_is_the_models_plain_twin(write_scenario):
         [[sweep]]
         mode = "decode"
         prefix_len = 300
-        [[skip]]
-        when = "impl == 'sink-window' and sinks == False"
-        reason = "no sinks"
         """)
     s = scenarios.load(path)
     cases = {(p.case.model, p.case.sinks, p.case.logits_soft_cap) for p in s.points}
     assert cases == {("gpt-oss-120b", True, 0.0), ("gpt-oss-120b", False, 0.0), ("mistral-7b-v0.1", False, 0.0)}
-    assert len(s.points) == 4  # mistral has no features to drop: one case, not two; sink-window only with sinks
-    assert s.skipped == ["no sinks"] * 2  # gpt-oss's plain twin and mistral, whose twin is itself: not counted again
+    assert len(s.points) == 4  # mistral has no features to drop: one case, not two
+    assert [p.case.sinks for p in s.points if p.impl == "sink-window"] == [True]  # the sink wrapper needs sinks
     gemma = axes.make_case({"model": "gemma-2-9b", "model_features": False, "mode": "decode", "prefix_len": 9})
     assert (gemma.logits_soft_cap, gemma.head_dim, gemma.scale) == (0.0, 256, 256 ** -0.5)
 

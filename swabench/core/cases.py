@@ -106,6 +106,12 @@ def parse_accept(value) -> tuple[str, float]:
     raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
 
 
+def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str) -> frozenset[str]:
+    """The serving features these axis values ask for (Case.features)."""
+    asked = {"sinks": sinks, "soft_cap": bool(logits_soft_cap), "fp8_kv": str(cache_dtype).startswith("float8")}
+    return frozenset(name for name, on in asked.items() if on)
+
+
 @dataclass(frozen=True)
 class Case:
     """One shape a server step presents; per-request lengths are drawn from it (workloads)."""
@@ -143,9 +149,7 @@ class Case:
     @property
     def features(self) -> frozenset[str]:
         """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv'."""
-        asked = {"sinks": self.sinks, "soft_cap": bool(self.logits_soft_cap),
-                 "fp8_kv": self.cache_dtype.startswith("float8")}
-        return frozenset(name for name, on in asked.items() if on)
+        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype)
 
     @property
     def sliding_window(self) -> int:

@@ -272,21 +272,13 @@ class FlashInferRunner:
 def unsupported(variant: Variant):
     """The variant's check: why FlashInfer cannot run a case on a backend this way, or None."""
     def check(case, backend: str) -> str | None:
-        if variant.sinks and not case.sinks:
-            return "runs only cases with sinks (without them it is the paged window path)"
         if case.sinks and not variant.sinks:
             return ("this wrapper has no sink term: only BatchAttentionWithAttentionSinkWrapper applies sinks "
                     "(never run without them)")
         if variant.sinks == "apply" and case.logits_soft_cap:
             return "the sink wrapper's AttentionSink variant applies no soft-cap"
-        if variant.decode and case.mode != "decode":
-            return f"the decode wrapper runs decode steps (one query per request), not {case.mode}"
-        if variant.modes and case.mode not in variant.modes:
-            return f"models {' and '.join(variant.modes)} steps, not {case.mode}"
         if variant.end is not None and case.window_left < 0:
             return "cuts the table to the window: it models a sliding-window layer (window_left >= 0)"
-        if variant.decode == "cuda-core" and backend == "fa3":
-            return "the CUDA-core decode kernel has no fa3 variant (use_tensor_cores=True runs fa2/fa3 prefill kernels)"
         if case.dtype not in DTYPES:
             return f"FlashInfer attention takes {' or '.join(DTYPES)}, not {case.dtype}"
         if case.head_dim not in HEAD_DIMS:
@@ -314,8 +306,11 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
 
     extra = {"visibility": visibility} if visibility else {}
     wrapper = wrapper or ("decode" if variant.decode else "sink" if variant.sinks == "apply" else "prefill")
+    modes = ("decode",) if variant.decode else variant.modes  # the decode wrapper takes one query per request
+    # the CUDA-core decode kernel is one kernel, whatever the backend; use_tensor_cores=True runs the prefill kernels
+    backends = ("fa2",) if variant.decode == "cuda-core" else BACKENDS
     register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
-                            backends=BACKENDS,
+                            backends=backends, modes=modes, requires=frozenset({"sinks"} if variant.sinks else ()),
                             needs_cuda=True, unsupported=unsupported(variant), available=_import_error,
                             **extra, **roles), module)
 

@@ -127,8 +127,6 @@ class SGLangExtendRunner:
 
 
 def _extend_unsupported(case, backend) -> str | None:
-    if case.mode != "extend":
-        return f"SGLang's extend recipe runs extend steps with a cached prefix, not {case.mode}"
     if case.prefix_len is None or case.prefix_len == 0:
         return "the recipe's paged part needs a cached prefix (prefix_len > 0)"
     if case.window_left < 1:
@@ -143,7 +141,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
 
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, "flashinfer", ("paged",), summary, make, kind=kind, wrapper="recipe",
-                            backends=fi.BACKENDS, needs_cuda=True, unsupported=_extend_unsupported,
+                            backends=fi.BACKENDS, modes=("extend",), needs_cuda=True, unsupported=_extend_unsupported,
                             available=fi._import_error, **extra), __name__)
 
 

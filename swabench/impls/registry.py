@@ -55,7 +55,10 @@ class Implementation:
     make: Callable[..., Runner]
     kind: str = "correct"
     wrapper: str = ""  # the wrapper family it goes through (prefill, decode, sink, recipe); "" = its library
-    backends: tuple[str, ...] = ()  # FlashInfer backends it runs on; () = the library has none
+    backends: tuple[str, ...] = ()  # its library's backends it has kernels for (a scenario makes no point on
+    # another); () = the library has no backends
+    modes: tuple[str, ...] = ()  # the serving steps it models (a scenario makes no point of another); () = every one
+    requires: frozenset[str] = frozenset()  # case features it exists for (the sink wrapper: sinks), as modes
     needs_cuda: bool = False
     # What the implementation actually computes, as (window_left, prefix_len, page_size) -> Visibility.
     # Known bugs and planted mistakes differ from the exact semantics; that is how the gate knows
@@ -104,10 +107,26 @@ class Implementation:
             return f"{self.library} needs CUDA (device is {device.type})"
         return self.available()
 
+    def models(self, storage: str, mode: str, features: frozenset[str]) -> bool:
+        """Whether a scenario makes a point of this implementation on such a step: its storage, a mode it
+        models, a case with the features it exists for (the rest of what it cannot run is a skip row)."""
+        return storage in self.storages and (not self.modes or mode in self.modes) and self.requires <= features
+
+    def runs_on(self, backends) -> list[str]:
+        """The backends of ``backends`` this implementation has kernels for (its library's name when the
+        library has no backends): the points a scenario makes of it."""
+        return [b for b in backends if b in self.backends] if self.backends else [self.library]
+
     def skip_reason(self, case, backend: str, device: torch.device) -> str | None:
         """Why this point cannot run here (recorded as a skip row), or None."""
         if case.storage not in self.storages:
             return f"runs on {' or '.join(self.storages)} storage, not {case.storage}"
+        if self.modes and case.mode not in self.modes:
+            return f"models {' and '.join(self.modes)} steps, not {case.mode}"
+        if self.backends and backend not in self.backends:
+            return f"has kernels on {' and '.join(self.backends)} only, not {backend}"
+        if self.requires - case.features:
+            return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
         return self.availability(device) or self.unsupported(case, backend)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.core import footprint, semantics
-from swabench.core.cases import QO_FIELD, Case, Point, length_bound
+from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
 from swabench.impls import registry
 from swabench.spec.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, did_you_mean, make_case,
                                  with_model)
@@ -107,7 +107,8 @@ def _skip_reason(rules, ns: dict, path) -> str | None:
 
 def _check_impls(names, path, where) -> list[str]:
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ScenarioError(path, where, f"must be a non-empty list of names; allowed: "
+        where_else = " (at the top level, or in every [[sweep]] group)" if names is None else ""
+        raise ScenarioError(path, where, f"must be a non-empty list of names{where_else}; allowed: "
                                          f"{', '.join(registry.names())}")
     for n in names:
         if n not in registry.names():
@@ -122,17 +123,28 @@ def load(path, impl_filter=None) -> Scenario:
     return parse(doc, path, text, impl_filter)
 
 
+MAX_BYTES = 1 << 20  # the shipped scenarios are a few KiB; /dev/zero must not be read without end
+
+
 def read(path) -> tuple[dict, str]:
     """The file's TOML document and text, unexpanded (ScenarioError if it cannot be read or parsed)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        text = data.decode()
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError(path, "file", f"cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
+    if len(data) > MAX_BYTES:
+        raise ScenarioError(path, "file", f"larger than {MAX_BYTES >> 20} MiB: not a scenario this reads (a sweep "
+                                          f"of lists expands to its points, it does not list them)")
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(path, "file", f"not valid TOML ({e})") from None
+    except RecursionError:
+        raise ScenarioError(path, "file", "nested too deeply to be a scenario (tables or lists inside one "
+                                          "another thousands of levels down)") from None
 
 
 NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 100 characters"
@@ -163,15 +175,15 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             hint = " (sweep axes go under [fixed] or [[sweep]])" if key in AXES else did_you_mean(key, TOP_LEVEL)
             raise ScenarioError(path, key, f"unknown top-level key{hint}; allowed: {', '.join(TOP_LEVEL)}")
     name = declared_name(doc, path)
-    impls = _check_impls(doc.get("implementations"), path, "implementations")
-    if impl_filter:
-        impls = [n for n in _check_impls(list(impl_filter), path, "--impl") if n in impls] or \
-            _no_impl_left(path, impl_filter, impls)
-    fixed = check_axes(doc.get("fixed", {}), path, "fixed")
     groups = doc.get("sweep", [{}])
     groups = [groups] if isinstance(groups, dict) else groups
     if not isinstance(groups, list) or not groups:
         raise ScenarioError(path, "sweep", "must be one [sweep] table or a list of [[sweep]] tables")
+    everywhere = None if "implementations" not in doc and all(isinstance(g, dict) and "implementations" in g
+                                                              for g in groups) else \
+        _check_impls(doc.get("implementations"), path, "implementations")
+    wanted = _check_impls(list(impl_filter), path, "--impl") if impl_filter else None
+    fixed = check_axes(doc.get("fixed", {}), path, "fixed")
     rules = []
     for i, rule in enumerate(doc.get("skip", [])):
         where = f"skip[{i}]"
@@ -179,17 +191,22 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
         rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
 
-    points, skipped = [], []
+    points, skipped, listed = [], [], []
     for gi, group in enumerate(groups):
         group = dict(group) if isinstance(group, dict) else group
         label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
         where = f"sweep[{gi}]"
+        impls = _check_impls(group.pop("implementations"), path, f"{where}.implementations") \
+            if isinstance(group, dict) and "implementations" in group else everywhere
+        listed += impls
+        impls = [n for n in impls if wanted is None or n in wanted]
         own = check_axes(group, path, where)
         clash = [a for a in MODEL_SETS if a in own or ("model" in fixed and a in fixed)] \
             if "model" in own or "model" in fixed else []
         if clash:
-            raise ScenarioError(path, f"{where}.{clash[0]}", f"the model preset sets {clash[0]}: give the model "
-                                                             f"or the shape, not both")
+            given_in = where if clash[0] in own else "fixed"
+            raise ScenarioError(path, f"{given_in}.{clash[0]}", f"the model preset sets {clash[0]}: give the model "
+                                                                f"or the shape, not both")
         axes = {**fixed, **own}
         if "model_features" in axes and "model" not in axes:
             raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
@@ -202,13 +219,14 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             if same in seen:  # a preset without sinks or soft-cap: its plain twin is this very combination
                 continue
             seen.add(same)
-            case = None
+            case, step = None, _rule_namespace(combo, label)
+            features = features_of(step["sinks"], step["logits_soft_cap"], step["kv_dtype"])
             for impl_name in impls:
                 impl = registry.get(impl_name)
-                for backend in (backends if impl.backends else [impl.library]):
-                    ns = {**_rule_namespace(combo, label), "impl": impl_name, "backend": backend}
-                    if ns["storage"] not in impl.storages:
-                        continue
+                if not impl.models(step["storage"], step["mode"], features):
+                    continue  # a step the implementation does not model: not a point
+                for backend in impl.runs_on(backends):
+                    ns = {**step, "impl": impl_name, "backend": backend}
                     reason = _skip_reason(rules, ns, path)
                     if reason:
                         skipped.append(reason)
@@ -216,9 +234,12 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                     case = case or make_case(combo, path, where)
                     points.append(Point(case, impl_name, backend))
     points = list(dict.fromkeys(points))
-    return Scenario(name=name, path=str(path), text=text,
-                    description=str(doc.get("description", "")), implementations=impls,
-                    points=points, skipped=skipped)
+    listed = list(dict.fromkeys(listed))
+    if wanted is not None and not set(wanted) & set(listed):
+        _no_impl_left(path, wanted, listed)
+    return Scenario(name=name, path=str(path), text=text, description=str(doc.get("description", "")),
+                    implementations=[n for n in listed if wanted is None or n in wanted], points=points,
+                    skipped=skipped)
 
 
 def _no_impl_left(path, wanted, available):
