@@ -78,6 +78,52 @@ def test_points_only_in_one_run_are_counted(tmp_path):
     assert "1 points joined (2 only in BASE, 1 only in NEW)" in compare.to_markdown(c, 0.05, 0.01)
 
 
+def noisy_run(folder, medians: dict, spread: float, seed=0):
+    """A run whose kernel samples spread +-``spread`` around each median (IQR / median about ``spread``)."""
+    rng = random.Random(seed)
+    store = RunStore.create(folder, {"gpu": "NVIDIA H200", "scenario": "synthetic"}, "synthetic")
+    for impl, median in medians.items():
+        samples = [median * (1 + rng.uniform(-spread, spread)) for _ in range(40)]
+        store.append({"case_id": "c1", "case": "verify c1", "impl": impl, "backend": "fa2", "status": "pass",
+                      "median_us": sorted(samples)[20], "samples": {"kernel": samples}})
+    store.finalize()
+    store.close()
+    return folder
+
+
+def test_two_cpu_runs_of_one_scenario_show_no_regression(cpu_run, tmp_path):
+    again = tmp_path / "again"
+    r = invoke("run", cpu_run / run_folder.SCENARIO, "--out", again, "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    c = compare.compare(cpu_run, again)
+    assert c.regressions == 0 and "improvement" not in set(c.table["verdict"]), c.table
+    r = invoke("compare", cpu_run, again)
+    assert r.exit_code == 0 and "too noisy to judge when either run's noise is above 0.05" in r.output
+
+
+def test_a_change_inside_the_points_noise_is_the_same_and_beyond_it_a_regression(tmp_path):
+    # noise about 0.04 in both runs: sqrt(2) * 0.04 ~ 0.057 > the 5% threshold, under 20%
+    base = noisy_run(tmp_path / "base", {"a": 10.0, "b": 10.0}, spread=0.04, seed=1)
+    new = noisy_run(tmp_path / "new", {"a": 10.3, "b": 12.0}, spread=0.04, seed=2)
+    c = compare.compare(base, new)
+    row = c.table.set_index("impl")
+    assert row.loc["a", "verdict"] == "same" and row.loc["b", "verdict"] == "regression", c.table
+    assert 0.03 < row.loc["a", "noise_base"] < 0.05  # from the samples: fake runs record no noise column
+    assert invoke("compare", base, new).exit_code == 1
+
+
+def test_a_noisy_point_is_too_noisy_never_a_regression(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0}, seed=1)
+    new = noisy_run(tmp_path / "new", {"a": 15.0, "b": 20.0}, spread=0.3, seed=2)
+    c = compare.compare(base, new)
+    assert set(c.table["verdict"]) == {"too noisy"} and c.regressions == 0
+    r = invoke("compare", base, new)
+    assert r.exit_code == 0 and "| too noisy |" in r.output and "2 too noisy" in r.output
+    # a threshold above the noise judges them again
+    assert dict(zip(*compare.compare(base, new, threshold=0.4).table[["impl", "verdict"]].values.T)) == \
+        {"a": "regression", "b": "same"}
+
+
 # ------------------------------------------------------------------ options
 
 @pytest.mark.parametrize("threshold, alpha, match", [
@@ -260,7 +306,7 @@ def test_a_csv_missing_columns_is_refused(good, tmp_path, name, drop, match):
 
 @pytest.mark.parametrize("name, text, match", [
     (run_folder.TABLE, "", r"results\.csv (is unreadable|cannot be read).*EmptyDataError"),
-    (run_folder.SAMPLES, "", r"samples\.csv (is unreadable|cannot be read).*EmptyDataError"),
+    (run_folder.SAMPLES, "", r"samples\.csv(\.gz)? (is unreadable|cannot be read).*EmptyDataError"),
     (run_folder.TABLE, 'case_id,impl,backend,status\nc1,a,fa2,pass\n"c2,b',
      r"results\.csv (is unreadable|cannot be read)"),
 ])

@@ -1,8 +1,17 @@
-"""Compare two runs point by point: ratio of medians, and a Mann-Whitney U test on the raw samples.
+"""Compare two runs point by point: ratio of medians, each point's own noise, and a Mann-Whitney U
+test on the raw samples.
 
-A point is a regression only when both hold: the new median is slower by more than the threshold,
-and the samples differ significantly (two-sided p < alpha).  A correct implementation that passed
-in BASE and fails the gate in NEW is a regression whatever its timing.
+A point's noise is its IQR / median (the ``noise`` column, or computed from its kernel samples).  The
+rule, per point timed in both runs:
+
+- too noisy: either run's noise is above the threshold, so a change of the threshold's size cannot
+  be told from the spread of the samples; never a regression (raise ``--threshold`` to judge it);
+- same: |ratio - 1| <= max(threshold, the two points' combined noise sqrt(noise_base² + noise_new²)),
+  or the samples do not differ significantly (two-sided p >= alpha);
+- regression / improvement: slower / faster beyond that, with p < alpha.
+
+A correct implementation that passed in BASE and fails the gate in NEW is a regression whatever its
+timing.
 
 Runs are read with ``run_folder.read_rows`` (the journal when the folder has one, else results.csv and
 samples.csv), so an interrupted run compares too.  Anything that makes a comparison impossible is a
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,15 +102,31 @@ def mann_whitney_u(x, y) -> tuple[float, float]:
     return u1, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
 
 
+def noise(samples) -> float:
+    """IQR / median of timing samples, as ``measure.timing`` computes it (NaN for fewer than two)."""
+    if len(samples) < 2:
+        return float("nan")
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else float("nan")
+
+
+def _point_noise(recorded, samples) -> float:
+    """The point's recorded noise, else its samples' (NaN when it has neither)."""
+    if isinstance(recorded, (int, float)) and math.isfinite(recorded):
+        return float(recorded)
+    return noise(samples) if samples else float("nan")
+
+
 def _read_run(label: str, folder) -> tuple[pd.DataFrame, dict, dict]:
     """(table, meta, kernel samples by key) of one run folder, or a CompareError saying what is wrong
     (``results`` names the file and the damage; here, what compare itself needs)."""
     folder = Path(folder)
     try:
         meta = run_folder.read_meta(folder)
-        if not (folder / run_folder.ROWS).exists() and (folder / run_folder.TABLE).exists() \
-                and not (folder / run_folder.SAMPLES).exists():
-            raise CompareError(f"{label} {folder} has {run_folder.TABLE} but no {run_folder.SAMPLES} "
+        table_file = run_folder.stored(folder, run_folder.TABLE)
+        if not (folder / run_folder.ROWS).exists() and table_file.exists() \
+                and not run_folder.stored(folder, run_folder.SAMPLES).exists():
+            raise CompareError(f"{label} {folder} has {table_file.name} but no {run_folder.SAMPLES} "
                                f"(and no {run_folder.ROWS}): its timing samples are missing")
         rows = run_folder.read_rows(folder)
     except run_folder.RunFolderError as e:
@@ -115,6 +141,7 @@ def _read_run(label: str, folder) -> tuple[pd.DataFrame, dict, dict]:
     table = table.assign(**{k: table[k].astype(str) for k in KEY})
     table["case"] = table["case"].fillna(table["case_id"])
     table["median_us"] = pd.to_numeric(table["median_us"], errors="coerce")
+    table["noise"] = pd.to_numeric(table["noise"], errors="coerce")
     samples = {}
     for r in rows:
         kernel = r.get("samples") if isinstance(r.get("samples"), dict) else {}
@@ -173,12 +200,14 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
         key = tuple(r[k] for k in KEY)
         row = {"case_id": key[0], "case": r["case_base"] if isinstance(r["case_base"], str) else r["case_new"],
                "impl": key[1], "backend": key[2], "status_base": r["status_base"], "status_new": r["status_new"],
-               "base_us": r["median_us_base"], "new_us": r["median_us_new"]}
+               "base_us": r["median_us_base"], "new_us": r["median_us_new"],
+               "noise_base": _point_noise(r["noise_base"], bs.get(key)),
+               "noise_new": _point_noise(r["noise_new"], ns.get(key))}
         row["ratio"] = row["new_us"] / row["base_us"] if row["base_us"] else float("nan")
         row["p"] = mann_whitney_u(bs[key], ns[key])[1] if key in bs and key in ns else float("nan")
         row["verdict"] = _verdict(row, threshold, alpha, r["side"])
         rows.append(row)
-    order = {"regression": 0, "improvement": 1, "status changed": 2, "only in one run": 3, "same": 4}
+    order = {"regression": 0, "improvement": 1, "status changed": 2, "too noisy": 3, "only in one run": 4, "same": 5}
     table = pd.DataFrame(rows)
     table = table.assign(_o=table["verdict"].map(order), _r=-table["ratio"].fillna(0)) \
         .sort_values(["_o", "_r"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
@@ -193,13 +222,14 @@ def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
         return "regression"
     if row["status_base"] != row["status_new"]:
         return "status changed"
-    if not row["p"] < alpha:
+    if not math.isfinite(row["ratio"]):
+        return "same"  # untimed in one run or both: compared by status only
+    noises = [n for n in (row["noise_base"], row["noise_new"]) if math.isfinite(n)]
+    if any(n > threshold for n in noises):
+        return "too noisy"
+    if abs(row["ratio"] - 1) <= max(threshold, math.hypot(*noises)) or not row["p"] < alpha:
         return "same"
-    if row["ratio"] > 1 + threshold:
-        return "regression"
-    if row["ratio"] < 1 - threshold:
-        return "improvement"
-    return "same"
+    return "regression" if row["ratio"] > 1 else "improvement"
 
 
 def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
@@ -209,10 +239,13 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
     if c.warnings:
         head += "**Warnings:**\n\n" + "".join(f"- {w}\n" for w in c.warnings) + "\n"
     head += (f"{c.joined} points joined ({c.only_base} only in BASE, {c.only_new} only in NEW); "
-             f"a regression or improvement needs |ratio - 1| > {threshold:g} and Mann-Whitney p < {alpha:g}: "
+             f"noise is a point's IQR / median; a point is too noisy to judge when either run's noise is above "
+             f"{threshold:g} (never a regression: raise --threshold to judge it); a regression or improvement "
+             f"needs |ratio - 1| > max({threshold:g}, sqrt(noise_base² + noise_new²)) and Mann-Whitney p < {alpha:g}: "
              + ", ".join(f"{v} {k}" for k, v in counts.items()) + "\n\n")
     shown = c.table[c.table["verdict"] != "same"]
-    cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "p", "status_base", "status_new"]
+    cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "noise_base", "noise_new", "p",
+            "status_base", "status_new"]
     return head + (markdown_table(shown[cols]) if len(shown) else "No significant differences.")
 
 
