@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How the committed H200 runs are made: run from the checkout's root on the GPU node, after
-# `source .gpu/setup.sh` (the offline bundle: ../shared/gpu-kit).  Usage: scripts/h200.sh OUTDIR [STEP...]
+# `source .gpu/setup.sh` (the offline bundle: scripts/gpu-bundle.sh).  Usage: scripts/h200.sh OUTDIR [STEP...]
 # Steps (default: all but the last three): tests peaks quick default reference wrappers profile check peers
 #   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
 #            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Build an offline bundle for a Linux x86-64 GPU node (Python 3.12, CUDA 13, torch already installed)
+# that cannot reach a package index.  Run it where pip can reach PyPI, then copy DEST next to the
+# checkout on the node and, from the checkout's root, `source DEST/setup.sh`.
+#
+#   scripts/gpu-bundle.sh [RELEASE] [DEST]          RELEASE: flashinfer-python version (default 0.7.2.post1)
+#                                                   DEST: the bundle's folder (default .gpu)
+#   JIT_CACHE=path/to/jitcache.tar.xz scripts/gpu-bundle.sh 0.7.2.post1 .gpu   also copies a prebuilt JIT cache
+#
+# The bundle holds:
+#   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python, pyelftools
+#   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed
+#                      (its prefill/decode JIT sources are kept whole)
+#   deb/               libdw1 and libelf1, which the Nsight Systems report importer needs (when apt can fetch them)
+#   jitcache.tar.xz    only with JIT_CACHE: FlashInfer JIT modules compiled for this RELEASE on the node's GPU.
+#                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
+#                      scenario's modules in parallel before anything is timed).
+#   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
+#
+# To keep the modules a node compiled, pack its cache back on the node and bundle it next time:
+#   tar cJf jitcache.tar.xz -C /tmp/fiws .cache
+# A cache is only good for the release and GPU architecture it was built with.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+RELEASE="${1:-0.7.2.post1}"
+DEST="${2:-.gpu}"
+if [ -n "${JIT_CACHE:-}" ] && [ ! -f "$JIT_CACHE" ]; then
+    echo "JIT_CACHE=$JIT_CACHE: no such file" >&2
+    exit 2
+fi
+mkdir -p "$DEST/whl" "$DEST/deb"
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+download() {  # pip download, without the warnings some pip configurations print for every package
+    python3 -m pip download -q --no-deps "$@" 2>&1 | { grep -v '^WARNING' || true; }
+}
+download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx cupti-python pyelftools
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+download --only-binary=:all: -d "$TMP" "flashinfer-python==$RELEASE"
+python3 - "$TMP" <<'PY'
+import pathlib, shutil, sys, zipfile
+tmp = pathlib.Path(sys.argv[1])
+whl = next(tmp.glob("flashinfer_python-*.whl"))
+out = tmp / "site"
+zipfile.ZipFile(whl).extractall(out)
+fi = out / "flashinfer"
+drop = [p for p in (fi / "data" / "csrc").iterdir() if p.is_dir()]
+drop += [fi / "data/cutlass/examples", fi / "data/cutlass/python", fi / "data/cccl/python", fi / "moe_ep/kernel_src"]
+drop += list((fi / "experimental").glob("*/csrc"))
+for p in drop:
+    shutil.rmtree(p, ignore_errors=True)
+PY
+tar cJf "$DEST/flashinfer.tar.xz" -C "$TMP/site" .
+( cd "$DEST/deb" && apt-get download libdw1 libelf1 >/dev/null 2>&1 ) \
+    || echo "note: could not fetch libdw1/libelf1 (nsys reports need them on the node)" >&2
+cp "$HERE/gpu-setup.sh" "$DEST/setup.sh"
+rm -f "$DEST/jitcache.tar.xz"
+if [ -n "${JIT_CACHE:-}" ]; then
+    cp "$JIT_CACHE" "$DEST/jitcache.tar.xz"
+    chmod u+w "$DEST/jitcache.tar.xz"
+fi
+echo "flashinfer-python $RELEASE bundled in $DEST ($(du -sh "$DEST" | cut -f1))" \
+     "$([ -f "$DEST/jitcache.tar.xz" ] && echo "with a JIT cache" || echo "without a JIT cache: modules compile on first use")"

@@ -1,0 +1,24 @@
+# Source on the GPU node from the checkout's root:  source .gpu/setup.sh   (built by scripts/gpu-bundle.sh,
+# which copies this file into the bundle as setup.sh).
+# Installs into /tmp/site (nothing system-wide), points FlashInfer's JIT cache at /tmp/fiws and unpacks the
+# bundled cache there if there is one, and puts Nsight Systems (shipped inside Nsight Compute on the H200
+# image) on PATH.
+_kit="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p /tmp/site /tmp/fiws
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_kit"/whl/*.whl
+tar xJf "$_kit/flashinfer.tar.xz" -C /tmp/site
+export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS="${MAX_JOBS:-16}"
+# FlashInfer leaves the freshness of its JIT modules to ninja, which compares file times: date the
+# freshly unpacked sources back so that prebuilt modules count as up to date.
+find /tmp/site -exec touch -h -d '2001-01-01 00:00:00' {} +
+if [ -f "$_kit/jitcache.tar.xz" ]; then
+    tar xJf "$_kit/jitcache.tar.xz" -C /tmp/fiws
+    find /tmp/fiws/.cache/flashinfer/*/*/generated -exec touch -h -d '2001-01-01 00:00:00' {} + 2>/dev/null
+fi
+if ls "$_kit"/deb/*.deb >/dev/null 2>&1; then
+    mkdir -p /tmp/dwx && for f in "$_kit"/deb/*.deb; do dpkg -x "$f" /tmp/dwx; done
+    export LD_LIBRARY_PATH="/tmp/dwx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH="$PATH:$d"; done
+unset _kit
