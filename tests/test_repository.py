@@ -1,0 +1,48 @@
+"""The repository stays small enough to clone: the shipped runs and figures under a budget, no big file."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1_000_000
+PUBLISHED_BUDGET = 15 * MB  # results/ and plots/ together
+FILE_LIMIT = 2 * MB
+
+
+def tracked_sizes(*folders: str) -> dict[str, int]:
+    """Bytes on disk of each file git tracks (under ``folders`` if given); files deleted but not yet
+    committed are left out."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *folders], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode().strip()}")
+    sizes = {}
+    for name in listed.stdout.decode().split("\0"):
+        path = ROOT / name
+        if name and path.is_file() and not path.is_symlink():
+            sizes[name] = os.path.getsize(path)
+    return sizes
+
+
+def largest(sizes: dict[str, int], n: int = 10) -> str:
+    top = sorted(sizes.items(), key=lambda item: -item[1])[:n]
+    return "\n".join(f"  {size / MB:7.2f} MB  {name}" for name, size in top)
+
+
+def test_results_and_plots_stay_under_their_budget():
+    sizes = tracked_sizes("results", "plots")
+    total = sum(sizes.values())
+    assert total < PUBLISHED_BUDGET, (f"results/ and plots/ hold {total / MB:.1f} MB in {len(sizes)} tracked files "
+                                      f"(budget {PUBLISHED_BUDGET / MB:.0f} MB); the largest:\n{largest(sizes)}")
+
+
+def test_no_tracked_file_is_over_the_limit():
+    sizes = tracked_sizes()
+    assert sizes, "git lists no tracked file"
+    big = {name: size for name, size in sizes.items() if size > FILE_LIMIT}
+    assert not big, f"{len(big)} tracked files over {FILE_LIMIT / MB:.0f} MB:\n{largest(big, len(big))}"
