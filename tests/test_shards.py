@@ -142,6 +142,41 @@ def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     assert len(json.loads((tmp_path / "array" / run_folder.META).read_text())["shards"]) == 2
 
 
+def test_more_shards_than_points_is_refused_before_anything_starts(tiny, tmp_path):
+    points = len(scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    r = invoke("submit", tiny, "--shards", "1000", "--executor", "local", "--out", tmp_path / "array",
+               "--impl", "torch-trim")
+    assert r.exit_code == 2 and f"the sweep has only {points} point(s)" in r.output, r.output
+    assert not (tmp_path / "array").exists() and not launch.work_dir(tmp_path / "array").exists()
+
+
+def test_local_array_runs_at_most_one_shard_per_core_at_once(tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    arrays = []
+
+    class Job:
+        def __init__(self, folder):
+            folder.mkdir(parents=True)
+            (folder / run_folder.META).write_text(json.dumps({"state": "complete"}))
+
+        def result(self):
+            return 0
+
+    class Executor:
+        def __init__(self, folder):
+            self.cluster = "local"
+
+        def map_array(self, fn, args, indices, counts, folders):
+            arrays.append(list(indices))
+            return [Job(f) for f in folders]
+
+    monkeypatch.setattr(submitit, "LocalExecutor", Executor)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
+    folders = launch.submit([], 5, tmp_path / "array", executor="local")
+    assert arrays == [[0, 1], [2, 3], [4]] and len(folders) == 5
+    assert launch.batches(5, local=False) == [range(0, 5)]  # a scheduler queues the whole array itself
+
+
 def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
     """The --gpus launch path with CPU workers: every worker is shown its own device (the launcher's
     visible GPU it stands for) and its share of the CPU threads, works its own shard, and the

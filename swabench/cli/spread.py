@@ -22,7 +22,8 @@ def merge(out, folders, partial):
 
 @click.command()
 @click.argument("scenario")
-@opt("--shards", "count", type=click.IntRange(1), required=True, help="How many array tasks.")
+@opt("--shards", "count", type=click.IntRange(1), required=True,
+     help="How many array tasks (at most the sweep's points; local processes run at most one per core at once).")
 @opt("--out", type=click.Path(file_okay=False), required=True, help="The merged run folder.")
 @opt("--executor", type=click.Choice(["auto", "local"]), default="auto", show_default=True,
      help="auto: Slurm where sbatch exists, else local processes (submitit).")
@@ -35,6 +36,7 @@ def merge(out, folders, partial):
 def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2, costs_from):
     """Spread SCENARIO over a job array (submitit: Slurm, or local processes), wait, merge into --out."""
     s = load(scenario, impls, cases)  # validate before submitting
+    shards.check_count(count, len(s.points))
     shards.point_costs(costs_from)
     out = Path(out)
     slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}

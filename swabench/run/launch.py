@@ -197,7 +197,8 @@ class Workers:
 
 def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
     """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
-    same path as local processes), then waits for them.  Returns the shards' run folders."""
+    same path as local processes, at most one per core at a time), then waits for them.  Returns the
+    shards' run folders."""
     try:
         import submitit
     except ImportError:
@@ -209,11 +210,22 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
     if slurm:
         ex.update_parameters(**slurm)
     shards = [work / f"shard{i}" for i in range(count)]
-    jobs = ex.map_array(_run_shard, [child_args] * count, range(count), [count] * count, shards)
-    codes = [job.result() for job in jobs]
+    codes = []
+    local = executor == "local" or getattr(ex, "cluster", None) == "local"  # auto without Slurm is local too
+    for batch in batches(count, local):
+        jobs = ex.map_array(_run_shard, [child_args] * len(batch), batch, [count] * len(batch),
+                            [shards[i] for i in batch])
+        codes += [job.result() for job in jobs]
     if any(c not in (0, 1) for c in codes) or any(_state(f) != "complete" for f in shards):
         raise RunFailed(f"a shard did not finish (exit codes {codes}); logs are in {folder}")
     return shards
+
+
+def batches(count: int, local: bool) -> list[range]:
+    """The shard indices submitted together: all of them to a scheduler; local processes at most one
+    per core at a time (submitit's LocalExecutor starts every task of an array at once)."""
+    at_once = max(1, os.cpu_count() or 1) if local else count
+    return [range(start, min(count, start + at_once)) for start in range(0, count, at_once)]
 
 
 def _run_shard(child_args: list[str], index: int, count: int, folder: Path) -> int:

@@ -39,6 +39,12 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def check_count(count: int, points: int) -> None:
+    """ShardError when a sweep of ``points`` points is cut into more shards than it has points."""
+    if count > points:
+        raise ShardError(f"--shards {count}: the sweep has only {points} point(s); use at most {points} shards")
+
+
 # Estimates for a scenario no earlier run has costed, from default.toml on the H200 x2 node: a
 # point takes 0.1-0.15 s outside FlexAttention's compiles, which take 10-45 s a kernel.
 POINT_S = 0.12
