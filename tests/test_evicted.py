@@ -1,4 +1,4 @@
-"""Evicted pages (SERVING 6): the pages before each request's window handed to other requests or
+"""Evicted pages (docs/serving-paths.md): the pages before each request's window handed to other requests or
 pointed at one shared page; correct paths pass, leaks are caught, and the NaN diagnostic tells the
 kernels that read before the window from those that do not."""
 

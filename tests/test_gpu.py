@@ -172,7 +172,7 @@ SERVING = [  # (implementation, backends, shape): every serving path and each ne
 
 @pytest.mark.parametrize("impl,backends,shape", SERVING, ids=lambda v: v if isinstance(v, str) else None)
 def test_serving_paths_on_the_gpu(impl, backends, shape):
-    """Each serving path gated on the GPU where SERVING.md puts it: the correct ones pass (and replay
+    """Each serving path gated on the GPU where docs/serving-paths.md puts it: the correct ones pass (and replay
     in a graph); each known bug is caught exactly where it must fail, by a wide margin."""
     c = axes.make_case({"page_size": 16, "dtype": "bfloat16", **shape})
     for backend in backends:

@@ -64,7 +64,7 @@ def test_soft_cap_and_scale_refuse_nan_and_inf(write_scenario, value):
 
 
 def explicit(w) -> torch.Tensor:
-    """Attention from the definitions in SERVING 2 and 3, one query at a time, float64."""
+    """Attention from the definitions in docs/semantics.md, one query at a time, float64."""
     c, out = w.case, []
     group = c.num_qo_heads // c.num_kv_heads
     for b, (qo, kv) in enumerate(zip(w.qo_lens, w.kv_lens)):

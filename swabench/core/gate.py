@@ -88,7 +88,7 @@ def _where(w, token: int, head: int) -> str:
 
 
 def reads_evicted(runner, w) -> bool | None:
-    """The NaN diagnostic (SERVING 6): with the shared page that evicted entries point at filled with
+    """The NaN diagnostic (docs/gate.md): with the shared page that evicted entries point at filled with
     NaN, does the output turn NaN?  True: the kernel touches memory before the window (a masked read
     is harmless with finite data, and shows here).  None where the layout has no such page.  Leaves
     fresh random data in the buffers."""

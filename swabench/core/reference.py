@@ -1,6 +1,6 @@
 """Reference attention: float64 on the CPU, float32 on a GPU, with the explicit window mask, the
 soft-cap ``l = cap * tanh(l / cap)`` and the sinks (one logit per head in every denominator, with
-no value) written out from their definitions (SERVING 2 and 3).  An fp8 cache is read upcast.
+no value) written out from their definitions (docs/semantics.md).  An fp8 cache is read upcast.
 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built

@@ -17,7 +17,7 @@ from swabench.core.cases import Case, parse_accept
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                 "float8_e4m3": torch.float8_e4m3fn}
 EVICTED_VALUE = 100.0  # what an evicted page holds: finite in bf16/fp16/fp8, and a leaked key's logit rules its row
-SINK_MEAN, SINK_STD = 3.0, 2.0  # the sink logits drawn per head: large enough to move every row (SERVING 2)
+SINK_MEAN, SINK_STD = 3.0, 2.0  # the sink logits drawn per head: large enough to move every row (docs/semantics.md)
 # With a soft-cap, random logits are drawn around 0.3 cap with std 0.1 cap, where tanh bends them: a
 # path that ignores the cap then moves the output by 5% at 8 keys (35% at 4096), while tanh.approx's
 # error (2^-11, relative) stays under 5e-3.
@@ -222,7 +222,7 @@ def build(case: Case, device="cpu") -> Workload:
 
 def evicted_before(case: Case, kv_lens, qo_lens) -> list[int]:
     """Per request, how many of its first pages lie wholly before the first key any of its queries
-    can see (the first query's window start): the pages an engine frees (SERVING 6)."""
+    can see (the first query's window start): the pages an engine frees (docs/serving-paths.md)."""
     if case.window_left < 0:
         return [0] * len(kv_lens)
     return [max(0, k - q - case.window_left) // case.page_size for q, k in zip(qo_lens, kv_lens)]

@@ -1,4 +1,4 @@
-"""FlashInfer implementations (DESIGN section 2, SERVING 1 and 2): every single-wrapper FlashInfer
+"""FlashInfer implementations (docs/serving-paths.md): every single-wrapper FlashInfer
 row, correct and known-bug (the engines' multi-wrapper recipes are in ``recipes``).
 
 One runner covers them all; a Variant says what differs: paged or ragged storage, whether

@@ -1,4 +1,4 @@
-"""The engines' own recipes (SERVING 5): an SWA layer as SGLang runs it on FlashInfer, several
+"""The engines' own recipes (docs/serving-paths.md): an SWA layer as SGLang runs it on FlashInfer, several
 wrappers combined the way its source combines them, gated and timed whole.
 
 Read at sgl-project/sglang, ``python/sglang/srt/layers/attention/flashinfer_backend.py``:

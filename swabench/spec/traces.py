@@ -1,4 +1,4 @@
-"""Trace replay (SERVING 6): the steps a server really ran, each distinct step gated and timed once
+"""Trace replay (docs/serving-paths.md): the steps a server really ran, each distinct step gated and timed once
 and weighted by how often it occurs.
 
 A trace is JSON Lines, one serving step a line::
