@@ -114,6 +114,32 @@ def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
     assert r.exit_code == 2 and "different scenario files" in r.output
 
 
+def test_an_unfinished_shard_merges_only_with_partial_and_counts_the_whole_sweep(tiny, tmp_path):
+    sweep = len(scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    for i in range(2):
+        r = invoke("run", tiny, "--device", "cpu", "--impl", "torch-trim", "--shard", f"{i}/2", "--out", tmp_path / f"s{i}")
+        assert r.exit_code == 0, r.output
+    cut = tmp_path / "s1"  # as an interrupted worker leaves it: one row journaled, no table
+    (cut / run_folder.ROWS).write_text((cut / run_folder.ROWS).read_text().splitlines(keepends=True)[0])
+    (cut / run_folder.TABLE).unlink()
+    meta = json.loads((cut / run_folder.META).read_text())
+    assert meta["sharding"]["sweep_points"] == sweep
+    (cut / run_folder.META).write_text(json.dumps({**meta, "state": "interrupted"}))
+    r = invoke("merge", tmp_path / "m", tmp_path / "s0", cut)
+    assert r.exit_code == 2 and f"{cut} (shard 1/2) is interrupted" in r.output and "--partial" in r.output
+    assert not (tmp_path / "m").exists()
+    r = invoke("merge", tmp_path / "m", tmp_path / "s0", cut, "--partial")
+    assert r.exit_code == 0, r.output
+    merged = json.loads((tmp_path / "m" / run_folder.META).read_text())
+    recorded = len(pd.read_csv(tmp_path / "m" / run_folder.TABLE))
+    assert merged["state"] == "incomplete" and merged["points"] == sweep and recorded < sweep
+    r = invoke("summary", tmp_path / "m")
+    assert f"this run is incomplete: {recorded} of {sweep} points recorded" in r.output, r.output
+    # a shard missing altogether: the sweep's points still come from the shard that is there
+    r = invoke("merge", tmp_path / "m0", tmp_path / "s0", "--partial")
+    assert r.exit_code == 0 and json.loads((tmp_path / "m0" / run_folder.META).read_text())["points"] == sweep
+
+
 @cpu_only
 def test_gpus_need_cuda(tiny):
     r = invoke("run", tiny, "--gpus", "all")

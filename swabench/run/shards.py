@@ -127,8 +127,10 @@ def assign(scenario: Scenario, count: int, costs: dict[tuple, float] | None = No
 def select_shard(scenario: Scenario, spec: str, costs_from=None) -> dict:
     """Keep shard ``spec`` ('I/N') of the scenario's points; what to record of it in meta.json."""
     index, count = parse_shard(spec)
+    sweep_points = len(scenario.points)
     shard(scenario, index, count, point_costs(costs_from))
-    return {"index": index, "count": count, "cases": len(scenario.cases), "costs": describe_costs(costs_from)}
+    return {"index": index, "count": count, "cases": len(scenario.cases), "sweep_points": sweep_points,
+            "costs": describe_costs(costs_from)}
 
 
 def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] | None = None) -> Scenario:
@@ -162,6 +164,26 @@ def check_complete(metas: list[dict], folders) -> str | None:
     return None
 
 
+def unfinished_shards(metas: list[dict], folders) -> str | None:
+    """Which folders did not finish their points (state other than complete), with their state."""
+    named = [f"{folder}" + (f" (shard {m['sharding']['index']}/{m['sharding']['count']})"
+                            if isinstance(m.get("sharding"), dict) and "index" in m["sharding"] else "")
+             + f" is {m.get('state') or 'of unknown state'}"
+             for m, folder in zip(metas, folders) if m.get("state", "complete") != "complete"]
+    return "; ".join(named) or None
+
+
+def sweep_points(metas: list[dict], whole: bool) -> int | None:
+    """The points the whole sweep planned: what each shard recorded of it, else (shards from before
+    they recorded it) the shards' own planned points summed when every shard is there, else unknown."""
+    recorded = {m["sharding"].get("sweep_points") for m in metas if isinstance(m.get("sharding"), dict)}
+    if len(recorded) == 1 and isinstance(next(iter(recorded)), int):
+        return recorded.pop()
+    if whole:
+        return sum(m.get("points") or 0 for m in metas) or None
+    return None
+
+
 def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_folder.RunStore, pd.DataFrame]:
     """One run folder from the shards of one scenario file: its store and table.  Refuses a set that
     misses shards unless ``partial`` (the merged folder then says it is incomplete)."""
@@ -174,6 +196,10 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_fo
     gap = check_complete(metas, folders)
     if gap and not partial:
         raise ShardError(f"{gap}; merge them all, or pass --partial to merge what is there")
+    unfinished = unfinished_shards(metas, folders)
+    if unfinished and not partial:
+        raise ShardError(f"{unfinished}: resume them (the same `swabench run ... --shard I/N` with --resume), "
+                         f"or pass --partial to merge what is there")
     try:
         text = (Path(folders[0]) / run_folder.SCENARIO).read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -192,11 +218,11 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_fo
     meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas), command=environment.collect_command(),
-                points=sum(m.get("points") or 0 for m in metas) or None)
+                points=sweep_points(metas, whole=not gap))
     store = run_folder.RunStore.create(out, meta, text)
     try:
         store.extend(rows)
-        whole = not gap and all(m.get("state") == "complete" for m in metas)
+        whole = not gap and not unfinished
         table = store.finalize(derived.add_derived, state="complete" if whole else "incomplete")
     finally:
         store.close()

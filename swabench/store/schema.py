@@ -43,7 +43,7 @@ META_KEYS = {
     "points": "points this folder was asked to measure (its shard's, for a shard)",
     "selection": "what a resume must match: device, L2 mode, and a hash of the points' keys",
     "method": "how every number was measured: kernel and plan timers, gate, tolerances",
-    "sharding": "this folder's shard (index, count, how costs were known), or null",
+    "sharding": "this folder's shard (index, count, cases, the whole sweep's points, how costs were known), or null",
     "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
     "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
