@@ -9,6 +9,7 @@ import click
 
 from swabench.cli.options import case_option, costs_option, impl_option, l2_option, load, opt, summary
 from swabench.run import launch, shards
+from swabench.store import run_folder
 
 
 @click.command()
@@ -17,6 +18,7 @@ from swabench.run import launch, shards
 @opt("--partial", is_flag=True, help="Merge even when shards are missing (the merged run says it is incomplete).")
 def merge(out, folders, partial):
     """Merge the shards of one sweep (several GPUs or nodes) into OUT."""
+    run_folder.refuse_inside_a_run(out, "OUT")
     summary(shards.merge(Path(out), [Path(f) for f in folders], partial)[1], Path(out))
 
 
@@ -39,6 +41,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     shards.check_count(count, len(s.points))
     shards.point_costs(costs_from)
     out = Path(out)
+    launch.check_out(out)
     slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}
     slurm.update({"slurm_partition": partition} if partition else {})
     args = [s.path, "--l2", l2, *launch.worker_args(impls, cases, costs_from)]

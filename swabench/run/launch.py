@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from swabench.errors import RunFailed, UserError
-from swabench.store.run_folder import make_folder, refuse_a_run
+from swabench.store.run_folder import make_folder, refuse_a_run, refuse_inside_a_run
 from swabench.store.schema import META, ROWS
 
 
@@ -195,6 +195,14 @@ class Workers:
         return self.folders
 
 
+def check_out(out: Path) -> None:
+    """RunFolderError unless ``out`` can hold the merged run: not a run already, not inside one, and
+    its shards' folder beside it can be written (before anything is submitted)."""
+    refuse_a_run(out)
+    refuse_inside_a_run(out)
+    make_folder(work_dir(out))
+
+
 def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
     """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
     same path as local processes, at most one per core at a time), then waits for them.  Returns the
@@ -203,7 +211,7 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
         import submitit
     except ImportError:
         raise LaunchError("submit needs submitit: pip install 'swabench[slurm]'") from None
-    refuse_a_run(out)
+    check_out(out)
     work = work_dir(out)
     folder = work / "submitit"
     ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)

@@ -79,6 +79,21 @@ def refuse_a_run(folder: Path, hint: str = "choose another --out") -> None:
         raise RunFolderError(f"{folder} already holds a run; {hint}")
 
 
+def run_folder_above(path) -> Path | None:
+    """The run folder (a folder with meta.json) that ``path`` is or lies in; None when there is none."""
+    path = Path(path).resolve()
+    return next((folder for folder in (path, *path.parents) if (folder / META).is_file()), None)
+
+
+def refuse_inside_a_run(path, what: str = "--out") -> None:
+    """RunFolderError when writing ``path`` would write into a run folder: a run folder holds the
+    files its run wrote, which readers trust, and nothing else."""
+    run = run_folder_above(path)
+    if run is not None:
+        raise RunFolderError(f"{what} {path} is inside the run folder {run}: a run folder keeps only what its "
+                             f"run wrote; write outside it")
+
+
 class FolderLock:
     """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
     so a crashed run never blocks the next; the file names the holder for whoever is refused."""
