@@ -1,5 +1,8 @@
+import gzip
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +25,55 @@ def test_rows_survive_and_finalize_writes_tidy_tables(tmp_path):
     assert table.columns[0] == "case_id"
     samples = derived.load(tmp_path / "run")[0]
     assert len(samples) == 3
-    long = (tmp_path / "run" / run_folder.SAMPLES).read_text().splitlines()
+    long = gzip.decompress((tmp_path / "run" / "samples.csv.gz").read_bytes()).decode().splitlines()
     assert long[0] == "case_id,impl,backend,kind,index,value_us" and len(long) == 1 + 9
+    assert not (tmp_path / "run" / "samples.csv").exists()
     meta = json.loads((tmp_path / "run" / run_folder.META).read_text())
     assert meta["state"] == "complete" and meta["rows"] == 3 and meta["status_counts"] == {"pass": 3}
+
+
+def test_the_same_rows_give_the_same_gzipped_bytes(tmp_path):
+    written = []
+    for name in ("a", "b"):
+        store = RunStore.create(tmp_path / name, {"gpu": None}, "name = 'x'\n")
+        store.extend([row(i) for i in range(3)])
+        store.finalize(state="complete")
+        written.append((tmp_path / name / "samples.csv.gz").read_bytes())
+    assert written[0] == written[1]
+    assert written[0][4:8] == b"\0\0\0\0"  # no time in the gzip header
+
+
+def test_finalize_replaces_a_plain_samples_file_left_by_an_older_version(tmp_path):
+    store = RunStore.create(tmp_path / "run", {"gpu": None}, "name = 'x'\n")
+    store.append(row(1))
+    (tmp_path / "run" / "samples.csv").write_text("case_id,impl,backend,kind,index,value_us\n")
+    store.finalize(state="complete")
+    assert not (tmp_path / "run" / "samples.csv").exists()
+    assert run_folder.read_rows(tmp_path / "run")[0]["samples"] == {"kernel": [1.0, 2.0, 1.0]}
+
+
+H200_RUN = Path(__file__).parent / "fixtures" / "h200-run"  # published before samples.csv.gz: plain tables
+
+
+def test_folders_with_plain_or_gzipped_tables_read_the_same(tmp_path):
+    assert (H200_RUN / "samples.csv").exists() and not (H200_RUN / "samples.csv.gz").exists()
+    plain_rows = run_folder.read_rows(H200_RUN)
+    plain_table = derived.load(H200_RUN)[0]
+    assert sum(len(v) for r in plain_rows for v in r["samples"].values()) > 0
+    packed = shutil.copytree(H200_RUN, tmp_path / "packed")
+    for name in ("results.csv", "samples.csv"):
+        (packed / f"{name}.gz").write_bytes(run_folder.gzipped((packed / name).read_text()))
+        (packed / name).unlink()
+    assert run_folder.read_rows(packed) == plain_rows
+    assert derived.load(packed)[0].equals(plain_table)
+
+
+def test_a_damaged_gzipped_table_is_refused_by_name(tmp_path):
+    folder = shutil.copytree(H200_RUN, tmp_path / "cut")
+    data = run_folder.gzipped((folder / "results.csv").read_text())
+    (folder / "results.csv.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(RunFolderError, match=r"results\.csv\.gz cannot be read"):
+        run_folder.load(folder)
 
 
 def test_create_refuses_an_existing_run(tmp_path):

@@ -14,7 +14,7 @@ A correct implementation that passed in BASE and fails the gate in NEW is a regr
 timing.
 
 Runs are read with ``run_folder.read_rows`` (the journal when the folder has one, else results.csv and
-samples.csv), so an interrupted run compares too.  Anything that makes a comparison impossible is a
+samples.csv.gz), so an interrupted run compares too.  Anything that makes a comparison impossible is a
 ``CompareError`` naming the folder and what is wrong with it; things a reader should know but that
 do not stop the comparison (different scenarios, an unfinished run, a run that timed nothing) are
 ``Comparison.warnings``.  No plotting library is imported here.

@@ -3,9 +3,12 @@ read back whatever state it was left in.
 
     rows.jsonl     every finished point, appended and fsynced as it finishes (the source of truth)
     results.csv    the tidy table: one row per case x implementation x backend (rewritten atomically)
-    samples.csv    every timing sample, long format (case_id, impl, backend, kind, index, value_us)
+    samples.csv.gz every timing sample, long format (case_id, impl, backend, kind, index, value_us)
     meta.json      environment, command line, method, scenario name and hash, progress (``schema``)
     scenario.toml  the scenario file exactly as run
+
+Readers take either table plain or gzipped (``stored``): folders before samples.csv.gz have
+samples.csv, and a published folder may carry a large results.csv as results.csv.gz.
 
 One process writes a folder at a time (a lock file it holds; a dead holder's lock is taken over).
 ``--resume`` reopens a folder, drops a half-written last line, and skips the points already there.
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import gzip
 import hashlib
 import json
 import os
 import socket
 import tempfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,12 +45,12 @@ class RunFolderError(UserError):
     """A run folder that cannot be written or read, said plainly (the CLI exits 2)."""
 
 
-def atomic_write(path: Path, data: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -53,6 +58,20 @@ def atomic_write(path: Path, data: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def gzipped(text: str) -> bytes:
+    """``text`` gzipped with no name and no time in the header (``gzip -9n``): the same rows give
+    the same bytes."""
+    return gzip.compress(text.encode(), compresslevel=9, mtime=0)
+
+
+def stored(folder, name: str) -> Path:
+    """Where ``folder`` keeps the table ``name``: gzipped or plain, whichever it has (the gzipped
+    one when both are there); the plain name when it has neither."""
+    plain = Path(folder) / name.removesuffix(".gz")
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if packed.exists() else plain
 
 
 def text_hash(text: str) -> str:
@@ -236,13 +255,14 @@ class RunStore:
         return meta
 
     def finalize(self, derive=None, **meta_updates) -> pd.DataFrame:
-        """Write results.csv and samples.csv from rows.jsonl (atomically) and update meta.json;
+        """Write results.csv and samples.csv.gz from rows.jsonl (atomically) and update meta.json;
         ``derive(table, peaks)`` adds the columns that need other rows (analysis.derived)."""
         rows = self.rows()
         table = to_table(rows)
         table = derive(table, self.meta().get("peaks")) if derive else table
         atomic_write(self.folder / TABLE, table.to_csv(index=False))
-        atomic_write(self.folder / SAMPLES, to_samples(rows).to_csv(index=False))
+        atomic_write(self.folder / SAMPLES, gzipped(to_samples(rows).to_csv(index=False)))
+        (self.folder / SAMPLES.removesuffix(".gz")).unlink(missing_ok=True)  # an older version's, on resume
         counts = table["status"].value_counts().to_dict() if len(table) else {}
         self.update_meta(**meta_updates, rows=len(table), status_counts=counts)
         return table
@@ -286,7 +306,7 @@ def _read_csv(path: Path, needed) -> pd.DataFrame:
         df = pd.read_csv(path, dtype={k: str for k in KEY})  # a case_id of digits stays text
     except FileNotFoundError:
         raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
     missing = [c for c in needed if c not in df.columns]
     if missing:
@@ -295,15 +315,15 @@ def _read_csv(path: Path, needed) -> pd.DataFrame:
 
 
 def read_rows(folder) -> list[dict]:
-    """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv
+    """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv.gz
     (published folders do not carry the journal)."""
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
         return store.rows()
-    table = _read_csv(store.folder / TABLE, (*KEY, "status"))
+    table = _read_csv(stored(store.folder, TABLE), (*KEY, "status"))
     grouped = {}
-    if (store.folder / SAMPLES).exists():
-        samples = _read_csv(store.folder / SAMPLES, (*KEY, "kind", "value_us"))
+    if stored(store.folder, SAMPLES).exists():
+        samples = _read_csv(stored(store.folder, SAMPLES), (*KEY, "kind", "value_us"))
         grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
                    for key, rows in samples.groupby(list(KEY))}
     rows = []
@@ -323,7 +343,7 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     if (folder / ROWS).exists():
         table = to_table(RunStore(folder).rows())
         return (derive(table, meta.get("peaks")) if derive else table), meta
-    return with_columns(_read_csv(folder / TABLE, (*KEY, "status"))), meta
+    return with_columns(_read_csv(stored(folder, TABLE), (*KEY, "status"))), meta
 
 
 def read_meta(folder) -> dict:

@@ -11,7 +11,7 @@ FORMAT_VERSION = 3
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
-SAMPLES = "samples.csv"  # every timing sample, long format
+SAMPLES = "samples.csv.gz"  # every timing sample, long format, gzipped (folders before it: samples.csv)
 META = "meta.json"
 SCENARIO = "scenario.toml"  # the scenario file exactly as run
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
