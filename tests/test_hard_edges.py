@@ -229,7 +229,8 @@ def test_ctrl_c_before_the_sweep_leaves_an_interrupted_folder(tmp_path, monkeypa
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 130 and "--resume" in r.output, r.output
     assert json.loads((tmp_path / "run" / run_folder.META).read_text())["state"] == "interrupted"
-    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out y").endswith("--out y --resume")
+    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out y") == f"swabench run a.toml --out {tmp_path / 'x'} --resume"
+    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out=y --resume").endswith(f"--resume --out {tmp_path / 'x'}")
 
 
 # 8. a merge that misses shards
@@ -317,3 +318,38 @@ def test_a_report_of_another_run_with_the_same_name_needs_force(tmp_path, good_r
     assert r.exit_code == 2 and "--force" in r.output
     r = invoke("report", twin, "--force")
     assert r.exit_code == 0 and str(twin) in report.read_text()
+
+
+# 11. what a refused resume says
+def test_resume_hints_name_the_folder_as_given_now(tmp_path):
+    path = scenario(tmp_path)
+    assert invoke("run", path, "--device", "cpu", "--out", tmp_path / "orig", "--impl", "torch-trim").exit_code == 0
+    copy = shutil.copytree(tmp_path / "orig", tmp_path / "copy")
+    r = invoke("run", path, "--device", "cpu", "--out", copy, "--impl", "torch-mask", "--resume")
+    assert r.exit_code == 2 and f"--out {copy} --resume" in r.output and str(tmp_path / "orig") not in r.output
+    assert "(None)" not in r.output
+
+
+def test_a_merged_folder_says_it_cannot_be_resumed(tmp_path):
+    path = scenario(tmp_path)
+    for i in range(2):
+        assert invoke("run", path, "--device", "cpu", "--shard", f"{i}/2", "--out", tmp_path / f"s{i}").exit_code == 0
+    assert invoke("merge", tmp_path / "m", tmp_path / "s0", tmp_path / "s1").exit_code == 0
+    r = invoke("run", path, "--device", "cpu", "--out", tmp_path / "m", "--resume")
+    assert r.exit_code == 2 and "is a merge of 2 shards and cannot be resumed" in r.output, r.output
+    assert str(tmp_path / "s1") in r.output and "merge them again" in r.output
+    assert "(None)" not in r.output and "merge " + str(tmp_path / "m") not in r.output
+
+
+def test_a_replay_resumed_with_other_implementations_says_so(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"mode": "decode", "num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64,
+                                 "sliding_window": 16, "page_size": 16, "requests": [[40, 1]]}) + "\n")
+    assert invoke("replay", trace, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run").exit_code == 0
+    r = invoke("replay", trace, "--impl", "torch-mask", "--device", "cpu", "--out", tmp_path / "run", "--resume")
+    assert r.exit_code == 2 and "ran the implementations ['torch-trim']" in r.output, r.output
+    assert "asks for ['torch-mask']" in r.output and "different scenario file" not in r.output
+    other = tmp_path / "u.jsonl"
+    other.write_text(trace.read_text().replace("[[40, 1]]", "[[50, 1]]"))
+    r = invoke("replay", other, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run", "--resume")
+    assert r.exit_code == 2 and "different scenario file" in r.output

@@ -149,8 +149,9 @@ def open_store(request: Request) -> RunStore:
         try:
             meta = store.meta()
             if meta.get("selection", selection(request)) != selection(request) or meta.get("what") != request.what:
-                raise RunFolderError(f"{request.out} holds a {meta.get('what')} of other points or options "
-                                     f"({meta.get('selection')}); resume it as it was started: "
+                held = f" ({meta['selection']})" if meta.get("selection") else ""
+                raise RunFolderError(f"{request.out} holds a {meta.get('what') or 'run'} of other points or options"
+                                     f"{held}; resume it as it was started: "
                                      f"`{rerun_command(request.out, meta.get('command'))}`")
             store.update_meta(state="running", **(request.meta or {}))
         except BaseException:
@@ -174,9 +175,13 @@ def selection(request: Request) -> dict:
 
 def rerun_command(out: Path, command: str | None = None, resume: bool = True) -> str:
     """The command that continues the run in ``out``: ``command`` (this process's own by default)
-    with --out and --resume made explicit."""
-    args = shlex.split(command)[1:] if command else sys.argv[1:]
-    args += [] if "--out" in args else ["--out", str(out)]
+    with --resume made explicit and --out naming ``out``, the folder as given now (a copied or moved
+    folder's recorded command names where it was)."""
+    args = [a for a in (shlex.split(command)[1:] if command else sys.argv[1:]) if not a.startswith("--out=")]
+    while "--out" in args:
+        at = args.index("--out")
+        del args[at:at + 2]
+    args += ["--out", str(out)]
     args += ["--resume"] if resume and "--resume" not in args else []
     return "swabench " + shlex.join(args)
 

@@ -113,6 +113,28 @@ def refuse_inside_a_run(path, what: str = "--out") -> None:
                              f"run wrote; write outside it")
 
 
+def _implementations_apart(recorded: Path, scenario_text: str) -> tuple[list, list] | None:
+    """(recorded, asked) implementations when the scenario file recorded in a folder and the one a
+    resume brings differ in their implementations alone (a replay's generated scenario lists the
+    --impl choice); None when they differ otherwise or cannot be read."""
+    import tomllib
+
+    def split(text: str):
+        doc = tomllib.loads(text)
+        groups = doc.pop("sweep", [])
+        impls = [doc.pop("implementations", None)] + [g.pop("implementations", None) for g in groups]
+        return (doc, groups), [i for i in impls if i is not None]
+
+    try:
+        (old_rest, old_impls), (new_rest, new_impls) = split(recorded.read_text()), split(scenario_text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    if old_rest != new_rest or old_impls == new_impls:
+        return None
+    flat = lambda lists: list(dict.fromkeys(i for names in lists for i in names))  # noqa: E731
+    return flat(old_impls), flat(new_impls)
+
+
 class FolderLock:
     """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
     so a crashed run never blocks the next; the file names the holder for whoever is refused."""
@@ -174,7 +196,17 @@ class RunStore:
         store = cls(folder)
         if not (store.folder / META).exists() or not (store.folder / ROWS).exists():
             raise RunFolderError(f"{folder} is not a swabench run folder (no {META} / {ROWS}); nothing to resume")
-        if store.meta().get("scenario_sha256") != text_hash(scenario_text):
+        meta = store.meta()
+        if meta.get("merged_from"):
+            raise RunFolderError(f"{folder} is a merge of {len(meta['merged_from'])} shards and cannot be resumed: "
+                                 f"resume the unfinished shards ({', '.join(map(str, meta['merged_from']))}), then "
+                                 f"merge them again into a new folder")
+        if meta.get("scenario_sha256") != text_hash(scenario_text):
+            implementations = _implementations_apart(store.folder / SCENARIO, scenario_text)
+            if implementations:
+                raise RunFolderError(f"{folder} ran the implementations {implementations[0]} (its {SCENARIO} records "
+                                     f"them), this resume asks for {implementations[1]}; resume it with the same "
+                                     f"--impl, or start a new --out")
             raise RunFolderError(f"{folder} was run with a different scenario file; "
                                  f"resume it with the same file, or start a new --out")
         store._acquire()
