@@ -184,6 +184,19 @@ def test_summary_of_a_timed_run(tiny, tmp_path):
     assert r.exit_code == 0
     assert "| torch-trim | correct | torch | 8 | 0 |" in r.output  # 8 points, all passed
     assert "timed points" in r.output and "| verify | torch-mask | torch | 4 |" in r.output
+    assert "JIT warm-up not measured;" in r.output and "None" not in r.output  # a CPU run builds no JIT module
+
+
+def test_without_a_terminal_progress_is_a_plain_line_every_5_percent(tiny, tmp_path):
+    import re
+
+    r = invoke("run", tiny, "--out", tmp_path / "run", "--device", "cpu")  # CliRunner's stderr is not a TTY
+    assert r.exit_code == 0, r.output
+    lines = re.findall(r"^run: (\d+)/(\d+) points \((\d+)%\), (\d+) fail, (\d+) xpass, \d+ s$", r.output, re.M)
+    total = len(pd.read_csv(tmp_path / "run" / run_folder.TABLE))
+    assert 2 <= len(lines) <= 21 and lines[-1] == (str(total), str(total), "100", "0", "0"), r.output
+    done = [int(line[0]) for line in lines]
+    assert done == sorted(done) and all(int(t) == total for _, t, *_ in lines)
 
 
 def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeypatch):

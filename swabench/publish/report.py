@@ -62,7 +62,8 @@ def timing_summary(table: pd.DataFrame, meta: dict) -> str:
     timed = table.dropna(subset=["median_us"])
     long = timed[timed["median_us"] >= 20]
     lines = [f"**{meta.get('scenario')}** timings: {len(timed)} timed points, sweep wall time "
-             f"{meta.get('wall_s')} s, JIT warm-up {meta.get('jit_warmup_total_s')} s; "
+             f"{meta.get('wall_s')} s, JIT warm-up "
+             f"{'not measured' if meta.get('jit_warmup_total_s') is None else str(meta['jit_warmup_total_s']) + ' s'}; "
              f"{int((long['noise'] <= 0.02).sum())}/{len(long)} points of 20 us or more have noise <= 2%. "
              f"Method: {meta.get('method', {}).get('kernel_time', '')}"]
     peaks = meta.get("peaks")
