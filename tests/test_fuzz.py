@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swabench import cli
-from swabench.spec import axes
+from swabench.errors import UserError
+from swabench.spec import axes, traces
 
 AXES = list(axes.AXES)
 JUNK = st.text(alphabet=string.printable, max_size=12)
@@ -19,7 +20,9 @@ CHOICES = st.sampled_from(["verify", "extend", "draft_extend", "decode", "paged"
                            "fa2", "fa3", "auto", "uniform", "full", "fixed:2", "geometric:0.5", "scattered",
                            "contiguous", "geometric:2", "fixed:0"])
 SCALAR = st.one_of(SMALL, SMALL, HUGE, CHOICES, JUNK, st.booleans(), st.floats(allow_nan=True, width=32))
-VALUE = st.one_of(SCALAR, st.lists(SCALAR, max_size=3))
+TABLE_VALUE = st.dictionaries(st.one_of(CHOICES, JUNK), SCALAR, max_size=2)
+NESTED = st.one_of(TABLE_VALUE, st.lists(st.one_of(st.lists(SCALAR, max_size=2), TABLE_VALUE), min_size=1, max_size=2))
+VALUE = st.one_of(SCALAR, st.lists(SCALAR, max_size=3), NESTED)  # NESTED: tables and lists where a value belongs
 NAMES = st.sampled_from(AXES + ["kv_len", "impl", "backend", "group", "nope", "__import__"])
 ATOM = st.one_of(NAMES, SMALL.map(str), HUGE.map(str), CHOICES.map(json.dumps), JUNK.map(json.dumps))
 RULE = st.one_of(
@@ -41,6 +44,8 @@ def toml_value(v) -> str:
         return "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
     if isinstance(v, list):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
     if isinstance(v, int):
         return str(v) if -(2**63) <= v < 2**63 else json.dumps(str(v))
     return json.dumps(v)
@@ -53,6 +58,7 @@ def toml_table(header: str, table: dict) -> str:
 VALID_IMPLS = st.lists(st.sampled_from(["torch-trim", "torch-mask", "planted-wide", "planted-future",
                                         "paged-window", "flex-window"]), min_size=1, max_size=3)
 NUDGE = st.dictionaries(st.one_of(st.sampled_from(AXES), JUNK), VALUE, max_size=2)
+ODD_AXIS = st.dictionaries(st.sampled_from(AXES), NESTED, min_size=1, max_size=1)  # a table or nested list on an axis
 
 
 @st.composite
@@ -67,9 +73,13 @@ def scenario_text(draw) -> str:
     lines = [f"name = {json.dumps(name)}", f"implementations = {toml_value(impls)}"]
     base = {"mode": "verify", "draft_tokens": 2, "prefix_len": 8, "window_left": 3, "num_qo_heads": 2,
             "num_kv_heads": 1, "head_dim": 16, "dtype": "float32"}
-    text = "\n".join(lines) + "\n" + toml_table("[fixed]", {**base, **draw(NUDGE)})
+    odd_axis = draw(ODD_AXIS) if draw(st.integers(0, 2)) == 0 else {}
+    in_fixed = draw(st.booleans())
+    text = "\n".join(lines) + "\n" + toml_table("[fixed]", {**base, **draw(NUDGE), **(odd_axis if in_fixed else {})})
     for _ in range(draw(st.integers(0, 2))):
         text += toml_table("[[sweep]]", draw(NUDGE))
+    if odd_axis and not in_fixed:
+        text += toml_table("[[sweep]]", odd_axis)
     for _ in range(draw(st.integers(0, 2))):
         text += toml_table("[[skip]]", {"when": draw(RULE), "reason": "fuzz"})
     if draw(st.integers(0, 5)) == 0:
@@ -124,3 +134,45 @@ def test_command_lines_never_traceback(tmp_path_factory, monkeypatch, first, res
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     no_traceback(CliRunner().invoke(cli.main, [first, *rest]))
 
+
+
+LINE_KEYS = st.sampled_from(list(traces.KEYS) + ["nope"])
+REQUESTS = st.lists(st.tuples(st.integers(0, 40), st.just(1)).map(list), min_size=1, max_size=3)  # decode steps
+
+
+@st.composite
+def trace_text(draw) -> str:
+    """Near-valid trace lines (a small valid step nudged on one or two keys, tables and nested lists
+    among the values), sometimes plain junk."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.text(max_size=200))
+    lines = []
+    for _ in range(draw(st.integers(1, 3))):
+        line = {"mode": "decode", "num_qo_heads": 2, "num_kv_heads": 1, "head_dim": 16, "window_left": 3,
+                "dtype": "float32", "requests": draw(REQUESTS)}
+        line.update(draw(st.dictionaries(LINE_KEYS, VALUE, max_size=2)))
+        if draw(st.integers(0, 2)) == 0:  # a table where a layer value belongs
+            line[draw(st.sampled_from(traces.LAYER))] = draw(TABLE_VALUE)
+        lines.append(json.dumps(line, default=str, allow_nan=True))
+    return "\n".join(lines) + "\n"
+
+
+@fuzz(200)
+@given(text=trace_text())
+def test_trace_lines_are_read_or_refused(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("t") / "t.jsonl"
+    path.write_text(text)
+    try:
+        traces.read(path)
+    except UserError:
+        pass
+
+
+@fuzz(30)
+@given(text=trace_text())
+def test_replays_on_the_cpu_never_traceback(tmp_path_factory, text):
+    folder = tmp_path_factory.mktemp("r")
+    path = folder / "t.jsonl"
+    path.write_text(text)
+    args = ["replay", str(path), "--impl", "torch-trim", "--device", "cpu", "--out", str(folder / "out")]
+    no_traceback(CliRunner().invoke(cli.main, args))

@@ -99,9 +99,16 @@ def test_large_values_are_refused():
     msg = refused("prefix_len * prefix_len * prefix_len * prefix_len > 0", {**NS, "prefix_len": 2 ** 20})
     assert msg.startswith("value too large in `prefix_len * prefix_len * prefix_len * prefix_len`")
     assert "value too large" in refused("4000000000 * 4000000000 * 4000000000 > 0")
-    assert "too large (at most 2**63)" in refused(f"qo_len > {2 ** 64}")
+    assert "too large (integers below 2**63)" in refused(f"qo_len > {2 ** 64}")
     assert "value too large" in refused("qo_len + 1 > 0", {**NS, "qo_len": 10 ** 5000})
     assert compile_rule(f"qo_len * {2 ** 60} > 0", NAMES).evaluate(NS) is True
+
+
+def test_integer_constants_are_below_two_to_the_63():
+    assert "too large (integers below 2**63)" in refused(f"qo_len > {2 ** 63}")
+    assert "too large (integers below 2**63)" in refused(f"qo_len in (1, -{2 ** 63})")
+    assert compile_rule(f"qo_len < {2 ** 63 - 1}", NAMES).evaluate(NS) is True
+    assert compile_rule(f"qo_len in (1, -{2 ** 63 - 1})", NAMES).evaluate(NS) is False
 
 
 @pytest.mark.parametrize("expr", ["prefix_len", "prefix_len + 1", "'verify'", "None", "-qo_len", "7"])

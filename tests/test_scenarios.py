@@ -125,3 +125,48 @@ def test_impl_filter(tmp_path):
     assert scenarios.load(path, impl_filter=["torch-mask"]).implementations == ["torch-mask"]
     with pytest.raises(ScenarioError, match="none of planted-wide is in this scenario"):
         scenarios.load(path, impl_filter=["planted-wide"])
+
+
+CHOICE_AXES = ["mode", "storage", "page_layout", "dtype", "kv_dtype", "backend", "model"]
+
+
+@pytest.mark.parametrize("axis", CHOICE_AXES)
+@pytest.mark.parametrize("value", ["{a = 1}", "[[1]]", "[{x = 1}]"])
+def test_a_table_or_list_where_a_name_belongs_is_refused_with_the_names(tmp_path, axis, value):
+    with pytest.raises(ScenarioError) as err:
+        parse(BASE.replace('mode = "verify"', "") + f"{axis} = {value}\n", tmp_path)
+    assert err.value.field == f"sweep[0].{axis}" and "must be one of" in str(err.value)
+    allowed = {"mode": MODES, "model": ["gemma-3-1b"], "dtype": ["bfloat16"]}.get(axis, [])
+    assert all(name in str(err.value) for name in allowed), str(err.value)
+
+
+def test_a_misspelt_model_gets_a_suggestion(tmp_path):
+    with pytest.raises(ScenarioError, match=r"got 'gema-3-1b' \(did you mean 'gemma-3-1b'\?\)"):
+        parse(BASE + 'model = "gema-3-1b"\n', tmp_path)
+
+
+def test_a_file_nested_too_deeply_is_refused(tmp_path):
+    with pytest.raises(ScenarioError, match="file: nested too deeply to be a scenario"):
+        parse(BASE + "seq_len = " + "[" * 100_000 + "\n", tmp_path)
+
+
+def test_a_file_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
+    path = tmp_path / "s.toml"
+    path.write_text(BASE)
+    monkeypatch.setattr(scenarios, "MAX_BYTES", len(BASE))
+    assert scenarios.load(path).points  # exactly the cap: read
+    monkeypatch.setattr(scenarios, "MAX_BYTES", len(BASE) - 1)
+    with pytest.raises(ScenarioError, match="file: larger than 0 MiB: not a scenario this reads"):
+        scenarios.load(path)
+
+
+@pytest.mark.parametrize("command", [["show"], ["check", "--device", "cpu"], ["run", "--device", "cpu"]])
+def test_the_commands_refuse_an_endless_or_deep_file_with_exit_2(tmp_path, command):
+    from conftest import invoke
+
+    deep = tmp_path / "deep.toml"
+    deep.write_text("mode = " + "[" * 100_000)
+    for path, words in (("/dev/zero", "larger than 1 MiB"), (deep, "nested too deeply")):
+        r = invoke(command[0], path, *command[1:], "--out", tmp_path / "out") if command[0] != "show" else \
+            invoke("show", path)
+        assert r.exit_code == 2 and words in r.output, r.output

@@ -162,3 +162,78 @@ def test_a_run_without_model_presets_has_no_per_model_table():
     table = pd.DataFrame({"model": [float("nan")], "kind": ["correct"], "status": ["pass"], "median_us": [1.0],
                           "mode": ["decode"], "storage": ["paged"], "impl": ["x"], "backend": ["fa2"]})
     assert report.fastest_per_model(table).empty
+
+
+@pytest.mark.parametrize("extra,field", [({"model": {"a": 1}}, "model"), ({"dtype": {"x": 1}}, "dtype"),
+                                         ({"page_layout": {"a": [1]}}, "page_layout")])
+def test_a_table_where_a_name_belongs_is_refused_with_the_names(tmp_path, extra, field):
+    line = {"mode": "decode", **LAYER, "requests": [[1, 1]], **extra}
+    if "model" in extra:
+        line = {k: v for k, v in line.items() if k not in axes.MODEL_SETS}
+    with pytest.raises(axes.ScenarioError, match=rf"line 1\.{field}: must be one of \w"):
+        traces.read(write(tmp_path, [line]))
+    r = invoke("replay", tmp_path / "t.jsonl", "--device", "cpu")
+    assert r.exit_code == 2 and f"line 1.{field}: must be one of" in r.output
+
+
+def test_a_line_nested_too_deeply_is_refused(tmp_path):
+    with pytest.raises(traces.TraceError, match="line 2: nested too deeply"):
+        traces.read(write(tmp_path, [STEPS[0], '{"mode": ' + "[" * 100_000]))
+
+
+def test_a_trace_over_the_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    path = write(tmp_path, STEPS)
+    monkeypatch.setattr(traces, "MAX_BYTES", path.stat().st_size)
+    assert sum(traces.read(path).values()) == 5  # exactly the cap: read
+    monkeypatch.setattr(traces, "MAX_BYTES", path.stat().st_size - 1)
+    with pytest.raises(traces.TraceError, match="larger than 0 MiB: not a trace this reads"):
+        traces.read(path)
+    r = invoke("replay", path, "--device", "cpu")
+    assert r.exit_code == 2 and "not a trace this reads" in r.output
+
+
+def test_a_trace_through_a_pipe_is_read_once_and_hashed(tmp_path):
+    """A FIFO gives its bytes once: the replay must time and hash those same bytes (a second open
+    here finds a writer that closes at once, so a second read would see an empty trace)."""
+    import errno
+    import hashlib
+    import os
+    import threading
+
+    data = "".join(json.dumps(s) + "\n" for s in STEPS[:2]).encode()
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer():
+        with open(fifo, "wb") as f:
+            f.write(data)
+        while not done.is_set():  # any later reader gets an empty pipe, not a hang
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+            done.wait(0.01)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        r = invoke("replay", fifo, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run")
+    finally:
+        done.set()
+        thread.join(5)
+    assert r.exit_code == 0, r.output
+    _, meta = derived.load(tmp_path / "run")
+    assert meta["trace"]["sha256"] == hashlib.sha256(data).hexdigest() and meta["trace"]["steps"] == 3
+
+
+def test_a_replay_where_every_point_skips_prints_no_table(tmp_path):
+    """sink-window needs CUDA: on the CPU every point is a skip, and there is nothing to weigh."""
+    trace = write(tmp_path, [{"mode": "decode", "model": "gpt-oss-20b", "requests": [[40, 1]]}])
+    r = invoke("replay", trace, "--impl", "sink-window", "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert "no step was timed: nothing to weigh" in r.output
+    assert "||" not in r.output and not any(line.startswith("|") for line in r.output.splitlines())
+    table, _ = derived.load(tmp_path / "run")
+    assert set(table["status"]) == {"skip"}

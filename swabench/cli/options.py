@@ -140,8 +140,10 @@ def model_scenario(scenario, model, device_type: str) -> str | None:
     if not model:
         return scenario
     from swabench.spec import models
-    if model not in models.MODELS:
-        raise InputError(f"--model: unknown model {model!r}; known: {', '.join(models.MODELS)}")
+    try:
+        models.get(model)
+    except ValueError as e:
+        raise InputError(f"--model: {e}") from None
     return scenario or ("models" if device_type == "cuda" else "models-cpu")
 
 

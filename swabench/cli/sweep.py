@@ -123,13 +123,15 @@ def list_cmd():
 @click.argument("scenario", required=False)
 @impl_option
 @model_option
-@opt("--device", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True,
-     help="With --model and no SCENARIO: which device's template to show.")
+@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+     help="With --model and no SCENARIO: which device's template to show (auto: this machine's, as run uses).")
 @opt("--cases", "each", is_flag=True, help="Also list every case with its memory estimate.")
 def show(scenario, impls, model, device, each):
     """What SCENARIO expands to: cases, implementations, axes, skips, memory."""
     if not scenario and not model:
         raise InputError("show needs SCENARIO or --model NAME")
+    if device == "auto" and model and not scenario:  # only then does the device matter
+        device = device_of("auto").type
     click.echo(scenarios.describe(load(model_scenario(scenario, model, device), impls, model=model), each))
 
 

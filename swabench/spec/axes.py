@@ -40,8 +40,9 @@ def _choice(allowed, aliases=None):
     aliases = aliases or {a: a for a in allowed}
 
     def check(value):
-        if value not in aliases:
-            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}")
+        if not isinstance(value, str) or value not in aliases:  # a table or list is no name (nor hashable)
+            hint = did_you_mean(value, aliases) if isinstance(value, str) else ""
+            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}{hint}")
         return aliases[value]
     return check
 

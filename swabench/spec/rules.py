@@ -22,7 +22,7 @@ MAX_NODES = 200       # names, constants and operations in a rule
 MAX_DEPTH = 32        # nesting of sub-expressions
 MAX_LIST = 64         # elements of a literal list after `in`
 MAX_STR = 100         # characters in a string constant
-MAX_CONST = 2 ** 63   # magnitude of an integer constant
+MAX_CONST = 2 ** 63   # an integer constant's magnitude is below this
 MAX_VALUE = 2 ** 64   # magnitude of any value arithmetic may take or give
 
 ALLOWED = "only comparisons, and/or/not and + - * // % are allowed"
@@ -178,8 +178,8 @@ class _Compiler:
         if v is None or isinstance(v, bool):
             pass
         elif isinstance(v, int):
-            if abs(v) > MAX_CONST:
-                raise RuleError(f"the number {_short(str(v), 24)} is too large (at most 2**63)")
+            if abs(v) >= MAX_CONST:
+                raise RuleError(f"the number {_short(str(v), 24)} is too large (integers below 2**63)")
         elif isinstance(v, str):
             if len(v) > MAX_STR:
                 raise RuleError(f"the string {_short(repr(v), 24)} is {len(v)} characters long "
