@@ -149,7 +149,8 @@ def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
 def test_a_frozen_run_of_the_first_format_reads_with_every_column():
     from pathlib import Path
     table, meta = derived.load(Path(__file__).parent / "fixtures" / "h200-run")
-    assert set(run_folder.COLUMNS) <= set(table.columns) and meta["format_version"] == 3 and meta["jit_warmups"]
+    assert set(run_folder.COLUMNS) <= set(table.columns) and meta["format_version"] == 4 and meta["jit_warmups"]
+    assert meta["libraries"] == {"flashinfer": "0.7.2.post1"} and "flashinfer" not in meta  # format 3 named it alone
     # format 2 kept how the wrapper was built in "wrapper"; the serving axes take the values every case had
     assert table["wrapper_mode"].dropna().str.startswith("cuda-graph").all()
     assert set(table["wrapper"]) <= {"prefill", "torch", "flex"}

@@ -79,8 +79,9 @@ def check(scenario, out, device, impls, cases, model, resume, strict):
      help="Where to run; auto picks CUDA when it is there.")
 @out_option
 @opt("--resume", is_flag=True, help="Continue the replay in --out, skipping the points it already has.")
-@opt("--backend", "backends", multiple=True, type=click.Choice(["fa2", "fa3"]), default=("fa2", "fa3"),
-     show_default=True, help="FlashInfer backends each step runs through (repeatable).")
+@opt("--backend", "backends", multiple=True, metavar="NAME",
+     help="A library backend each step runs through (repeatable; default: every backend a library offers but the one "
+          "that lets it choose, e.g. fa2 and fa3).")
 @l2_option
 def replay(trace, impls, device, out, resume, backends, l2):
     """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention

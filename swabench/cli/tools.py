@@ -56,7 +56,7 @@ def bench_host(out, quick):
 @click.command()
 @opt("--peaks", "measure_peaks", is_flag=True, help="Also measure the node's bf16 matmul rate and copy bandwidth.")
 def env(measure_peaks):
-    """What is installed and usable here: GPU, CUDA, torch, flashinfer, nsys."""
+    """What is installed and usable here: GPU, CUDA, torch, each library's version, nsys."""
     from swabench.run import environment
 
     click.echo(environment.describe(device_of("auto"), measure_peaks))

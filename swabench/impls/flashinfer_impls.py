@@ -60,6 +60,9 @@ def jit_cache_dir() -> str | None:
     return str(env.FLASHINFER_JIT_DIR)
 
 
+LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
+                                   backends=BACKENDS, chooser="auto", jit_modules=jit_modules,
+                                   jit_cache_dir=jit_cache_dir))
 _shared: dict[str, torch.Tensor] = {}
 
 
@@ -309,7 +312,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     modes = ("decode",) if variant.decode else variant.modes  # the decode wrapper takes one query per request
     # the CUDA-core decode kernel is one kernel, whatever the backend; use_tensor_cores=True runs the prefill kernels
     backends = ("fa2",) if variant.decode == "cuda-core" else BACKENDS
-    register(Implementation(name, "flashinfer", (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
+    register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
                             backends=backends, modes=modes, requires=frozenset({"sinks"} if variant.sinks else ()),
                             needs_cuda=True, unsupported=unsupported(variant), available=_import_error,
                             **extra, **roles), module)
@@ -323,7 +326,6 @@ def _request_trim(window_left, qo_len, kv_len, page_size):
     return semantics.buggy_trim_start(kv_len - qo_len, window_left, page_size)
 
 
-register_library(Library("flashinfer", jit_modules=jit_modules, jit_cache_dir=jit_cache_dir))
 register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"),
                  reference="fa2")
 register_variant("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",

@@ -140,7 +140,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
             return SGLangExtendRunner(w, backend, prefix_mask, ragged_window)
 
     extra = {"visibility": visibility} if visibility else {}
-    register(Implementation(name, "flashinfer", ("paged",), summary, make, kind=kind, wrapper="recipe",
+    register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
                             backends=fi.BACKENDS, modes=("extend",), needs_cuda=True, unsupported=_extend_unsupported,
                             available=fi._import_error, **extra), __name__)
 

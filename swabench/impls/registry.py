@@ -132,12 +132,32 @@ class Implementation:
 
 @dataclass(frozen=True)
 class Library:
-    """Hooks the generic sweep reaches a library through: its compiled JIT modules on disk (name ->
-    modification time; taken before and after a warm-up, the difference is what it built)."""
+    """A library as the rest of swabench knows it: its name, the distribution that installs it (whose
+    version every run records), the backends it takes (``chooser`` lets the library pick one), and
+    the hooks the sweep reaches it through: its compiled JIT modules on disk (name -> modification
+    time; taken before and after a warm-up, the difference is what it built)."""
 
     name: str
+    distributions: tuple[str, ...] = ()  # the first one installed gives the version
+    backends: tuple[str, ...] = ()
+    chooser: str | None = None  # the backend value that lets the library choose ("auto")
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
+
+    def version(self) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        for distribution in self.distributions:
+            try:
+                return version(distribution)
+            except PackageNotFoundError:
+                continue
+        return None
+
+    @property
+    def chosen_backends(self) -> tuple[str, ...]:
+        """The backends a user picks among (every one but the chooser)."""
+        return tuple(b for b in self.backends if b != self.chooser)
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -193,6 +213,16 @@ def all_implementations() -> list[Implementation]:
 def libraries() -> list[Library]:
     _load()
     return list(_LIBRARIES.values())
+
+
+def backends() -> tuple[str, ...]:
+    """Every backend value some library takes (the ``backend`` axis)."""
+    return tuple(dict.fromkeys(b for lib in libraries() for b in lib.backends))
+
+
+def versions() -> dict[str, str | None]:
+    """Each library's installed version (None where it is not installed): what a run records."""
+    return {lib.name: lib.version() for lib in libraries()}
 
 
 def baseline_for(library: str, storage: str) -> str | None:

@@ -24,7 +24,7 @@ def environment_line(meta: dict) -> str:
     gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
     commit = (meta.get("git_commit") or "unknown")[:10]
     return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
-            f"torch {meta.get('torch')}, flashinfer {meta.get('flashinfer') or 'n/a'}, "
+            f"torch {meta.get('torch')}, {library_versions(meta)}, "
             f"swabench {meta.get('swabench')} @ {commit}; `{meta.get('command')}`")
 
 
@@ -43,3 +43,8 @@ def console_summary(table: pd.DataFrame, shown: int = 10) -> str:
         if len(rows) > shown:
             lines.append(f"  {status.upper()} ... and {len(rows) - shown} more (results.csv has them all)")
     return "\n".join(lines)
+
+
+def library_versions(meta: dict) -> str:
+    """'flashinfer 0.7.2.post1' for each library the run recorded ('n/a' where it was not installed)."""
+    return ", ".join(f"{name} {version or 'n/a'}" for name, version in (meta.get("libraries") or {}).items())

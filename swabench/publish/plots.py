@@ -15,6 +15,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
+from swabench.publish.markdown import library_versions
 from swabench.core.cases import MODES
 
 matplotlib.use("Agg")
@@ -39,7 +40,7 @@ def caption(meta: dict) -> str:
         device += ", embedded PyTorch backend"
     commit = (meta.get("git_commit") or "?")[:8]
     l2 = "cold L2" if "flush" in str(meta.get("method", {}).get("kernel_time", "")) else ""
-    return (f"{device} | flashinfer {meta.get('flashinfer') or 'n/a'} | torch {meta.get('torch')} | "
+    return (f"{device} | {library_versions(meta)} | torch {meta.get('torch')} | "
             f"swabench {meta.get('swabench')}@{commit} | {meta.get('scenario')} | {l2}").rstrip(" |")
 
 

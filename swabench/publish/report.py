@@ -224,7 +224,7 @@ def write(run_dir: Path, out: Path) -> Path:
     run_dir, out = Path(run_dir), Path(out)
     table, meta = derived.load(run_dir)
     made = plots.make_all(table, meta, out)
-    env_keys = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "flashinfer", "swabench", "git_commit",
+    env_keys = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "libraries", "swabench", "git_commit",
                 "python", "cpu", "host", "time_utc", "command", "nvidia_smi.clocks.max.sm", "peaks"]
     env = pd.DataFrame([{"": k, "value": json.dumps(meta[k]) if isinstance(meta.get(k), dict) else meta.get(k)}
                         for k in env_keys if meta.get(k) is not None])

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from swabench import __version__
+from swabench.impls import registry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +100,7 @@ def collect(device="cpu") -> dict:
         "torch_threads": torch.get_num_threads(),  # a --gpus worker gets its share of the cores
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),
+        "libraries": registry.versions(),
         "nvtx": package_version("nvtx"),
         "nsys": nsys and (_run([nsys, "--version"]) or nsys),
         "device": str(device),
@@ -118,7 +119,6 @@ def describe(device, measure_peaks: bool = False) -> str:
     usable here."""
     from swabench.measure import peaks
     from swabench.errors import UserError
-    from swabench.impls import registry
 
     if measure_peaks and device.type != "cuda":
         raise UserError("--peaks: no CUDA device here; peaks are GPU measurements")

@@ -8,9 +8,10 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.run import lifecycle
-from swabench.spec import traces
+from swabench.spec import axes, traces
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 def request(trace, implementations, backends, out: Path | None, device, resume: bool = False,
             l2: str = "cold") -> lifecycle.Request:
     """The run request of a replay of ``trace`` (every implementation but the planted mistakes when
-    none is named); TraceError or ScenarioError, before anything is written, for a bad trace."""
+    none is named, through every backend a library offers when none is named); TraceError,
+    ScenarioError or UserError, before anything is written, for bad input."""
+    backends = _checked_backends(backends)
     data = traces.read_bytes(trace)
     steps = traces.parse(data, trace)
     names = list(implementations) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
@@ -30,6 +33,18 @@ def request(trace, implementations, backends, out: Path | None, device, resume: 
                       "modes": {c.case_id: c.mode for c in scenario.cases}}}
     out = Path(out) if out else lifecycle.default_out(scenario.name, device.type, "run")
     return lifecycle.Request(scenario, out, device, True, resume, l2, meta=meta)
+
+
+def _checked_backends(backends) -> list[str]:
+    """The backends asked for (--backend), or every library's own choices; UserError for one no library takes."""
+    if not backends:
+        return [b for lib in registry.libraries() for b in lib.chosen_backends]
+    for b in backends:
+        try:
+            axes.AXES["backend"](b)
+        except ValueError as e:
+            raise UserError(f"--backend: {e}") from None
+    return list(dict.fromkeys(backends))
 
 
 def per_thousand_steps(outcome: lifecycle.Outcome, request: lifecycle.Request) -> pd.DataFrame:

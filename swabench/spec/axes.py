@@ -9,13 +9,13 @@ import difflib
 from swabench.core import footprint, semantics
 from swabench.core.cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, parse_accept, parse_length
 from swabench.errors import UserError
+from swabench.impls import registry
 from swabench.spec import models
 
 
 PAGE_LAYOUTS = ("scattered", "contiguous", "evicted-reused", "evicted-null")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
           "half": "float16", "float32": "float32", "fp32": "float32"}
-BACKENDS = ("fa2", "fa3", "auto")
 
 
 class ScenarioError(UserError, ValueError):
@@ -45,6 +45,11 @@ def _choice(allowed, aliases=None):
             raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}{hint}")
         return aliases[value]
     return check
+
+
+def _backend(value):
+    """A backend some registered library takes (asked of the registry when a value is checked)."""
+    return _choice(registry.backends())(value)
 
 
 def _head_dim(value):
@@ -108,7 +113,7 @@ AXES = {
     "num_kv_heads": _int(1, "an integer >= 1"),
     "head_dim": _head_dim,
     "dtype": _choice(("bfloat16", "float16", "float32"), DTYPES),
-    "backend": _choice(BACKENDS),
+    "backend": _backend,
     "seed": _int(0, "an integer >= 0"),
     "sinks": _bool,
     "logits_soft_cap": _float(0.0, "a number >= 0 (0 = off; Gemma 2 uses 50)"),

@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -63,7 +63,8 @@ META_KEYS = {
     "swabench": "version", "git_commit": "the code's commit", "git_dirty": "uncommitted changes to tracked files",
     "git_commit_from": "where the commit came from when not from git", "time_utc": "when the folder was made",
     "host": "host name", "platform": "OS", "cpu": "CPU model", "cpu_count": "cores",
-    "torch_threads": "torch CPU threads", "python": "version", "torch": "version", "flashinfer": "version",
+    "torch_threads": "torch CPU threads", "python": "version", "torch": "version",
+    "libraries": "each registered library's installed version (null where it is not installed)",
     "nvtx": "version", "nsys": "Nsight Systems version", "device": "torch device", "command": "the command line",
     "cuda_visible_devices": "as this process saw it", "gpu": "GPU name", "gpu_count": "GPUs visible",
     "gpu_memory_gib": "GPU memory", "gpu_sms": "multiprocessors", "compute_capability": "of the GPU",
@@ -107,7 +108,8 @@ def migrate(meta: dict) -> dict:
     """A meta.json of any known version, read as the current one (the file itself is not rewritten).
 
     Version 1 (no format_version): one JIT warm-up as ``jit_warmup_s`` (seconds per signature)
-    instead of the list ``jit_warmups``.  Version 2 differs in the table only (``migrate_table``)."""
+    instead of the list ``jit_warmups``.  Version 2 differs in the table only (``migrate_table``).  Up to
+    version 3 the one library's version had its own key; version 4 keeps every library's in ``libraries``."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):
@@ -115,6 +117,8 @@ def migrate(meta: dict) -> dict:
     if version > FORMAT_VERSION:
         raise ValueError(f"format_version {version} is newer than this swabench reads ({FORMAT_VERSION}); "
                          f"upgrade swabench")
+    if version <= 3 and "libraries" not in meta:  # formats 1-3 knew one library and kept its version under its name
+        meta["libraries"] = {"flashinfer": meta.pop("flashinfer", None)}
     if version == 1 and "jit_warmup_s" in meta:
         meta["jit_warmups"] = [{"jit_warmup_s": meta.pop("jit_warmup_s"),
                                 "jit_warmup_wall_s": meta.get("jit_warmup_total_s")}]
