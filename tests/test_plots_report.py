@@ -35,11 +35,16 @@ def test_each_figure_has_its_panels_and_a_caption(h200, name):
 def test_files_are_real_images(h200, tmp_path):
     made = plots.make_all(*h200, tmp_path)
     assert all(made.values())
-    for name, (png, svg) in made.items():
-        image = mpimg.imread(png)
-        assert image.shape[0] > 300 and image.shape[1] > 500, name
+    for name, paths in made.items():
+        assert [p.name for p in paths] == [f"{name}.png"], name
+        image = mpimg.imread(paths[0])
+        assert image.shape[0] > 300 and 1000 <= image.shape[1] <= 1700, name
         assert image[..., :3].std() > 0.05, f"{name} is blank"
-        assert "NVIDIA H200" in svg.read_text()
+        assert paths[0].stat().st_size < 500_000, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.png" for name in made)
+    again = plots.make_all(*h200, tmp_path / "again")
+    for name, paths in made.items():
+        assert again[name][0].read_bytes() == paths[0].read_bytes(), f"{name}: the same run gave other bytes"
 
 
 def test_failed_and_skipped_points_are_drawn_not_dropped(h200):

@@ -91,7 +91,7 @@ def report_cmd(run_dir, out, force):
 @opt("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
 @force_option
 def plot(run_dir, out, force):
-    """Figures of a run folder, PNG and SVG."""
+    """Figures of a run folder, as PNG."""
     from swabench.publish import plots
 
     for name, paths in plots.make_all(*read_run(run_dir), figures_out(run_dir, out, force)).items():
