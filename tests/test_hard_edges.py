@@ -229,8 +229,9 @@ def test_ctrl_c_before_the_sweep_leaves_an_interrupted_folder(tmp_path, monkeypa
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 130 and "--resume" in r.output, r.output
     assert json.loads((tmp_path / "run" / run_folder.META).read_text())["state"] == "interrupted"
-    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out y") == f"swabench run a.toml --out {tmp_path / 'x'} --resume"
-    assert runs.rerun_command(tmp_path / "x", "swabench run a.toml --out=y --resume").endswith(f"--resume --out {tmp_path / 'x'}")
+    here = tmp_path / "x"  # the folder as given now, whatever --out its recorded command names
+    assert runs.rerun_command(here, "swabench run a.toml --out y") == f"swabench run a.toml --out {here} --resume"
+    assert runs.rerun_command(here, "swabench run a.toml --out=y --resume").endswith(f"--resume --out {here}")
 
 
 # 8. a merge that misses shards
@@ -353,3 +354,56 @@ def test_a_replay_resumed_with_other_implementations_says_so(tmp_path):
     other.write_text(trace.read_text().replace("[[40, 1]]", "[[50, 1]]"))
     r = invoke("replay", other, "--impl", "torch-trim", "--device", "cpu", "--out", tmp_path / "run", "--resume")
     assert r.exit_code == 2 and "different scenario file" in r.output
+
+
+# 12. a published folder edited by hand is checked on read
+def set_cell(column, row, value):
+    return lambda t: t.assign(**{column: t[column].astype(object).where(t.index != row, value)})
+
+
+@pytest.mark.parametrize("edit,words", [
+    (set_cell("median_us", 1, -5.0), "line 3, column median_us: -5.0 is not allowed (a finite number >= 0, or empty)"),
+    (set_cell("median_us", 0, float("nan")), "line 2, column median_us: '' is not allowed (a number: the row was"),
+    (set_cell("status", 2, "maybe"), "line 4, column status: 'maybe' is not allowed (one of pass, fail, xfail, xpass"),
+    (lambda t: pd.concat([t, t.iloc[[0]]]), "line 6, column case_id, impl, backend:"),
+    (set_cell("plan_us", 0, "fast"), "line 2, column plan_us: 'fast' is not allowed"),
+    (set_cell("impl", 0, None), "line 2, column impl: '' is not allowed (every row names its impl)"),
+])
+def test_a_published_table_with_impossible_values_is_refused(tmp_path, good_run, edit, words):
+    bad = shutil.copytree(good_run, tmp_path / "bad")
+    (bad / run_folder.ROWS).unlink()
+    table = pd.read_csv(bad / run_folder.TABLE)
+    assert len(table) == 4 and table["median_us"].notna().all()
+    edit(table).to_csv(bad / run_folder.TABLE, index=False)
+    for args in (["summary", bad], ["compare", good_run, bad], ["plot", bad, "--out", tmp_path / "figs"]):
+        r = invoke(*args)
+        assert r.exit_code == 2 and f"{bad / run_folder.TABLE}: {words}" in r.output, (args, r.output)
+
+
+def test_untimed_rows_read_with_an_empty_median(runs_in_every_state):
+    table, _ = run_folder.load(runs_in_every_state["all-xfail"])  # a published folder of untimed rows
+    assert len(table) and table["median_us"].isna().all()
+
+
+def test_plotting_a_single_point_keeps_stderr_clean(tmp_path):
+    one = scenario(tmp_path, TINY.replace("window_left = [3, 15]", "window_left = 3"), "one.toml")
+    assert invoke("run", one, "--device", "cpu", "--out", tmp_path / "run").exit_code == 0
+    # in a process of its own (pytest catches warnings and logging itself), with a figure that says
+    # what matplotlib says of a log axis of one point, through both of its channels
+    code = textwrap.dedent(f"""
+        import logging, sys, warnings
+        from swabench import cli
+        from swabench.publish import plots
+
+        def warns(table, meta):
+            warnings.warn("Attempt to set non-positive xlim on a log-scaled axis will be ignored.")
+            logging.getLogger("matplotlib.ticker").warning("Data has no positive values: cannot be log-scaled")
+            return plots.time_vs_window(table, meta)
+
+        plots.FIGURES["time_vs_window"] = warns
+        sys.argv = ["swabench", "plot", {str(tmp_path / "run")!r}, "--out", {str(tmp_path / "figs")!r}]
+        cli.main()
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "" and "time_vs_window" in r.stdout, r.stderr
+    assert (tmp_path / "figs" / "time_vs_window.png").exists()

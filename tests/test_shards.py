@@ -117,7 +117,8 @@ def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
 def test_an_unfinished_shard_merges_only_with_partial_and_counts_the_whole_sweep(tiny, tmp_path):
     sweep = len(scenarios.load(tiny, impl_filter=["torch-trim"]).points)
     for i in range(2):
-        r = invoke("run", tiny, "--device", "cpu", "--impl", "torch-trim", "--shard", f"{i}/2", "--out", tmp_path / f"s{i}")
+        r = invoke("run", tiny, "--device", "cpu", "--impl", "torch-trim", "--shard", f"{i}/2",
+                   "--out", tmp_path / f"s{i}")
         assert r.exit_code == 0, r.output
     cut = tmp_path / "s1"  # as an interrupted worker leaves it: one row journaled, no table
     (cut / run_folder.ROWS).write_text((cut / run_folder.ROWS).read_text().splitlines(keepends=True)[0])

@@ -241,7 +241,8 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
     head += (f"{c.joined} points joined ({c.only_base} only in BASE, {c.only_new} only in NEW); "
              f"noise is a point's IQR / median; a point is too noisy to judge when either run's noise is above "
              f"{threshold:g} (never a regression: raise --threshold to judge it); a regression or improvement "
-             f"needs |ratio - 1| > max({threshold:g}, sqrt(noise_base² + noise_new²)) and Mann-Whitney p < {alpha:g}: "
+             f"needs |ratio - 1| > max({threshold:g}, sqrt(noise_base² + noise_new²)) and Mann-Whitney "
+             f"p < {alpha:g}: "
              + ", ".join(f"{v} {k}" for k, v in counts.items()) + "\n\n")
     shown = c.table[c.table["verdict"] != "same"]
     cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "noise_base", "noise_new", "p",

@@ -4,7 +4,10 @@ points that failed the gate or were skipped drawn as such rather than dropped.""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -416,6 +419,23 @@ def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path]
     out.mkdir(parents=True, exist_ok=True)
     made = {}
     for name, build in FIGURES.items():
-        fig = build(table, meta)
-        made[name] = None if fig is None else save(fig, out, name)
+        with quiet():
+            fig = build(table, meta)
+            made[name] = None if fig is None else save(fig, out, name)
     return made
+
+
+@contextlib.contextmanager
+def quiet():
+    """Figure building without matplotlib's and numpy's warnings on the user's stderr (a log axis of
+    one point, an empty legend): the figure is drawn all the same, and the CLI's own messages stay
+    readable."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)

@@ -28,7 +28,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import schema
+from swabench.store import checks, schema
 from swabench.errors import UserError
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
 
@@ -113,28 +113,6 @@ def refuse_inside_a_run(path, what: str = "--out") -> None:
                              f"run wrote; write outside it")
 
 
-def _implementations_apart(recorded: Path, scenario_text: str) -> tuple[list, list] | None:
-    """(recorded, asked) implementations when the scenario file recorded in a folder and the one a
-    resume brings differ in their implementations alone (a replay's generated scenario lists the
-    --impl choice); None when they differ otherwise or cannot be read."""
-    import tomllib
-
-    def split(text: str):
-        doc = tomllib.loads(text)
-        groups = doc.pop("sweep", [])
-        impls = [doc.pop("implementations", None)] + [g.pop("implementations", None) for g in groups]
-        return (doc, groups), [i for i in impls if i is not None]
-
-    try:
-        (old_rest, old_impls), (new_rest, new_impls) = split(recorded.read_text()), split(scenario_text)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
-        return None
-    if old_rest != new_rest or old_impls == new_impls:
-        return None
-    flat = lambda lists: list(dict.fromkeys(i for names in lists for i in names))  # noqa: E731
-    return flat(old_impls), flat(new_impls)
-
-
 class FolderLock:
     """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
     so a crashed run never blocks the next; the file names the holder for whoever is refused."""
@@ -202,7 +180,7 @@ class RunStore:
                                  f"resume the unfinished shards ({', '.join(map(str, meta['merged_from']))}), then "
                                  f"merge them again into a new folder")
         if meta.get("scenario_sha256") != text_hash(scenario_text):
-            implementations = _implementations_apart(store.folder / SCENARIO, scenario_text)
+            implementations = checks.implementations_apart(store.folder / SCENARIO, scenario_text)
             if implementations:
                 raise RunFolderError(f"{folder} ran the implementations {implementations[0]} (its {SCENARIO} records "
                                      f"them), this resume asks for {implementations[1]}; resume it with the same "
@@ -343,7 +321,10 @@ def _read_csv(path: Path, needed) -> pd.DataFrame:
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
-    return df
+    try:
+        return checks.table(df)
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
 
 
 def read_rows(folder) -> list[dict]:
@@ -393,7 +374,6 @@ def read_meta(folder) -> dict:
         return schema.migrate(meta)
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
-
 
 
 def completeness(meta: dict, table: pd.DataFrame) -> str | None:

@@ -1,0 +1,86 @@
+"""What a run folder's files must hold to be read: checks on a table read from results.csv or
+samples.csv (a published folder may have been edited by hand), and on a scenario file a resume
+brings.  Each says what is wrong as a ValueError; ``run_folder`` names the file."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swabench.store.schema import KEY, STATUSES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Columns that hold a time, a size or a count: a number >= 0 where present (empty where not measured).
+NON_NEGATIVE = ("median_us", "iqr_us", "noise", "eager_us", "plan_us", "compile_s", "workspace_mib", "repeats",
+                "graph_calls", "point_s", "workload_s", "index")
+# A single timing sample is a difference (a replay less the empty graph's): a number, of either sign.
+FINITE = ("value_us",)
+
+
+def table(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` itself, or ValueError naming the line, the column and what it may hold: every row names
+    its point (and, in samples, its kind); a status is one of schema.STATUSES; a results table holds
+    each point once; times and counts are numbers >= 0 or empty; a timed row (repeats > 0) has its
+    median.  An untimed row's empty median is fine."""
+    import pandas as pd
+
+    def refuse(index, column: str, value, allowed: str):
+        return ValueError(f"line {df.index.get_loc(index) + 2}, column {column}: {value!r} is not allowed ({allowed})")
+
+    results = "status" in df.columns
+    for column in [c for c in (*KEY, "status" if results else "kind") if c in df.columns]:
+        empty = df[column].isna()
+        if empty.any():
+            raise refuse(empty.idxmax(), column, "", f"every row names its {column}")
+    if results:
+        unknown = ~df["status"].isin(STATUSES)
+        if unknown.any():
+            raise refuse(unknown.idxmax(), "status", _plain(df.at[unknown.idxmax(), "status"]),
+                         "one of " + ", ".join(STATUSES))
+        twice = df.duplicated(list(KEY))
+        if twice.any():
+            point = tuple(_plain(df.at[twice.idxmax(), k]) for k in KEY)
+            raise refuse(twice.idxmax(), ", ".join(KEY), point, "each point once: this one is on an earlier line too")
+    for column in [c for c in (*NON_NEGATIVE, *FINITE) if c in df.columns]:
+        values = pd.to_numeric(df[column], errors="coerce")
+        bad = (df[column].notna() & values.isna()) | values.isin([math.inf, -math.inf])
+        bad |= (values < 0) if column in NON_NEGATIVE else False
+        if bad.any():
+            allowed = "a finite number >= 0, or empty" if column in NON_NEGATIVE else "a finite number"
+            raise refuse(bad.idxmax(), column, _plain(df.at[bad.idxmax(), column]), allowed)
+    if {"median_us", "repeats"} <= set(df.columns):
+        untimed = df["median_us"].isna() & (pd.to_numeric(df["repeats"], errors="coerce") > 0)
+        if untimed.any():
+            raise refuse(untimed.idxmax(), "median_us", "",
+                         f"a number: the row was timed, {_plain(df.at[untimed.idxmax(), 'repeats']):g} repeats")
+    return df
+
+
+def _plain(value):
+    """A cell as the file spells it (numpy scalars as Python numbers)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def implementations_apart(recorded: Path, scenario_text: str) -> tuple[list, list] | None:
+    """(recorded, asked) implementations when the scenario file recorded in a folder and the one a
+    resume brings differ in their implementations alone (a replay's generated scenario lists the
+    --impl choice); None when they differ otherwise or cannot be read."""
+
+    def split(text: str):
+        doc = tomllib.loads(text)
+        groups = doc.pop("sweep", [])
+        impls = [doc.pop("implementations", None)] + [g.pop("implementations", None) for g in groups]
+        return (doc, groups), [i for i in impls if i is not None]
+
+    try:
+        (old_rest, old_impls), (new_rest, new_impls) = split(recorded.read_text()), split(scenario_text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    if old_rest != new_rest or old_impls == new_impls:
+        return None
+    names = lambda lists: list(dict.fromkeys(i for group in lists for i in group))  # noqa: E731
+    return names(old_impls), names(new_impls)
