@@ -119,7 +119,8 @@ def findings(run_dirs, out):
 @click.argument("base", type=click.Path(exists=True, file_okay=False))
 @click.argument("new", type=click.Path(exists=True, file_okay=False))
 @opt("--threshold", type=float, default=0.05, show_default=True,
-     help="Smallest relative change of the median that counts (0.05 = 5%).")
+     help="Smallest relative change of the median that counts (0.05 = 5%); a point whose noise (IQR / median) "
+          "is above it in either run is 'too noisy' to judge, never a regression.")
 @opt("--alpha", type=float, default=0.01, show_default=True, help="Significance level of the U test, in (0, 1).")
 @opt("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
 @opt("--allow-different-gpus", is_flag=True, help="Compare runs made on different devices anyway.")
