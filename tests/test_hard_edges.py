@@ -305,6 +305,7 @@ def test_findings_without_out_prints_the_page_and_writes_nothing(tmp_path, good_
     assert "printed to stdout" in invoke("findings", "--help").output
 
 
+@pytest.mark.slow
 def test_a_report_of_another_run_with_the_same_name_needs_force(tmp_path, good_run, monkeypatch):
     monkeypatch.chdir(tmp_path)
     twin = shutil.copytree(good_run, tmp_path / "elsewhere" / good_run.name)
@@ -385,6 +386,7 @@ def test_untimed_rows_read_with_an_empty_median(runs_in_every_state):
     assert len(table) and table["median_us"].isna().all()
 
 
+@pytest.mark.slow
 def test_plotting_a_single_point_keeps_stderr_clean(tmp_path):
     one = scenario(tmp_path, TINY.replace("window_left = [3, 15]", "window_left = 3"), "one.toml")
     assert invoke("run", one, "--device", "cpu", "--out", tmp_path / "run").exit_code == 0

@@ -158,6 +158,7 @@ def test_the_launcher_stops_its_workers_on_bad_input_and_keeps_nothing(tiny, tmp
     assert r.exit_code == 2 and "this node has 2 GPU(s)" in r.output
 
 
+@pytest.mark.slow
 def test_job_array_through_submitit_local_executor(tiny, tmp_path):
     pytest.importorskip("submitit")
     r = invoke("submit", tiny, "--shards", "2", "--executor", "local", "--out", tmp_path / "array",
@@ -328,6 +329,7 @@ def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     assert r.exit_code == 2 and "use it with --shard or --gpus" in r.output
 
 
+@pytest.mark.slow
 def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_scenario, tmp_path):
     """Ctrl-C (or a scheduler's SIGTERM) in the launching process reaches the workers as SIGTERM:
     each keeps what it finished, marks its folder interrupted, and the same launch resumes it."""
@@ -351,6 +353,7 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
     assert sorted(k for f in folders for k in keys(f)[0]) == expect
 
 
+@pytest.mark.slow
 def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(tiny, tmp_path):
     """A worker that exits with an error (here: CUDA asked for on a machine without it, exit 2) is a
     failed launch (exit 1 from the CLI), not a merge of what the others left."""
