@@ -32,8 +32,8 @@ def test_each_figure_has_its_panels_and_a_caption(h200, name):
     assert sum(len(ax.lines) + len(ax.collections) + len(ax.patches) + len(ax.images) for ax in fig.axes) > 0
 
 
-def test_files_are_real_images(h200, tmp_path):
 @pytest.mark.slow
+def test_files_are_real_images(h200, tmp_path):
     made = plots.make_all(*h200, tmp_path)
     assert all(made.values())
     for name, paths in made.items():
@@ -58,8 +58,8 @@ def test_failed_and_skipped_points_are_drawn_not_dropped(h200):
     assert "failed gate (1)" in labels and any(label.startswith("skipped") for label in labels)
 
 
-def test_report_has_the_correctness_matrix_and_headline(tmp_path):
 @pytest.mark.slow
+def test_report_has_the_correctness_matrix_and_headline(tmp_path):
     path = report.write(H200_RUN, tmp_path)
     text = path.read_text()
     assert "| impl | kind | backend | pass | fail | xfail | xpass | skip |" in text
@@ -125,8 +125,8 @@ def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):
     assert "backends: no points for it in this run" in text and "![time_vs_window]" in text
 
 
-def test_bench_host_saves_json_and_plots(tmp_path):
 @pytest.mark.slow
+def test_bench_host_saves_json_and_plots(tmp_path):
     out = tmp_path / "hb"
     done = subprocess.run([sys.executable, "-m", "swabench", "bench-host", "--quick", "--out", str(out)],
                           capture_output=True, text=True)

@@ -147,10 +147,10 @@ def test_an_interrupted_replay_resumes(tmp_path):
 H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
 
 
+@pytest.mark.slow
 def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
     text = report.write(H200_REPLAY, tmp_path).read_text()
     assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
-@pytest.mark.slow
     replay = text.split("## Trace replay")[1].split("\n## ")[0]
     best = [line for line in replay.splitlines() if line.startswith("| fastest per mode | extend: ")]
     assert len(best) == 1 and best[0].endswith("| 200/200 |")
