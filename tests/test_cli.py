@@ -233,7 +233,7 @@ def test_sigterm_keeps_finished_rows_and_resume_completes(tmp_path):
     import time
 
     scenario = tmp_path / "tiny.toml"
-    scenario.write_text(TINY)  # 16 timed points of at least 0.2 s each: still running when the signal lands
+    scenario.write_text(TINY)  # 28 points, about 1.5 s after the first row on 2 cores: still running at the signal
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
