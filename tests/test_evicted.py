@@ -5,9 +5,9 @@ kernels that read before the window from those that do not."""
 import pytest
 import torch
 
+from swabench.publish.sections import Run, serving
 from swabench.analysis import versus
 from swabench.core import gate, workloads
-from swabench.publish import report
 from swabench.spec import axes, scenarios
 from swabench.impls import registry
 
@@ -56,7 +56,7 @@ def test_correct_paths_pass_and_the_diagnostic_sees_who_reads(layout, name, pass
 def test_the_report_counts_reads_per_path():
     import pandas as pd
     t = pd.DataFrame({"impl": ["a", "a", "b"], "backend": ["fa2"] * 3, "reads_evicted": [True, False, None]})
-    assert report.evicted_reads(t).values.tolist() == [["a", "fa2", "1/2"]]
+    assert serving.evicted_reads(Run("x", t, {})).values.tolist() == [["a", "fa2", "1/2"]]
 
 
 def test_the_evicted_scenario_loads():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY, invoke
 
+from swabench.publish.sections import Run, base, by_key, correctness, speed
 from swabench.analysis import derived
-from swabench.publish import findings, report
+from swabench.publish import findings
 from swabench.run import sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
@@ -72,7 +73,7 @@ def test_the_page_says_how_it_was_made(page, cpu_run):
 
 
 def test_every_section_with_data_is_there(page):
-    assert list(sections(page)) == ["Runs", "Correctness", "Headline: speedup over the custom-mask path",
+    assert list(sections(page)) == ["Answers", "Runs", "Correctness", "Headline: speedup over the custom-mask path",
                                     "Against the reference path (paged-window / ragged-window on fa2)",
                                     "Decode: each wrapper against paged-window / ragged-window on fa2",
                                     "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
@@ -107,7 +108,7 @@ def test_every_number_names_its_folder(page, cpu_run, start):
 
 def test_headline_is_report_headline_of_the_folder(page):
     table, _ = derived.load(H200_RUN)
-    expected = report.headline(table)
+    expected = speed.headline(Run(H200_RUN, table, {}))
     rows = table_under(section(page, "Headline"), f"From `{H200_RUN}`:")
     assert cells(rows[0]) == list(expected.columns)
     body = [cells(r) for r in rows[2:]]
@@ -121,13 +122,13 @@ def test_headline_is_report_headline_of_the_folder(page):
 
 def test_reference_table_holds_report_versus_reference_medians(page):
     table, _ = derived.load(H200_RUN)
-    expected = report.versus_reference(table)
+    expected = speed.against_reference_long(table)
     rows = table_under(section(page, "Against the reference path"), f"From `{H200_RUN}`:")
     header = cells(rows[0])
     got = {tuple(c[:3]): dict(zip(header[3:], c[3:])) for c in map(cells, rows[2:])}
     for _, e in expected.iterrows():
         cell = got[(e["mode"], e["storage"], str(int(e["window (keys)"])))][f"{e['impl']} [{e['backend']}]"]
-        assert cell.split(" ")[0] == findings._ratio(e["time / reference (median)"]), (e, cell)
+        assert cell.split(" ")[0] == base.ratio(e["time / reference (median)"]), (e, cell)
     assert sum(1 for c in got.values() for v in c.values() if v) == len(expected)
 
 
@@ -149,7 +150,7 @@ def test_correctness_counts_and_known_bugs(page, cpu_run):
     header = counts.pop("run")
     h200 = dict(zip(header, counts[f"`{H200_RUN}`"]))
     table, _ = derived.load(H200_RUN)
-    for status in report.STATUS_ORDER:
+    for status in correctness.STATUS_ORDER:
         assert int(h200[status]) == int((table["status"] == status).sum()), status
     assert h200["limits (rel-L2 / row)"] == "0.01 / 0.05"
     cpu = dict(zip(header, counts[f"`{cpu_run}`"]))
@@ -236,10 +237,10 @@ def test_workspace_section_names_the_shapes_past_256_mib():
     table, meta = derived.load(H200_RUN)
     table = table.assign(workspace_mib=[512.0 if q == 64 else 256.0 for q in table["batch_size"]])
     run = findings.Run("frozen", table, meta)
-    lines = findings.workspace([run])
+    lines = by_key("workspace").for_runs([run])
     big = table[table["workspace_mib"] > 256]
     shapes = big.groupby(["mode", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "storage", "backend"])
     assert lines[0] == "## Workspace" and f"{len(shapes)} of " in lines[2] and "at most 512 MiB" in lines[2]
     assert lines[2].endswith("(`frozen`).") and "From `frozen`:" in lines
-    small = findings.workspace([findings.Run("small", table.assign(workspace_mib=256.0), meta)])
+    small = by_key("workspace").for_runs([findings.Run("small", table.assign(workspace_mib=256.0), meta)])
     assert small[2] == "- every shape fitted in 256 MiB (`small`)." and len(small) == 3

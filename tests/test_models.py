@@ -4,6 +4,7 @@
 import pytest
 from conftest import invoke
 
+from swabench.publish.sections import Run, serving
 from swabench.analysis import derived
 from swabench.spec import axes, models, scenarios
 from swabench.impls import registry
@@ -107,17 +108,16 @@ def test_every_preset_passes_on_the_embedded_paths(tmp_path):
 def test_the_report_names_the_fastest_path_per_model_and_step():
     import pandas as pd
 
-    from swabench.publish import report
     rows = [dict(model="gpt-oss-120b", mode="decode", storage="paged", impl=i, backend=b, kind="correct",
                  status="pass", median_us=us, case_id="c1")
             for i, b, us in (("decode-tc-trim", "fa2", 10.0), ("paged-window", "fa2", 11.0), ("decode-tc-trim", "fa3", 30.0))]
     rows.append(dict(rows[0], impl="decode-window", median_us=5.0, status="fail"))  # a failing path never counts
     rows.append(dict(rows[0], impl="decode-trim", median_us=1.0, sinks=False, logits_soft_cap=0.0))  # the plain twin
-    out = report.fastest_per_model(pd.DataFrame(rows))
+    out = serving.fastest_per_model(Run("x", pd.DataFrame(rows), {}))
     assert out.to_dict("records") == [{"model": "gpt-oss-120b", "step": "decode paged", "fastest": "decode-tc-trim [fa2]",
                                        "us": 10.0, "next": "paged-window [fa2] 1.10x", "fa3 / fa2 (best)": 3.0}]
     rows += [dict(rows[0], case_id="c2", median_us=20.0), dict(rows[1], case_id="c2", median_us=13.0)]
-    two = report.fastest_per_model(pd.DataFrame(rows)).iloc[0]  # two steps: the mean over both, fa3 timed only one
+    two = serving.fastest_per_model(Run("x", pd.DataFrame(rows), {})).iloc[0]  # two steps: the mean over both, fa3 timed only one
     assert (two["fastest"], two["us"], two["next"], two["fa3 / fa2 (best)"]) == \
         ("paged-window [fa2]", 12.0, "decode-tc-trim [fa2] 1.25x", None)
 

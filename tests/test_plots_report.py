@@ -7,6 +7,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
+from swabench.publish.sections import Run, speed
 from swabench.analysis import derived, versus
 from swabench.publish import plots, report
 
@@ -71,7 +72,7 @@ def test_report_has_the_correctness_matrix_and_headline(tmp_path):
 
 def test_headline_is_computed_from_the_table(h200):
     table, _ = h200
-    head = report.headline(table)
+    head = speed.headline(Run("x", table, {}))
     cell = head[(head["mode"] == "verify") & (head["window (keys)"] == 1024)]["paged-window"].iloc[0]
     expect = table[(table["impl"] == "paged-window") & (table["backend"] == "fa2") & (table["mode"] == "verify")
                    & (table["sliding_window"] == 1024)]["speedup_vs_mask"]
@@ -86,7 +87,7 @@ def test_versus_reference_divides_by_fa2_window_path_on_the_same_case(h200):
     assert flex["ratio"] == pytest.approx(flex["median_us"] / fa2["median_us"].iloc[0])
     window_paths = {"paged": "paged-window", "ragged": "ragged-window"}
     assert not ((per_point["impl"] == per_point["storage"].map(window_paths)) & (per_point["backend"] == "fa2")).any()
-    summary = report.versus_reference(table)
+    summary = speed.against_reference_long(table)
     row = summary[(summary["impl"] == "flex-window") & (summary["mode"] == "decode")]
     assert len(row) and (row["faster in"].str.startswith("0/")).all()  # flex never beat fa2 on decode here
     assert not summary["impl"].isin(["paged-mask", "ragged-mask"]).any()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from swabench.publish.sections import Run, serving, speed
 from swabench.analysis import derived, versus
 from swabench.core import gate, reference, semantics, workloads
 from swabench.spec import axes, scenarios
@@ -250,7 +251,6 @@ kv_dtype = ["bfloat16", "fp8"]
 def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_twin(write_scenario, tmp_path):
     from conftest import invoke
 
-    from swabench.publish import report
     r = invoke("run", write_scenario(SERVING_CPU), "--out", tmp_path / "run", "--device", "cpu")
     assert r.exit_code == 0, r.output
     table, _ = derived.load(tmp_path / "run")
@@ -265,7 +265,7 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
     twin = table[(table["impl"] == "torch-trim") & (~table["sinks"].astype(bool)) & (table["logits_soft_cap"] == 0)
                  & (table["kv_dtype"] == "bfloat16")].iloc[0]
     assert one["twin_us"] == twin["median_us"] and one["ratio"] == one["median_us"] / twin["median_us"]
-    assert set(report.feature_costs(table)["feature"]) == {"sinks", "soft_cap", "fp8_kv"}
+    assert set(serving.feature_costs(Run("x", table, {}))["feature"]) == {"sinks", "soft_cap", "fp8_kv"}
     from swabench.publish import findings
     page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
     section = page.split("## Sinks, soft-cap and fp8 caches")[1].split("\n## ")[0]
@@ -275,7 +275,6 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
 def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_window_and_context():
     import pandas as pd
 
-    from swabench.publish import report
     base = dict(kind="correct", status="pass", storage="paged", mode="decode", batch_size=8, seq_len=None,
                 qo_len=1, accept=None, window_left=127, sliding_window=128, page_size=16, page_layout="scattered",
                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", seed=0, logits_soft_cap=0.0,
@@ -288,7 +287,7 @@ def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_wi
     costs = versus.feature_costs(table)
     assert costs[["impl", "twin_impl", "twin_us", "ratio"]].values.tolist() == [["sink-window", "paged-window", 10.0,
                                                                                     1.2]]
-    decode = report.decode_table(table)
+    decode = speed.decode(Run("x", table, {}))
     assert decode["context"].tolist() == ["8192", "32768"]  # in numeric order, beside drawn mixes by summary
     assert decode["decode-window [fa2]"].tolist() == ["8.00x", "32.00x"]
     assert decode["decode-tc-trim [fa2]"].tolist() == ["1.05x", "1.05x"]

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from conftest import invoke
 
+from swabench.publish.sections import Run, serving
 from swabench.analysis import derived, replay
 from swabench.publish import report
 from swabench.spec import axes, traces
@@ -105,9 +106,11 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     assert "## Trace replay" in text and "| torch-trim | torch |" in text
     from swabench.publish import findings
     page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
-    section = page.split("## Models, traces and evicted pages")[1]
-    assert f"From `{tmp_path / 'run'}`, replay of {trace}: ms per 1000 steps (5 steps, 3 distinct):" in section
-    assert "the fastest correct path per model and step" in section  # the gemma-3-1b verify step
+    replay = page.split("## Trace replay")[1].split("\n## ")[0]
+    assert f"Replay of {trace} (5 steps, 3 distinct) (`{tmp_path / 'run'}`)." in replay
+    assert f"From `{tmp_path / 'run'}`:\n\n| impl | backend |" in replay
+    per_model = page.split("## Per model")[1].split("\n## ")[0]
+    assert f"From `{tmp_path / 'run'}`:" in per_model and "gemma-3-1b" in per_model  # the gemma-3-1b verify step
 
 
 def test_a_bad_trace_exits_2(tmp_path):
@@ -162,7 +165,7 @@ def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
 def test_a_run_without_model_presets_has_no_per_model_table():
     table = pd.DataFrame({"model": [float("nan")], "kind": ["correct"], "status": ["pass"], "median_us": [1.0],
                           "mode": ["decode"], "storage": ["paged"], "impl": ["x"], "backend": ["fa2"]})
-    assert report.fastest_per_model(table).empty
+    assert serving.fastest_per_model(Run("x", table, {})).empty
 
 
 @pytest.mark.parametrize("extra,field", [({"model": {"a": 1}}, "model"), ({"dtype": {"x": 1}}, "dtype"),

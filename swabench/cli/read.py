@@ -68,10 +68,9 @@ def page_out(out) -> Path:
 @run_dir
 def summary_cmd(run_dir):
     """Markdown summary of a run folder: the correctness matrix, and the timings if it has any."""
-    from swabench.publish import report
+    from swabench.publish import report, sections
 
-    table, meta = read_run(run_dir)
-    click.echo("\n\n".join(filter(None, (report.correctness_summary(table, meta), report.timing_summary(table, meta)))))
+    click.echo(report.summary(sections.Run(str(run_dir), *read_run(run_dir))))
 
 
 @click.command("report")
@@ -105,11 +104,10 @@ def plot(run_dir, out, force):
 def findings(run_dirs, out):
     """The findings page: what the runs show, each number with the run folder it comes from.
     Printed to stdout unless --out names the file to write."""
-    from swabench.analysis import derived
     from swabench.publish import findings as page
 
     if out is None:
-        runs = [page.Run(str(Path(r)), *derived.load(r)) for r in run_dirs]
+        runs = page.load(run_dirs)
         click.echo(page.page(runs, f"swabench findings {' '.join(r.folder for r in runs)}"), nl=False)
         return
     click.echo(page.write([Path(r) for r in run_dirs], page_out(out)))

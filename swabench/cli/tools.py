@@ -49,7 +49,7 @@ def bench_host(out, quick):
     indptr arrays), saved as JSON in a run folder and plotted beside it."""
     from swabench.run import hostbench
 
-    for path in hostbench.run(Path(out) if out else hostbench.default_out(), quick):
+    for path in hostbench.bench(Path(out) if out else hostbench.default_out(), quick):
         click.echo(path)
 
 

@@ -18,56 +18,12 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
-from swabench.publish.markdown import library_versions
+from swabench.publish.style import (BACKEND_COLOUR, BACKEND_STYLE, OKABE_ITO, colour, figure, log_x_ticks,
+                                    save)
 from swabench.core.cases import MODES
-
-matplotlib.use("Agg")
-
-OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
-BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
-BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
-
-
-def colour(impl: str) -> str:
-    """One colour per implementation, by its place in the registry (the same in every figure)."""
-    return OKABE_ITO[registry.order(impl) % len(OKABE_ITO)]
-
 
 def _is_baseline(impl: str) -> bool:
     return impl in registry.names() and registry.get(impl).baseline
-
-
-def caption(meta: dict) -> str:
-    device = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
-    if meta.get("embedded_backend"):
-        device += ", embedded PyTorch backend"
-    commit = (meta.get("git_commit") or "?")[:8]
-    l2 = "cold L2" if "flush" in str(meta.get("method", {}).get("kernel_time", "")) else ""
-    return (f"{device} | {library_versions(meta)} | torch {meta.get('torch')} | "
-            f"swabench {meta.get('swabench')}@{commit} | {meta.get('scenario')} | {l2}").rstrip(" |")
-
-
-def _pyplot():
-    """pyplot, imported when a figure is drawn: every run imports this module, and pyplot alone
-    takes a quarter of a second to import."""
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2)):
-    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
-                             squeeze=False, constrained_layout=True)
-    fig.suptitle(title, fontsize=11)
-    fig.text(0.5, -0.01, caption(meta), ha="center", va="top", fontsize=7, color="#444444")
-    return fig, axes
-
-
-def _log_x_ticks(ax, values) -> None:
-    """Log x axis labelled at the values measured, without the minor-tick clutter."""
-    values = sorted(v for v in set(values) if v == v)
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xticks(values, [f"{int(v)}" for v in values], fontsize=7)
 
 
 def _tick_labels(frame: pd.DataFrame, case_ids: list[str]) -> list[str]:
@@ -117,7 +73,7 @@ def time_vs_window(table, meta):
     storages = [s for s in ("paged", "ragged") if s in set(correct["storage"])]
     if not modes or _timed(correct).empty:
         return None
-    fig, axes = _figure(meta, "Kernel time vs window (lines: median over the other axes; marks: every "
+    fig, axes = figure(meta, "Kernel time vs window (lines: median over the other axes; marks: every "
                               "failed or skipped point, any backend)", len(modes), len(storages))
     for i, mode in enumerate(modes):
         for j, storage in enumerate(storages):
@@ -136,7 +92,7 @@ def time_vs_window(table, meta):
             _mark_untimed(ax, every[facet], "sliding_window")
             ax.set(yscale="log", title=f"{mode}, {storage}", xlabel="sliding window (keys)",
                    ylabel="kernel time (us)")
-            _log_x_ticks(ax, windows)
+            log_x_ticks(ax, windows)
             ax.grid(alpha=0.3, which="both")
             if len(ax.get_legend_handles_labels()[0]):
                 ax.legend(fontsize=6)
@@ -149,7 +105,7 @@ def speedup_by_mode(table, meta):
     t = t[(t["kind"] == "correct") & ~t["impl"].map(_is_baseline).astype(bool)].dropna(subset=["speedup_vs_mask"])
     if t.empty:
         return None
-    fig, axes = _figure(meta, "Speedup over the custom-mask baseline of the same case (median, IQR bars)")
+    fig, axes = figure(meta, "Speedup over the custom-mask baseline of the same case (median, IQR bars)")
     ax = axes[0][0]
     series = sorted({(r.impl, r.backend) for r in t.itertuples()}, key=lambda k: (registry.order(k[0]), k[1]))
     modes = [m for m in MODES if m in set(t["mode"])]
@@ -181,7 +137,7 @@ def speedup_heatmap(table, meta):
         return None
     impls = sorted(set(t["impl"]), key=registry.order)
     baseline = registry.baseline_for(t["library"].iloc[0], "paged")
-    fig, axes = _figure(meta, f"Speedup over {baseline} by window and page size ({t['backend'].iloc[0]}, "
+    fig, axes = figure(meta, f"Speedup over {baseline} by window and page size ({t['backend'].iloc[0]}, "
                               f"scattered pages)", 1, len(impls), size=(5.0, 4.0))
     for ax, impl in zip(axes[0], impls):
         grid = t[t["impl"] == impl].pivot_table(index="sliding_window", columns="page_size",
@@ -204,7 +160,7 @@ def speculative(table, meta):
     panels = [m for m in ("verify", "draft_extend") if m in set(t["mode"])]
     if not panels or _timed(t).empty:
         return None
-    fig, axes = _figure(meta, "Speculative decoding: verify and draft extend (median over the other axes)",
+    fig, axes = figure(meta, "Speculative decoding: verify and draft extend (median over the other axes)",
                         1, len(panels))
     for ax, mode in zip(axes[0], panels):
         rows = t[t["mode"] == mode].copy()
@@ -240,7 +196,7 @@ def decode(table, meta):
     windows = sorted(t["sliding_window"].unique())
     impls = sorted(set(t["impl"]), key=registry.order)
     palette = {impl: OKABE_ITO[i % len(OKABE_ITO)] for i, impl in enumerate(impls)}  # distinct within the figure
-    fig, axes = _figure(meta, "Decode: kernel time vs context (median over batches and shapes)", 1, len(windows),
+    fig, axes = figure(meta, "Decode: kernel time vs context (median over batches and shapes)", 1, len(windows),
                         size=(4.2, 4.0))
     for ax, window in zip(axes[0], windows):
         rows = t[t["sliding_window"] == window]
@@ -250,7 +206,7 @@ def decode(table, meta):
                     ms=3, color=palette[impl], label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""))
         ax.set(yscale="log", title=f"window {int(window)} keys", xlabel="context (keys before the query)",
                ylabel="kernel time (us)")
-        _log_x_ticks(ax, rows["prefix_len"])
+        log_x_ticks(ax, rows["prefix_len"])
         ax.grid(alpha=0.3, which="both")
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
@@ -265,7 +221,7 @@ def tflops_vs_context(table, meta):
         return None
     t["context"] = t["prefix_len"].fillna(t["seq_len"])
     modes = [m for m in MODES if m in set(t["mode"])]
-    fig, axes = _figure(meta, "Achieved TFLOP/s vs context (useful pairs only)", 1, len(modes), size=(4.5, 4.0))
+    fig, axes = figure(meta, "Achieved TFLOP/s vs context (useful pairs only)", 1, len(modes), size=(4.5, 4.0))
     peak = (meta.get("peaks") or {}).get("bf16_matmul_tflops")
     for ax, mode in zip(axes[0], modes):
         for (impl, backend), g in t[t["mode"] == mode].groupby(["impl", "backend"]):
@@ -275,7 +231,7 @@ def tflops_vs_context(table, meta):
         if peak:
             ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured bf16 peak {peak:.0f}")
         ax.set(yscale="log", title=mode, xlabel="context (keys before the queries)", ylabel="TFLOP/s")
-        _log_x_ticks(ax, t.loc[t["mode"] == mode, "context"])
+        log_x_ticks(ax, t.loc[t["mode"] == mode, "context"])
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6)
     return fig
@@ -289,7 +245,7 @@ def backends(table, meta):
     if _timed(every).empty:
         return None
     impls = sorted(set(every["impl"]), key=registry.order)
-    fig, axes = _figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
+    fig, axes = figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
     for ax, impl in zip(axes[:, 0], impls):
         g = every[every["impl"] == impl]
         cases = list(dict.fromkeys(g["case_id"]))
@@ -333,7 +289,7 @@ def peers(table, meta):
         return None
     cases = list(dict.fromkeys(r.sort_values(["mode", "storage", "sliding_window", "batch_size"])["case_id"]))
     paths = list(dict.fromkeys(zip(r["impl"], r["backend"])))
-    fig, axes = _figure(meta, f"Against {registry.describe_reference()}: time / its time per case",
+    fig, axes = figure(meta, f"Against {registry.describe_reference()}: time / its time per case",
                         size=(8.0, 0.22 * len(cases) + 1.5))
     ax = axes[0][0]
     y = {c: i for i, c in enumerate(cases)}
@@ -356,7 +312,7 @@ def plan_vs_kernel(table, meta):
     t = _timed(table).dropna(subset=["plan_us"])
     if t.empty:
         return None
-    fig, axes = _figure(meta, "Plan cost (host) vs kernel time, per point")
+    fig, axes = figure(meta, "Plan cost (host) vs kernel time, per point")
     ax = axes[0][0]
     for impl, g in t.groupby("impl"):
         ax.scatter(g["median_us"], g["plan_us"], s=8, alpha=0.7, color=colour(impl), label=impl)
@@ -366,46 +322,6 @@ def plan_vs_kernel(table, meta):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return fig
-
-
-def host_work(benchmarks: dict, meta: dict):
-    """pytest-benchmark results of the host work per step: median time against batch, per context."""
-    rows = [{"test": b["name"].split("[")[0].removeprefix("test_"), **b["params"], "median_us": b["stats"]["median"] * 1e6}
-            for b in benchmarks["benchmarks"]]
-    t = pd.DataFrame(rows)
-    tests = list(dict.fromkeys(t["test"]))
-    fig, axes = _figure(meta, "Host work per serving step (pytest-benchmark medians)", 1, len(tests), size=(4.5, 3.8))
-    for ax, test in zip(axes[0], tests):
-        for k, (context, g) in enumerate(t[t["test"] == test].groupby("context")):
-            g = g.sort_values("batch")
-            ax.plot(g["batch"], g["median_us"], marker="o", ms=3, color=OKABE_ITO[k % len(OKABE_ITO)],
-                    label=f"context {context}")
-        ax.set(yscale="log", title=test.replace("_", " "), xlabel="batch (requests)", ylabel="host time (us)")
-        _log_x_ticks(ax, t["batch"])
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    return fig
-
-
-PNG_WIDTH_PX = 1200  # reads at full size in a pull request or a browser, without zooming
-
-
-def save(fig, out: Path, name: str) -> list[Path]:
-    """``name``.png in ``out``: about PNG_WIDTH_PX wide, in a palette of 256 colours (a third of the
-    bytes, the same to the eye) and with no timestamp inside, so the same run gives the same file."""
-    import io
-
-    from PIL import Image
-
-    fig.draw_without_rendering()  # lay the figure out, so its tight box is the one savefig keeps
-    dpi = min(200.0, max(90.0, PNG_WIDTH_PX / fig.get_tightbbox().width))
-    rendered = io.BytesIO()
-    fig.savefig(rendered, format="png", dpi=dpi, bbox_inches="tight")
-    _pyplot().close(fig)
-    image = Image.open(rendered).convert("RGB")
-    path = out / f"{name}.png"
-    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(path, optimize=True)
-    return [path]
 
 
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,

@@ -26,9 +26,9 @@ def default_out() -> Path:
     return Path("results") / f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def run(out: Path, quick: bool = False) -> list[Path]:
+def bench(out: Path, quick: bool = False) -> list[Path]:
     """Run the benchmarks into ``out``: meta.json, every round (compressed JSON) and the figure."""
-    from swabench.publish import plots
+    from swabench.publish import style
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")
@@ -46,4 +46,27 @@ def run(out: Path, quick: bool = False) -> list[Path]:
     with gzip.open(out / "host_benchmarks.json.gz", "wt") as f:  # every round is kept: compress it
         json.dump(data, f)
     raw.unlink()
-    return plots.save(plots.host_work(data, meta), out, "host_work")
+    return style.save(figure(data, meta), out, "host_work")
+
+
+def figure(benchmarks: dict, meta: dict):
+    """pytest-benchmark results of the host work per step: median time against batch, per context."""
+    import pandas as pd
+
+    from swabench.publish import style
+
+    rows = [{"test": b["name"].split("[")[0].removeprefix("test_"), **b["params"], "median_us": b["stats"]["median"] * 1e6}
+            for b in benchmarks["benchmarks"]]
+    t = pd.DataFrame(rows)
+    tests = list(dict.fromkeys(t["test"]))
+    fig, axes = style.figure(meta, "Host work per serving step (pytest-benchmark medians)", 1, len(tests), size=(4.5, 3.8))
+    for ax, test in zip(axes[0], tests):
+        for k, (context, g) in enumerate(t[t["test"] == test].groupby("context")):
+            g = g.sort_values("batch")
+            ax.plot(g["batch"], g["median_us"], marker="o", ms=3, color=style.OKABE_ITO[k % len(style.OKABE_ITO)],
+                    label=f"context {context}")
+        ax.set(yscale="log", title=test.replace("_", " "), xlabel="batch (requests)", ylabel="host time (us)")
+        style.log_x_ticks(ax, t["batch"])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return fig

@@ -1,0 +1,118 @@
+"""The answers a reader comes for, on the first screen of the findings page: which path to run for
+each step and each model, on which library release, and what the wrong path costs; every number
+with its run folder, the detail in the sections below."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.analysis import versus
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.markdown import library_versions, markdown_table
+from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
+from swabench.publish.sections.serving import fastest_per_model, replay_table
+
+COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
+
+
+def _paths_of_step(run: Run, mode: str) -> pd.DataFrame:
+    """Per correct path: its median time / the reference path's over the step's cases, the cases, and
+    the median of the naive mask's time / its own (speedup_vs_mask)."""
+    v = versus.against_reference(run.table, baselines=True)
+    v = v[v["mode"] == mode]
+    refs = {registry.reference_path(s) for s in set(v["storage"])} - {None}
+    own = run.table[(run.table["mode"] == mode) & run.table["median_us"].notna() & (run.table["kind"] == "correct")]
+    mine = own[[(i, b) in refs for i, b in zip(own["impl"], own["backend"])]]
+    rows = [dict(impl=i, backend=b, ratio=1.0, cases=len(g), mask=g["speedup_vs_mask"].median(),
+                 us=g["median_us"].median()) for (i, b), g in mine.groupby(["impl", "backend"])]
+    rows += [dict(impl=i, backend=b, ratio=g["ratio"].median(), cases=len(g), mask=g["speedup_vs_mask"].median(),
+                  us=g["median_us"].median()) for (i, b), g in v.groupby(["impl", "backend"])]
+    paths = pd.DataFrame(rows)
+    if paths.empty or not len(mine):
+        return paths
+    return paths[paths["cases"] >= COVERAGE * mine["case_id"].nunique()].sort_values("ratio")
+
+
+def _bugs_of_step(run: Run, mode: str) -> str:
+    t = run.table[(run.table["mode"] == mode) & (run.table["kind"] == "known-bug") & (run.table["status"] != "skip")]
+    return ", ".join(f"`{impl}` wrong on {int((g['status'] == 'xfail').sum())} of {len(g)}"
+                     for impl, g in t.groupby("impl", sort=False) if (g["status"] == "xfail").any())
+
+
+def per_step(runs: list[Run]) -> pd.DataFrame:
+    rows = []
+    for mode in MODES:
+        timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna()).sum()), -i, r)
+                 for i, r in enumerate(runs) if r.timed]
+        if not timed or max(timed, key=lambda x: x[:2])[0] == 0:
+            continue
+        run = max(timed, key=lambda x: x[:2])[2]
+        paths = _paths_of_step(run, mode)
+        if paths.empty:
+            continue
+        best, worst = paths.iloc[0], paths.iloc[-1]
+        rows.append({"step": mode, "release": library_versions(run.meta),
+                     "fastest correct path": f"`{best['impl']}` [{best['backend']}], {ratio(best['ratio'])}x the "
+                                             f"reference ({micros(best['us'])} us median, {int(best['cases'])} cases)",
+                     "the custom mask instead": f"{ratio(best['mask'])}x its time" if best["mask"] == best["mask"]
+                     else "", "slowest correct path": f"`{worst['impl']}` [{worst['backend']}] "
+                                                      f"{ratio(worst['ratio'] / best['ratio'])}x its time",
+                     "known bugs caught": _bugs_of_step(run, mode), "run": run.name})
+    return pd.DataFrame(rows)
+
+
+def per_model(runs: list[Run]) -> tuple[pd.DataFrame, Run | None]:
+    found = [(r, fastest_per_model(r)) for r in runs if r.timed]
+    found = [(r, f) for r, f in found if len(f)]
+    if not found:
+        return pd.DataFrame(), None
+    run, table = max(found, key=lambda rf: rf[1]["model"].nunique())
+    table = table.assign(mode=table["step"].str.split().str[0])
+    best = table.sort_values("us").drop_duplicates(["model", "mode"])
+    best = best.assign(cell=[f"`{f}` {micros(u)} us" for f, u in zip(best["fastest"], best["us"])])
+    wide = best.pivot(index="model", columns="mode", values="cell").reindex(columns=[m for m in MODES if m in
+                                                                                      set(best["mode"])])
+    wide = wide.reindex(list(dict.fromkeys(table["model"]))).reset_index().fillna("")
+    return wide, run
+
+
+def served_mixes(runs: list[Run]) -> list[str]:
+    said = []
+    for r in runs:
+        table = replay_table(r)
+        if not len(table) or "fastest per mode" not in set(table["impl"]):
+            continue
+        best = table[table["impl"] == "fastest per mode"].iloc[0]
+        ref = registry.reference_path("paged")
+        alone = table[(table["impl"] == ref[0]) & (table["backend"] == ref[1])] if ref else table.iloc[0:0]
+        trace = r.meta["trace"]
+        said.append(f"- The trace `{trace['file']}` ({trace['steps']} steps): served at its best, "
+                    f"{best['all steps ms']:.3g} ms of attention per 1000 steps ({best['backend']})"
+                    + (f", against {alone['all steps ms'].iloc[0]:.3g} ms with `{ref[0]}` [{ref[1]}] alone"
+                       if len(alone) and alone["all steps ms"].notna().iloc[0] else "") + f" ({r.name}).")
+    return said
+
+
+def answers(runs: list[Run]) -> list[str]:
+    parts = []
+    steps = per_step(runs)
+    if len(steps):
+        parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "
+                  "the reference path's on the same case), what the naive custom mask costs on the same cases, the "
+                  "slowest correct path, and the known bugs that give wrong answers there:", markdown_table(steps)]
+    models, run = per_model(runs)
+    if len(models):
+        parts += [f"**Which path for each model** as served (its own sinks and soft-cap), the fastest correct path "
+                  f"of each step and its kernel time, from {run.name} ({library_versions(run.meta)}):",
+                  markdown_table(models)]
+    mixes = served_mixes(runs)
+    if mixes:
+        parts += ["**A server's mix.**\n" + "\n".join(mixes)]
+    return parts
+
+
+SECTIONS = [
+    Section("answers", "Answers", "What the runs below say, in short; each number names its run folder, and the "
+            "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers),
+]

@@ -1,0 +1,124 @@
+"""What every published section shares: a run as the pages see it, the declaration of a section,
+the thresholds the pages hold numbers to, and how numbers read in a sentence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.markdown import markdown_table
+
+NOISE = 0.02  # the noise bar (IQR / median) a timed point is held to
+LONG_US = 20  # points this long or longer are held to the noise bar: under it, jitter alone is a few percent
+TIE = NOISE  # a ratio within the noise bar of 1 is the same time, not a win or a loss
+REPORT, FINDINGS, SUMMARY = "report", "findings", "summary"  # the pages a section can appear on
+
+
+@dataclass
+class Run:
+    folder: str  # as given on the command line: the name every number on a page carries
+    table: pd.DataFrame
+    meta: dict
+
+    @property
+    def name(self) -> str:
+        return f"`{self.folder}`"
+
+    @property
+    def timed(self) -> bool:
+        """Whether any point of the run has a kernel time (a check has none)."""
+        return bool(len(self.table)) and not self.table["median_us"].isna().all()
+
+
+def _nothing(run: Run) -> pd.DataFrame:
+    return pd.DataFrame()
+
+
+def _silent(run: Run) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Section:
+    """One published table, declared once: its title and caption, the table it makes of a run, the
+    sentences the findings page says above it, and the pages it appears on.  ``across`` makes the
+    whole findings section from every run at once instead (a comparison between runs)."""
+
+    key: str
+    title: str | Callable[[], str]
+    caption: str | Callable[[], str]
+    table: Callable[[Run], pd.DataFrame] = _nothing
+    said: Callable[[Run], list[str]] = _silent
+    pages: frozenset[str] = frozenset({REPORT, FINDINGS})
+    one_table: bool = False  # findings: every run's rows in one table, with the run in its first column
+    timed: bool = False  # only runs with kernel times have it
+    across: Callable[[list[Run]], list[str]] | None = None
+
+    def head(self) -> list[str]:
+        title, caption = (x() if callable(x) else x for x in (self.title, self.caption))
+        return [f"## {title}"] + ([caption] if caption else [])
+
+    def for_run(self, run: Run) -> list[str]:
+        """The section on one run's report: nothing where the run has no rows for it."""
+        if self.timed and not run.timed:
+            return []
+        frame, said = self.table(run), self.said(run)
+        return self.head() + said + [markdown_table(frame)] if len(frame) else []
+
+    def for_runs(self, runs: list[Run]) -> list[str]:
+        """The section on the findings page: each run's sentences and table under a line naming its folder
+        (or one table of every run's rows); nothing where no run has anything for it."""
+        runs = [r for r in runs if r.timed or not self.timed]
+        if self.across:
+            body = self.across(runs)
+        elif self.one_table:
+            frames = [self.table(r) for r in runs]
+            rows = [f.assign(run=r.name)[["run", *f.columns]] for r, f in zip(runs, frames) if len(f)]
+            body = [s for r in runs for s in self.said(r)] + ([markdown_table(pd.concat(rows))] if rows else [])
+        else:
+            body = []
+            for r in runs:
+                frame = self.table(r)
+                body += [s for s in self.said(r) if s] + ([f"From {r.name}:", markdown_table(frame)] if len(frame) else [])
+        return self.head() + body if body else []
+
+
+def mode_order(column: pd.Series) -> pd.Series:
+    """Sort key: modes in the order a server meets them, any other column as it is."""
+    order = {m: i for i, m in enumerate(MODES)}
+    return column.map(order) if column.name == "mode" else column
+
+
+def path_order(path: str) -> tuple:
+    """Sort key of 'impl [backend]': registration order, then the backend."""
+    return registry.order(path.split(" [")[0]), path
+
+
+def ratio(x: float) -> str:
+    """Three significant digits without an exponent (0.59, 5.67, 31.4, 9206)."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def micros(x: float) -> str:
+    """A time in microseconds, three significant digits without an exponent (16.9, 216, 1047)."""
+    return f"{x:.3g}" if x < 1000 else f"{x:.0f}"
+
+
+def span(values: pd.Series) -> str:
+    lo, hi = ratio(values.min()), ratio(values.max())
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def spread(ratios: pd.Series) -> str:
+    """'1.07x' for one value, else 'median (best-worst, n)'."""
+    if len(ratios) == 1:
+        return f"{ratios.iloc[0]:.2f}x"
+    return f"{ratios.median():.2f}x ({ratios.min():.2f}-{ratios.max():.2f}, {len(ratios)})"
+
+
+def points(n: int) -> str:
+    return f"{n} point" + "s" * (n != 1)

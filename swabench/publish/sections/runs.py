@@ -1,0 +1,46 @@
+"""Which runs a page is made from: each run's folder and environment, and on a report how it was measured."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from swabench.publish.markdown import environment_line
+from swabench.publish.sections.base import FINDINGS, REPORT, Run, Section
+from swabench.store import run_folder
+
+ENVIRONMENT = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "libraries", "swabench", "git_commit", "python",
+               "cpu", "host", "time_utc", "command", "nvidia_smi.clocks.max.sm", "peaks"]
+
+
+def run_lines(runs: list[Run]) -> list[str]:
+    """Each run's folder, what it is and its environment, once, so the sections below can name the
+    folder alone; a run that did not finish says so here."""
+    lines = []
+    for r in runs:
+        note = run_folder.completeness(r.meta, r.table)
+        lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`, "
+                     f"{len(r.table)} points over {r.table['case_id'].nunique()} cases"
+                     + (f". **Incomplete run**: {note}" if note else "") + f". {environment_line(r.meta)}")
+    return ["\n".join(lines)] if lines else []
+
+
+def _as_text(value) -> str:
+    return json.dumps(value) if isinstance(value, dict) else value
+
+
+def environment(run: Run) -> pd.DataFrame:
+    return pd.DataFrame([{"": k, "value": _as_text(run.meta[k])} for k in ENVIRONMENT
+                         if run.meta.get(k) is not None])
+
+
+def method(run: Run) -> pd.DataFrame:
+    return pd.DataFrame([{"what": k, "how": _as_text(v)} for k, v in run.meta.get("method", {}).items()])
+
+
+SECTIONS = [
+    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines),
+    Section("environment", "Environment", "", environment, pages=frozenset({REPORT})),
+    Section("method", "Method", "", method, pages=frozenset({REPORT})),
+]

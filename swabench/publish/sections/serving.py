@@ -1,0 +1,119 @@
+"""The serving surface: what sinks, a soft-cap and an fp8 cache cost against the same shape without
+them, the fastest correct path per model preset, a trace's mix served step by step, and who reads
+pages evicted from before the window."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.analysis import replay, versus
+from swabench.impls import registry
+from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
+from swabench.spec import models
+
+
+def feature_costs(run: Run) -> pd.DataFrame:
+    """versus.feature_costs per feature, mode, path and twin: time with the feature / time of the plain
+    twin, as median (best-worst, points)."""
+    per_point = versus.feature_costs(run.table) if run.timed else pd.DataFrame()
+    if per_point.empty:
+        return pd.DataFrame()
+    keys = ["feature", "mode", "impl", "backend", "twin_impl"]
+    out = per_point.groupby(keys, sort=False)["ratio"].apply(spread).rename("time / plain twin").reset_index()
+    order = {f: i for i, f in enumerate(versus.FEATURES)}
+    return out.sort_values(["feature", "mode", "impl"], key=lambda c: c.map(order) if c.name == "feature" else
+                           c.map(registry.order) if c.name == "impl" else c).reset_index(drop=True)
+
+
+def dropped_features(run: Run) -> list[str]:
+    """How far off each known bug that takes a feature and leaves it out (``ignores`` at its
+    registration) came, where the gate caught it."""
+    said = []
+    for impl in (i for i in registry.all_implementations() if i.ignores):
+        ran = run.table[(run.table["impl"] == impl.name) & (run.table["status"] != "skip")]
+        caught = ran[ran["status"] == "xfail"]
+        if len(caught):
+            said.append(f"- `{impl.name}` ({impl.summary}) was caught on {len(caught)} of the {points(len(ran))} "
+                        f"with {' and '.join(sorted(impl.ignores))} it ran: rel-L2 {span(caught['rel_l2'])} on random "
+                        f"data; on the probe pass, rows off by up to {ratio(caught['probe_rel_l2'].max())} times their "
+                        f"own norm ({run.name}).")
+    return said
+
+
+def fastest_per_model(run: Run) -> pd.DataFrame:
+    """Per model preset and step (mode, storage), on the cases with the model's own sinks and soft-cap
+    (not their plain twins): the fastest correct path that passed, its time (the mean over the step's
+    cases where there are several, as in a trace, among the paths that timed every one), the runner-up,
+    and fa3's best time against fa2's best (below 1: fa3 is faster)."""
+    table = run.table
+    if "model" not in table:
+        return pd.DataFrame()
+    t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
+    features = t.reindex(columns=["sinks", "logits_soft_cap"])
+    served = [models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"], features["logits_soft_cap"])]
+    t = t[pd.Series(served, index=t.index, dtype=bool)]
+    rows = []
+    for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
+        paths = g.groupby(["impl", "backend"], sort=False)["median_us"].agg(["mean", "count"])
+        paths = paths[paths["count"] == g["case_id"].nunique()].sort_values("mean")  # those that timed every case
+        if paths.empty:
+            continue
+        (impl, backend), best = paths.index[0], paths["mean"].iloc[0]
+        by_backend = paths.groupby(level="backend")["mean"].min()
+        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{impl} [{backend}]", "us": best,
+                     "next": f"{paths.index[1][0]} [{paths.index[1][1]}] {paths['mean'].iloc[1] / best:.2f}x"
+                     if len(paths) > 1 else "",
+                     "fa3 / fa2 (best)": by_backend["fa3"] / by_backend["fa2"]
+                     if {"fa2", "fa3"} <= set(by_backend.index) else None})
+    return pd.DataFrame(rows)
+
+
+def replay_table(run: Run) -> pd.DataFrame:
+    """A replay's time per 1000 steps of its trace's mix (empty for a run that replayed no trace)."""
+    trace = run.meta.get("trace")
+    if not trace:
+        return pd.DataFrame()
+    return replay.per_thousand_steps(run.table, trace["weights"], trace.get("modes"))
+
+
+def replay_said(run: Run) -> list[str]:
+    trace = run.meta.get("trace")
+    return [f"Replay of {trace['file']} ({trace['steps']} steps, {trace['distinct']} distinct) ({run.name})."] \
+        if trace else []
+
+
+def evicted_reads(run: Run) -> pd.DataFrame:
+    """Per implementation and backend, on pages evicted to a shared null page: points where the NaN
+    diagnostic turned the output NaN (the kernel reads memory before the window) out of those tried."""
+    if "reads_evicted" not in run.table:
+        return pd.DataFrame()
+    t = run.table.dropna(subset=["reads_evicted"])
+    if t.empty:
+        return pd.DataFrame()
+    reads = t["reads_evicted"].astype(str).str.lower() == "true"
+    out = t.assign(reads=reads).groupby(["impl", "backend"], sort=False)["reads"].agg(["sum", "count"])
+    return pd.DataFrame({"impl": [i for i, _ in out.index], "backend": [b for _, b in out.index],
+                         "output turned NaN": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
+
+
+SECTIONS = [
+    Section("features", "Sinks, soft-cap and fp8 caches against their plain twins",
+            "Time with the feature / time of the same shape without it, through the same path and backend (the "
+            "sink wrapper, which runs only cases with sinks, against the reference path): median (best-worst, "
+            "points); and how far off a path is that takes a feature and leaves it out.", feature_costs,
+            dropped_features),
+    Section("models", "Per model: the fastest correct path of each step",
+            "Per model preset, on the model as served (its own sinks and soft-cap; the plain twins are in the feature "
+            "table): the fastest correct path of each step, the runner-up (its time / the fastest's), and fa3's best "
+            "time / fa2's best (below 1: fa3 is faster).  Where a step has several cases (a trace's distinct steps), "
+            "a path's time is its mean over them, among the paths that timed every one.", fastest_per_model),
+    Section("replay", "Trace replay: milliseconds per 1000 steps",
+            "Each distinct step of a server's trace gated and timed once and weighted by how often it occurs: "
+            "milliseconds of attention per 1000 steps of the mix, split by the step's mode (empty where a path did "
+            "not run every step of that mode); the last row serves each mode with its fastest path.", replay_table,
+            replay_said),
+    Section("evicted", "Evicted pages: who reads pages wholly before the window",
+            "With the pages wholly before each request's window pointed at one shared page that holds NaN: the "
+            "points whose output turned NaN, that is, whose kernel read memory before the window (masked or not; "
+            "with finite values there every correct path passes) / points tried.", evicted_reads),
+]

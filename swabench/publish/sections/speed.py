@@ -1,0 +1,192 @@
+"""What each path costs against the others on the same cases: the window's speedup over the naive
+custom mask (the headline), every path against the reference path, and the decode wrappers."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.analysis import versus
+from swabench.impls import registry
+from swabench.publish.sections.base import (TIE, Run, Section, mode_order, path_order, points, ratio, span,
+                                            spread)
+
+MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
+
+
+def _headline_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The headline's medians as numbers, one row per mode, window and path."""
+    t = versus.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    return t.groupby(["mode", "sliding_window", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
+
+
+def headline(run: Run) -> pd.DataFrame:
+    """Speedup of the headline paths (the reference library's window and trim paths) over their
+    baseline, per mode and window: the median over the run's cases, with the cases each cell holds."""
+    t = versus.headline_paths(run.table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    if t.empty:
+        return pd.DataFrame()
+    grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
+    grid["cell"] = grid.apply(lambda r: f"{r['median']:.1f}x ({int(r['count'])})", axis=1)
+    wide = grid.pivot_table(index=["mode", "sliding_window"], columns="impl", values="cell", aggfunc="first")
+    wide = wide.reset_index().sort_values(["mode", "sliding_window"], key=mode_order)
+    cols = ["mode", "sliding_window"] + sorted(set(t["impl"]), key=registry.order)
+    return wide[cols].rename(columns={"sliding_window": "window (keys)"})
+
+
+def _speedup(cell: pd.Series) -> str:
+    return f"{cell['speedup_vs_mask']:.1f}x ({cell['mode']}, window {int(cell['sliding_window'])})"
+
+
+def headline_said(run: Run) -> list[str]:
+    cells, said = _headline_cells(run.table), []
+    for impl in sorted(set(cells["impl"]), key=registry.order):
+        c = cells[cells["impl"] == impl]
+        lo, hi = c.loc[c["speedup_vs_mask"].idxmin()], c.loc[c["speedup_vs_mask"].idxmax()]
+        slower = int((c["speedup_vs_mask"] < 1).sum())
+        said.append(f"- `{impl}`: {_speedup(lo)} to {_speedup(hi)} "
+                    + ("faster than the custom mask in every cell" if not slower else
+                       f"over the custom mask; slower than it in {slower} of {len(c)} cells") + f" ({run.name}).")
+    return ["\n".join(said)] if said else []
+
+
+def headline_caption() -> str:
+    ref = registry.reference_path("paged") or registry.reference_path("ragged")
+    if ref is None:
+        return ""
+    baselines = sorted({i.name for i in registry.all_implementations()
+                        if i.baseline and i.library == registry.get(ref[0]).library})
+    return (f"Median over a run's cases of the baseline's time ({', '.join(f'`{b}`' for b in baselines)}: the "
+            f"custom-mask path of the same storage, same case) / the path's time, on {ref[1]}; window = keys a "
+            f"query sees (W + 1); (n) = cases in the cell.")
+
+
+def against_reference_long(table: pd.DataFrame) -> pd.DataFrame:
+    """versus.against_reference summarised per mode, storage, window and path: median, best and worst
+    time / the reference path's time over the cases; the reference library's baselines are left out."""
+    per_point = versus.against_reference(table, baselines=False)
+    if per_point.empty:
+        return pd.DataFrame()
+    keys = ["mode", "storage", "sliding_window", "impl", "backend"]
+    r = per_point.groupby(keys)["ratio"]
+    out = r.agg(cases="count", median="median", best="min", worst="max")
+    out["faster in"] = r.apply(lambda x: f"{int((x < 1).sum())}/{len(x)}")
+    out = out.reset_index()
+    return out.sort_values(keys, key=mode_order).rename(columns={"sliding_window": "window (keys)",
+                                                                 "median": MEDIAN}).reset_index(drop=True)
+
+
+def against_reference(run: Run) -> pd.DataFrame:
+    """One row per mode, storage and window, one column per path: median (best-worst, cases)."""
+    v = against_reference_long(run.table)
+    if not len(v):
+        return pd.DataFrame()
+    v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
+    v["cell"] = [ratio(m) if n == 1 else f"{ratio(m)} ({ratio(b)}-{ratio(w)}, {n})"
+                 for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
+    wide = v.pivot_table(index=CELL, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
+    wide = wide.sort_values(CELL, key=mode_order)
+    return wide[CELL + sorted(set(v["path"]), key=path_order)].fillna("")
+
+
+def against_reference_said(run: Run) -> list[str]:
+    v = against_reference_long(run.table)
+    if not len(v):
+        return []
+    v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
+    said = [_where(v[v["path"] == path], run) for path in sorted(set(v["path"]), key=path_order)]
+    return ["\n".join(said), _resolved(versus.against_reference(run.table, baselines=False), run)]
+
+
+def _cells(keys: list[tuple], every: int) -> str:
+    """'every cell', or 'extend paged at 128/1024 keys, verify ragged at 128 keys' from (mode, storage,
+    window) keys, grouped so that a sentence stays short."""
+    if len(keys) == every:
+        return "every cell"
+    grouped: dict[tuple, list] = {}
+    for mode, storage, window in keys:
+        grouped.setdefault((mode, storage), []).append(window)
+    return ", ".join(f"{mode} {storage} at {'/'.join(str(int(w)) for w in ws)} keys"
+                     for (mode, storage), ws in grouped.items())
+
+
+def _where(p: pd.DataFrame, r: Run) -> str:
+    """One path's sentence: the cells where it is faster than the reference, the same, slower."""
+    groups = (("faster", p[p[MEDIAN] < 1 - TIE]), (f"the same within {TIE:.0%}", p[(p[MEDIAN] - 1).abs() <= TIE]),
+              ("slower", p[p[MEDIAN] > 1 + TIE]))
+    words = [f"{word} in {_cells(list(g[CELL].itertuples(index=False)), len(p))} ({span(g[MEDIAN])})"
+             for word, g in groups if len(g)]
+    return f"- `{p['impl'].iloc[0]}` [{p['backend'].iloc[0]}]: {'; '.join(words)} ({r.name})."
+
+
+def _resolved(v: pd.DataFrame, r: Run) -> str:
+    """Which backend a choice such as `auto` ran on (resolved_backend, when it names another backend
+    of the table), so a reader knows what its column measures."""
+    said = []
+    chosen = v[(v["backend"] != v["resolved_backend"]) & v["resolved_backend"].isin(set(v["backend"]))]
+    for backend, g in chosen.groupby("backend"):
+        ran, total = g["resolved_backend"].value_counts(), int((v["backend"] == backend).sum())
+        said.append(f"`{backend}` ran on {ran.index[0]} on all {total} of its points in the table below"
+                    if ran.iloc[0] == total else
+                    f"`{backend}` ran on " + ", ".join(f"{b} ({points(n)})" for b, n in ran.items())
+                    + f" of its {total} points in the table below")
+    return f"{'; '.join(said)} ({r.name})." if said else ""
+
+
+def _numeric_first(text: str) -> tuple:
+    """Sort key: plain numbers in numeric order, then summaries of per-request mixes."""
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
+
+
+def decode_against_reference(table: pd.DataFrame) -> pd.DataFrame:
+    """versus.against_reference's decode rows of plain cases, with ``path`` ('impl [backend]') and
+    ``context`` (the keys before the query, however the case gave them)."""
+    per_point = versus.against_reference(versus.plain(table), baselines=False)
+    per_point = per_point[per_point["mode"] == "decode"]
+    uniform = per_point["prefix_len"].fillna(per_point["seq_len"] - 1)
+    drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
+        .str.replace(r"^prefix_len=", "", regex=True)  # a drawn seq_len keeps its name: it counts the query too
+    context = [str(int(u)) if u == u else d for u, d in zip(uniform, drawn)]  # a per-request mix by its summary
+    return per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])],
+                            context=context)
+
+
+def decode(run: Run) -> pd.DataFrame:
+    """Decode steps per window and context: the reference path's median time, and each decode path's
+    time / the reference's on the same cases (median (best-worst, cases) over batch, page size, GQA
+    group and head_dim).  Cases with sinks, a soft-cap or an fp8 cache are left to the feature table."""
+    per_point = decode_against_reference(run.table)
+    if per_point.empty:
+        return pd.DataFrame()
+    index = ["sliding_window", "context"]
+    cells = per_point.groupby(index + ["path"])["ratio"].apply(spread).reset_index()
+    wide = cells.pivot_table(index=index, columns="path", values="ratio", aggfunc="first").reset_index()
+    reference = per_point.groupby(index)["reference_us"].median().rename("reference us (median)").reset_index()
+    wide = reference.merge(wide, on=index)
+    wide = wide.sort_values(index, key=lambda c: c.map(_numeric_first) if c.name == "context" else c) \
+        .reset_index(drop=True)
+    columns = index + ["reference us (median)"] + sorted(set(per_point["path"]), key=path_order)
+    return wide[columns].rename(columns={"sliding_window": "window (keys)"}).fillna("")
+
+
+def decode_said(run: Run) -> list[str]:
+    per_point = decode_against_reference(run.table)
+    said = [f"- `{impl}` [{backend}]: {span(g['ratio'])} times the reference's time over {points(len(g))}, "
+            f"median {ratio(g['ratio'].median())} ({run.name})."
+            for (impl, backend), g in sorted(per_point.groupby(["impl", "backend"]),
+                                             key=lambda kv: (registry.order(kv[0][0]), kv[0][1]))]
+    return ["\n".join(said)] if said else []
+
+
+SECTIONS = [
+    Section("headline", "Headline: speedup over the custom-mask path", headline_caption, headline, headline_said,
+            timed=True),
+    Section("against-reference", lambda: f"Against the reference path ({registry.describe_reference()})",
+            "Time of each path / time of the reference path of its storage on the same case; below 1 is faster. "
+            "A cell is the median over the run's cases, with (best-worst, cases) where it holds more than one; "
+            f"a median within {TIE:.0%} of 1 counts as the same time. The reference library's custom-mask "
+            "baselines are in the headline instead.", against_reference, against_reference_said, timed=True),
+    Section("decode", lambda: f"Decode: each wrapper against {registry.describe_reference()}",
+            "Time of each decode path / time of the reference path on the same decode step, per window and "
+            "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with sinks, a "
+            "soft-cap or an fp8 cache are in the feature table.", decode, decode_said, timed=True),
+]
