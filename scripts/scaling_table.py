@@ -1,6 +1,7 @@
 """One-GPU against two-GPU wall times of the default sweep, from the committed device calls.
 
-Each folder under results/h200x2-scaling/ is one device call on a two-H200 node: `call.log` (the
+Each folder under results/h200x2-scaling/ (in git history since aaeb9df: `git archive aaeb9df^
+results/h200x2-scaling | tar x` brings it back) is one device call on a two-H200 node: `call.log` (the
 output of scripts/h200.sh with its `time` lines), `1gpu-meta.json` and `2gpu-meta.json`.  Prints a
 Markdown table; `real` is the shell's wall time of the whole command, start-up and merge included.
 

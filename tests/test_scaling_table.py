@@ -26,7 +26,7 @@ def test_each_steps_real_time_in_seconds_in_the_order_run():
 
 
 def test_the_committed_calls_tabulate():
-    # two calls copied from results/h200x2-scaling (call.log and the metas rows() reads): f ran
+    # two calls copied from results/h200x2-scaling, now in git history (call.log and the metas rows() reads): f ran
     # `--gpus` twice, g also ran one GPU at half the threads, so every kind of row is made
     root = Path(__file__).resolve().parent / "fixtures" / "scaling"
     rows = [r for p in sorted(root.iterdir()) if (p / "call.log").exists() for r in scaling_table.rows(p)]
