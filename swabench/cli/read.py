@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import InputError, opt, run_dir
+from swabench.cli.options import opt, run_dir
+from swabench.publish import outputs
 
 force_option = opt("--force", is_flag=True, help="Overwrite a report or figures made from another run folder.")
 
@@ -21,47 +22,6 @@ def read_run(run):
     if note:
         click.secho(f"{run}: {note}", fg="yellow", err=True)
     return table, meta
-
-
-MADE_FROM = ".swabench-made-from"  # in a report's or figures' folder: the run folder they were made from
-
-
-def made_from(folder: Path) -> str | None:
-    """The run folder (resolved) ``folder``'s report or figures were made from, when it says."""
-    marker = folder / MADE_FROM
-    if marker.is_file():
-        return marker.read_text().strip() or None
-    report = folder / "REPORT.md"
-    lines = report.read_text(errors="replace").splitlines() if report.is_file() else []
-    named = next((line.split("`")[1] for line in lines if line.startswith("Run folder `")), None)
-    return str(Path(named).resolve()) if named else None
-
-
-def figures_out(run, out, force: bool = False) -> Path:
-    """The folder for a run's report and figures: outside every run folder, writable, and not
-    holding those of another run folder (unless ``force``); it then records ``run`` as its source."""
-    from swabench.store import run_folder
-
-    folder = Path(out) if out else Path("plots") / Path(run).resolve().name
-    run_folder.refuse_inside_a_run(folder, "--out" if out else "the default --out")
-    run_folder.make_folder(folder)
-    source, here = made_from(folder), str(Path(run).resolve())
-    if source and source != here and not force:
-        raise InputError(f"{folder} holds the report or figures of another run folder ({source}); choose another "
-                         f"--out, or pass --force to overwrite them with those of {here}")
-    run_folder.atomic_write(folder / MADE_FROM, here + "\n")
-    return folder
-
-
-def page_out(out) -> Path:
-    """A findings page's path: outside every run folder, in a folder that exists (made if missing) and
-    can be written."""
-    from swabench.store import run_folder
-
-    out = Path(out)
-    run_folder.refuse_inside_a_run(out)
-    run_folder.make_folder(out.parent)
-    return out
 
 
 @click.command("summary")
@@ -82,7 +42,7 @@ def report_cmd(run_dir, out, force):
     from swabench.publish import report
 
     read_run(run_dir)
-    click.echo(report.write(run_dir, figures_out(run_dir, out, force)))
+    click.echo(report.write(run_dir, outputs.figures_folder(run_dir, out, force)))
 
 
 @click.command()
@@ -93,7 +53,7 @@ def plot(run_dir, out, force):
     """Figures of a run folder, as PNG."""
     from swabench.publish import plots
 
-    for name, paths in plots.make_all(*read_run(run_dir), figures_out(run_dir, out, force)).items():
+    for name, paths in plots.make_all(*read_run(run_dir), outputs.figures_folder(run_dir, out, force)).items():
         click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
 
 
@@ -110,7 +70,7 @@ def findings(run_dirs, out):
         runs = page.load(run_dirs)
         click.echo(page.page(runs, f"swabench findings {' '.join(r.folder for r in runs)}"), nl=False)
         return
-    click.echo(page.write([Path(r) for r in run_dirs], page_out(out)))
+    click.echo(page.write([Path(r) for r in run_dirs], outputs.page_path(out)))
 
 
 @click.command("compare")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from swabench.cli.options import case_option, costs_option, impl_option, l2_option, load, opt, summary
-from swabench.run import launch, shards
+from swabench.run import launch, lifecycle, shards
 from swabench.store import run_folder
 
 
@@ -47,7 +47,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     args = [s.path, "--l2", l2, *launch.worker_args(impls, cases, costs_from)]
     table = shards.merge(out, launch.submit(args, count, out, executor, **slurm))[1]
     summary(table, out)
-    sys.exit(1 if (table["status"] == "fail").any() else 0)
+    sys.exit(lifecycle.gate_status(table))
 
 
 COMMANDS = [merge, submit]
