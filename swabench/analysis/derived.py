@@ -48,5 +48,5 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
 
 def load(run_dir) -> tuple[pd.DataFrame, dict]:
-    """A run's table with its derived columns, and its metadata (store.folder.load)."""
+    """A run's table with its derived columns, and its metadata (store.run_folder.load)."""
     return run_folder.load(run_dir, derive=add_derived)

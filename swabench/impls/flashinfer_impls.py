@@ -61,7 +61,8 @@ def jit_cache_dir() -> str | None:
 
 
 LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
-                                   backends=BACKENDS, chooser="auto", jit_modules=jit_modules,
+                                   backends=BACKENDS, chooser="auto", workspace_bytes=WORKSPACE_BYTES,
+                                   jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir))
 _shared: dict[str, torch.Tensor] = {}
 

@@ -141,6 +141,7 @@ class Library:
     distributions: tuple[str, ...] = ()  # the first one installed gives the version
     backends: tuple[str, ...] = ()
     chooser: str | None = None  # the backend value that lets the library choose ("auto")
+    workspace_bytes: int | None = None  # the smallest scratch workspace a runner of it gets, where it takes one
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
 

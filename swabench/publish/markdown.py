@@ -1,5 +1,5 @@
-"""Markdown pieces shared by ``report`` and ``compare``: pure functions of pandas tables and run
-metadata (no plotting library, so ``swabench compare`` starts without matplotlib)."""
+"""Markdown pieces shared by the published pages and ``compare``: pure functions of pandas tables and
+run metadata (no plotting library, so ``swabench compare`` starts without matplotlib)."""
 
 from __future__ import annotations
 

@@ -59,9 +59,9 @@ def _one_or_each(values):
     return values[0] if len(set(values)) == 1 else tuple(values)
 
 
-def _as_scenario_values(axes: dict) -> dict:
+def _as_scenario_values(values: dict) -> dict:
     """Case axes as a sweep group writes them: a per-request list is a list inside the list."""
-    return {k: [list(v)] if isinstance(v, tuple) else v for k, v in axes.items()}
+    return {k: [list(v)] if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 MAX_BYTES = 256 << 20  # a trace of a million steps is about 100 MiB

@@ -274,7 +274,7 @@ class RunStore:
         atomic_write(self.folder / SAMPLES, gzipped(to_samples(rows).to_csv(index=False)))
         (self.folder / SAMPLES.removesuffix(".gz")).unlink(missing_ok=True)  # an older version's, on resume
         counts = table["status"].value_counts().to_dict() if len(table) else {}
-        self.update_meta(**meta_updates, rows=len(table), status_counts=counts)
+        self.update_meta(**{**meta_updates, "rows": len(table), "status_counts": counts})
         return table
 
 

@@ -22,7 +22,8 @@ def _paths_of_step(run: Run, mode: str) -> pd.DataFrame:
     v = versus.against_reference(run.table, baselines=True)
     v = v[v["mode"] == mode]
     refs = {registry.reference_path(s) for s in set(v["storage"])} - {None}
-    own = run.table[(run.table["mode"] == mode) & run.table["median_us"].notna() & (run.table["kind"] == "correct")]
+    t = run.table
+    own = t[(t["mode"] == mode) & t["median_us"].notna() & (t["kind"] == "correct") & (t["status"] == "pass")]
     mine = own[[(i, b) in refs for i, b in zip(own["impl"], own["backend"])]]
     rows = [dict(impl=i, backend=b, ratio=1.0, cases=len(g), mask=g["speedup_vs_mask"].median(),
                  us=g["median_us"].median()) for (i, b), g in mine.groupby(["impl", "backend"])]
@@ -57,7 +58,8 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
                                              f"reference ({micros(best['us'])} us median, {int(best['cases'])} cases)",
                      "the custom mask instead": f"{ratio(best['mask'])}x its time" if best["mask"] == best["mask"]
                      else "", "slowest correct path": f"`{worst['impl']}` [{worst['backend']}] "
-                                                      f"{ratio(worst['ratio'] / best['ratio'])}x its time",
+                                                      f"{ratio(worst['ratio'] / best['ratio'])}x its time"
+                     if len(paths) > 1 else "",
                      "known bugs caught": _bugs_of_step(run, mode), "run": run.name})
     return pd.DataFrame(rows)
 

@@ -66,7 +66,7 @@ class Section:
         """The section on one run's report: nothing where the run has no rows for it."""
         if self.timed and not run.timed:
             return []
-        frame, said = self.table(run), self.said(run)
+        frame, said = self.table(run), [s for s in self.said(run) if s]
         return self.head() + said + [markdown_table(frame)] if len(frame) else []
 
     def for_runs(self, runs: list[Run]) -> list[str]:
@@ -78,7 +78,7 @@ class Section:
         elif self.one_table:
             frames = [self.table(r) for r in runs]
             rows = [f.assign(run=r.name)[["run", *f.columns]] for r, f in zip(runs, frames) if len(f)]
-            body = [s for r in runs for s in self.said(r)] + ([markdown_table(pd.concat(rows))] if rows else [])
+            body = [s for r in runs for s in self.said(r) if s] + ([markdown_table(pd.concat(rows))] if rows else [])
         else:
             body = []
             for r in runs:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.impls.flashinfer_impls import MIB, WORKSPACE_BYTES
+from swabench.impls import registry
 from swabench.publish.sections.base import FINDINGS, LONG_US, NOISE, REPORT, SUMMARY, Run, Section
 from swabench.store import run_folder
 
-WORKSPACE_MIB = WORKSPACE_BYTES // MIB
+# the smallest workspace a runner gets, as its library declares it (None: no library takes one)
+WORKSPACE_MIB = next((lib.workspace_bytes >> 20 for lib in registry.libraries() if lib.workspace_bytes), None)
 
 
 def timing_matrix(run: Run) -> pd.DataFrame:
@@ -53,7 +54,7 @@ def measurement(run: Run) -> pd.DataFrame:
 
 
 def _workspace_grid(run: Run) -> pd.DataFrame:
-    t = run.table.dropna(subset=["workspace_mib"])
+    t = run.table.dropna(subset=["workspace_mib"]) if WORKSPACE_MIB is not None else run.table.iloc[0:0]
     shape = ["mode", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "storage", "backend"]
     return t.groupby(shape, sort=False).agg(points=("impl", "size"), workspace_mib=("workspace_mib", "max"),
                                             passed=("status", lambda s: int((s == "pass").sum()))).reset_index()
