@@ -96,7 +96,7 @@ def test_two_cpu_runs_of_one_scenario_show_no_regression(cpu_run, tmp_path):
     r = invoke("run", cpu_run / run_folder.SCENARIO, "--out", again, "--device", "cpu")
     assert r.exit_code == 0, r.output
     c = compare.compare(cpu_run, again)
-    assert c.regressions == 0 and "improvement" not in set(c.table["verdict"]), c.table
+    assert c.regressions == 0, c.table  # a quicker second run (warm caches) may show as an improvement: no exit 1
     r = invoke("compare", cpu_run, again)
     assert r.exit_code == 0 and "too noisy to judge when either run's noise is above 0.05" in r.output
 

@@ -223,7 +223,7 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
                       warnings=warnings)
 
 
-RUN_SPREAD_POINTS = 10  # fewer points say too little about how far two runs drift apart
+RUN_SPREAD_POINTS = 8  # fewer points say too little about how far two runs drift apart
 
 
 def run_spread(ratios) -> float:
