@@ -6,11 +6,8 @@ rule, per point timed in both runs:
 
 - too noisy: either run's noise is above the threshold, so a change of the threshold's size cannot
   be told from the spread of the samples; never a regression (raise ``--threshold`` to judge it);
-- same: |ratio - 1| <= max(threshold, the two points' combined noise sqrt(noise_base² + noise_new²),
-  the two runs' spread), or the samples do not differ significantly (two-sided p >= alpha).  The runs'
-  spread (``run_spread``) is how far their points drift apart with nothing changed, measured across
-  every point both runs timed: a host busy during one run moves each point its own way while every
-  point's own samples stay tight;
+- same: |ratio - 1| <= max(threshold, the two points' combined noise sqrt(noise_base² + noise_new²)),
+  or the samples do not differ significantly (two-sided p >= alpha);
 - regression / improvement: slower / faster beyond that, with p < alpha.
 
 A correct implementation that passed in BASE and fails the gate in NEW is a regression whatever its
@@ -207,39 +204,17 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
                "noise_new": _point_noise(r["noise_new"], ns.get(key))}
         row["ratio"] = row["new_us"] / row["base_us"] if row["base_us"] else float("nan")
         row["p"] = mann_whitney_u(bs[key], ns[key])[1] if key in bs and key in ns else float("nan")
-        rows.append((row, r["side"]))
-    spread = run_spread([row["ratio"] for row, side in rows if side == "both"])
-    for row, side in rows:
-        row["verdict"] = _verdict(row, max(threshold, spread), alpha, side, threshold)
-    rows = [row for row, _ in rows]
+        row["verdict"] = _verdict(row, threshold, alpha, r["side"])
+        rows.append(row)
     order = {"regression": 0, "improvement": 1, "status changed": 2, "too noisy": 3, "only in one run": 4, "same": 5}
     table = pd.DataFrame(rows)
     table = table.assign(_o=table["verdict"].map(order), _r=-table["ratio"].fillna(0)) \
         .sort_values(["_o", "_r"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
-    if spread > threshold:
-        warnings.append(f"the two runs differ by {spread:.1%} point to point with no point changed (3 x the spread of "
-                        f"their ratios across points, {RUN_SPREAD_POINTS}+ points): only changes beyond it count")
     return Comparison(table=table, base_meta=bm, new_meta=nm, joined=n_both, only_base=n_base, only_new=n_new,
                       warnings=warnings)
 
 
-RUN_SPREAD_POINTS = 8  # fewer points say too little about how far two runs drift apart
-
-
-def run_spread(ratios) -> float:
-    """How far two runs drift apart point by point with nothing changed: three times the scaled median
-    absolute deviation of the points' log ratios (0 with fewer than RUN_SPREAD_POINTS).  A host that is
-    busy during one run shifts its points each its own way while every point's samples stay tight; a
-    real change of a few points still stands out, and one of every point moves the median, not the spread."""
-    logs = [math.log(r) for r in ratios if math.isfinite(r) and r > 0]
-    if len(logs) < RUN_SPREAD_POINTS:
-        return 0.0
-    centre = statistics.median(logs)
-    mad = 1.4826 * statistics.median(abs(x - centre) for x in logs)
-    return math.expm1(3 * mad)
-
-
-def _verdict(row: dict, floor: float, alpha: float, merge: str, threshold: float) -> str:
+def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
     if merge != "both":
         return "only in one run"
     if row["status_base"] == "pass" and row["status_new"] == "fail":
@@ -251,7 +226,7 @@ def _verdict(row: dict, floor: float, alpha: float, merge: str, threshold: float
     noises = [n for n in (row["noise_base"], row["noise_new"]) if math.isfinite(n)]
     if any(n > threshold for n in noises):
         return "too noisy"
-    if abs(row["ratio"] - 1) <= max(floor, math.hypot(*noises)) or not row["p"] < alpha:
+    if abs(row["ratio"] - 1) <= max(threshold, math.hypot(*noises)) or not row["p"] < alpha:
         return "same"
     return "regression" if row["ratio"] > 1 else "improvement"
 
@@ -265,8 +240,7 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
     head += (f"{c.joined} points joined ({c.only_base} only in BASE, {c.only_new} only in NEW); "
              f"noise is a point's IQR / median; a point is too noisy to judge when either run's noise is above "
              f"{threshold:g} (never a regression: raise --threshold to judge it); a regression or improvement "
-             f"needs |ratio - 1| > max({threshold:g}, sqrt(noise_base² + noise_new²), the runs' spread across "
-             f"points) and Mann-Whitney "
+             f"needs |ratio - 1| > max({threshold:g}, sqrt(noise_base² + noise_new²)) and Mann-Whitney "
              f"p < {alpha:g}: "
              + ", ".join(f"{v} {k}" for k, v in counts.items()) + "\n\n")
     shown = c.table[c.table["verdict"] != "same"]
