@@ -44,7 +44,8 @@ def against_reference(table: pd.DataFrame, baselines: bool = True) -> pd.DataFra
     ref_impl = t["storage"].map(lambda s: (refs[s] or (None, None))[0])
     ref_backend = t["storage"].map(lambda s: (refs[s] or (None, None))[1])
     if not baselines:
-        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library == reference_library()}
+        library = reference_library()
+        dropped = {i.name for i in registry.all_implementations() if i.baseline and i.library == library}
         keep = ~t["impl"].isin(dropped)
         t, ref_impl, ref_backend = t[keep], ref_impl[keep], ref_backend[keep]
     is_ref = (t["impl"] == ref_impl) & (t["backend"] == ref_backend)
