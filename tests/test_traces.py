@@ -63,26 +63,79 @@ def test_bad_lines_are_refused_by_number(tmp_path, line, message):
         traces.read(write(tmp_path, [line]))
 
 
+def paths(rows, weights, modes=None):
+    """A run table of (case_id, mode, impl, kind, library, backend, status, median_us) rows, weighed."""
+    table = pd.DataFrame(rows, columns=["case_id", "mode", "impl", "kind", "library", "backend", "status",
+                                        "median_us"])
+    return replay.steps(table, weights, modes)
+
+
+def row(out, impl):
+    return out[out["impl"] == impl].iloc[0]
+
+
 def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
-    table = pd.DataFrame({"case_id": ["a", "b", "a", "b"], "mode": ["decode", "verify", "decode", "verify"],
-                          "impl": ["x", "x", "y", "z"], "backend": ["fa2"] * 4,
-                          "median_us": [10.0, 40.0, 20.0, 30.0]})
-    out = replay.per_thousand_steps(table, {"a": 3, "b": 1}).astype(object).fillna("-")  # empty cells are NaN
-    assert out.values.tolist() == [
-        ["x", "fa2", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],  # ms per 1000 steps = us per step, weighted
-        ["y", "fa2", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
-        ["z", "fa2", 30 / 4, "-", "-", "1/4"],
-        ["fastest per mode", "verify: z [fa2], decode: x [fa2]", 30 / 4, 30 / 4, 60 / 4, "4/4"]]
+    per_step = paths([("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
+                      ("b", "verify", "x", "correct", "fi", "fa2", "pass", 40.0),
+                      ("a", "decode", "y", "correct", "fi", "fa2", "pass", 20.0),
+                      ("b", "verify", "z", "correct", "torch", "torch", "pass", 30.0)], {"a": 3, "b": 1})
+    assert per_step["ms_per_1000"].tolist() == [30 / 4, 40 / 4, 60 / 4, 30 / 4]  # us per step x its share
+    out = replay.per_thousand_steps(per_step, ("fi",)).astype(object).fillna("-")  # empty cells are NaN
+    assert out.drop(columns="backend").values.tolist() == [
+        ["x", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],
+        ["y", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
+        ["z", 30 / 4, "-", "-", "1/4"],
+        ["best single fi path", 40 / 4, 30 / 4, 70 / 4, "4/4"],  # z is not fi's
+        [replay.SERVED, 30 / 4, 30 / 4, 60 / 4, "4/4"]]
+    assert row(out, "best single fi path")["backend"] == "verify: x [fa2]; decode: x [fa2]"
+    assert row(out, replay.SERVED)["backend"] == "verify: z [torch] 1/1; decode: x [fa2] 3/3"
+
+
+def test_a_mixed_trace_is_served_step_by_step_where_no_one_path_runs_a_mode():
+    """Decode steps with sinks (s) and without (p): only the sink path runs s, it skips p; the window
+    path skips s; the slow torch path runs both; a faster known bug never counts."""
+    per_step = paths([("s", "decode", "sink", "correct", "fi", "fa2", "pass", 20.0),
+                      ("p", "decode", "sink", "correct", "fi", "fa2", "skip", None),
+                      ("s", "decode", "window", "correct", "fi", "fa2", "skip", None),
+                      ("p", "decode", "window", "correct", "fi", "fa2", "pass", 18.0),
+                      ("s", "decode", "torch-trim", "correct", "torch", "torch", "pass", 5000.0),
+                      ("p", "decode", "torch-trim", "correct", "torch", "torch", "pass", 5000.0),
+                      ("p", "decode", "bug", "known-bug", "fi", "fa2", "xpass", 1.0),
+                      ("v", "verify", "window", "correct", "fi", "fa2", "pass", 50.0),
+                      ("v", "verify", "bug", "known-bug", "fi", "fa2", "xfail", None)], {"s": 1, "p": 3, "v": 1})
+    out = replay.per_thousand_steps(per_step, ("fi",))
+    assert out["decode ms"].isna().tolist()[:2] == [True, True]  # neither FlashInfer path runs every decode step
+    assert row(out, "torch-trim")["decode ms"] == 5000.0 * 4 / 5
+    single = row(out, "best single fi path")
+    assert single["decode ms"] != single["decode ms"] and single["verify ms"] == 50.0 / 5
+    assert single["backend"] == "verify: window [fa2]; decode: no one path passed every step"
+    assert single["steps covered"] == "1/5"
+    best = row(out, replay.SERVED)
+    assert best["decode ms"] == (20.0 * 1 + 18.0 * 3) / 5 and best["all steps ms"] == (20.0 + 54.0 + 50.0) / 5
+    assert best["backend"] == "verify: window [fa2] 1/1; decode: window [fa2] 3/4, sink [fa2] 1/4"
+
+
+def test_a_mode_no_correct_path_served_is_empty_and_names_the_step():
+    per_step = paths([("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
+                      ("b", "decode", "x", "correct", "fi", "fa2", "fail", None),
+                      ("b", "decode", "bug", "known-bug", "fi", "fa2", "pass", 1.0)], {"a": 1, "b": 1})
+    best = row(replay.per_thousand_steps(per_step), replay.SERVED)
+    assert best["decode ms"] != best["decode ms"] and best["steps covered"] == "0/2"
+    assert best["backend"] == "decode: no correct path passed step b"
 
 
 def test_a_replay_missing_whole_steps_claims_no_mode_it_did_not_cover():
-    table = pd.DataFrame({"case_id": ["a", "c"], "mode": ["decode", "verify"], "impl": ["x", "x"],
-                          "backend": ["fa2"] * 2, "median_us": [10.0, 20.0]})
+    rows = [("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
+            ("c", "verify", "x", "correct", "fi", "fa2", "pass", 20.0)]
     weights = {"a": 3, "b": 1, "c": 1}  # b (a decode step) has no rows yet: an interrupted replay
-    blind = replay.per_thousand_steps(table, weights)
-    assert blind["impl"].tolist() == ["x"] and blind.drop(columns=["impl", "backend", "steps covered"]).isna().all(axis=None)
-    told = replay.per_thousand_steps(table, weights, {"a": "decode", "b": "decode", "c": "verify"})
-    assert told["impl"].tolist() == ["x"] and told["verify ms"].tolist() == [4.0] and told["decode ms"].isna().all()
+    blind = paths(rows, weights)
+    assert blind[blind["case_id"] == "b"]["status"].tolist() == ["not run"]
+    out = replay.per_thousand_steps(blind)
+    assert out["impl"].tolist() == ["x", replay.SERVED]
+    assert out.drop(columns=["impl", "backend", "steps covered"]).isna().all(axis=None)
+    told = replay.per_thousand_steps(paths(rows, weights, {"a": "decode", "b": "decode", "c": "verify"}))
+    assert told["verify ms"].tolist() == [4.0, 4.0] and told["decode ms"].isna().all()
+    assert row(told, replay.SERVED)["backend"].endswith("decode: no correct path passed step b")
 
 
 def test_model_features_in_a_trace_line_is_one_step_where_it_changes_nothing(tmp_path):
@@ -111,6 +164,36 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     assert f"From `{tmp_path / 'run'}`:\n\n| impl | backend |" in replay
     per_model = page.split("## Per model")[1].split("\n## ")[0]
     assert f"From `{tmp_path / 'run'}`:" in per_model and "gemma-3-1b" in per_model  # the gemma-3-1b verify step
+
+
+def test_a_mixed_trace_replays_on_the_cpu_served_step_by_step(tmp_path, monkeypatch):
+    """A decode line of a model with sinks beside decode and verify lines without: FlexAttention has no
+    sink term and a sinks-only path (as FlashInfer's sink wrapper) runs nothing else, so neither runs
+    every decode step; served at its best takes each step from the path that passed it."""
+    import dataclasses
+
+    from swabench.impls import registry
+
+    sinks_only = dataclasses.replace(registry.get("torch-trim"), name="torch-sinks-only", requires=frozenset({"sinks"}))
+    monkeypatch.setitem(registry._REGISTRY, "torch-sinks-only", sinks_only)
+    trace = write(tmp_path, [{"mode": "decode", "model": "gpt-oss-20b", "requests": [[40, 1], [200, 1]], "count": 2},
+                             {"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]], "count": 5},
+                             {"mode": "verify", **LAYER, "requests": [[50, 3]]}])
+    r = invoke("replay", trace, "--impl", "flex-window", "--impl", "torch-sinks-only", "--device", "cpu",
+               "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    per_step = pd.read_csv(tmp_path / "run" / "replay.csv")
+    assert per_step.groupby("impl")["status"].apply(sorted).to_dict() == {  # no point of a path's non-sink steps
+        "flex-window": ["pass", "pass", "skip"], "torch-sinks-only": ["pass"]}
+    assert per_step.groupby("mode")["count"].sum().to_dict() == {"decode": 2 * 2 + 5, "verify": 1}  # rows x count
+    timed = per_step.dropna(subset=["median_us"])
+    assert (timed["ms_per_1000"] == timed["median_us"] * timed["count"] / 8).all()
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in r.output.splitlines() if line.startswith("| ")}
+    assert lines["flex-window"].startswith("| flex-window | flex | ") and "| 6/8 |" in lines["flex-window"]
+    served = lines["served at its best"]
+    assert "decode: flex-window [flex] 5/7, torch-sinks-only [torch] 2/7" in served and "| 8/8 |" in served
+    text = report.write(tmp_path / "run", tmp_path / "report").read_text()
+    assert served in text  # the report's table is made from replay.csv
 
 
 def test_a_bad_trace_exits_2(tmp_path):
@@ -155,8 +238,10 @@ def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
     text = report.write(H200_REPLAY, tmp_path).read_text()
     assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
     replay = text.split("## Trace replay")[1].split("\n## ")[0]
-    best = [line for line in replay.splitlines() if line.startswith("| fastest per mode | extend: ")]
-    assert len(best) == 1 and best[0].endswith("| 200/200 |")
+    best = [line for line in replay.splitlines() if line.startswith("| served at its best | extend: ")]
+    assert len(best) == 1 and best[0].endswith("| 84.4 | 200/200 |")  # every step served, by the fastest
+    single = [line for line in replay.splitlines() if line.startswith("| best single flashinfer path | ")]
+    assert len(single) == 1 and "decode: decode-trim [fa2] |" in single[0]
     decode = text.split("## Decode:")[1].split("\n## ")[0]
     assert decode.count("| 1024 | [32 of 4096..16384] |") == 1  # the drawn contexts, one row for their label
     assert (tmp_path / "backends.png").exists()  # steps that share a label each keep their bar

@@ -1,4 +1,9 @@
-"""A replay's weighted table: milliseconds of attention per 1000 steps of a trace's mix."""
+"""A replay's weighted tables: milliseconds of attention per 1000 steps of a trace's mix.
+
+A step's time is its median kernel time in microseconds; weighted by its share of the trace, the
+sum over steps is microseconds per step of the mix, which is milliseconds per 1000 steps.  A server
+picks a path per step of each layer type, so the mix "served at its best" is decided step by step:
+each distinct step served by the fastest correct path that passed it."""
 
 from __future__ import annotations
 
@@ -9,45 +14,116 @@ from swabench.spec.traces import MODES
 if TYPE_CHECKING:
     import pandas as pd
 
+STEP_COLUMNS = ["case_id", "case", "mode", "count", "impl", "kind", "library", "backend", "status", "median_us",
+                "ms_per_1000"]
+SERVED = "served at its best"
 
-def per_thousand_steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) \
-        -> pd.DataFrame:
-    """Per implementation and backend: milliseconds of attention per 1000 steps of the trace's mix,
-    split by the mode of the step (a cell is left empty where the path did not time every step of that
-    mode: the decode wrappers run no verify), their sum where the path timed every step, and the
-    steps it covered.  A last row takes the fastest path of each mode: the mix served at its best.
-    ``modes`` (case_id -> mode, from the run's meta) says the mode of a step that has no rows yet; without
-    it, a replay missing whole steps leaves every mode cell empty rather than guess their modes."""
+
+def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) -> pd.DataFrame:
+    """``replay.csv``: one row per step x implementation x backend, with the step's mode and count (the
+    steps of the trace it stands for), the point's status and median time, and ``ms_per_1000``: its
+    weighted share, milliseconds per 1000 steps of the mix (empty where the point has no time).  A step
+    of the trace with no row yet (an interrupted replay) has one row of status ``not run``."""
     import pandas as pd
 
     total = sum(weights.values())
-    modes = {**dict(zip(table["case_id"], table["mode"])), **(modes or {})}
-    known = all(c in modes for c in weights)
-    order = [m for m in MODES if m in {modes[c] for c in weights if c in modes}]
-    per_mode = {m: sum(w for c, w in weights.items() if modes.get(c) == m) for m in order}
-    timed = table.dropna(subset=["median_us"]).assign(weight=lambda t: t["case_id"].map(weights).fillna(0))
-    rows = []
-    for (impl, backend), g in timed.groupby(["impl", "backend"], sort=False):
-        covered = int(g["weight"].sum())
-        if not covered:
-            continue
-        row = {"impl": impl, "backend": backend}
-        for m in order:
-            own = g[g["mode"] == m]
-            row[f"{m} ms"] = float((own["median_us"] * own["weight"]).sum() / total) \
-                if known and int(own["weight"].sum()) == per_mode[m] else float("nan")  # us/step x steps/1000 = ms
-        row["all steps ms"] = sum(row[f"{m} ms"] for m in order) if covered == total else float("nan")
-        row["steps covered"] = f"{covered}/{total}"
-        rows.append(row)
-    out = pd.DataFrame(rows)
+    modes = {**(modes or {}), **dict(zip(table["case_id"], table["mode"]))}
+    own = table[table["case_id"].isin(weights)]
+    rows = own.reindex(columns=[c for c in STEP_COLUMNS if c not in ("count", "ms_per_1000")]).assign(
+        mode=own["case_id"].map(modes), count=own["case_id"].map(weights))
+    missing = [c for c in weights if c not in set(own["case_id"])]
+    if missing:
+        rows = pd.concat([rows, pd.DataFrame({"case_id": missing, "mode": [modes.get(c) for c in missing],
+                                              "count": [weights[c] for c in missing], "status": "not run"})],
+                         ignore_index=True)
+    rows["ms_per_1000"] = rows["median_us"] * rows["count"] / total
+    return rows.reindex(columns=STEP_COLUMNS).reset_index(drop=True)
+
+
+def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) -> pd.DataFrame:
+    """From ``steps``: per implementation and backend, milliseconds per 1000 steps of the trace's mix,
+    split by the step's mode (empty where the path did not time every step of that mode: the decode
+    wrappers run no verify), their sum where it timed every step, and the steps it covered.  Then, per
+    library in ``libraries``, its best single path per mode (the fastest of its correct paths that
+    passed every step of the mode: what a server that picks one path per layer type gets), and last
+    the mix served at its best, step by step."""
+    import pandas as pd
+
+    counts = dict(zip(per_step["case_id"], per_step["count"].astype(int)))
+    total = sum(counts.values())
+    step_modes = per_step.drop_duplicates("case_id").set_index("case_id")["mode"]
+    order = [m for m in MODES if m in set(step_modes)]
+    unknown = set(step_modes.index[step_modes.isna()])  # no rows and no mode: it may belong to any mode
+    per_mode = {m: set(step_modes.index[step_modes == m]) | unknown for m in order}
+    rows = [_path_row(impl, backend, g, per_mode, total)
+            for (impl, backend), g in per_step.dropna(subset=["median_us"]).groupby(["impl", "backend"], sort=False)]
+    out = pd.DataFrame(rows, columns=["impl", "backend", *(f"{m} ms" for m in order), "all steps ms",
+                                      "steps covered"])
     if out.empty:
         return out
-    best = {m: out[f"{m} ms"].idxmin() for m in order if out[f"{m} ms"].notna().any()}
-    if known and len(best) == len(order):
-        out.loc[len(out)] = {"impl": "fastest per mode",
-                             "backend": ", ".join(f"{m}: {out.at[i, 'impl']} [{out.at[i, 'backend']}]"
-                                                  for m, i in best.items()),
-                             **{f"{m} ms": out.at[i, f"{m} ms"] for m, i in best.items()},
-                             "all steps ms": sum(out.at[i, f"{m} ms"] for m, i in best.items()),
-                             "steps covered": f"{total}/{total}"}
+    correct = per_step[(per_step["kind"] == "correct") & (per_step["status"] == "pass")].dropna(subset=["median_us"])
+    for library in libraries:
+        if (correct["library"] == library).any():
+            out.loc[len(out)] = {"impl": f"best single {library} path",
+                                 **_totals(*_best_single(correct[correct["library"] == library], per_mode),
+                                         per_mode, counts)}
+    out.loc[len(out)] = {"impl": SERVED, **_totals(*_served(correct, per_step, per_mode), per_mode, counts)}
     return out
+
+
+def _path_row(impl, backend, g, per_mode: dict[str, set], total: int) -> dict:
+    covered = int(g["count"].sum())
+    row = {"impl": impl, "backend": backend}
+    for m, ids in per_mode.items():
+        own = g[g["mode"] == m]
+        row[f"{m} ms"] = float(own["ms_per_1000"].sum()) if set(own["case_id"]) == ids else float("nan")
+    row["all steps ms"] = sum(row[f"{m} ms"] for m in per_mode) if covered == total else float("nan")
+    row["steps covered"] = f"{covered}/{total}"
+    return row
+
+
+def _best_single(correct: pd.DataFrame, per_mode: dict[str, set]) -> tuple[dict, list[str]]:
+    """Per mode, the fastest path of ``correct`` (its passing rows) that passed every step of the mode."""
+    row, said = {}, []
+    for m, ids in per_mode.items():
+        sums = correct[correct["mode"] == m].groupby(["impl", "backend"], sort=False).agg(
+            steps=("case_id", "nunique"), ms=("ms_per_1000", "sum"))
+        whole = sums[sums["steps"] == len(ids)]
+        if len(whole):
+            impl, backend = whole["ms"].idxmin()
+            row[f"{m} ms"] = float(whole["ms"].min())
+            said.append(f"{m}: {impl} [{backend}]")
+        else:
+            row[f"{m} ms"] = float("nan")
+            said.append(f"{m}: no one path passed every step")
+    return row, said
+
+
+def _served(correct: pd.DataFrame, per_step: pd.DataFrame, per_mode: dict[str, set]) -> tuple[dict, list[str]]:
+    """Each step served by the fastest correct path that passed it; a mode is empty where one of its
+    steps had none, and says which."""
+    fastest = correct.sort_values("median_us").drop_duplicates("case_id").set_index("case_id")
+    labels = per_step.drop_duplicates("case_id").set_index("case_id")["case"]
+    row, said = {}, []
+    for m, ids in per_mode.items():
+        unserved = [c for c in per_step["case_id"].drop_duplicates() if c in ids and c not in fastest.index]
+        if unserved:
+            row[f"{m} ms"] = float("nan")
+            said.append(f"{m}: no correct path passed step " + ", ".join(
+                f"{c}" + (f" ({labels[c]})" if isinstance(labels.get(c), str) else "") for c in unserved))
+            continue
+        own = fastest.loc[sorted(ids)]
+        row[f"{m} ms"] = float(own["ms_per_1000"].sum())
+        used = own.groupby(["impl", "backend"], sort=False)["count"].sum().sort_values(ascending=False, kind="stable")
+        said.append(f"{m}: " + ", ".join(f"{i} [{b}] {n}/{used.sum()}" for (i, b), n in used.items()))
+    return row, said
+
+
+def _totals(row: dict, said: list[str], per_mode: dict[str, set], counts: dict[str, int]) -> dict:
+    """An aggregate row: what serves each mode in the backend column, the sum where every mode has a
+    time, and the steps of the trace in the modes it fills."""
+    filled = {c for m, ids in per_mode.items() if row[f"{m} ms"] == row[f"{m} ms"] for c in ids}
+    total = sum(counts.values())
+    covered = sum(counts[c] for c in filled)
+    return {**row, "backend": "; ".join(said), "steps covered": f"{covered}/{total}",
+            "all steps ms": sum(row[f"{m} ms"] for m in per_mode) if covered == total else float("nan")}

@@ -95,7 +95,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
         raise InputError("--resume needs --out DIR: the replay to continue")
     request = replaying.request(trace, impls, backends, out, device_of(device), resume, l2)
     outcome = lifecycle.execute(request, Bar())
-    table = replaying.per_thousand_steps(outcome, request)
+    table = replaying.weigh(outcome, request)
     click.echo(markdown_table(table) if len(table) else "no step was timed: nothing to weigh")
     report_outcome(outcome, False, lifecycle.rerun_command(request.out))
 

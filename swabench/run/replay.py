@@ -12,6 +12,7 @@ from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.run import lifecycle
 from swabench.spec import axes, traces
+from swabench.store import schema
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,9 +48,13 @@ def _checked_backends(backends) -> list[str]:
     return list(dict.fromkeys(backends))
 
 
-def per_thousand_steps(outcome: lifecycle.Outcome, request: lifecycle.Request) -> pd.DataFrame:
-    """The replay's table of milliseconds per 1000 steps (analysis.replay)."""
+def weigh(outcome: lifecycle.Outcome, request: lifecycle.Request) -> pd.DataFrame:
+    """Write the folder's ``replay.csv`` (analysis.replay.steps: every step x path, weighted) from the
+    table as it stands, interrupted or not, and return the replay's table of milliseconds per 1000 steps."""
     from swabench.analysis import replay
+    from swabench.store import run_folder
 
     trace = request.meta["trace"]
-    return replay.per_thousand_steps(outcome.table, trace["weights"], trace["modes"])
+    per_step = replay.steps(outcome.table, trace["weights"], trace["modes"])
+    run_folder.atomic_write(outcome.folder / schema.REPLAY, per_step.to_csv(index=False))
+    return replay.per_thousand_steps(per_step, tuple(lib.name for lib in registry.libraries()))

@@ -6,6 +6,7 @@ read back whatever state it was left in.
     samples.csv.gz every timing sample, long format (case_id, impl, backend, kind, index, value_us)
     meta.json      environment, command line, method, scenario name and hash, progress (``schema``)
     scenario.toml  the scenario file exactly as run
+    replay.csv     a replay's steps x paths, weighted (analysis.replay.steps)
 
 Readers take either table plain or gzipped (``stored``): folders before samples.csv.gz have
 samples.csv, and a published folder may carry a large results.csv as results.csv.gz.

@@ -14,6 +14,7 @@ TABLE = "results.csv"  # the tidy table: one row per case x implementation x bac
 SAMPLES = "samples.csv.gz"  # every timing sample, long format, gzipped (folders before it: samples.csv)
 META = "meta.json"
 SCENARIO = "scenario.toml"  # the scenario file exactly as run
+REPLAY = "replay.csv"  # a replay's steps x paths, each with its count and weighted time (analysis.replay.steps)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")

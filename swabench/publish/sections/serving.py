@@ -10,6 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.impls import registry
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
 from swabench.spec import models
+from swabench.store import run_folder, schema
 
 
 def feature_costs(run: Run) -> pd.DataFrame:
@@ -68,12 +69,25 @@ def fastest_per_model(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def replay_table(run: Run) -> pd.DataFrame:
-    """A replay's time per 1000 steps of its trace's mix (empty for a run that replayed no trace)."""
+def replay_steps(run: Run) -> pd.DataFrame:
+    """A replay's ``replay.csv`` (each step x path, weighted), or the same made from its table where the
+    folder has none (a replay that crashed, or was written before the file); empty for a run that
+    replayed no trace."""
     trace = run.meta.get("trace")
     if not trace:
         return pd.DataFrame()
-    return replay.per_thousand_steps(run.table, trace["weights"], trace.get("modes"))
+    try:
+        return pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
+    except FileNotFoundError:
+        return replay.steps(run.table, trace["weights"], trace.get("modes"))
+
+
+def replay_table(run: Run) -> pd.DataFrame:
+    """A replay's time per 1000 steps of its trace's mix, per path, per library's best single path, and
+    served at its best step by step (empty for a run that replayed no trace)."""
+    per_step = replay_steps(run)
+    return replay.per_thousand_steps(per_step, tuple(lib.name for lib in registry.libraries())) \
+        if len(per_step) else pd.DataFrame()
 
 
 def replay_said(run: Run) -> list[str]:
@@ -110,7 +124,10 @@ SECTIONS = [
     Section("replay", "Trace replay: milliseconds per 1000 steps",
             "Each distinct step of a server's trace gated and timed once and weighted by how often it occurs: "
             "milliseconds of attention per 1000 steps of the mix, split by the step's mode (empty where a path did "
-            "not run every step of that mode); the last row serves each mode with its fastest path.", replay_table,
+            "not run every step of that mode).  Below the paths: each library's best single path per mode (a server "
+            "picks one path per layer type), and the mix served at its best, each step by the fastest correct path "
+            "that passed it (known bugs never count; a mode is empty where no correct path passed one of its steps, "
+            "and the row says which).  The folder's replay.csv has every step x path.", replay_table,
             replay_said),
     Section("evicted", "Evicted pages: who reads pages wholly before the window",
             "With the pages wholly before each request's window pointed at one shared page that holds NaN: the "
