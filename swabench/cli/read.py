@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import opt, run_dir
+from swabench.cli.options import InputError, opt, run_dir
 from swabench.publish import outputs
 
 force_option = opt("--force", is_flag=True, help="Overwrite a report or figures made from another run folder.")
@@ -93,4 +93,35 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
     sys.exit(1 if result.regressions else 0)
 
 
-COMMANDS = [summary_cmd, report_cmd, plot, findings, compare_cmd]
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@opt("--out", type=click.Path(file_okay=False),
+     help="Folder for MATRIX.md, matrix.csv and matrix.png (default: plots/matrix-SCENARIO).")
+@opt("--library", default="flashinfer", show_default=True, help="The library whose releases the runs differ in.")
+@opt("--unbuilt", multiple=True, metavar="RELEASE=WHY",
+     help="A release that could not be built or installed where the runs were made, and why (repeatable): a row "
+          "of the matrix says so.")
+@opt("--threshold", type=float, default=0.05, show_default=True,
+     help="Smallest relative change of a point's median that counts (as in compare).")
+@opt("--alpha", type=float, default=0.01, show_default=True, help="Significance level of the U test, in (0, 1).")
+def matrix(run_dirs, out, library, unbuilt, threshold, alpha):
+    """One scenario run on several releases of a library, side by side: points per status of each
+    implementation, the declared upstream bugs each release shows, and each timed point against the
+    newest release (compare's rule)."""
+    from swabench.analysis import matrix as release_matrix
+    from swabench.publish import matrix as page
+
+    why = {}
+    for item in unbuilt:
+        release, sep, reason = item.partition("=")
+        if not sep or not release.strip() or not reason.strip():
+            raise InputError(f"--unbuilt: give RELEASE=WHY (e.g. 0.6.0=no wheel for Python 3.12), got {item!r}")
+        why[release.strip()] = reason.strip()
+    m = release_matrix.build(run_dirs, library, threshold, alpha)
+    for warning in m.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    for path in page.write(m, outputs.matrix_folder(out, m.scenario), why, threshold, alpha):
+        click.echo(path)
+
+
+COMMANDS = [summary_cmd, report_cmd, plot, findings, compare_cmd, matrix]

@@ -48,3 +48,11 @@ def page_path(out) -> Path:
     run_folder.refuse_inside_a_run(out)
     run_folder.make_folder(out.parent)
     return out
+
+
+def matrix_folder(out, scenario: str) -> Path:
+    """A release matrix's folder: ``out``, or plots/matrix-SCENARIO; outside every run folder."""
+    folder = Path(out) if out else Path("plots") / f"matrix-{scenario}"
+    run_folder.refuse_inside_a_run(folder, "--out" if out else "the default --out")
+    run_folder.make_folder(folder)
+    return folder

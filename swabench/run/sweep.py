@@ -18,7 +18,7 @@ import torch
 from swabench.core import footprint, gate, semantics, workloads
 from swabench.measure import timing
 from swabench.core.cases import Point
-from swabench.impls import registry
+from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
 from swabench.spec.axes import make_case
 
@@ -74,9 +74,14 @@ def gpu_identity(device: torch.device) -> str | None:
     return os.environ.get("SWABENCH_GPU_ID") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 
-def verdict(expected_to_fail: bool, must_fail: bool, passed: bool) -> tuple[str, str]:
-    """(status, note) from what the gate saw and what was expected."""
+def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream.UpstreamBug | None = None) \
+        -> tuple[str, str]:
+    """(status, note) from what the gate saw and what was expected; ``bug``: the upstream bug declared
+    on this point of a correct path."""
     if not expected_to_fail:
+        if bug:
+            return ("pass", f"{bug.ref} declared here, not shown") if passed else \
+                ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
         return ("pass", "") if passed else ("fail", "")
     if must_fail:
         return ("xfail", "known bug caught") if not passed else \
@@ -94,6 +99,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
+    bug = None if impl.expected_to_fail else upstream.hit(point.impl, point.case, point.backend)
+    row["upstream"] = bug.ref if bug else None
     try:
         runner = impl.make(w, point.backend)
         with nvtx_range("plan"):
@@ -109,7 +116,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
             row["reads_evicted"] = gate.reads_evicted(runner, w) if result.passed else None
         row.update(result.columns())
         del row["passed"]
-        status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed)
+        status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed, bug)
         row.update(status=status, reason="; ".join(s for s in (note, result.reason) if s))
         samples = {"plan": plan.samples_us} if options.timed else {}
         exact = not impl.expected_to_fail or (impl.timed_where_exact and not row["must_fail"])
@@ -123,8 +130,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         return {**row, "status": "skip", "reason": f"resource: {e}"}
     except torch.cuda.OutOfMemoryError as e:
         return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
-    except Exception as e:  # a crash is a failed point, not a failed sweep
-        return {**row, "status": "fail", "reason": f"{type(e).__name__}: {e}"}
+    except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
+        return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(
+            [f"upstream bug {bug.ref}: {bug.summary}"] * bool(bug) + [f"{type(e).__name__}: {e}"])}
 
 
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:

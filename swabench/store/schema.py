@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -24,7 +24,7 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 # so readers never meet a missing column.  Others may follow.
 COLUMNS = [
     "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "status",
-    "reason", "must_fail", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
+    "reason", "must_fail", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
     "seed", "device", "gpu_id",

@@ -1,0 +1,94 @@
+"""The release matrix: one scenario on several releases, side by side (statuses, declared upstream
+bugs, time against the newest release), and the command's refusals."""
+
+import random
+
+import pandas as pd
+import pytest
+from conftest import invoke
+
+from swabench.analysis import matrix
+from swabench.store.run_folder import RunStore
+
+
+def release_run(folder, release, points, scenario="release", gpu="NVIDIA H200", seed=0):
+    """A run folder made on ``release``; ``points`` maps (impl, kind, status, upstream) to a median (None:
+    untimed), on one case; samples drawn around the median with 1% jitter."""
+    rng = random.Random(seed)
+    store = RunStore.create(folder, {"gpu": gpu, "scenario": scenario, "libraries": {"flashinfer": release}},
+                            scenario)
+    for (impl, kind, status, bug), median in points.items():
+        row = {"case_id": "c1", "case": "decode c1", "impl": impl, "kind": kind, "library": "flashinfer",
+               "backend": "fa2", "status": status, "upstream": bug, "reason": "known bug caught" * (status == "xfail")}
+        if median is not None:
+            samples = [median * (1 + rng.uniform(-0.01, 0.01)) for _ in range(40)]
+            row.update(median_us=sorted(samples)[20], samples={"kernel": samples})
+        store.append(row)
+    store.finalize(state="complete")
+    return folder
+
+
+SINK_BUG = "flashinfer#sink-uri"  # a ref no declaration has: the matrix still lists what the rows recorded
+
+
+def three_releases(tmp_path):
+    old = release_run(tmp_path / "old", "0.6.1", {("window", "correct", "pass", None): 30.0,
+                                                  ("sink", "correct", "xfail", SINK_BUG): None,
+                                                  ("bug", "known-bug", "xfail", None): None}, seed=1)
+    mid = release_run(tmp_path / "mid", "0.7.2.post1", {("window", "correct", "pass", None): 20.4,
+                                                        ("sink", "correct", "xfail", SINK_BUG): None,
+                                                        ("bug", "known-bug", "xfail", None): None}, seed=2)
+    new = release_run(tmp_path / "new", "0.7.4", {("window", "correct", "pass", None): 20.0,
+                                                  ("sink", "correct", "pass", SINK_BUG): 15.0,
+                                                  ("bug", "known-bug", "xfail", None): None}, seed=3)
+    return [new, old, mid]  # in no order: the matrix orders by release
+
+
+def test_the_matrix_orders_releases_and_says_statuses_bugs_and_times(tmp_path):
+    m = matrix.build(three_releases(tmp_path))
+    assert [r.version for r in m.releases] == ["0.6.1", "0.7.2.post1", "0.7.4"] and m.newest.version == "0.7.4"
+    statuses = m.statuses.set_index("impl")
+    assert statuses.loc["sink", "0.7.2.post1"] == "1 xfail" and statuses.loc["sink", "0.7.4"] == "1 pass"
+    bugs = m.bugs.set_index("upstream").loc[SINK_BUG]
+    assert bugs["0.6.1"] == "has it (1/1 points)" and bugs["0.7.4"] == "not shown (1 points pass)"
+    t = m.timings.set_index("release")
+    assert t.loc["0.6.1", "verdict"] == "slower" and abs(t.loc["0.6.1", "ratio"] - 1.5) < 0.03
+    assert t.loc["0.7.2.post1", "verdict"] == "same"  # 2%: under the threshold
+    assert set(m.timings["impl"]) == {"window"}  # sink is timed on 0.7.4 alone
+
+
+def test_matrix_writes_markdown_csv_and_figure(tmp_path):
+    out = tmp_path / "matrix"
+    r = invoke("matrix", *three_releases(tmp_path), "--out", out, "--unbuilt", "0.6.0=no wheel for Python 3.12")
+    assert r.exit_code == 0, r.output
+    text = (out / "MATRIX.md").read_text()
+    assert text.startswith("# Release matrix: release on flashinfer 0.6.1, 0.7.2.post1, 0.7.4")
+    assert "| 0.6.0 |  | not built | 0 | no: no wheel for Python 3.12 |" in text
+    assert f"| {SINK_BUG} |" in text and "has it (1/1 points)" in text
+    assert "| 0.6.1 | 1 | 1.50 (1.50-1.50) | 1 | 0 | 0 | 0 |" in text  # slower, with the newest as 1
+    points = pd.read_csv(out / "matrix.csv")
+    assert len(points) == 9 and set(points["release"].astype(str)) == {"0.6.1", "0.7.2.post1", "0.7.4"}
+    window = points[(points["impl"] == "window")].set_index("release")
+    assert window.loc["0.6.1", "verdict"] == "slower" and window.loc["0.7.4", "ratio_to_newest"] != \
+        window.loc["0.7.4", "ratio_to_newest"]  # the newest is the reference: no ratio of its own
+    assert (out / "matrix.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"scenario": "other"}, "the folders ran different scenarios"),
+    ({"release": "0.7.4"}, "both ran flashinfer 0.7.4: one folder per release"),
+    ({"release": None}, "recorded no flashinfer release"),
+])
+def test_folders_that_make_no_matrix_exit_2(tmp_path, change, message):
+    a = release_run(tmp_path / "a", "0.7.4", {("window", "correct", "pass", None): 20.0})
+    b = release_run(tmp_path / "b", change.get("release", "0.7.2.post1"), {("window", "correct", "pass", None): 20.0},
+                    scenario=change.get("scenario", "release"))
+    r = invoke("matrix", a, b, "--out", tmp_path / "m")
+    assert r.exit_code == 2 and message in r.output and not (tmp_path / "m").exists()
+
+
+def test_one_folder_and_a_bad_unbuilt_exit_2(tmp_path):
+    a = release_run(tmp_path / "a", "0.7.4", {("window", "correct", "pass", None): 20.0})
+    assert "give two run folders or more" in invoke("matrix", a, "--out", tmp_path / "m").output
+    r = invoke("matrix", a, a, "--unbuilt", "0.6.0", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "--unbuilt: give RELEASE=WHY" in r.output
