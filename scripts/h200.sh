@@ -25,6 +25,11 @@
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
 #            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
+#   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
+#            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
+#   dumps    scripts/play_dump.py three times: FlashInfer's API log of the plan calls (checked against the
+#            steps played, OUTDIR/dump-VERSION), of the plan and run calls (dump-runs-VERSION), and no log
+#            (dump-nolog-VERSION: the plan times to hold the logged ones against)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -98,6 +103,13 @@ for step in $steps; do
     edges-check) ( time sb check edges --out "$out/h200-edges-check" ) 2>&1 | tail -12 ;;
     check)     sb check edges --out "$out/h200-edges-check" 2>&1 | tail -3
                sb check default --out "$out/h200-default-check" 2>&1 | tail -3 ;;
+    release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
+               ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;
+    dumps)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
+               for mode in "" "--runs" "--no-log"; do
+                 python3 scripts/play_dump.py "$out/dump${mode:+-${mode#--}}-$v" $mode 2>&1 | tail -40
+               done ;;
     *)         echo "unknown step $step" ;;
   esac
 done

@@ -100,6 +100,30 @@ def replay(trace, impls, device, out, resume, backends, l2):
     report_outcome(outcome, False, lifecycle.rerun_command(request.out))
 
 
+@click.command("import")
+@click.argument("dump_dir", type=click.Path(exists=True, file_okay=False))
+@opt("--out", required=True, type=click.Path(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
+@opt("--bucket", type=click.IntRange(1), default=1, show_default=True,
+     help="Round each request's prefix up to a multiple of N, so that steps a few tokens apart share a line.")
+@opt("--force", is_flag=True, help="Overwrite TRACE.jsonl if it exists.")
+def import_cmd(dump_dir, out, bucket, force):
+    """Make a trace for `swabench replay` from FlashInfer's own API log of a running server
+    (FLASHINFER_LOGLEVEL=10, FLASHINFER_DUMP_INCLUDE='*Wrapper.plan', FLASHINFER_DUMP_DIR=DUMP_DIR): one line
+    per distinct step of a layer with a window, with how often it ran."""
+    from swabench.spec import dumps
+    from swabench.store import run_folder
+
+    target = Path(out)
+    if target.exists() and not force:
+        raise InputError(f"--out: {target} exists (--force to overwrite it)")
+    imported = dumps.read(Path(dump_dir), bucket)
+    run_folder.refuse_inside_a_run(target.parent, "--out")
+    run_folder.make_folder(target.parent)
+    run_folder.atomic_write(target, dumps.to_jsonl(imported))
+    click.echo(imported.summary())
+    click.echo(f"wrote {target}: swabench replay {target}")
+
+
 @click.command()
 @click.argument("scenario")
 @opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
@@ -144,4 +168,4 @@ def models_cmd():
     click.echo(models.listing())
 
 
-COMMANDS = [run, check, replay, warmup, list_cmd, show, models_cmd]
+COMMANDS = [run, check, replay, import_cmd, warmup, list_cmd, show, models_cmd]

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from swabench.core import semantics, workloads
+from . import upstream
 from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
@@ -65,6 +66,16 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
                                    jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir))
 _shared: dict[str, torch.Tensor] = {}
+SINK_HEAD_DIMS: dict[tuple, set[int]] = {}  # the sink wrapper's module name before 0.7.4 -> head_dims built here
+
+
+def _sink_module(case, backend: str) -> tuple:
+    """What FlashInfer before 0.7.4 named the sink wrapper's JIT module by: query dtype, window, backend."""
+    return case.dtype, case.window_left >= 0, backend
+
+
+def _sink_head_dims_mixed(case, backend: str) -> bool:
+    return len(SINK_HEAD_DIMS.get(_sink_module(case, backend), ())) > 1
 
 
 def _allocate(device: torch.device, nbytes: int) -> torch.Tensor:
@@ -165,6 +176,47 @@ def _accepts(fn, name: str) -> bool:
     return name in inspect.signature(fn).parameters
 
 
+def _needs(variant: Variant) -> list[tuple[str, str, str | None]]:
+    """The FlashInfer API a variant calls: (class, method, keyword it passes, or None)."""
+    paged, ragged = "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"
+    cls = "BatchDecodeWithPagedKVCacheWrapper" if variant.decode else paged if variant.storage == "paged" else ragged
+    needs = [(cls, "__init__", "backend")]
+    if not variant.decode and not variant.mask:
+        needs.append((cls, "plan", "window_left"))
+    if variant.sinks == "apply":
+        needs = [("BatchAttentionWithAttentionSinkWrapper", "__init__", "window_left")]
+    if variant.sinks == "drop":
+        needs.append((paged, "run", "sinks"))
+    if variant.deprecated_forward:
+        needs.append((cls, "forward", "window_left"))
+    return needs
+
+
+def missing_api(needs) -> Callable[[], str | None]:
+    """``available`` of a path: why the installed FlashInfer cannot run it (not importable, or a release
+    without the class, method or keyword it calls, named with the release), or None."""
+    @lru_cache(maxsize=1)
+    def check() -> str | None:
+        error = _import_error()
+        if error:
+            return error
+        import flashinfer
+
+        release = f"flashinfer {LIBRARY.version()}"
+        for cls_name, method, keyword in needs:
+            cls = getattr(flashinfer, cls_name, None)
+            if cls is None:
+                return f"{release} has no {cls_name}"
+            fn = getattr(cls, method, None)
+            if fn is None:
+                return f"{release} has no {cls_name}.{method}"
+            params = inspect.signature(fn).parameters
+            if keyword and keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                return f"{release}'s {cls_name}.{method} takes no {keyword}"
+        return None
+    return check
+
+
 class FlashInferRunner:
     """One wrapper, planned for one workload.
 
@@ -207,6 +259,7 @@ class FlashInferRunner:
         cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         if variant.sinks == "apply":  # its JIT module is chosen at construction: the dtypes and the window
+            SINK_HEAD_DIMS.setdefault(_sink_module(w.case, backend), set()).add(w.case.head_dim)
             cls = flashinfer.BatchAttentionWithAttentionSinkWrapper
             bufs.update(q_data_type=w.dtype, kv_data_type=w.kv_dtype, head_dim_qk=w.case.head_dim,
                         head_dim_vo=w.case.head_dim, window_left=w.case.window_left)
@@ -315,7 +368,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     backends = ("fa2",) if variant.decode == "cuda-core" else BACKENDS
     register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
                             backends=backends, modes=modes, requires=frozenset({"sinks"} if variant.sinks else ()),
-                            needs_cuda=True, unsupported=unsupported(variant), available=_import_error,
+                            needs_cuda=True, unsupported=unsupported(variant), available=missing_api(_needs(variant)),
                             **extra, **roles), module)
 
 
@@ -367,10 +420,13 @@ register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True 
                  "table, window_left=W", Variant("paged", decode="tensor-core"))
 register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key "
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=_trim))
-# FlashInfer 0.7.2 names the sink wrapper's JIT module by q dtype, window and backend only: a process that
-# has used it at one head_dim gets that module again at another (measured on the H200: rows never written,
-# or wrong; results/h200-tests-serving/sink_head_dims-7e808b3.txt).  The gate reports it where it happens.
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
+upstream.declare(upstream.UpstreamBug(
+    "flashinfer#1679", "https://github.com/flashinfer-ai/flashinfer/pull/1679", LIBRARY.name,
+    "the sink wrapper's JIT module is named by query dtype, window and backend only (since the wrapper came in "
+    "flashinfer#1679; 0.7.4 adds the head_dims and cache dtype, no upstream report found): a process that built it "
+    "at one head_dim runs that module again at another, rows unwritten or wrong",
+    frozenset({"sink-window"}), _sink_head_dims_mixed, fixed_in="0.7.4"))
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
                  "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

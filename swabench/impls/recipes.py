@@ -134,6 +134,10 @@ def _extend_unsupported(case, backend) -> str | None:
     return fi.unsupported(fi.Variant("paged", mask=True))(case, backend)
 
 
+EXTEND_API = fi.missing_api([("BatchPrefillWithRaggedKVCacheWrapper", "plan", "window_left"),
+                              ("BatchPrefillWithPagedKVCacheWrapper", "plan", "custom_mask")])
+
+
 def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None):
     def make(w, backend):
         with fi._resource_errors():
@@ -142,7 +146,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
                             backends=fi.BACKENDS, modes=("extend",), needs_cuda=True, unsupported=_extend_unsupported,
-                            available=fi._import_error, **extra), __name__)
+                            available=EXTEND_API, **extra), __name__)
 
 
 def _nomask_visibility(window_left, prefix_len, page_size):

@@ -1,0 +1,93 @@
+"""Upstream bugs declared in one place: inside a declared condition a correct path's failure is xfail with
+the issue recorded, outside it still a failure that exits 1; and a path whose API a release lacks skips
+naming the release."""
+
+import pandas as pd
+import pytest
+from conftest import TINY, invoke
+
+from swabench.core import semantics
+from swabench.impls import embedded, flashinfer_impls, registry, upstream
+from swabench.run.sweep import verdict
+from swabench.spec import axes
+from swabench.store import run_folder
+
+
+def test_verdict_of_a_correct_path_inside_a_declared_condition():
+    bug = upstream.UpstreamBug("lib#1", "", "torch", "wrong at W = 3", frozenset({"x"}), lambda c, b: True)
+    assert verdict(False, False, False, bug) == ("xfail", "upstream bug lib#1: wrong at W = 3")
+    assert verdict(False, False, True, bug) == ("pass", "lib#1 declared here, not shown")
+    assert verdict(False, False, False) == ("fail", "")
+
+
+@pytest.fixture
+def wrong_at_w3(monkeypatch):
+    """A 'correct' path whose window is one key too wide, and a bug declared on it where W = 3."""
+    trim = registry.get("torch-trim")
+    wrong = registry.Implementation("torch-wrong", "torch", trim.storages, "window too wide",
+                                    embedded._gather(lambda w, p, ps: semantics.Visibility(w + 1), True))
+    monkeypatch.setitem(registry._REGISTRY, "torch-wrong", wrong)
+    declared = upstream.declared() + [upstream.UpstreamBug("lib#7", "https://example.org/7", "torch", "too wide at W 3",
+                                                           frozenset({"torch-wrong", "torch-trim"}),
+                                                           lambda case, backend: case.window_left == 3)]
+    monkeypatch.setattr(upstream, "_DECLARED", declared)
+
+
+def test_a_failure_inside_the_condition_is_xfail_and_outside_it_still_exits_1(tmp_path, wrong_at_w3):
+    path = tmp_path / "t.toml"
+    path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"',
+                                 '"torch-wrong", "torch-trim"'))
+    r = invoke("check", path, "--out", tmp_path / "run", "--device", "cpu")
+    assert r.exit_code == 1, r.output
+    t = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
+    wrong, trim = t[t["impl"] == "torch-wrong"], t[t["impl"] == "torch-trim"]
+    assert set(zip(wrong["window_left"], wrong["status"], wrong["upstream"].fillna(""))) == {
+        (3, "xfail", "lib#7"), (15, "fail", "")}
+    assert wrong[wrong["status"] == "xfail"]["reason"].str.startswith("upstream bug lib#7: too wide at W 3").all()
+    assert set(zip(trim["window_left"], trim["status"], trim["upstream"].fillna(""))) == {
+        (3, "pass", "lib#7"), (15, "pass", "")}  # the condition held and the path passed: recorded, not shown
+    only_w3 = tmp_path / "w3.toml"
+    only_w3.write_text(path.read_text().replace("window_left = [3, 15]", "window_left = 3"))
+    assert invoke("check", only_w3, "--out", tmp_path / "w3", "--device", "cpu").exit_code == 0
+
+
+def test_the_sink_module_condition_needs_two_head_dims_in_one_process(monkeypatch):
+    monkeypatch.setattr(flashinfer_impls, "SINK_HEAD_DIMS", {})
+    case = lambda d: axes.make_case(dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=15, sinks=True,  # noqa
+                                         num_qo_heads=8, num_kv_heads=8, head_dim=d))
+    hit = lambda c, backend="fa2": upstream.hit("sink-window", c, backend)  # noqa: E731
+    key = flashinfer_impls._sink_module(case(64), "fa2")
+    flashinfer_impls.SINK_HEAD_DIMS[key] = {64}
+    assert hit(case(64)) is None and hit(case(128)) is None
+    flashinfer_impls.SINK_HEAD_DIMS[key].add(128)
+    assert hit(case(64)).ref == hit(case(128)).ref == "flashinfer#1679"
+    assert hit(case(128), "fa3") is None  # another backend is another module
+    assert upstream.hit("paged-window", case(128), "fa2") is None  # only the paths it names
+
+
+def test_every_declaration_names_registered_paths_and_a_link():
+    names = set(registry.names())
+    for bug in upstream.declared():
+        assert bug.impls <= names and bug.url.startswith("https://") and bug.summary
+
+
+def test_a_path_whose_api_the_release_lacks_skips_naming_the_release(monkeypatch):
+    import sys
+    import types
+
+    class Paged:
+        def __init__(self, workspace, layout="NHD", backend="auto"): ...
+        def plan(self, qo_indptr, window_left=-1): ...
+        def run(self, q, kv, out=None): ...  # no sinks keyword
+
+    fake = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=Paged)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(flashinfer_impls, "_import_error", lambda: None)
+    monkeypatch.setattr(registry.Library, "version", lambda self: "0.5.0")
+    drop = flashinfer_impls.Variant("paged", sinks="drop")
+    assert flashinfer_impls.missing_api(flashinfer_impls._needs(drop))() == \
+        "flashinfer 0.5.0's BatchPrefillWithPagedKVCacheWrapper.run takes no sinks"
+    sink = flashinfer_impls.Variant("paged", sinks="apply")
+    assert flashinfer_impls.missing_api(flashinfer_impls._needs(sink))() == \
+        "flashinfer 0.5.0 has no BatchAttentionWithAttentionSinkWrapper"
+    assert flashinfer_impls.missing_api(flashinfer_impls._needs(flashinfer_impls.Variant("paged")))() is None
