@@ -27,9 +27,10 @@
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 #   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
-#   dumps    scripts/play_dump.py three times: FlashInfer's API log of the plan calls (checked against the
-#            steps played, OUTDIR/dump-VERSION), of the plan and run calls (dump-runs-VERSION), and no log
-#            (dump-nolog-VERSION: the plan times to hold the logged ones against)
+#   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
+#            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
+#            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
+#            the logged ones against)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -107,9 +108,10 @@ for step in $steps; do
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
                ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;
     dumps)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
-               for mode in "" "--runs" "--no-log"; do
+               for mode in "" ${DUMP_RUNS:+--runs} "--no-log"; do
                  python3 scripts/play_dump.py "$out/dump${mode:+-${mode#--}}-$v" $mode 2>&1 | tail -40
-               done ;;
+               done
+               rm -rf "$out/dump-runs-$v/dump" ;;  # the KV cache at every run: about 1 GB
     *)         echo "unknown step $step" ;;
   esac
 done
