@@ -6,6 +6,7 @@
 _kit="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p /tmp/site /tmp/fiws
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_kit"/whl/*.whl
+rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info  # another bundle's release, on a warm node
 tar xJf "$_kit/flashinfer.tar.xz" -C /tmp/site
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS="${MAX_JOBS:-16}"

@@ -91,3 +91,30 @@ def test_a_path_whose_api_the_release_lacks_skips_naming_the_release(monkeypatch
     assert flashinfer_impls.missing_api(flashinfer_impls._needs(sink))() == \
         "flashinfer 0.5.0 has no BatchAttentionWithAttentionSinkWrapper"
     assert flashinfer_impls.missing_api(flashinfer_impls._needs(flashinfer_impls.Variant("paged")))() is None
+
+
+def test_the_release_recorded_is_the_one_that_runs(monkeypatch):
+    """Two releases' package records in one folder (one unpacked over the other): the module's own
+    __version__ names the release that runs."""
+    import importlib.metadata
+    import sys
+    import types
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.7.4")
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__="0.7.2.post1"))
+    assert flashinfer_impls.LIBRARY.version() == "0.7.2.post1"
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace())
+    assert flashinfer_impls.LIBRARY.version() == "0.7.4"
+
+
+def test_the_warm_up_builds_the_sink_wrappers_head_dims_one_after_another():
+    """Before 0.7.4 both head_dims build one file: built at once, one process loads what the other replaces."""
+    from swabench.run.sweep import build_groups, module_signature
+    from swabench.spec import scenarios
+
+    s = scenarios.load(scenarios.find("release"))
+    todo = {module_signature(p): p for p in s.points if registry.get(p.impl).needs_cuda}
+    groups = build_groups(todo)
+    sinks = [g for g in groups if any(p.impl == "sink-window" for _, p in g)]
+    assert sorted(sorted(p.case.head_dim for _, p in g) for g in sinks) == [[64], [64, 128]]  # fa3: 64; fa2: both
+    assert all(len(g) == 1 for g in groups if g not in sinks) and sum(map(len, groups)) == len(todo)

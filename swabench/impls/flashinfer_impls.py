@@ -61,11 +61,6 @@ def jit_cache_dir() -> str | None:
     return str(env.FLASHINFER_JIT_DIR)
 
 
-LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
-                                   backends=BACKENDS, chooser="auto", workspace_bytes=WORKSPACE_BYTES,
-                                   jit_modules=jit_modules,
-                                   jit_cache_dir=jit_cache_dir))
-_shared: dict[str, torch.Tensor] = {}
 SINK_HEAD_DIMS: dict[tuple, set[int]] = {}  # the sink wrapper's module name before 0.7.4 -> head_dims built here
 
 
@@ -76,6 +71,18 @@ def _sink_module(case, backend: str) -> tuple:
 
 def _sink_head_dims_mixed(case, backend: str) -> bool:
     return len(SINK_HEAD_DIMS.get(_sink_module(case, backend), ())) > 1
+
+
+def _shared_module(impl: str, case, backend: str):
+    """The sink wrapper's points share a module name before 0.7.4 whatever their head_dim."""
+    return ("sink", *_sink_module(case, backend)) if impl == "sink-window" else None
+
+
+LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
+                                   module="flashinfer", backends=BACKENDS, chooser="auto",
+                                   workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
+                                   jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
+_shared: dict[str, torch.Tensor] = {}
 
 
 def _allocate(device: torch.device, nbytes: int) -> torch.Tensor:

@@ -138,21 +138,34 @@ class Library:
     time; taken before and after a warm-up, the difference is what it built)."""
 
     name: str
-    distributions: tuple[str, ...] = ()  # the first one installed gives the version
+    distributions: tuple[str, ...] = ()  # the first one installed says the library is here
+    module: str | None = None  # the import name whose __version__ is the release that runs
     backends: tuple[str, ...] = ()
     chooser: str | None = None  # the backend value that lets the library choose ("auto")
     workspace_bytes: int | None = None  # the smallest scratch workspace a runner of it gets, where it takes one
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
+    # (implementation, case, backend) -> a key shared by points whose JIT modules may carry one name (built
+    # one after another, never at once: one build would replace the file another is loading), or None
+    shared_module: Callable[..., Hashable | None] = lambda impl, case, backend: None
 
     def version(self) -> str | None:
+        """The release that runs: the module's own ``__version__`` where it has one (a folder that holds
+        two releases' package records, one unpacked over the other, names the wrong one), else the
+        installed distribution's."""
+        import importlib
         from importlib.metadata import PackageNotFoundError, version
 
         for distribution in self.distributions:
             try:
-                return version(distribution)
+                installed = version(distribution)
             except PackageNotFoundError:
                 continue
+            try:
+                running = getattr(importlib.import_module(self.module), "__version__", None) if self.module else None
+            except Exception:  # installed but not importable here (no CUDA): the record is all there is
+                running = None
+            return str(running) if running else installed
         return None
 
     @property
@@ -214,6 +227,11 @@ def all_implementations() -> list[Implementation]:
 def libraries() -> list[Library]:
     _load()
     return list(_LIBRARIES.values())
+
+
+def library(name: str) -> Library | None:
+    _load()
+    return _LIBRARIES.get(name)
 
 
 def backends() -> tuple[str, ...]:

@@ -224,7 +224,8 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     libraries = registry.libraries()
     before, started = [lib.jit_modules() for lib in libraries], time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        built_or_not = list(pool.map(build, todo.items()))
+        built_or_not = [b for group in pool.map(lambda items: [build(i) for i in items], build_groups(todo))
+                        for b in group]
     wall = time.perf_counter() - started
     seconds = {label: t for label, t, _ in built_or_not}
     failed = {label: error for label, _, error in built_or_not if error}
@@ -232,6 +233,17 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
                    for name, mtime in lib.jit_modules().items() if old.get(name) != mtime)
     cache = ", ".join(filter(None, (lib.jit_cache_dir() for lib in libraries))) or None
     return WarmUp(seconds, built, wall, jobs, cache, failed)
+
+
+def build_groups(todo: dict[str, Point]) -> list[list[tuple[str, Point]]]:
+    """The warm-up's builds, grouped: signatures whose library modules may carry one name (the library's
+    ``shared_module``) are one group, built one after another; every other signature is its own."""
+    together: dict = {}
+    for label, p in todo.items():
+        lib = registry.library(registry.get(p.impl).library)
+        key = lib.shared_module(p.impl, p.case, p.backend) if lib else None
+        together.setdefault(label if key is None else key, []).append((label, p))
+    return list(together.values())
 
 
 def too_big(case, points: list[Point], device: torch.device) -> str | None:
