@@ -18,7 +18,8 @@ def release_run(folder, release, points, scenario="release", gpu="NVIDIA H200", 
     store = RunStore.create(folder, {"gpu": gpu, "scenario": scenario, "libraries": {"flashinfer": release}},
                             scenario)
     for (impl, kind, status, bug), median in points.items():
-        row = {"case_id": "c1", "case": "decode c1", "impl": impl, "kind": kind, "library": "flashinfer",
+        row = {"case_id": "c1", "case": "decode c1", "mode": "decode", "storage": "paged", "batch_size": 4,
+               "prefix_len": 300, "window_left": 127, "impl": impl, "kind": kind, "library": "flashinfer",
                "backend": "fa2", "status": status, "upstream": bug, "reason": "known bug caught" * (status == "xfail")}
         if median is not None:
             samples = [median * (1 + rng.uniform(-0.01, 0.01)) for _ in range(40)]
@@ -92,3 +93,14 @@ def test_one_folder_and_a_bad_unbuilt_exit_2(tmp_path):
     assert "give two run folders or more" in invoke("matrix", a, "--out", tmp_path / "m").output
     r = invoke("matrix", a, a, "--unbuilt", "0.6.0", "--out", tmp_path / "m")
     assert r.exit_code == 2 and "--unbuilt: give RELEASE=WHY" in r.output
+
+
+def test_the_findings_page_says_which_release_has_which_bug(tmp_path):
+    from swabench.publish import findings
+
+    page = findings.write(three_releases(tmp_path), tmp_path / "FINDINGS.md").read_text()
+    section = page.split("## Across releases")[1].split("\n## ")[0]
+    assert f"- `{SINK_BUG}` ((not declared in this swabench)): shown on 0.6.1, 0.7.2.post1; not shown on 0.7.4." \
+        in section
+    assert "- 0.6.1 against 0.7.4: median time ratio 1.50 over 1 timed points; 1 slower, 0 faster" in section
+    assert "| sink | correct | 1 xfail | 1 xfail | 1 pass |" in section

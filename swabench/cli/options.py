@@ -44,9 +44,9 @@ class Bar:
     def note(self, text, warn=False):
         click.secho(text, fg="yellow" if warn else None, err=True)
 
-    def start(self, total, label):
+    def start(self, total, label, unit="points"):
         if not getattr(sys.stderr, "isatty", lambda: False)():
-            self.bar = Lines(total, label)
+            self.bar = Lines(total, label, unit)
             return
         self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
                                      item_show_func=lambda r: r and f"{r['impl']} {r['status']}")
@@ -65,8 +65,8 @@ class Lines:
     """Progress without a terminal: "run: 120/2400 points (5%), 3 fail, 0 xpass, 35 s" each time
     another 5% of the points is done, and once at the end."""
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label, self.done, self.shown = total, label, 0, 0
+    def __init__(self, total: int, label: str, unit: str = "points"):
+        self.total, self.label, self.unit, self.done, self.shown = total, label, unit, 0, 0
         self.step = max(1, -(-total // 20))
         self.status: dict[str, int] = {}
         self.started = time.perf_counter()
@@ -81,8 +81,9 @@ class Lines:
     def show(self) -> None:
         self.shown = self.done
         percent = f" ({100 * self.done // self.total}%)" if self.total else ""
-        click.echo(f"{self.label}: {self.done}/{self.total} points{percent}, {self.status.get('fail', 0)} fail, "
-                   f"{self.status.get('xpass', 0)} xpass, {time.perf_counter() - self.started:.0f} s", err=True)
+        verdicts = f", {self.status.get('fail', 0)} fail, {self.status.get('xpass', 0)} xpass" if self.status else ""
+        click.echo(f"{self.label}: {self.done}/{self.total} {self.unit}{percent}{verdicts}, "
+                   f"{time.perf_counter() - self.started:.0f} s", err=True)
 
     def __exit__(self, *exc) -> None:
         if self.shown != self.done or not self.done:

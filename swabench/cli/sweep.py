@@ -116,7 +116,7 @@ def import_cmd(dump_dir, out, bucket, force):
     target = Path(out)
     if target.exists() and not force:
         raise InputError(f"--out: {target} exists (--force to overwrite it)")
-    imported = dumps.read(Path(dump_dir), bucket)
+    imported = dumps.read(Path(dump_dir), bucket, Bar())
     run_folder.refuse_inside_a_run(target.parent, "--out")
     run_folder.make_folder(target.parent)
     run_folder.atomic_write(target, dumps.to_jsonl(imported))

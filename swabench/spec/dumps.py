@@ -76,9 +76,10 @@ class _Call:
     record: dict  # the last record of its metadata.jsonl
 
 
-def read(dump: Path, bucket: int = 1) -> Imported:
+def read(dump: Path, bucket: int = 1, progress=None) -> Imported:
     """The trace lines of a FlashInfer API log folder; DumpError naming the problem for a folder that is
-    no dump, a truncated or corrupt one, or one with no plan that has a window."""
+    no dump, a truncated or corrupt one, or one with no plan that has a window.  ``progress`` (start,
+    advance, finish: the CLI's bar) is told of each plan call read."""
     dump = Path(dump)
     if not dump.is_dir():
         raise DumpError(dump, "not a folder")
@@ -98,7 +99,11 @@ def read(dump: Path, bucket: int = 1) -> Imported:
     steps: Counter = Counter()
     left_out: Counter = Counter()
     done = 0
+    if progress:
+        progress.start(len(plans), "import", "plan calls")
     for i in plans:
+        if progress:
+            progress.advance(1)
         c = calls[i]
         if c.record.get("execution_status") != "completed":
             left_out[f"the call did not complete ({c.record.get('execution_status')}: it raised, or the process "
@@ -111,6 +116,8 @@ def read(dump: Path, bucket: int = 1) -> Imported:
             left_out[why] += 1
             continue
         steps[json.dumps(step, sort_keys=True)] += runs[i] if runs_logged else 1
+    if progress:
+        progress.finish()
     releases = {str(calls[i].record.get("versions", {}).get("flashinfer")) for i in plans
                 if calls[i].record.get("versions", {}).get("flashinfer")}
     lines = [{**json.loads(text), "count": n} for text, n in steps.items() if n]

@@ -4,10 +4,10 @@ the findings page's sentences), in page order.  ``swabench report``, ``swabench 
 
 from __future__ import annotations
 
-from swabench.publish.sections import answers, correctness, method, runs, serving, speed
+from swabench.publish.sections import answers, correctness, method, releases, runs, serving, speed
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section
 
-SECTIONS: list[Section] = [s for module in (answers, runs, correctness, speed, serving, method)
+SECTIONS: list[Section] = [s for module in (answers, runs, correctness, speed, serving, releases, method)
                            for s in module.SECTIONS]
 assert len({s.key for s in SECTIONS}) == len(SECTIONS), "two sections share a key"
 

@@ -92,13 +92,17 @@ def served_mixes(runs: list[Run]) -> list[str]:
             said.append(f"- The trace `{trace['file']}` ({trace['steps']} steps) cannot be served whole by correct "
                         f"paths: {best['backend']} ({r.name}).")
             continue
+        ref = registry.reference_path("paged")
+        alone = table[(table["impl"] == ref[0]) & (table["backend"] == ref[1])] if ref else table.iloc[0:0]
         said.append(f"- The trace `{trace['file']}` ({trace['steps']} steps), served at its best (each step by the "
                     f"fastest correct path that passed it): {best['all steps ms']:.3g} ms of attention per 1000 steps "
                     f"({best['backend']})" + "".join(
-                        f"; {row['impl'].removeprefix('best single ')} with one path per mode: "
+                        f"; with the {row['impl']} per mode: "
                         + (f"{row['all steps ms']:.3g} ms ({row['backend']})" if row["all steps ms"] ==
                            row["all steps ms"] else f"not every mode ({row['backend']})")
-                        for _, row in single.iterrows()) + f" ({r.name}).")
+                        for _, row in single.iterrows())
+                    + (f"; with `{ref[0]}` [{ref[1]}] alone: {alone['all steps ms'].iloc[0]:.3g} ms"
+                       if len(alone) and alone["all steps ms"].notna().iloc[0] else "") + f" ({r.name}).")
     return said
 
 
