@@ -127,3 +127,28 @@ def test_the_signature_reader_keeps_defaults_and_skips_annotations():
     assert dumps._signature(sig) == [("self", None), ("qo_indptr", None), ("num_qo_heads", None), ("causal", False),
                                      ("q_data_type", "float16"), ("window_left", -1), ("sm_scale", None),
                                      ("*args", None), ("out", None), ("**kwargs", None)]
+
+
+def test_logged_runs_count_the_layers_that_share_a_plan(tmp_path):
+    """run() records of the same process and wrapper object after a plan weigh its line; a plan no run
+    followed is left out and said.  The run records are written here as FlashInfer names and orders them."""
+    dump = copy_dump(tmp_path)
+    session = dump / "session.jsonl"
+    records = [json.loads(line) for line in session.read_text().splitlines()]
+    plans = [r for r in records if r["execution_status"] == "completed"]
+    first = next(r for r in plans if r["input_metadata"].get("kwarg_window_left", -1) >= 0)
+    out = []
+    for r in records:
+        out.append(r)
+        if r is first:  # two layers run the first windowed plan
+            for n in (1, 2):
+                name = f"20261201_111859_999_pid{r['process_id']}_{r['function_name'].split('.')[0]}.run_call{n:04d}"
+                run = {"function_name": name.split("_", 4)[4].rsplit("_call", 1)[0], "process_id": r["process_id"],
+                       "self_id": r["self_id"], "execution_status": "completed", "dump_dir": str(dump / name)}
+                (dump / name).mkdir()
+                (dump / name / "metadata.jsonl").write_text(json.dumps(run) + "\n")
+                out.append(run)
+    session.write_text("".join(json.dumps(r) + "\n" for r in out))
+    imported = dumps.read(dump)
+    assert imported.runs_logged and [line["count"] for line in imported.lines] == [2]
+    assert imported.left_out["planned and never run (no run() call of its wrapper logged after it)"] == 13

@@ -98,6 +98,7 @@ def read(dump: Path, bucket: int = 1, progress=None) -> Imported:
                 runs[latest[key]] += 1
     steps: Counter = Counter()
     left_out: Counter = Counter()
+    refused: dict[str, str | None] = {}  # a distinct step -> why swabench cannot replay it
     done = 0
     if progress:
         progress.start(len(plans), "import", "plan calls")
@@ -111,16 +112,20 @@ def read(dump: Path, bucket: int = 1, progress=None) -> Imported:
             continue
         done += 1
         step, why = _step(c, bucket)
-        why = why or _refused(step)
+        key = json.dumps(step, sort_keys=True)
+        if not why and key not in refused:
+            refused[key] = _refused(step)
+        why = why or refused[key] or ("planned and never run (no run() call of its wrapper logged after it)"
+                                      if runs_logged and not runs[i] else None)
         if why:
             left_out[why] += 1
             continue
-        steps[json.dumps(step, sort_keys=True)] += runs[i] if runs_logged else 1
+        steps[key] += runs[i] if runs_logged else 1
     if progress:
         progress.finish()
     releases = {str(calls[i].record.get("versions", {}).get("flashinfer")) for i in plans
                 if calls[i].record.get("versions", {}).get("flashinfer")}
-    lines = [{**json.loads(text), "count": n} for text, n in steps.items() if n]
+    lines = [{**json.loads(text), "count": n} for text, n in steps.items()]
     if not lines:
         found = f"{done} plans" + (f" (and {len(plans) - done} that did not complete)" if len(plans) > done else "")
         why = "; ".join(f"{n} {reason}" for reason, n in left_out.most_common())
