@@ -140,7 +140,8 @@ def _bugs(releases: list[Release]) -> pd.DataFrame:
     rows = []
     for ref in refs:
         bug = upstream.get(ref)
-        row = {"upstream": ref, "what": bug.summary if bug else "(not declared in this swabench)"}
+        row = {"upstream": ref, "what": bug.summary if bug else "(not declared in this swabench)",
+               "fixed upstream in": (bug.fixed_in or "not yet") if bug else ""}
         for r in releases:
             met = r.table[r.table["upstream"] == ref]
             ran = met[met["status"] != "skip"]

@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 
 from swabench.core import semantics, workloads
-from . import upstream
 from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
@@ -69,7 +68,8 @@ def _sink_module(case, backend: str) -> tuple:
     return case.dtype, case.window_left >= 0, backend
 
 
-def _sink_head_dims_mixed(case, backend: str) -> bool:
+def sink_head_dims_mixed(case, backend: str) -> bool:
+    """Whether this process built the sink wrapper at two head_dims under one module name (flashinfer#1679)."""
     return len(SINK_HEAD_DIMS.get(_sink_module(case, backend), ())) > 1
 
 
@@ -429,11 +429,5 @@ register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, t
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=_trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
-upstream.declare(upstream.UpstreamBug(
-    "flashinfer#1679", "https://github.com/flashinfer-ai/flashinfer/pull/1679", LIBRARY.name,
-    "the sink wrapper's JIT module is named by query dtype, window and backend only (since the wrapper came in "
-    "flashinfer#1679; 0.7.4 adds the head_dims and cache dtype, no upstream report found): a process that built it "
-    "at one head_dim runs that module again at another, rows unwritten or wrong",
-    frozenset({"sink-window"}), _sink_head_dims_mixed, fixed_in="0.7.4"))
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
                  "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

@@ -1,5 +1,5 @@
-"""Library bugs on correct calls, declared in one place: each with its upstream issue, the paths it
-hits and the condition where it shows.
+"""Library bugs on correct calls, declared in one place (the table below): each with its upstream
+issue, the paths it hits and the condition where it shows.
 
 A correct path that fails the gate where a declared bug's condition holds is recorded ``xfail`` with
 that issue in the ``upstream`` column; where the condition holds and it passes, the row records the
@@ -27,26 +27,31 @@ class UpstreamBug:
     fixed_in: str | None = None  # the first release with the fix, where upstream has one
 
 
-_DECLARED: list[UpstreamBug] = []
+def _sink_head_dims_mixed(case, backend: str) -> bool:
+    from swabench.impls import flashinfer_impls
+
+    return flashinfer_impls.sink_head_dims_mixed(case, backend)
 
 
-def declare(bug: UpstreamBug) -> UpstreamBug:
-    assert bug.ref not in {b.ref for b in _DECLARED}, bug.ref
-    _DECLARED.append(bug)
-    return bug
+# The table: every library bug on a correct call that swabench knows, with where it shows.
+_DECLARED: list[UpstreamBug] = [
+    UpstreamBug(
+        "flashinfer#1679", "https://github.com/flashinfer-ai/flashinfer/pull/1679", "flashinfer",
+        "the sink wrapper's JIT module is named by query dtype, window and backend only (since the wrapper came in "
+        "flashinfer#1679; 0.7.4 adds the head_dims and cache dtype, no upstream report found): a process that built "
+        "it at one head_dim runs that module again at another, rows unwritten or wrong",
+        frozenset({"sink-window"}), _sink_head_dims_mixed, fixed_in="0.7.4"),
+]
 
 
 def declared() -> list[UpstreamBug]:
-    from swabench.impls import registry
-
-    registry.all_implementations()  # the implementation modules declare their library's bugs on import
     return list(_DECLARED)
 
 
 def hit(impl_name: str, case, backend: str) -> UpstreamBug | None:
     """The declared bug whose condition holds on this point of a correct path, or None."""
-    return next((b for b in declared() if impl_name in b.impls and b.shows(case, backend)), None)
+    return next((b for b in _DECLARED if impl_name in b.impls and b.shows(case, backend)), None)
 
 
 def get(ref: str) -> UpstreamBug | None:
-    return next((b for b in declared() if b.ref == ref), None)
+    return next((b for b in _DECLARED if b.ref == ref), None)
