@@ -20,6 +20,8 @@
 #   serving-tests  the serving-path GPU tests alone; serving  `swabench run serving`
 #   models   models.toml (every preset through extend, verify, draft extend, decode); gpt-oss  `run --model gpt-oss-120b`
 #   replay   `swabench replay traces/example.jsonl`; evicted  evicted.toml (reads_evicted per kernel)
+#   replay-imported  `swabench import` of the installed release's committed FlashInfer dump
+#            (tests/fixtures/flashinfer-dump-VERSION), then `swabench replay` of that trace
 #   edges-check  `swabench check edges` alone (the SGLang regression batches among them)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
@@ -67,6 +69,11 @@ for step in $steps; do
                ( time sb run models --out "$out/h200-models-run" ) 2>&1 | tail -30 ;;
     gpt-oss)   ( time sb run --model gpt-oss-120b --out "$out/h200-gpt-oss-120b-run" ) 2>&1 | tail -20 ;;
     replay)    ( time sb replay traces/example.jsonl --out "$out/h200-replay-example" ) 2>&1 | tail -30 ;;
+    replay-imported)
+               v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
+               sb import "tests/fixtures/flashinfer-dump-$v/dump" --out "$out/imported-$v.jsonl" 2>&1 | tail -8
+               fresh_compile_cache
+               ( time sb replay "$out/imported-$v.jsonl" --out "$out/h200-replay-imported-$v" ) 2>&1 | tail -40 ;;
     evicted)   fresh_compile_cache
                ( time sb run evicted --out "$out/h200-evicted-run" ) 2>&1 | tail -25 ;;
     recipe-profile)
