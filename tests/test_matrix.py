@@ -2,6 +2,7 @@
 bugs, time against the newest release), and the command's refusals."""
 
 import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -104,3 +105,41 @@ def test_the_findings_page_says_which_release_has_which_bug(tmp_path):
         in section
     assert "- 0.6.1 against 0.7.4: median time ratio 1.50 over 1 timed points; 1 slower, 0 faster" in section
     assert "| sink | correct | 1 xfail | 1 xfail | 1 pass |" in section
+
+
+def test_older_releases_show_only_where_releases_are_compared(tmp_path):
+    from swabench.publish import findings
+
+    folders = three_releases(tmp_path)
+    page = findings.write(folders, tmp_path / "FINDINGS.md").read_text()
+    answers = page.split("## Answers")[1].split("\n## ")[0]
+    assert "**Which release.**" in answers and "`flashinfer#sink-uri` shows on 0.6.1, 0.7.2.post1" in answers
+    assert "0.7.2.post1 times the same as 0.7.4 on all 1 timed points" in answers
+    assert "0.6.1 is slower than 0.7.4 on 1 of 1 timed points: `window` [fa2] (1 point, 1.50x)" in answers
+    elsewhere = [part for part in page.split("\n## ")[1:]
+                 if part.split("\n")[0] not in ("Answers", "Runs", "Across releases", "Measurement quality")]
+    assert str(tmp_path / "new") in "".join(elsewhere)
+    assert not any(str(tmp_path / old) in part for part in elsewhere for old in ("old", "mid"))
+
+
+PUBLISHED = sorted((Path(__file__).resolve().parent.parent / "results").glob("h200-release-[0-9]*"))
+
+
+@pytest.mark.skipif(len(PUBLISHED) < 4, reason="the published release runs are not in this checkout")
+def test_the_release_matrix_published_from_the_h200():
+    """The committed runs of release.toml on four FlashInfer releases, read as frozen fixtures."""
+    m = matrix.build(PUBLISHED)
+    assert [r.version for r in m.releases] == ["0.6.18.post1", "0.7.0.post1", "0.7.2.post1", "0.7.4"]
+    sink = m.bugs.set_index("upstream").loc["flashinfer#1679"]
+    assert [str(sink[v]).split(" (")[0] for v in ("0.6.18.post1", "0.7.0.post1", "0.7.2.post1", "0.7.4")] == \
+        ["has it", "has it", "has it", "not shown"]
+    statuses = m.statuses.set_index("impl")
+    for impl, row in statuses.iterrows():
+        for v in ("0.6.18.post1", "0.7.0.post1", "0.7.2.post1", "0.7.4"):
+            assert "fail" not in row[v].replace("xfail", "") and "xpass" not in row[v], (impl, v, row[v])
+            if row["kind"] == "known-bug":
+                assert "pass" not in row[v].replace("xfail", "") or "xpass" in row[v], (impl, v, row[v])
+    t = m.timings
+    assert (t[t["release"] == "0.7.2.post1"]["verdict"] == "same").all()
+    slower = t[(t["release"] == "0.6.18.post1") & (t["verdict"] == "slower")]
+    assert len(slower) and set(slower["backend"]) == {"fa2"} and (slower["ratio"] > 1.05).all()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from swabench.publish.sections import answers, correctness, method, releases, runs, serving, speed
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section
+from swabench.publish.sections.releases import older_releases
 
 SECTIONS: list[Section] = [s for module in (answers, runs, correctness, speed, serving, releases, method)
                            for s in module.SECTIONS]
@@ -21,4 +22,4 @@ def on(page: str) -> list[Section]:
     return [s for s in SECTIONS if page in s.pages]
 
 
-__all__ = ["FINDINGS", "REPORT", "SUMMARY", "Run", "Section", "SECTIONS", "by_key", "on"]
+__all__ = ["FINDINGS", "REPORT", "SUMMARY", "Run", "Section", "SECTIONS", "by_key", "on", "older_releases"]

@@ -10,6 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
+from swabench.publish.sections import releases
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
 from swabench.publish.sections.serving import fastest_per_model, replay_table
 
@@ -108,6 +109,9 @@ def served_mixes(runs: list[Run]) -> list[str]:
 
 def answers(runs: list[Run]) -> list[str]:
     parts = []
+    by_release = releases.in_short(runs)
+    older = {id(r) for r in releases.older_releases(runs)}
+    runs = [r for r in runs if id(r) not in older]
     steps = per_step(runs)
     if len(steps):
         parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "
@@ -121,10 +125,13 @@ def answers(runs: list[Run]) -> list[str]:
     mixes = served_mixes(runs)
     if mixes:
         parts += ["**A server's mix.**\n" + "\n".join(mixes)]
+    if by_release:
+        parts += ["**Which release.** One scenario on several releases (detail under Across releases):\n"
+                  + "\n".join(by_release)]
     return parts
 
 
 SECTIONS = [
     Section("answers", "Answers", "What the runs below say, in short; each number names its run folder, and the "
-            "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers),
+            "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers, every_release=True),
 ]

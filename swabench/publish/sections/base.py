@@ -57,6 +57,7 @@ class Section:
     one_table: bool = False  # findings: every run's rows in one table, with the run in its first column
     timed: bool = False  # only runs with kernel times have it
     across: Callable[[list[Run]], list[str]] | None = None
+    every_release: bool = False  # findings: also the runs of a scenario made on older releases of a library
 
     def head(self) -> list[str]:
         title, caption = (x() if callable(x) else x for x in (self.title, self.caption))

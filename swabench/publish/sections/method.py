@@ -121,6 +121,6 @@ SECTIONS = [
             "its `meta.json` records it).", pages=frozenset({FINDINGS}), across=several_gpus),
     Section("measurement", "Measurement quality", f"Noise = IQR / median of a point's kernel-time samples. Share of "
             f"the timed points of {LONG_US} us or more with noise <= {NOISE:.0%}, per run:", measurement,
-            pages=frozenset({FINDINGS}), one_table=True, timed=True),
+            pages=frozenset({FINDINGS}), one_table=True, timed=True, every_release=True),
     Section("timings", "Timings", "", timing_matrix, timing_said, pages=frozenset({REPORT, SUMMARY}), timed=True),
 ]

@@ -3,6 +3,8 @@ library, which release has which declared upstream bug, and which got faster or 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from swabench.analysis import matrix
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table
@@ -11,7 +13,7 @@ from swabench.publish.sections.base import FINDINGS, Run, Section, ratio
 
 def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
     """(library, runs) per scenario whose runs were made on two or more releases of one library, one run a
-    release (the first given where a release ran twice)."""
+    release (the first given where a release ran twice), oldest release first."""
     sets = []
     for scenario in dict.fromkeys(r.meta.get("scenario") for r in runs):
         same = [r for r in runs if r.meta.get("scenario") == scenario]
@@ -22,14 +24,84 @@ def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
                 if version:
                     by_release.setdefault(version, r)
             if len(by_release) > 1:
-                sets.append((lib.name, list(by_release.values())))
+                order = sorted(by_release, key=matrix.version_key)
+                sets.append((lib.name, [by_release[v] for v in order]))
     return sets
+
+
+def older_releases(runs: list[Run]) -> list[Run]:
+    """The runs of a release set made on any release but its newest: the findings page shows them in
+    this section only, so that the other sections read one run per scenario."""
+    return [r for _, group in release_sets(runs) for r in group[:-1]]
+
+
+@lru_cache(maxsize=8)
+def _matrix(folders: tuple[str, ...], library: str) -> matrix.Matrix:
+    return matrix.build(list(folders), library)
+
+
+def matrix_of(library: str, group: list[Run]) -> matrix.Matrix:
+    return _matrix(tuple(r.folder for r in group), library)
+
+
+def unexpected(m: matrix.Matrix) -> dict[str, str]:
+    """Per release, what the gate did not expect: correct paths failing outside a declared upstream bug,
+    known bugs not caught (xpass); empty where every release is clean."""
+    said = {}
+    for r in m.releases:
+        t = r.table
+        fails = t[(t["status"] == "fail")]
+        xpass = t[t["status"] == "xpass"]
+        if len(fails) or len(xpass):
+            said[r.version] = ", ".join(f"{len(x)} {what} ({', '.join(sorted(set(x['impl'])))})"
+                                        for x, what in ((fails, "failed"), (xpass, "xpass")) if len(x))
+    return said
+
+
+def in_short(runs: list[Run]) -> list[str]:
+    """One line per release set for the Answers: which release has which declared bug, whether anything
+    else went wrong, and which releases are slower or faster than the newest."""
+    lines = []
+    for library, group in release_sets(runs):
+        m = matrix_of(library, group)
+        versions = [r.version for r in m.releases]
+        parts = []
+        for _, bug in m.bugs.iterrows():
+            has = [v for v in versions if str(bug[v]).startswith("has it")]
+            parts.append(f"`{bug['upstream']}` shows on {', '.join(has) or 'none'}"
+                         + (f" (fixed upstream in {bug['fixed upstream in']})" if bug.get("fixed upstream in") else ""))
+        odd = unexpected(m)
+        parts.append("; ".join(f"on {v}: {what}" for v, what in odd.items()) if odd else
+                     "otherwise every correct path passed (or skipped, naming why) and every known bug was caught, "
+                     "on every release")
+        for r in m.releases[:-1]:
+            t = m.timings[m.timings["release"] == r.version]
+            for verdict in ("slower", "faster"):
+                moved_points = t[t["verdict"] == verdict]
+                if len(moved_points):
+                    parts.append(f"{r.version} is {verdict} than {m.newest.version} on {len(moved_points)} of "
+                                 f"{len(t)} timed points: {moved(moved_points)}")
+            if len(t) and not t["verdict"].isin(["slower", "faster"]).any():
+                parts.append(f"{r.version} times the same as {m.newest.version} on all {len(t)} timed points")
+        names = ", ".join(f"`{r.folder}`" for r in m.releases)
+        lines.append(f"- `{m.scenario}` on {library} {versions[0]} to {versions[-1]} ({len(versions)} releases): "
+                     + "; ".join(parts) + f" ({names}).")
+    return lines
+
+
+def moved(points) -> str:
+    """'paged-mask [fa2] (2 points, 1.45-1.95x), ...': the paths of ``points`` with their ratios to the newest."""
+    parts = []
+    for (impl, backend), p in points.groupby(["impl", "backend"], sort=False):
+        lo, hi = ratio(p["ratio"].min()), ratio(p["ratio"].max())
+        parts.append(f"`{impl}` [{backend}] ({len(p)} point{'s' * (len(p) != 1)}, {lo if lo == hi else f'{lo}-{hi}'}x)")
+    return ", ".join(parts)
 
 
 def across_releases(runs: list[Run]) -> list[str]:
     said = []
     for library, group in release_sets(runs):
-        m = matrix.build([r.folder for r in group], library)
+        m = matrix_of(library, group)
         names = ", ".join(f"{r.version} ({f'`{r.folder}`'})" for r in m.releases)
         said.append(f"`{m.scenario}` on {library} {names}:")
         for _, bug in m.bugs.iterrows():
@@ -45,7 +117,9 @@ def across_releases(runs: list[Run]) -> list[str]:
             slower, faster = (t["verdict"] == "slower").sum(), (t["verdict"] == "faster").sum()
             said.append(f"- {r.version} against {m.newest.version}: median time ratio {ratio(t['ratio'].median())} "
                         f"over {len(t)} timed points; {slower} slower, {faster} faster, the rest the same within "
-                        f"noise.")
+                        f"noise" + "".join(f"; {verdict} on {moved(t[t['verdict'] == verdict])}"
+                                           for verdict in ("slower", "faster") if (t["verdict"] == verdict).any())
+                        + ".")
         said += ["Points per status:", markdown_table(m.statuses)]
         if len(m.bugs):
             said += ["Declared upstream bugs, per release:", markdown_table(m.bugs)]
@@ -57,5 +131,5 @@ SECTIONS = [
             "One scenario run on several releases of a library (`swabench matrix` writes the full matrix and its "
             "figure): the declared upstream bugs each release shows, and each release's kernel times against the "
             "newest's, point by point, by the rule `compare` uses.", pages=frozenset({FINDINGS}),
-            across=across_releases),
+            across=across_releases, every_release=True),
 ]

@@ -40,7 +40,7 @@ def method(run: Run) -> pd.DataFrame:
 
 
 SECTIONS = [
-    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines),
+    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines, every_release=True),
     Section("environment", "Environment", "", environment, pages=frozenset({REPORT})),
     Section("method", "Method", "", method, pages=frozenset({REPORT})),
 ]
