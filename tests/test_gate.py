@@ -124,7 +124,7 @@ def test_flex_query_block_holds_what_the_decoding_kernel_packs(queries, group, b
 def test_flex_runs_a_decode_batch_with_a_grown_query_block():
     c = axes.make_case(dict(mode="decode", batch_size=40, prefix_len=30, window_left=7, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=64, dtype="float32", page_size=4))
-    runner = registry.get("flex-window").make(workloads.build(c), "flex")
+    runner = registry.get("flex-flat").make(workloads.build(c), "flex")
     runner.plan()
     assert runner.block_mask.BLOCK_SIZE == (256, 128)
     assert gate.check(runner, runner.w).passed

@@ -82,13 +82,13 @@ def test_headline_is_computed_from_the_table(h200):
 def test_versus_reference_divides_by_fa2_window_path_on_the_same_case(h200):
     table, _ = h200
     per_point = versus.against_reference(table)
-    flex = per_point[(per_point["impl"] == "flex-window") & (per_point["storage"] == "ragged")].iloc[0]
+    flex = per_point[(per_point["impl"] == "flex-flat") & (per_point["storage"] == "ragged")].iloc[0]
     fa2 = table[(table["case_id"] == flex["case_id"]) & (table["impl"] == "ragged-window") & (table["backend"] == "fa2")]
     assert flex["ratio"] == pytest.approx(flex["median_us"] / fa2["median_us"].iloc[0])
     window_paths = {"paged": "paged-window", "ragged": "ragged-window"}
     assert not ((per_point["impl"] == per_point["storage"].map(window_paths)) & (per_point["backend"] == "fa2")).any()
     summary = speed.against_reference_long(table)
-    row = summary[(summary["impl"] == "flex-window") & (summary["mode"] == "decode")]
+    row = summary[(summary["impl"] == "flex-flat") & (summary["mode"] == "decode")]
     assert len(row) and (row["faster in"].str.startswith("0/")).all()  # flex never beat fa2 on decode here
     assert not summary["impl"].isin(["paged-mask", "ragged-mask"]).any()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from swabench.core import semantics
+from swabench.core import semantics, workloads
 from .registry import Implementation, exact, register
 
 
@@ -53,6 +53,41 @@ class GatherRunner:
             self.out[lo:hi] = o.transpose(0, 1)
 
 
+class BatchedSdpaRunner:
+    """torch-batch: what a PyTorch user calls for a batch of requests.  Each request's window is gathered
+    into one padded ``[batch, kv_heads, keys, dim]`` tensor (the gather is part of every step, as in
+    torch-trim) and SDPA runs once over the batch; the boolean mask is dropped where every request sees
+    every gathered key (decode with full windows), so that SDPA may pick its flash kernel."""
+
+    def __init__(self, w):
+        self.w, self.queries = w, workloads.QueryBatch(w)
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = f"torch-sdpa-{w.device.type}"
+
+    def plan(self) -> None:
+        w, c, dev = self.w, self.w.case, self.w.device
+        starts = [semantics.trim_start(k, q, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens)]
+        keys = max(k - s for k, s in zip(w.kv_lens, starts))
+        batch, rows = self.queries.batch, self.queries.rows
+        index = torch.zeros(batch, keys, dtype=torch.long, device=dev)
+        mask = torch.zeros(batch, 1, rows, keys, dtype=torch.bool, device=dev)
+        for b, (q, k, s) in enumerate(zip(w.qo_lens, w.kv_lens, starts)):
+            index[b, :k - s] = w.request_slots(b)[s:]
+            mask[b, 0, :q, :k - s] = semantics.Visibility(c.window_left).mask(q, k, key_offset=s, device=dev)
+        self.index = index
+        self.mask = None if bool(mask.all()) else mask
+        self.wrapper_mode = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
+                             + ("no mask" if self.mask is None else "boolean mask"))
+
+    def run(self) -> None:
+        w, c = self.w, self.w.case
+        q = self.queries.queries()
+        k = w.k_store.view(-1, c.num_kv_heads, c.head_dim)[self.index].transpose(1, 2).to(q.dtype)
+        v = w.v_store.view(-1, c.num_kv_heads, c.head_dim)[self.index].transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=w.sm_scale, enable_gqa=True)
+        self.queries.write_back(o, self.out)
+
+
 def attend(q, k, v, mask, scale: float, soft_cap: float, sinks) -> torch.Tensor:
     """Attention written out, in float32: q [H, n, D], k and v [Hkv, m, D], mask [n, m]; the soft-cap
     bends the scores and each head's sink logit joins the denominator with no value."""
@@ -79,6 +114,13 @@ register(Implementation(
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
     _gather(exact, trim=False), baseline=True), __name__)
+
+
+register(Implementation(
+    "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
+    lambda workload, backend: BatchedSdpaRunner(workload),
+    unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
+    if case.logits_soft_cap or case.sinks else None), __name__)
 
 
 def _planted(name, summary, visibility):

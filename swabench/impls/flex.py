@@ -1,12 +1,20 @@
-"""PyTorch FlexAttention peer: one flex_attention call over the whole batch, the window and the
-request boundaries expressed as a mask_mod, compiled into a block mask.
+"""PyTorch FlexAttention peers, written the ways FlexAttention's users write them.
 
-Keys are the storage's own rows, read in place: the ragged store (dense K/V), or every physical
-slot of the paged store (the page table becomes a slot -> (request, position) lookup the mask_mod
-reads).  So on a paged cache a key block of 128 slots mixes pages of several requests: the block
-mask can skip fewer blocks than the window alone would allow, which is what using FlexAttention on
-a page table costs.  plan() builds the lookups and the block mask (its time is the plan cost);
-the first compile is recorded apart as ``compile_s``.
+- ``flex-window``: the batch is the requests (query length = each request's queries), as PyTorch's
+  paged attention for FlexAttention and gpt-fast lay it out.  Keys are read in place through the
+  page table: the block mask lists, for each request and query block, the physical key blocks of
+  that request's window, a key block being a page where pages hold 16 keys or more (PyTorch's
+  ``PagedAttention`` and vLLM's FlexAttention backend require the same), and the mask_mod maps a
+  physical row back to its request and position.  Batch and heads stay static in the compile, so
+  under 128 queries a request Inductor can run its flex-decoding kernel, which splits the keys.
+- ``flex-contiguous``: the same batch with each request's keys in a contiguous buffer of their own
+  (refreshed outside the timed call): the best FlexAttention does on the shape with no paging at
+  all.  flex-window / flex-contiguous is what the page table costs.
+- ``flex-flat``: every query of the batch in one sequence over the storage's rows, 128-row blocks:
+  the layout of FlexAttention's document masking, and swabench's first FlexAttention peer.
+
+``plan()`` builds the lookups and the block mask (its time is the plan cost); the first call,
+with Inductor's compile, is recorded apart as ``compile_s`` and never timed.
 """
 
 from __future__ import annotations
@@ -16,51 +24,262 @@ import warnings
 
 import torch
 
+from swabench.core import workloads
 from .registry import Implementation, register
 
 
 RECOMPILE_LIMIT = 64  # a sweep meets a few dozen (shape, block size, window on/off) combinations
 SPARSE_BLOCK = 128  # FlexAttention's default block-mask block, in queries and in keys
+SMALLEST_BLOCK = 16  # Triton's smallest tile: a key block under 16 rows has no kernel
+_COMPILED: dict[bool | None, object] = {}
 
 
-def _compiled_flex(device: torch.device):
+def _compiled_flex(device: torch.device, dynamic: bool | None):
+    """flex_attention compiled once per process and dynamism.  ``dynamic=True`` (flex-flat): every
+    dimension symbolic from the first call, so every case of a compile class runs one kernel
+    whatever ran before it.  ``dynamic=None`` (the batched peers): Dynamo's automatic dynamism (a length
+    that changes recompiles once, symbolic), with batch and heads marked static (``_static``), as
+    flex-decoding needs to split the keys: with a symbolic batch Inductor quietly runs its general
+    kernel instead."""
     from torch.nn.attention.flex_attention import flex_attention
     if device.type != "cuda":
         return flex_attention  # eager flex on the CPU: the unfused reference path, fine for small shapes
-    global _COMPILED
-    if _COMPILED is None:
+    if dynamic not in _COMPILED:
         # Past the recompile limit Dynamo would quietly run the unfused eager path and its times would
         # be filed under FlexAttention: raise instead (the point fails with the reason).
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         if hasattr(config, "fail_on_recompile_limit_hit"):
             config.fail_on_recompile_limit_hit = True
-        # Dynamic from the first call: every case of a compile class then runs the one kernel, whatever
-        # ran before it in this process (by default the first shape compiles static, and the second
-        # recompiles dynamic: which case paid which compile would hang on the order of the sweep).
-        _COMPILED = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED
+        _COMPILED[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return _COMPILED[dynamic]
 
 
-_COMPILED = None
-
-
-def q_block_size(total_queries: int, group: int) -> int:
+def q_block_size(queries: int, group: int) -> int:
     """The block mask's query block.  Under 128 queries Inductor lowers to its flex-decoding kernel,
     which packs every query of a KV head's group into one tile of next_pow2(queries x group) rows
     and needs that tile to divide the query block; a decode batch of 64 with 4 query heads per KV
     head makes 256 and leaves no valid kernel config (NoValidChoicesError).  Grow the block to it."""
-    if total_queries >= SPARSE_BLOCK:
+    if queries >= SPARSE_BLOCK:
         return SPARSE_BLOCK
-    return max(SPARSE_BLOCK, 1 << (total_queries * group - 1).bit_length())
+    return max(SPARSE_BLOCK, 1 << (queries * group - 1).bit_length())
 
 
-class FlexRunner:
+def key_block_size(case, contiguous: bool) -> int:
+    """The block mask's key block.  A page where a page is a power of two of 16 rows or more (up to 128),
+    so that a block is one request's page and the block mask skips every page outside the window; 128
+    where each request's keys are contiguous (ragged storage, flex-contiguous); 16 where pages are
+    smaller (each row its own request's: the mask_mod sorts them out, in the smallest blocks Triton has)."""
+    if contiguous or case.storage == "ragged":
+        return SPARSE_BLOCK
+    ps = case.page_size
+    return min(ps, SPARSE_BLOCK) if ps >= SMALLEST_BLOCK and not ps & (ps - 1) else SMALLEST_BLOCK
+
+
+def _soft_cap(case, device):
+    # a tensor: a Python float would be lifted to a CPU scalar under dynamic shapes and read back with
+    # .item() inside the kernel (Inductor: "unbacked_bindings")
+    cap = torch.tensor(case.logits_soft_cap, dtype=torch.float32, device=device)
+    return (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if case.logits_soft_cap else None
+
+
+def _slot_owners(w, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request and position of every physical K/V row of the storage (-1: nobody's), in whole key blocks
+    (the rows past the storage's end are nobody's)."""
+    n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
+    n_slots = -(-n_slots // block) * block
+    slot_request = torch.full((n_slots,), -1, dtype=torch.int32, device=w.device)
+    slot_pos = torch.zeros(n_slots, dtype=torch.int32, device=w.device)
+    live = slice(None) if w.evicted is None else ~w.evicted  # an evicted entry's row is another's, or nobody's
+    slot_request[w.slots[live]] = w.key_request[live].to(torch.int32)
+    slot_pos[w.slots[live]] = w.key_position[live].to(torch.int32)
+    return slot_request, slot_pos
+
+
+def _static(*tensors) -> None:
+    """Batch and heads stay static in the compile (the first two dimensions)."""
+    for t in tensors:
+        torch._dynamo.mark_static(t, 0)
+        torch._dynamo.mark_static(t, 1)
+
+
+def _run_quietly(fn):
+    with warnings.catch_warnings():  # eager flex warns that it is unfused: known, and fine here
+        warnings.simplefilter("ignore", UserWarning)
+        return fn()
+
+
+class BatchedFlex:
+    """flex-window (``contiguous=False``) and flex-contiguous: batch = requests."""
+
+    def __init__(self, w, contiguous: bool):
+        c = w.case
+        self.w, self.contiguous = w, contiguous
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = "flex-triton" if w.device.type == "cuda" else "flex-eager"
+        self.compile_s = None
+        self.queries = workloads.QueryBatch(w)
+        self.batch, self.rows = self.queries.batch, self.queries.rows
+        self.group = c.num_qo_heads // c.num_kv_heads
+        self.q_block = q_block_size(self.rows, self.group)
+        self.kv_block = key_block_size(c, contiguous)
+        kernel = "flex-decoding" if self.rows < SPARSE_BLOCK else "flex-attention"
+        keys = f"each request's keys contiguous, key block {self.kv_block}" if contiguous else \
+            f"keys in place ({c.storage}), key block {self.kv_block}" + \
+            (" = page" if c.storage == "paged" and self.kv_block == w.page_size else "")
+        self.wrapper_mode = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, default "
+                             f"kernel_options")
+
+    def plan(self) -> None:
+        first = self.compile_s is None
+        started = time.perf_counter()
+        self._layout()
+        self._block_mask()
+        if first:
+            self.refresh_inputs()
+            self.run()
+            if self.w.device.type == "cuda":
+                torch.cuda.synchronize(self.w.device)
+            self.compile_s = time.perf_counter() - started
+
+    def _layout(self) -> None:
+        w, c, dev = self.w, self.w.case, self.w.device
+        self.q_start = torch.tensor(w.prefix_lens, dtype=torch.int32, device=dev)
+        self.q_len = torch.tensor(w.qo_lens, dtype=torch.int32, device=dev)
+        self.kv_len = torch.tensor(w.kv_lens, dtype=torch.int32, device=dev)
+        if self.contiguous:
+            length = -(-max(w.kv_lens) // self.kv_block) * self.kv_block
+            shape = (self.batch, c.num_kv_heads, length, c.head_dim)
+            self.k_dense = torch.zeros(shape, dtype=w.k_store.dtype, device=dev)
+            self.v_dense = torch.zeros(shape, dtype=w.v_store.dtype, device=dev)
+            self.dense_rows = (w.key_request * length + w.key_position).to(dev)
+            self.staging = torch.zeros(self.batch * length, c.num_kv_heads, c.head_dim, dtype=w.k_store.dtype,
+                                       device=dev)
+            self.slot_request = self.slot_pos = None
+        else:
+            self.slot_request, self.slot_pos = _slot_owners(w, self.kv_block)
+
+    def refresh_inputs(self) -> None:
+        """Copy each request's keys into its contiguous buffer (flex-contiguous; not timed: the copy
+        is what the peer is spared, and the gate calls this after every change of the data)."""
+        if not self.contiguous:
+            return
+        w, c = self.w, self.w.case
+        flat = (-1, c.num_kv_heads, c.head_dim)
+        for dense, store in ((self.k_dense, w.k_store), (self.v_dense, w.v_store)):
+            self.staging[self.dense_rows] = store.view(flat)[w.slots]
+            dense.copy_(self.staging.view(self.batch, -1, c.num_kv_heads, c.head_dim).transpose(1, 2))
+
+    def _block_mask(self) -> None:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        w, c, dev = self.w, self.w.case, self.w.device
+        n_q = -(-self.rows // self.q_block)
+        partial, full = [[[] for _ in range(n_q)] for _ in range(self.batch)], \
+            [[[] for _ in range(n_q)] for _ in range(self.batch)]
+        for b in range(self.batch):
+            prefix, rows = w.prefix_lens[b], w.qo_lens[b]
+            for j in range(n_q):
+                first, last = j * self.q_block, min(rows, (j + 1) * self.q_block) - 1
+                if first > last:
+                    continue
+                p_first, p_last = prefix + first, prefix + last
+                lo = max(0, p_first - c.window_left) if c.window_left >= 0 else 0
+                partial[b][j], full[b][j] = self._blocks(b, lo, p_last, p_first,
+                                                         p_last - c.window_left if c.window_left >= 0 else 0)
+        width = max(1, max(len(x) for r in partial + full for x in r))
+
+        def table(lists):
+            num = torch.tensor([[len(x) for x in r] for r in lists], dtype=torch.int32)
+            idx = torch.zeros(self.batch, n_q, width, dtype=torch.int32)
+            for b, r in enumerate(lists):
+                for j, x in enumerate(r):
+                    idx[b, j, :len(x)] = torch.as_tensor(x, dtype=torch.int32)
+            return num[:, None].to(dev), idx[:, None].to(dev)
+
+        kv_num, kv_idx = table(partial)
+        full_num, full_idx = table(full)
+        kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
+                                                                                      c.head_dim).shape[0])
+        self.block_mask = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
+                                                   BLOCK_SIZE=(self.q_block, self.kv_block),
+                                                   mask_mod=self._mask_mod(),
+                                                   seq_lengths=(self.rows, kv_rows), compute_q_blocks=False)
+        _static(kv_num, kv_idx, full_num, full_idx)
+        self.score_mod = _soft_cap(c, dev)
+        self.flex = _compiled_flex(dev, dynamic=None)
+
+    def _blocks(self, b: int, lo: int, hi: int, full_hi: int, full_lo: int):
+        """The key blocks holding request b's positions lo..hi, split into partial ones and full ones (every
+        row of the block a key that every query of the query block sees: no mask_mod needed there; a padded
+        query row sees them too, and its output is never read)."""
+        kvb = self.kv_block
+        if self.contiguous:
+            blocks = torch.arange(lo // kvb, hi // kvb + 1)
+            start, end = blocks * kvb, blocks * kvb + kvb - 1
+            is_full = (start >= full_lo) & (end <= full_hi) & (end < self.w.kv_lens[b])
+        else:
+            w = self.w
+            slots = w.request_slots(b, lo, hi + 1)
+            if w.evicted is not None:
+                slots = slots[~w.evicted[int(w.slot_indptr[b]) + lo:int(w.slot_indptr[b]) + hi + 1]]
+            blocks = torch.unique(slots // kvb).cpu()
+            owner = self.slot_request.view(-1, kvb)[blocks.to(w.device)].cpu()
+            pos = self.slot_pos.view(-1, kvb)[blocks.to(w.device)].cpu()
+            is_full = (owner == b).all(1) & (pos >= full_lo).all(1) & (pos <= full_hi).all(1)
+        return blocks[~is_full].tolist(), blocks[is_full].tolist()
+
+    def _mask_mod(self):
+        window = torch.tensor(self.w.case.window_left, dtype=torch.int32, device=self.w.device)
+        windowed = self.w.case.window_left >= 0
+        q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
+        if self.contiguous:
+            def mask_mod(b, h, q, kv):
+                p = q_start[b] + q
+                seen = (q < q_len[b]) & (kv <= p) & (kv < kv_len[b])
+                return seen & (p - kv <= window) if windowed else seen
+            return mask_mod
+        slot_request, slot_pos = self.slot_request, self.slot_pos
+
+        def paged_mask_mod(b, h, q, kv):
+            p = q_start[b] + q
+            seen = (q < q_len[b]) & (slot_request[kv] == b) & (slot_pos[kv] <= p)
+            return seen & (p - slot_pos[kv] <= window) if windowed else seen
+        return paged_mask_mod
+
+    def run(self) -> None:
+        if self.w.device.type != "cuda":
+            return _run_quietly(self._run)
+        return self._run()
+
+    def _run(self) -> None:
+        w, c = self.w, self.w.case
+        q = self.queries.queries()
+        if self.contiguous:
+            k, v = self.k_dense, self.v_dense
+        else:
+            k = w.k_store.view(1, -1, c.num_kv_heads, c.head_dim).transpose(1, 2)  # one pool, every request
+            v = w.v_store.view(1, -1, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        _static(q, k, v)
+        o = self.flex(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask, scale=w.sm_scale,
+                      enable_gqa=True)
+        self.queries.write_back(o, self.out)
+
+
+class FlatFlex:
+    """flex-flat: one flex_attention call over the whole batch as one sequence, the window and the
+    request boundaries a mask_mod over the storage's rows.  On a paged cache a key block of 128 rows
+    mixes pages of several requests, and a query block mixes requests: the block mask skips fewer
+    blocks than the window alone would allow."""
+
     def __init__(self, w):
         self.w = w
         self.out = torch.empty_like(w.q)
         self.resolved_backend = "flex-triton" if w.device.type == "cuda" else "flex-eager"
         self.compile_s = None
+        group = w.case.num_qo_heads // w.case.num_kv_heads
+        self.wrapper_mode = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
+                             f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
 
     def plan(self) -> None:
         """Build the slot lookups and the block mask.  The first plan also makes the first call and
@@ -79,12 +298,7 @@ class FlexRunner:
         from torch.nn.attention.flex_attention import create_block_mask
 
         w, c, dev = self.w, self.w.case, self.w.device
-        n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
-        slot_request = torch.full((n_slots,), -1, dtype=torch.int32, device=dev)
-        slot_pos = torch.zeros(n_slots, dtype=torch.int32, device=dev)
-        live = slice(None) if w.evicted is None else ~w.evicted  # an evicted entry's row is another's, or nobody's
-        slot_request[w.slots[live]] = w.key_request[live].to(torch.int32)
-        slot_pos[w.slots[live]] = w.key_position[live].to(torch.int32)
+        slot_request, slot_pos = _slot_owners(w)
         q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
         windowed = c.window_left >= 0
         window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W
@@ -93,19 +307,15 @@ class FlexRunner:
             seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
             return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
 
-        # a tensor, like the window: a Python float would be lifted to a CPU scalar under dynamic=True
-        # and read back with .item() inside the kernel (Inductor: "unbacked_bindings")
-        cap = torch.tensor(c.logits_soft_cap, dtype=torch.float32, device=dev)
-        self.score_mod = (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if c.logits_soft_cap else None
+        self.score_mod = _soft_cap(c, dev)
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
-        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), n_slots, device=dev, BLOCK_SIZE=block)
-        self.flex = _compiled_flex(dev)
+        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), slot_request.numel(), device=dev,
+                                            BLOCK_SIZE=block)
+        self.flex = _compiled_flex(dev, dynamic=True)
 
     def run(self) -> None:
         if self.w.device.type != "cuda":
-            with warnings.catch_warnings():  # eager flex warns that it is unfused: known, and fine here
-                warnings.simplefilter("ignore", UserWarning)
-                return self._run()
+            return _run_quietly(self._run)
         return self._run()
 
     def _run(self) -> None:
@@ -118,16 +328,25 @@ class FlexRunner:
         self.out.copy_(o[0].transpose(0, 1))
 
 
-def _compile_class(case) -> tuple:
-    """Which kernel Inductor builds for the case: under 128 queries in all, a flex-decoding kernel
-    per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the H200, 10 s
-    and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic shapes).  Queries
-    are counted at the most a case can have (some modes draw fewer per request)."""
+def _flat_compile_class(case) -> tuple:
+    """Which kernel Inductor builds for a flex-flat case: under 128 queries in all, a flex-decoding
+    kernel per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the
+    H200, 10 s and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic
+    shapes).  Queries are counted at the most a case can have (some modes draw fewer per request)."""
     queries, group = case.batch_size * case.largest()[0], case.num_qo_heads // max(case.num_kv_heads, 1)
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
     if queries < SPARSE_BLOCK:
         return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
     return ("flex-attention", *heads)
+
+
+def _batched_compile_class(case, contiguous: bool) -> tuple:
+    """A batched case compiles per batch size (static, so flex-decoding can split the keys), query
+    rows per request and block sizes; key lengths are dynamic."""
+    rows = case.largest()[0]
+    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
+    kernel = "flex-decoding" if rows < SPARSE_BLOCK else "flex-attention"
+    return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 
 
 def _unsupported(case, backend):
@@ -142,5 +361,20 @@ def _unsupported(case, backend):
 
 register(Implementation(
     "flex-window", "flex", ("paged", "ragged"),
-    "PyTorch FlexAttention, window and request boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlexRunner(w), unsupported=_unsupported, compile_class=_compile_class), __name__)
+    "PyTorch FlexAttention as its users batch it: batch = requests, keys read in place (through the page "
+    "table in page-sized blocks), flex-decoding under 128 queries a request (peer)",
+    lambda w, backend: BatchedFlex(w, contiguous=False), unsupported=_unsupported,
+    compile_class=lambda case: _batched_compile_class(case, False)), __name__)
+
+register(Implementation(
+    "flex-contiguous", "flex", ("paged", "ragged"),
+    "PyTorch FlexAttention on the same batch with each request's keys contiguous, no paging (the best "
+    "FlexAttention does on the shape; peer)",
+    lambda w, backend: BatchedFlex(w, contiguous=True), unsupported=_unsupported,
+    compile_class=lambda case: _batched_compile_class(case, True)), __name__)
+
+register(Implementation(
+    "flex-flat", "flex", ("paged", "ragged"),
+    "PyTorch FlexAttention over one flattened sequence: every query of the batch, window and request "
+    "boundaries as a mask_mod over the storage's rows (peer)",
+    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class), __name__)

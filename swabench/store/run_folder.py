@@ -328,12 +328,27 @@ def _read_csv(path: Path, needed) -> pd.DataFrame:
         raise RunFolderError(f"{path}: {e}") from None
 
 
+def _stored_version(folder) -> int:
+    """The format version the folder was written in (before ``read_meta`` migrates it)."""
+    try:
+        return json.loads((Path(folder) / META).read_text()).get("format_version", 1)
+    except (OSError, ValueError, AttributeError):
+        return schema.FORMAT_VERSION
+
+
+def _renamed(rows: list[dict], folder) -> list[dict]:
+    names = schema.renamed_impls(_stored_version(folder))
+    for row in rows:
+        row["impl"] = names.get(row.get("impl"), row.get("impl"))
+    return rows
+
+
 def read_rows(folder) -> list[dict]:
     """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv.gz
-    (published folders do not carry the journal)."""
+    (published folders do not carry the journal); implementations by their current names."""
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
-        return store.rows()
+        return _renamed(store.rows(), folder)
     table = _read_csv(stored(store.folder, TABLE), (*KEY, "status"))
     grouped = {}
     if stored(store.folder, SAMPLES).exists():
@@ -345,7 +360,7 @@ def read_rows(folder) -> list[dict]:
         row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}
         row["samples"] = grouped.get(tuple(row[k] for k in KEY), {})
         rows.append(row)
-    return rows
+    return _renamed(rows, folder)
 
 
 def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
@@ -355,9 +370,11 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     meta = read_meta(folder)
     folder = Path(folder)
     if (folder / ROWS).exists():
-        table = to_table(RunStore(folder).rows())
+        table = to_table(_renamed(RunStore(folder).rows(), folder))
         return (derive(table, meta.get("peaks")) if derive else table), meta
-    return with_columns(_read_csv(stored(folder, TABLE), (*KEY, "status"))), meta
+    table = with_columns(_read_csv(stored(folder, TABLE), (*KEY, "status")))
+    table["impl"] = table["impl"].replace(schema.renamed_impls(_stored_version(folder)))
+    return table, meta
 
 
 def read_meta(folder) -> dict:

@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -89,7 +89,8 @@ def migrate_table(df):
     Before version 3, ``wrapper`` held how the wrapper was built ("cuda-graph, uniform_q_len=4"), now
     ``wrapper_mode``; ``wrapper`` names the wrapper family.  Tables from before the serving axes get
     their values where every case had them: no sinks, no soft-cap, the queries' dtype in the cache,
-    and head_dim ** -0.5."""
+    and head_dim ** -0.5.  Names an implementation had before a later format renamed it are the
+    folder's business (``renamed_impls``): a table alone does not say its version."""
     if "wrapper_mode" not in df.columns and "wrapper" in df.columns:
         df = df.rename(columns={"wrapper": "wrapper_mode"})
     if df.empty:
@@ -103,6 +104,20 @@ def migrate_table(df):
         if name not in df.columns:
             df[name] = value
     return df
+
+
+IMPL_RENAMES = {6: {"flex-window": "flex-flat"}}  # format version: {the name before it: the name since}
+
+
+def renamed_impls(version: int) -> dict[str, str]:
+    """The implementations a folder of format ``version`` names by an older name, and their names now.
+    Version 6: ``flex-window`` became FlexAttention batched by request; the flattened form it named
+    before is ``flex-flat``."""
+    names = {}
+    for since, renames in sorted(IMPL_RENAMES.items()):
+        if version < since:
+            names.update(renames)
+    return names
 
 
 def migrate(meta: dict) -> dict:

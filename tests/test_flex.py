@@ -1,0 +1,129 @@
+"""The FlexAttention peers: batched by request through the page table (flex-window), the same batch
+with contiguous keys (flex-contiguous) and the flattened form (flex-flat) pass the gate on the edge
+scenario's shapes, read only the key blocks of the window, and say how they were laid out."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from swabench.core import gate, workloads
+from swabench.impls import registry
+from swabench.impls.flex import key_block_size
+from swabench.spec import axes, scenarios
+from swabench.store import schema
+
+PEERS = ["flex-window", "flex-contiguous", "flex-flat"]
+EDGES = scenarios.load(Path(__file__).resolve().parent.parent / "scenarios" / "edges.toml").cases
+
+
+def gated(name, w):
+    runner = registry.get(name).make(w, "flex")
+    runner.plan()
+    return runner, gate.check(runner, w)
+
+
+def edge_cases(step: int):
+    return [pytest.param(c, id=c.label) for c in EDGES[::step]]
+
+
+@pytest.mark.parametrize("case", edge_cases(50))
+@pytest.mark.parametrize("name", PEERS)
+def test_the_peers_pass_the_gate_on_edge_shapes(name, case):
+    _, result = gated(name, workloads.build(case))
+    assert result.passed, result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [p for i, p in enumerate(edge_cases(1)) if i % 50])
+@pytest.mark.parametrize("name", PEERS)
+def test_the_peers_pass_the_gate_on_every_edge_shape(name, case):
+    _, result = gated(name, workloads.build(case))
+    assert result.passed, result.reason
+
+
+def case(**kw):
+    return axes.make_case({**dict(mode="decode", batch_size=3, prefix_len=200, window_left=63, num_qo_heads=8,
+                                  num_kv_heads=2, head_dim=64, dtype="float32", page_size=16), **kw})
+
+
+@pytest.mark.parametrize("storage,page_size,block", [("paged", 1, 16), ("paged", 8, 16), ("paged", 16, 16),
+                                                     ("paged", 64, 64), ("paged", 256, 128), ("paged", 48, 16),
+                                                     ("ragged", 0, 128)])
+def test_a_key_block_is_a_page_where_a_page_can_be_one(storage, page_size, block):
+    c = case(storage=storage, **({"page_size": page_size} if storage == "paged" else {}))
+    assert key_block_size(c, contiguous=False) == block and key_block_size(c, contiguous=True) == 128
+
+
+def test_flex_window_reads_only_the_pages_of_the_window():
+    """A decode query at position 200 with W = 63 sees positions 137..200: pages 8..12 of its request
+    (16 rows each), 3 of them wholly inside the window (no mask_mod), 2 at its edges."""
+    runner, result = gated("flex-window", workloads.build(case(page_layout="scattered")))
+    assert result.passed, result.reason
+    bm = runner.block_mask
+    assert bm.BLOCK_SIZE == (128, 16)
+    assert bm.kv_num_blocks.flatten().tolist() == [2, 2, 2] and bm.full_kv_num_blocks.flatten().tolist() == [3, 3, 3]
+    w = runner.w
+    for b in range(3):
+        pages = w.kv_indices_host[w.kv_indptr_host[b]:w.kv_indptr_host[b + 1]].tolist()
+        seen = bm.kv_indices[b, 0, 0, :2].tolist() + bm.full_kv_indices[b, 0, 0, :3].tolist()
+        assert sorted(seen) == sorted(pages[8:13])
+    assert "batch 3 x 1 queries" in runner.wrapper_mode and "key block 16 = page" in runner.wrapper_mode
+    assert "flex-decoding" in runner.wrapper_mode
+
+
+def test_uneven_queries_are_padded_and_padding_is_never_written_back():
+    c = axes.make_case(dict(mode="extend", batch_size=3, prefix_len=40, qo_len=(5, 17, 1), window_left=9,
+                            num_qo_heads=4, num_kv_heads=2, head_dim=32, dtype="float32", page_size=16))
+    for name in ("flex-window", "flex-contiguous"):
+        runner, result = gated(name, workloads.build(c))
+        assert result.passed and result.unwritten_rows == 0, (name, result.reason)
+        assert "batch 3 x 17 queries (padded)" in runner.wrapper_mode
+
+
+def test_the_contiguous_copy_is_refreshed_outside_the_timed_call():
+    """flex-contiguous reads its own copy of the keys: run() alone would answer for the old keys; the gate
+    refreshes the copy after every change of the data, and so passes."""
+    w = workloads.build(case())
+    runner, result = gated("flex-contiguous", w)
+    assert result.passed, result.reason
+    runner.refresh_inputs()
+    runner.run()
+    before = runner.out.clone()
+    w.k_store.normal_()  # new keys, the same queries
+    runner.run()
+    assert (runner.out == before).all()  # stale: the copy was not refreshed
+    runner.refresh_inputs()
+    runner.run()
+    assert not (runner.out == before).all()
+
+
+@pytest.mark.parametrize("version,name", [(5, "flex-flat"), (6, "flex-window")])
+def test_older_flex_window_rows_read_as_the_flattened_peer(tmp_path, version, name):
+    """Before result format 6 flex-window was the flattened form: its rows read as flex-flat, in the table
+    and in the rows with their samples; a folder of format 6 keeps the name."""
+    from swabench.store import run_folder
+
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": version, "scenario": "s"}))
+    pd.DataFrame({"case_id": ["c1", "c1"], "impl": ["flex-window", "paged-window"], "backend": ["flex", "fa2"],
+                  "status": ["pass", "pass"], "median_us": [9.0, 1.0]}).to_csv(tmp_path / "results.csv", index=False)
+    pd.DataFrame({"case_id": ["c1"], "impl": ["flex-window"], "backend": ["flex"], "kind": ["kernel"],
+                  "index": [0], "value_us": [9.0]}).to_csv(tmp_path / "samples.csv", index=False)
+    table, _ = run_folder.load(tmp_path)
+    assert table["impl"].tolist() == [name, "paged-window"]
+    rows = run_folder.read_rows(tmp_path)
+    assert [r["impl"] for r in rows] == [name, "paged-window"] and rows[0]["samples"] == {"kernel": [9.0]}
+    assert schema.renamed_impls(version) == ({"flex-window": "flex-flat"} if version < 6 else {})
+
+
+@pytest.mark.parametrize("kw,mask", [(dict(), False),  # decode, every window full: no mask, SDPA may pick flash
+                                     (dict(prefix_len=(20, 200, 5)), True),  # windows of different lengths: padded keys
+                                     (dict(mode="verify", draft_tokens=4), True),
+                                     (dict(mode="extend", qo_len=(5, 17, 1), prefix_len=40), True),
+                                     (dict(storage="ragged"), False)])
+def test_the_batched_sdpa_peer_is_one_call_over_the_batch(kw, mask):
+    kw = {**kw, "page_size": 16} if kw.get("storage") != "ragged" else kw
+    runner, result = gated("torch-batch", workloads.build(case(**kw)))
+    assert result.passed and result.unwritten_rows == 0, result.reason
+    assert (runner.mask is not None) is mask and "one SDPA call" in runner.wrapper_mode
