@@ -127,3 +127,16 @@ def test_the_batched_sdpa_peer_is_one_call_over_the_batch(kw, mask):
     runner, result = gated("torch-batch", workloads.build(case(**kw)))
     assert result.passed and result.unwritten_rows == 0, result.reason
     assert (runner.mask is not None) is mask and "one SDPA call" in runner.wrapper_mode
+
+
+def test_batched_peers_compile_per_batch_size_and_rows_not_per_length():
+    """Batch and rows are static in the batched peers' compile (flex-decoding splits keys by them); key
+    lengths are not: cases that differ only in context share a compile, so a sweep compiles a few times."""
+    window = registry.get("flex-window").compile_class
+    assert window(case(prefix_len=200)) == window(case(prefix_len=9000, window_left=1023))
+    assert window(case(batch_size=3)) != window(case(batch_size=4))
+    assert window(case(mode="verify", draft_tokens=8)) != window(case())
+    assert window(case(page_size=64)) != window(case(page_size=16))  # the key block is the page
+    assert window(case())[0] == "flex-decoding" and window(case(mode="extend", extend_len=256))[0] == "flex-attention"
+    contiguous = registry.get("flex-contiguous").compile_class
+    assert contiguous(case(page_size=64)) == contiguous(case(page_size=16))

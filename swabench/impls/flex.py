@@ -187,7 +187,9 @@ class BatchedFlex:
                 lo = max(0, p_first - c.window_left) if c.window_left >= 0 else 0
                 partial[b][j], full[b][j] = self._blocks(b, lo, p_last, p_first,
                                                          p_last - c.window_left if c.window_left >= 0 else 0)
-        width = max(1, max(len(x) for r in partial + full for x in r))
+        kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
+                                                                                      c.head_dim).shape[0])
+        width = -(-kv_rows // self.kv_block)  # every key block of the keys, as PagedAttention sizes it
 
         def table(lists):
             num = torch.tensor([[len(x) for x in r] for r in lists], dtype=torch.int32)
@@ -199,8 +201,6 @@ class BatchedFlex:
 
         kv_num, kv_idx = table(partial)
         full_num, full_idx = table(full)
-        kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
-                                                                                      c.head_dim).shape[0])
         self.block_mask = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
                                                    BLOCK_SIZE=(self.q_block, self.kv_block),
                                                    mask_mod=self._mask_mod(),
