@@ -125,6 +125,14 @@ def test_unreadable_file_and_unknown_scenario(tmp_path):
 def test_cuda_requested_without_a_gpu(tiny):
     r = invoke("run", tiny, "--device", "cuda")
     assert r.exit_code == 2 and "no CUDA device" in r.output
+    r = invoke("warmup", "default", "serving")  # several scenarios at once
+    assert r.exit_code == 2 and "no CUDA device" in r.output
+
+
+def test_warmup_checks_every_scenario_before_building():
+    r = invoke("warmup", "default", "defualt")
+    assert r.exit_code == 2 and "did you mean 'default'" in r.output
+    assert invoke("warmup").exit_code == 2  # at least one scenario
 
 
 def test_show_list_env(tiny):

@@ -125,15 +125,17 @@ def import_cmd(dump_dir, out, bucket, force):
 
 
 @click.command()
-@click.argument("scenario")
+@click.argument("scenarios", nargs=-1, required=True)
 @opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
 @impl_option
-def warmup(scenario, jobs, impls):
-    """Build every JIT module SCENARIO needs (in parallel) and say what it built and how long it took;
-    `swabench run` does the same before timing, so no compile lands in a timed region."""
+def warmup(scenarios, jobs, impls):
+    """Build every JIT module the SCENARIOS need (in parallel, all of them at once) and say what it built
+    and how long it took; `swabench run` does the same before timing, so no compile lands in a timed
+    region."""
     from swabench.run import sweep
 
-    click.echo(sweep.warm_up(load(scenario, impls).points, device_of("cuda", "warmup"), jobs).text())
+    points = [p for name in scenarios for p in load(name, impls).points]  # every file checked before any build
+    click.echo(sweep.warm_up(points, device_of("cuda", "warmup"), jobs).text())
 
 
 @click.command("list")

@@ -31,28 +31,28 @@ from .registry import Implementation, register
 RECOMPILE_LIMIT = 64  # a sweep meets a few dozen (shape, block size, window on/off) combinations
 SPARSE_BLOCK = 128  # FlexAttention's default block-mask block, in queries and in keys
 SMALLEST_BLOCK = 16  # Triton's smallest tile: a key block under 16 rows has no kernel
-_COMPILED: dict[bool | None, object] = {}
+_COMPILED = None
 
 
-def _compiled_flex(device: torch.device, dynamic: bool | None):
-    """flex_attention compiled once per process and dynamism.  ``dynamic=True`` (flex-flat): every
-    dimension symbolic from the first call, so every case of a compile class runs one kernel
-    whatever ran before it.  ``dynamic=None`` (the batched peers): Dynamo's automatic dynamism (a length
-    that changes recompiles once, symbolic), with batch and heads marked static (``_static``), as
-    flex-decoding needs to split the keys: with a symbolic batch Inductor quietly runs its general
-    kernel instead."""
+def _compiled_flex(device: torch.device):
+    """flex_attention compiled once per process, every dimension symbolic from the first call, so that
+    every case of a compile class runs one kernel whatever ran before it (by default the first shape
+    compiles static and the second recompiles).  The batched peers mark batch and heads static
+    (``_static``): flex-decoding splits the keys by them, and with a symbolic batch Inductor quietly
+    runs its general kernel instead."""
+    global _COMPILED
     from torch.nn.attention.flex_attention import flex_attention
     if device.type != "cuda":
         return flex_attention  # eager flex on the CPU: the unfused reference path, fine for small shapes
-    if dynamic not in _COMPILED:
+    if _COMPILED is None:
         # Past the recompile limit Dynamo would quietly run the unfused eager path and its times would
         # be filed under FlexAttention: raise instead (the point fails with the reason).
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         if hasattr(config, "fail_on_recompile_limit_hit"):
             config.fail_on_recompile_limit_hit = True
-        _COMPILED[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
-    return _COMPILED[dynamic]
+        _COMPILED = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED
 
 
 def q_block_size(queries: int, group: int) -> int:
@@ -207,7 +207,7 @@ class BatchedFlex:
                                                    seq_lengths=(self.rows, kv_rows), compute_q_blocks=False)
         _static(kv_num, kv_idx, full_num, full_idx)
         self.score_mod = _soft_cap(c, dev)
-        self.flex = _compiled_flex(dev, dynamic=None)
+        self.flex = _compiled_flex(dev)
 
     def _blocks(self, b: int, lo: int, hi: int, full_hi: int, full_lo: int):
         """The key blocks holding request b's positions lo..hi, split into partial ones and full ones (every
@@ -311,7 +311,7 @@ class FlatFlex:
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
         self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), slot_request.numel(), device=dev,
                                             BLOCK_SIZE=block)
-        self.flex = _compiled_flex(dev, dynamic=True)
+        self.flex = _compiled_flex(dev)
 
     def run(self) -> None:
         if self.w.device.type != "cuda":
