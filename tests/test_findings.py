@@ -76,6 +76,7 @@ def test_every_section_with_data_is_there(page):
     assert list(sections(page)) == ["Answers", "Runs", "Correctness", "Headline: speedup over the custom-mask path",
                                     "Against the reference path (paged-window / ragged-window on fa2)",
                                     "Decode: each wrapper against paged-window / ragged-window on fa2",
+                                    "Peers: how each is built, and what it costs",
                                     "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
 
 

@@ -140,3 +140,29 @@ def test_batched_peers_compile_per_batch_size_and_rows_not_per_length():
     assert window(case())[0] == "flex-decoding" and window(case(mode="extend", extend_len=256))[0] == "flex-attention"
     contiguous = registry.get("flex-contiguous").compile_class
     assert contiguous(case(page_size=64)) == contiguous(case(page_size=16))
+
+
+def test_the_peers_section_holds_each_peer_to_the_reference_and_says_what_paging_costs():
+    from swabench.publish.sections import Run, by_key
+
+    rows = []
+    for case_id, mode, batch, prefix, fa2, window, dense in [("d1", "decode", 64, 8192, 10.0, 50.0, 40.0),
+                                                           ("d2", "decode", 8, 8192, 10.0, 200.0, 100.0),
+                                                           ("v1", "verify", 32, 32768, 20.0, 400.0, 100.0)]:
+        common = dict(case_id=case_id, mode=mode, batch_size=batch, prefix_len=prefix, storage="paged",
+                      kind="correct", status="pass")
+        rows += [dict(common, impl="paged-window", library="flashinfer", backend="fa2", median_us=fa2),
+                 dict(common, impl="flex-window", library="flex", backend="flex", median_us=window,
+                      wrapper_mode=f"batch {batch} x 1 queries, keys in place (paged), key block 16 = page"),
+                 dict(common, impl="flex-contiguous", library="flex", backend="flex", median_us=dense,
+                      wrapper_mode="contiguous")]
+    run = Run("r", pd.DataFrame(rows), {})
+    section = by_key("peers")
+    table = section.table(run).set_index(["peer", "mode"])
+    within = "within 10x at batch >= 32, context >= 8k"
+    assert table.loc[("flex-window", "decode"), within] == "1 of 1"  # d2 is batch 8: not held to it
+    assert table.loc[("flex-window", "verify"), within] == "0 of 1"  # 20x
+    assert table.loc[("flex-window", "decode"), "time / reference (median)"] == "12.50x (5.00-20.00, 2)"
+    assert table.loc[("flex-window", "decode"), "layout (one case)"].startswith("batch 64 x 1 queries")
+    said = section.said(run)[0]
+    assert "`flex-window` / `flex-contiguous`" in said and "decode 1.62x (1.25-2.00, 2), verify 4.00x" in said

@@ -177,6 +177,52 @@ def decode_said(run: Run) -> list[str]:
     return ["\n".join(said)] if said else []
 
 
+
+
+PEER_BATCH, PEER_CONTEXT, PEER_BOUND = 32, 8192, 10  # where a peer is held to 10x the reference (serving sizes)
+
+
+def _peers(table: pd.DataFrame) -> pd.DataFrame:
+    """Per point: every correct path of a library other than the reference paths', against the reference."""
+    library = versus.reference_library()
+    per_point = versus.against_reference(table)
+    return per_point[per_point["library"] != library]
+
+
+def peers(run: Run) -> pd.DataFrame:
+    """Each peer per mode: its time / the reference path's (median over cases), how often it comes within
+    10x at serving sizes (batch >= 32, context >= 8k, decode and verify), and how it was laid out."""
+    p = _peers(run.table)
+    if p.empty:
+        return pd.DataFrame()
+    rows = []
+    for (impl, mode), g in p.groupby(["impl", "mode"]):
+        big = g[(g["batch_size"] >= PEER_BATCH) & (g["prefix_len"] >= PEER_CONTEXT)] \
+            if mode in ("decode", "verify") else g.iloc[0:0]
+        layouts = g["wrapper_mode"].dropna()
+        rows.append({"peer": impl, "mode": mode, MEDIAN: spread(g["ratio"]),
+                     f"within {PEER_BOUND}x at batch >= {PEER_BATCH}, context >= {PEER_CONTEXT // 1024}k":
+                         f"{int((big['ratio'] <= PEER_BOUND).sum())} of {len(big)}" if len(big) else "",
+                     "layout (one case)": layouts.iloc[0] if len(layouts) else ""})
+    out = pd.DataFrame(rows)
+    return out.sort_values(["peer", "mode"], key=lambda c: c.map(registry.order) if c.name == "peer"
+                           else mode_order(c)).reset_index(drop=True)
+
+
+def peers_said(run: Run) -> list[str]:
+    """What the page table costs FlexAttention: flex-window / flex-contiguous on the same cases."""
+    t = run.table[(run.table["status"] == "pass") & run.table["median_us"].notna()]
+    paged = t[t["impl"] == "flex-window"].set_index("case_id")["median_us"]
+    dense = t[t["impl"] == "flex-contiguous"].set_index("case_id")["median_us"]
+    both = paged.index.intersection(dense.index)
+    if not len(both):
+        return []
+    r = (paged[both] / dense[both]).rename("ratio").to_frame().join(t.drop_duplicates("case_id").set_index("case_id")["mode"])
+    parts = [f"{mode} {spread(g['ratio'])}" for mode, g in r.groupby("mode", sort=False)]
+    return [f"- What the page table costs FlexAttention (`flex-window` / `flex-contiguous` on the same cases): "
+            f"{', '.join(parts)} ({run.name})."]
+
+
 SECTIONS = [
     Section("headline", "Headline: speedup over the custom-mask path", headline_caption, headline, headline_said,
             timed=True),
@@ -189,4 +235,10 @@ SECTIONS = [
             "Time of each decode path / time of the reference path on the same decode step, per window and "
             "context: median (best-worst, cases) over batch, page size, GQA group and head_dim; cases with sinks, a "
             "soft-cap or an fp8 cache are in the feature table.", decode, decode_said, timed=True),
+    Section("peers", "Peers: how each is built, and what it costs",
+            "Each correct path of another library (FlexAttention, PyTorch SDPA) against the reference path of "
+            "its storage on the same cases: time / reference (median (best-worst, cases)), how many of the "
+            f"decode and verify cases at batch >= {PEER_BATCH} and context >= {PEER_CONTEXT // 1024}k it serves "
+            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`wrapper_mode`).", peers,
+            peers_said, one_table=True, timed=True),
 ]
