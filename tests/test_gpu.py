@@ -40,7 +40,8 @@ SHAPES = [(4, 40, 8, 1), (127, 1000, 16, 16), (1023, 3000, 1, 16), (4095, 4200, 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize("window_left,prefix,qo,page_size", SHAPES)
-@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim", "torch-mask", "flex-window"])
+@pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim", "torch-mask", "torch-batch", "flex-window", "flex-contiguous",
+                                  "flex-flat"])
 def test_correct_implementations_pass_on_the_gpu(impl, window_left, prefix, qo, page_size, backend):
     if not registry.get(impl).backends and backend == "fa3":
         pytest.skip("no backend axis")
@@ -102,9 +103,30 @@ def test_flex_decode_batch_compiles_and_passes(storage):
     a 256-row query block here; with the default 128 the H200 peers run failed (NoValidChoicesError)."""
     c = axes.make_case(dict(mode="decode", batch_size=64, prefix_len=2048, window_left=127, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=128, dtype="bfloat16", page_size=16, storage=storage))
-    runner, result = gated("flex-window", workloads.build(c, "cuda"), "flex")
+    runner, result = gated("flex-flat", workloads.build(c, "cuda"), "flex")
     assert result.passed, result.reason
     assert runner.block_mask.BLOCK_SIZE[0] == 256
+
+
+@pytest.mark.parametrize("impl", ["flex-window", "flex-contiguous"])
+def test_batched_flex_decode_runs_the_flex_decoding_kernel(impl):
+    """Batch and heads static, so Inductor lowers a decode step to its flex-decoding kernel (which splits
+    the keys), not the general flex-attention kernel; a second context compiles nothing new."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def case(prefix):
+        return axes.make_case(dict(mode="decode", batch_size=48, prefix_len=prefix, window_left=127, num_qo_heads=64,
+                                   num_kv_heads=8, head_dim=64, dtype="bfloat16", page_size=16))
+    runner, result = gated(impl, workloads.build(case(8192), "cuda"), "flex")
+    assert result.passed, result.reason
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.run()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any("flex_decoding" in n for n in names), names
+    again = registry.get(impl).make(workloads.build(case(20000), "cuda"), "flex")
+    again.plan()
+    assert again.compile_s < 5, f"a new context recompiled: {again.compile_s:.1f} s"
 
 
 @pytest.mark.parametrize("impl", ["paged-window", "ragged-window"])
