@@ -158,6 +158,10 @@ class BatchedFlex:
             self.slot_request = self.slot_pos = None
         else:
             self.slot_request, self.slot_pos = _slot_owners(w, self.kv_block)
+            # the block lists are worked out on the host, from one copy of the lookups
+            self.host = {"slots": w.slots.cpu(), "request": self.slot_request.view(-1, self.kv_block).cpu(),
+                         "pos": self.slot_pos.view(-1, self.kv_block).cpu(),
+                         "evicted": None if w.evicted is None else w.evicted.cpu()}
 
     def refresh_inputs(self) -> None:
         """Copy each request's keys into its contiguous buffer (flex-contiguous; not timed: the copy
@@ -189,7 +193,7 @@ class BatchedFlex:
                                                          p_last - c.window_left if c.window_left >= 0 else 0)
         kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
                                                                                       c.head_dim).shape[0])
-        width = -(-kv_rows // self.kv_block)  # every key block of the keys, as PagedAttention sizes it
+        width = max(1, max(len(x) for r in partial + full for x in r))
 
         def table(lists):
             num = torch.tensor([[len(x) for x in r] for r in lists], dtype=torch.int32)
@@ -219,13 +223,12 @@ class BatchedFlex:
             start, end = blocks * kvb, blocks * kvb + kvb - 1
             is_full = (start >= full_lo) & (end <= full_hi) & (end < self.w.kv_lens[b])
         else:
-            w = self.w
-            slots = w.request_slots(b, lo, hi + 1)
-            if w.evicted is not None:
-                slots = slots[~w.evicted[int(w.slot_indptr[b]) + lo:int(w.slot_indptr[b]) + hi + 1]]
-            blocks = torch.unique(slots // kvb).cpu()
-            owner = self.slot_request.view(-1, kvb)[blocks.to(w.device)].cpu()
-            pos = self.slot_pos.view(-1, kvb)[blocks.to(w.device)].cpu()
+            h, first = self.host, int(self.w.slot_indptr[b])
+            slots = h["slots"][first + lo:first + hi + 1]
+            if h["evicted"] is not None:
+                slots = slots[~h["evicted"][first + lo:first + hi + 1]]
+            blocks = torch.unique(slots // kvb)
+            owner, pos = h["request"][blocks], h["pos"][blocks]
             is_full = (owner == b).all(1) & (pos >= full_lo).all(1) & (pos <= full_hi).all(1)
         return blocks[~is_full].tolist(), blocks[is_full].tolist()
 
