@@ -173,3 +173,14 @@ def test_the_peers_section_holds_each_peer_to_the_reference_and_says_what_paging
     assert table.loc[("flex-window", "decode"), "layout (one case)"].startswith("batch 64 x 1 queries")
     said = section.said(run)[0]
     assert "`flex-window` / `flex-contiguous`" in said and "decode 1.62x (1.25-2.00, 2), verify 4.00x" in said
+
+
+def test_a_folder_of_an_older_format_naming_flex_window_is_not_resumed(tmp_path):
+    """Its flex-window rows are the flattened peer: resuming would file the batched one beside them."""
+    from swabench.store import run_folder
+
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": 5, "scenario": "s"}))
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"case_id": "c1", "impl": "flex-window", "backend": "flex",
+                                                     "status": "pass"}) + "\n")
+    with pytest.raises(run_folder.RunFolderError, match="format 5, where flex-window named another"):
+        run_folder.RunStore.resume(tmp_path, "name = 's'\n")

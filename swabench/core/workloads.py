@@ -303,7 +303,10 @@ class QueryBatch:
     def write_back(self, o: torch.Tensor, out: torch.Tensor) -> None:
         """``o`` [batch, heads, rows, dim] into ``out`` [total queries, heads, dim]."""
         c = self.w.case
-        out.copy_(o.transpose(1, 2).reshape(-1, c.num_qo_heads, c.head_dim)[self.index])
+        if self.uniform:
+            out.view(self.batch, self.rows, c.num_qo_heads, c.head_dim).copy_(o.transpose(1, 2))
+        else:
+            out.copy_(o.transpose(1, 2).reshape(-1, c.num_qo_heads, c.head_dim)[self.index])
 
 
 def free_bytes(device: torch.device) -> int:

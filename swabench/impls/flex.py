@@ -19,6 +19,7 @@ with Inductor's compile, is recorded apart as ``compile_s`` and never timed.
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 
@@ -133,7 +134,8 @@ class BatchedFlex:
     def plan(self) -> None:
         first = self.compile_s is None
         started = time.perf_counter()
-        self._layout()
+        if first:
+            self._layout()  # buffers and lookups, once: the block mask is what a step re-plans
         self._block_mask()
         if first:
             self.refresh_inputs()
@@ -152,7 +154,8 @@ class BatchedFlex:
             shape = (self.batch, c.num_kv_heads, length, c.head_dim)
             self.k_dense = torch.zeros(shape, dtype=w.k_store.dtype, device=dev)
             self.v_dense = torch.zeros(shape, dtype=w.v_store.dtype, device=dev)
-            self.dense_rows = (w.key_request * length + w.key_position).to(dev)
+            live = slice(None) if w.evicted is None else ~w.evicted  # an evicted entry's page is not its key
+            self.dense_rows, self.live_slots = (w.key_request * length + w.key_position)[live], w.slots[live]
             self.staging = torch.zeros(self.batch * length, c.num_kv_heads, c.head_dim, dtype=w.k_store.dtype,
                                        device=dev)
             self.slot_request = self.slot_pos = None
@@ -171,7 +174,7 @@ class BatchedFlex:
         w, c = self.w, self.w.case
         flat = (-1, c.num_kv_heads, c.head_dim)
         for dense, store in ((self.k_dense, w.k_store), (self.v_dense, w.v_store)):
-            self.staging[self.dense_rows] = store.view(flat)[w.slots]
+            self.staging[self.dense_rows] = store.view(flat)[self.live_slots]
             dense.copy_(self.staging.view(self.batch, -1, c.num_kv_heads, c.head_dim).transpose(1, 2))
 
     def _block_mask(self) -> None:
@@ -189,8 +192,8 @@ class BatchedFlex:
                     continue
                 p_first, p_last = prefix + first, prefix + last
                 lo = max(0, p_first - c.window_left) if c.window_left >= 0 else 0
-                partial[b][j], full[b][j] = self._blocks(b, lo, p_last, p_first,
-                                                         p_last - c.window_left if c.window_left >= 0 else 0)
+                partial[b][j], full[b][j] = self._blocks(
+                    b, lo, p_last, full_lo=p_last - c.window_left if c.window_left >= 0 else 0, full_hi=p_first)
         kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
                                                                                       c.head_dim).shape[0])
         width = max(1, max(len(x) for r in partial + full for x in r))
@@ -205,18 +208,20 @@ class BatchedFlex:
 
         kv_num, kv_idx = table(partial)
         full_num, full_idx = table(full)
+        forward_only = {"compute_q_blocks": False} if "compute_q_blocks" in \
+            inspect.signature(BlockMask.from_kv_blocks).parameters else {}  # torch 2.9 and later: no backward blocks
         self.block_mask = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
                                                    BLOCK_SIZE=(self.q_block, self.kv_block),
-                                                   mask_mod=self._mask_mod(),
-                                                   seq_lengths=(self.rows, kv_rows), compute_q_blocks=False)
+                                                   mask_mod=self._mask_mod(), seq_lengths=(self.rows, kv_rows),
+                                                   **forward_only)
         _static(kv_num, kv_idx, full_num, full_idx)
         self.score_mod = _soft_cap(c, dev)
         self.flex = _compiled_flex(dev)
 
-    def _blocks(self, b: int, lo: int, hi: int, full_hi: int, full_lo: int):
+    def _blocks(self, b: int, lo: int, hi: int, full_lo: int, full_hi: int):
         """The key blocks holding request b's positions lo..hi, split into partial ones and full ones (every
-        row of the block a key that every query of the query block sees: no mask_mod needed there; a padded
-        query row sees them too, and its output is never read)."""
+        row of the block a key at a position in full_lo..full_hi, which every query of the query block sees:
+        no mask_mod needed there; a padded query row sees them too, and its output is never read)."""
         kvb = self.kv_block
         if self.contiguous:
             blocks = torch.arange(lo // kvb, hi // kvb + 1)

@@ -30,9 +30,14 @@ def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
 
 
 def older_releases(runs: list[Run]) -> list[Run]:
-    """The runs of a release set made on any release but its newest: the findings page shows them in
-    this section only, so that the other sections read one run per scenario."""
-    return [r for _, group in release_sets(runs) for r in group[:-1]]
+    """Every run of a release set's scenario made on a release older than its newest: the findings page
+    shows them in this section only, so that the other sections read the newest release."""
+    older = []
+    for library, group in release_sets(runs):
+        newest = (group[-1].meta.get("libraries") or {}).get(library)
+        older += [r for r in runs if r.meta.get("scenario") == group[0].meta.get("scenario")
+                  and (r.meta.get("libraries") or {}).get(library) not in (None, newest)]
+    return older
 
 
 @lru_cache(maxsize=8)
@@ -68,8 +73,9 @@ def in_short(runs: list[Run]) -> list[str]:
         parts = []
         for _, bug in m.bugs.iterrows():
             has = [v for v in versions if str(bug[v]).startswith("has it")]
+            fixed = bug.get("fixed upstream in")
             parts.append(f"`{bug['upstream']}` shows on {', '.join(has) or 'none'}"
-                         + (f" (fixed upstream in {bug['fixed upstream in']})" if bug.get("fixed upstream in") else ""))
+                         + (f" (fixed upstream in {fixed})" if fixed and fixed != "not yet" else ""))
         odd = unexpected(m)
         parts.append("; ".join(f"on {v}: {what}" for v, what in odd.items()) if odd else
                      "otherwise every correct path passed (or skipped, naming why) and every known bug was caught, "
@@ -82,7 +88,9 @@ def in_short(runs: list[Run]) -> list[str]:
                     parts.append(f"{r.version} is {verdict} than {m.newest.version} on {len(moved_points)} of "
                                  f"{len(t)} timed points: {moved(moved_points)}")
             if len(t) and not t["verdict"].isin(["slower", "faster"]).any():
-                parts.append(f"{r.version} times the same as {m.newest.version} on all {len(t)} timed points")
+                same = int((t["verdict"] == "same").sum())
+                parts.append(f"{r.version} times the same as {m.newest.version} on {same} of {len(t)} timed points"
+                             + (" (the rest too noisy to tell)" if same < len(t) else ""))
         names = ", ".join(f"`{r.folder}`" for r in m.releases)
         lines.append(f"- `{m.scenario}` on {library} {versions[0]} to {versions[-1]} ({len(versions)} releases): "
                      + "; ".join(parts) + f" ({names}).")

@@ -197,7 +197,8 @@ def peers(run: Run) -> pd.DataFrame:
         return pd.DataFrame()
     rows = []
     for (impl, mode), g in p.groupby(["impl", "mode"]):
-        big = g[(g["batch_size"] >= PEER_BATCH) & (g["prefix_len"] >= PEER_CONTEXT)] \
+        context = g["prefix_len"].fillna(g["seq_len"] - 1) if "seq_len" in g else g["prefix_len"]
+        big = g[(g["batch_size"] >= PEER_BATCH) & (context >= PEER_CONTEXT)] \
             if mode in ("decode", "verify") else g.iloc[0:0]
         layouts = g["wrapper_mode"].dropna()
         rows.append({"peer": impl, "mode": mode, MEDIAN: spread(g["ratio"]),
