@@ -24,6 +24,8 @@
 #            (tests/fixtures/flashinfer-dump-VERSION), then `swabench replay` of that trace
 #   edges-check  `swabench check edges` alone (the SGLang regression batches among them)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
+#   peers-profile  peers.toml's decode steps (GPT-OSS-20B's 48-request step among them) under Nsight Systems:
+#            which kernel each FlexAttention peer ran and for how long
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
 #            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
@@ -78,6 +80,10 @@ for step in $steps; do
                ( time sb replay "$out/imported-$v.jsonl" --out "$out/h200-replay-imported-$v" ) 2>&1 | tail -40 ;;
     evicted)   fresh_compile_cache
                ( time sb run evicted --out "$out/h200-evicted-run" ) 2>&1 | tail -25 ;;
+    peers-profile)
+               fresh_compile_cache
+               sb profile peers --case decode --impl paged-window --impl flex-window --impl flex-contiguous \
+                 --impl flex-flat --impl torch-batch --out "$out/h200-peers-profile" 2>&1 | tail -30 ;;
     recipe-profile)
                sb profile serving --case "extend b4" --impl sglang-extend --impl paged-window \
                  --against results/h200-serving-run2 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
@@ -109,7 +115,8 @@ for step in $steps; do
                  --l2 warm --out "$out/h200-reference-warm" 2>&1 | tail -6 ;;
     wrappers)  python3 scripts/wrapper_modes.py "$out/wrapper_modes.csv" ;;
     profile)   sb profile quick --out "$out/h200-quick-profile" 2>&1 | tail -30 ;;
-    peers)     sb run peers --out "$out/h200-peers-run" 2>&1 | tail -16 ;;
+    peers)     fresh_compile_cache
+               ( time sb run peers --out "$out/h200-peers-run" ) 2>&1 | tail -30 ;;
     edges-check) ( time sb check edges --out "$out/h200-edges-check" ) 2>&1 | tail -12 ;;
     check)     sb check edges --out "$out/h200-edges-check" 2>&1 | tail -3
                sb check default --out "$out/h200-default-check" 2>&1 | tail -3 ;;
