@@ -85,7 +85,7 @@ def to_csv(m: Matrix) -> str:
 
 def figure(m: Matrix, out: Path) -> Path | None:
     """Each timed point's time / the newest release's, against the release (log scale; hollow: the
-    same within noise)."""
+    same within noise; a colour and marker per implementation, a line style per backend)."""
     if m.timings.empty:
         return None
     import matplotlib.ticker
@@ -97,12 +97,16 @@ def figure(m: Matrix, out: Path) -> Path | None:
     ax = axes[0][0]
     t = m.timings.assign(path=m.timings["impl"] + " [" + m.timings["backend"] + "] " +
                          m.timings["case"].str.split().str[0])
+    impls = list(dict.fromkeys(t["impl"]))  # a colour each, then a marker each past the palette's end
+    look = {impl: (style.OKABE_ITO[i % len(style.OKABE_ITO)], "os^D"[i // len(style.OKABE_ITO) % 4])
+            for i, impl in enumerate(impls)}
     for (path, case), g in t.groupby(["path", "case"], sort=False):
+        colour, marker = look[g["impl"].iloc[0]]
         x = [order.index(v) for v in g["release"]] + [len(order) - 1]
         y = list(g["ratio"]) + [1.0]
-        line, = ax.plot(x, y, "-", color=style.colour(g["impl"].iloc[0]), alpha=0.5, lw=1)
+        ax.plot(x, y, style.BACKEND_STYLE.get(g["backend"].iloc[0], "-"), color=colour, alpha=0.5, lw=1)
         for xi, yi, verdict in zip(x, y, list(g["verdict"]) + ["same"]):
-            ax.plot(xi, yi, "o", color=line.get_color(), mfc="none" if verdict == "same" else line.get_color())
+            ax.plot(xi, yi, marker, color=colour, mfc="none" if verdict == "same" else colour)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
     for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
@@ -110,10 +114,10 @@ def figure(m: Matrix, out: Path) -> Path | None:
     ax.set_xticks(range(len(order)), order)
     ax.set_xlabel(f"{m.library} release")
     ax.set_ylabel(f"kernel time / {m.newest.version}")
-    handles = {}
-    for impl in dict.fromkeys(t["impl"]):
-        handles[impl] = ax.plot([], [], "-o", color=style.colour(impl), label=impl)[0]
-    ax.legend(handles=list(handles.values()), fontsize=7, loc="best")
+    handles = [ax.plot([], [], look[impl][1], color=look[impl][0], label=impl)[0] for impl in impls]
+    handles += [ax.plot([], [], style.BACKEND_STYLE[b], color="grey", label=b)[0]
+                for b in dict.fromkeys(t["backend"]) if b in style.BACKEND_STYLE]
+    ax.legend(handles=handles, fontsize=7, loc="best")
     return style.save(fig, out, "matrix")[0]
 
 
