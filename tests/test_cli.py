@@ -129,6 +129,16 @@ def test_cuda_requested_without_a_gpu(tiny):
     assert r.exit_code == 2 and "no CUDA device" in r.output
 
 
+def test_warmup_lists_what_a_gpu_node_would_build_without_a_gpu():
+    r = invoke("warmup", "release", "--list")
+    assert r.exit_code == 0, r.output
+    head, *lines = r.output.strip().splitlines()
+    assert head.startswith(f"{len(lines)} module signatures") and len(set(lines)) == len(lines)
+    assert "  sink-window fa2 bfloat16 d128 window sinks" in lines  # the second head_dim, fa2 only
+    assert "  sink-window fa3 bfloat16 d128 window sinks" not in lines
+    assert not any(line.split()[0].startswith(("torch-", "flex-")) for line in lines)  # nothing to build
+
+
 def test_warmup_checks_every_scenario_before_building():
     r = invoke("warmup", "default", "defualt")
     assert r.exit_code == 2 and "did you mean 'default'" in r.output

@@ -128,13 +128,20 @@ def import_cmd(dump_dir, out, bucket, force):
 @click.argument("scenarios", nargs=-1, required=True)
 @opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
 @impl_option
-def warmup(scenarios, jobs, impls):
+@opt("--list", "list_only", is_flag=True, help="Only list the module signatures the scenarios need (no GPU needed, "
+                                               "nothing built).")
+def warmup(scenarios, jobs, impls, list_only):
     """Build every JIT module the SCENARIOS need (in parallel, all of them at once) and say what it built
     and how long it took; `swabench run` does the same before timing, so no compile lands in a timed
     region."""
     from swabench.run import sweep
 
     points = [p for name in scenarios for p in load(name, impls).points]  # every file checked before any build
+    if list_only:
+        needed = sweep.modules_needed(points, None)
+        click.echo(f"{len(needed)} module signatures (implementation, backend, dtype, head_dim, window, features):")
+        click.echo("\n".join(f"  {s}" for s in sorted(needed)))
+        return
     click.echo(sweep.warm_up(points, device_of("cuda", "warmup"), jobs).text())
 
 

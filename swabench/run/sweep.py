@@ -185,16 +185,26 @@ def module_signature(p: Point) -> str:
     return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}{features}"
 
 
+def modules_needed(points: list[Point], device: torch.device | None) -> dict[str, Point]:
+    """One point per module signature the GPU points need, in order.  ``device=None`` asks it of the
+    scenario alone (what a GPU node would build; the libraries need not be installed here)."""
+    todo: dict[str, Point] = {}
+    for p in points:
+        impl = registry.get(p.impl)
+        if not impl.needs_cuda:
+            continue
+        why = impl.unsupported(p.case, p.backend) if device is None else impl.skip_reason(p.case, p.backend, device)
+        if not why:
+            todo.setdefault(module_signature(p), p)
+    return todo
+
+
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
     the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
     apart)."""
-    todo: dict[str, Point] = {}
-    for p in points:
-        impl = registry.get(p.impl)
-        if impl.needs_cuda and not impl.skip_reason(p.case, p.backend, device):
-            todo.setdefault(module_signature(p), p)
+    todo = modules_needed(points, device)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
         """(signature, seconds, why it could not be built or None).  A resource problem (a module the
