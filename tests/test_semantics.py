@@ -96,3 +96,30 @@ def test_bit_packing_is_little_endian(bits):
     packed = semantics.pack_bits_little(torch.tensor(bits))
     expect = [sum(1 << i for i, b in enumerate(bits[k:k + 8]) if b) for k in range(0, len(bits), 8)]
     assert packed.tolist() == expect
+
+
+@settings(max_examples=150, deadline=None)
+@given(shapes, st.booleans(), st.integers(0, 20))
+def test_non_causal_and_chunked_visibility_match_their_definitions(shape, causal, chunk):
+    """Non-causal (FlashInfer's plan(causal=False, window_left=W)): query p sees every key j of its request
+    with j >= p - W.  Chunked (chunk C > 0, causal): query p sees keys floor(p / C) * C .. p."""
+    qo, kv, w = shape
+    want = torch.zeros(qo, kv, dtype=torch.bool)
+    for i in range(qo):
+        p = kv - qo + i
+        for j in range(kv):
+            seen = (j <= p or not causal) and (w < 0 or j >= p - w)
+            want[i, j] = seen and (chunk == 0 or j >= p // chunk * chunk)
+    assert torch.equal(Visibility(w, causal=causal, chunk=chunk).mask(qo, kv), want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 64), st.integers(1, 3), st.integers(1, 40))
+def test_a_chunk_read_as_a_window_sees_the_previous_chunk(chunk, chunks_before, into):
+    """The natural mistake: a chunk of C keys as a window of C - 1 (window_left = C - 1).  Any query past
+    a chunk's first key but short of its last sees keys of the chunk before."""
+    into = into % chunk
+    p = chunks_before * chunk + into
+    exact = Visibility(-1, chunk=chunk).mask(1, p + 1)
+    as_window = Visibility(chunk - 1).mask(1, p + 1)
+    assert bool((as_window & ~exact).any()) == (into < chunk - 1)

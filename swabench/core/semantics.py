@@ -40,21 +40,32 @@ class Visibility:
     same shape with other numbers, which is what lets the suite say where each must fail: a table
     that starts too early (``first_key``), a part that sees every key from ``latest_start`` on, or
     keys cut at the wrong end (a negative ``future``).
+
+    Two neighbours of the causal window are the same shape too.  ``causal=False`` is FlashInfer's
+    ``plan(causal=False, window_left=W)``: a query at p sees every key of its request at position
+    ``>= p - W``, future ones included.  ``chunk=C`` is chunked local attention (Llama 4's
+    ``attention_chunk_size``): a query sees, causally, only its own chunk, keys ``floor(p / C) * C``
+    through ``p``; a window of ``C - 1`` keys is not the same (it reaches into the previous chunk).
     """
 
     window_left: int
     first_key: int = 0
     future: int = 0
     latest_start: int | None = None
+    causal: bool = True
+    chunk: int = 0
 
     def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
         lo = torch.full_like(positions, self.first_key)
         if self.window_left >= 0:
             lo = torch.maximum(lo, positions - self.window_left)
+        if self.chunk > 0:
+            lo = torch.maximum(lo, positions - positions % self.chunk)
         if self.latest_start is not None:
             lo = torch.clamp(lo, max=self.latest_start)
-        hi = torch.clamp(positions + self.future, max=kv_len - 1)
+        hi = torch.clamp(positions + self.future, max=kv_len - 1) if self.causal \
+            else torch.full_like(positions, kv_len - 1)
         return lo, hi
 
     def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None) -> torch.Tensor:
