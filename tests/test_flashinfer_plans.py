@@ -90,6 +90,20 @@ def test_window_at_plan_and_the_uniform_hint():
     assert wrapper.kwargs["uniform_q_len"] is None  # drawn acceptance lengths: not uniform
 
 
+@pytest.mark.parametrize("impl", ["paged-window", "paged-trim", "ragged-window"])
+def test_a_non_causal_window_is_planned_causal_false_with_its_window(impl):
+    wrapper, _ = planned(impl, causal=False)
+    assert wrapper.kwargs["causal"] is False and wrapper.kwargs["window_left"] == 31
+
+
+def test_the_naive_mask_of_a_non_causal_window_holds_the_future_keys():
+    from swabench.core.semantics import Visibility
+    wrapper, w = planned("paged-mask", causal=False)
+    expect = semantics.custom_mask(w.qo_lens, w.kv_lens, Visibility(31, causal=False))
+    assert wrapper.kwargs["causal"] is False and torch.equal(wrapper.kwargs["custom_mask"].cpu(), expect)
+    assert not torch.equal(expect, semantics.custom_mask(w.qo_lens, w.kv_lens, Visibility(31)))
+
+
 def test_trim_hands_over_the_trimmed_page_table():
     wrapper, w = planned("paged-trim")
     qo_indptr, indptr, indices, last = wrapper.args

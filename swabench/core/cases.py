@@ -20,7 +20,8 @@ ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
-SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None}
+SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
+                    "causal": True}  # a case at these values keeps the id it had before the axis existed
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -136,6 +137,7 @@ class Case:
     sm_scale: float | None = None  # None: head_dim ** -0.5
     kv_dtype: str | None = None  # None: the same as dtype
     model: str | None = None  # the preset (swabench.spec.models) that set the head shape, window and features
+    causal: bool = True  # False: a query sees every key of its request from p - W on, future ones too
 
     @property
     def scale(self) -> float:
@@ -187,7 +189,8 @@ class Case:
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
                    + (f" kv-{self.kv_dtype}" if self.kv_dtype else ""))
-        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left} {store} "
+        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left}{'' if self.causal else ' non-causal'} "
+                f"{store} "
                 f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype}{serving} s{self.seed}"
                 + (f" [{self.model}]" if self.model else ""))
 

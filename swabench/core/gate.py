@@ -140,7 +140,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
             worst_probe = row_max
         if not row_max <= tol.row_rel_l2 and len(reasons) < 3:
             t, h = divmod(int(pr.row_rel_l2.argmax()), w.case.num_qo_heads)
-            name = probes.edge_name(w.case.window_left, int(edge[t, h]))
+            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal)
             reasons.append(f"probe ({name}): row rel-L2 {row_max:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     w.fill_random(seed)
     return GateResult(passed=not reasons, rel_l2=rnd.rel_l2, max_abs=rnd.max_abs, row_rel_l2=worst_random,

@@ -30,12 +30,13 @@ SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, 
 SHIFT = 1  # the feature sin(pi x): zero at every integer, so free to carry the shift
 
 
-def edges(window_left: int) -> list[tuple[int, str]]:
-    """(distance p - j a row is tuned to, name) for every edge the window has."""
-    causal = [(-1, "future key"), (0, "diagonal")]
+def edges(window_left: int, causal: bool = True) -> list[tuple[int, str]]:
+    """(distance p - j a row is tuned to, name) for every edge the window has.  Without ``causal`` the
+    first future key is visible: a row tuned to it catches a path that drops future keys."""
+    near = [(-1, "future key" if causal else "future key (visible)"), (0, "diagonal")]
     if window_left < 0:
-        return causal
-    return [(window_left + 1, "outside window"), (window_left, "window edge")] + causal
+        return near
+    return [(window_left + 1, "outside window"), (window_left, "window edge")] + near
 
 
 def frequencies_needed(max_kv_len: int, window_left: int) -> int:
@@ -74,7 +75,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     """Write probe data into the workload's buffers in place; return the edge index of every
     (query row, head), for naming the row that failed."""
     c = w.case
-    found = edges(c.window_left)
+    found = edges(c.window_left, c.causal)
     n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
     need = required_head_dim(max(w.kv_lens), c.window_left)
     if need > c.head_dim:
@@ -98,5 +99,5 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     return edge
 
 
-def edge_name(window_left: int, index: int) -> str:
-    return edges(window_left)[index][1]
+def edge_name(window_left: int, index: int, causal: bool = True) -> str:
+    return edges(window_left, causal)[index][1]

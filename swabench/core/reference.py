@@ -4,7 +4,8 @@ no value) written out from their definitions (docs/semantics.md).  An fp8 cache 
 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built
-here from the definition (``p - W <= j <= p``), not from ``semantics.Visibility``.
+here from the definition (``p - W <= j <= p``; without ``causal``, every ``j >= p - W`` of the
+request), not from ``semantics.Visibility``.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ def attention(w: Workload) -> torch.Tensor:
             pos = torch.arange(kv_len - qo_len + i0, kv_len - qo_len + i1, device=w.device)
             # gather only keys some query of the chunk could see; the mask below decides exactly
             lo = 0 if c.window_left < 0 else max(0, int(pos[0]) - c.window_left)
-            hi = int(pos[-1]) + 1
+            hi = int(pos[-1]) + 1 if c.causal else kv_len
             keys = w.keys(b, lo, hi).to(acc).repeat_interleave(group, dim=1)  # [n, H, D]
             values = w.values(b, lo, hi).to(acc).repeat_interleave(group, dim=1)
             j = torch.arange(lo, hi, device=w.device)
-            visible = j[None, :] <= pos[:, None]
+            visible = j[None, :] <= pos[:, None] if c.causal else torch.ones(len(pos), hi - lo, dtype=torch.bool,
+                                                                              device=w.device)
             if c.window_left >= 0:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
             scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys) * w.sm_scale

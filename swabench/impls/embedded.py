@@ -11,6 +11,8 @@ the gather, as a kernel reading it would.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +33,7 @@ class GatherRunner:
         qo_indptr = w.qo_indptr_host
         parts = []
         for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
-            vis = self.visibility(c.window_left, kv_len - qo_len, w.page_size)
+            vis = dataclasses.replace(self.visibility(c.window_left, kv_len - qo_len, w.page_size), causal=c.causal)
             start = semantics.trim_start(kv_len, qo_len, vis.window_left) if self.trim else 0
             mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device)
             parts.append((qo_indptr[b], qo_indptr[b + 1], w.request_slots(b)[start:], mask))
@@ -73,7 +75,8 @@ class BatchedSdpaRunner:
         mask = torch.zeros(batch, 1, rows, keys, dtype=torch.bool, device=dev)
         for b, (q, k, s) in enumerate(zip(w.qo_lens, w.kv_lens, starts)):
             index[b, :k - s] = w.request_slots(b)[s:]
-            mask[b, 0, :q, :k - s] = semantics.Visibility(c.window_left).mask(q, k, key_offset=s, device=dev)
+            mask[b, 0, :q, :k - s] = semantics.Visibility(c.window_left, causal=c.causal).mask(q, k, key_offset=s,
+                                                                                              device=dev)
         self.index = index
         self.mask = None if bool(mask.all()) else mask
         self.wrapper_mode = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
@@ -110,17 +113,17 @@ def _gather(visibility, trim):
 BOTH = ("paged", "ragged")
 register(Implementation(
     "torch-trim", "torch", BOTH, "gather only the keys the block's windows reach, SDPA with the window mask",
-    _gather(exact, trim=True)), __name__)
+    _gather(exact, trim=True), noncausal=True), __name__)
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False), baseline=True), __name__)
+    _gather(exact, trim=False), baseline=True, noncausal=True), __name__)
 
 
 register(Implementation(
     "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
     lambda workload, backend: BatchedSdpaRunner(workload),
     unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
-    if case.logits_soft_cap or case.sinks else None), __name__)
+    if case.logits_soft_cap or case.sinks else None, noncausal=True), __name__)
 
 
 def _planted(name, summary, visibility):

@@ -286,10 +286,11 @@ class FlashInferRunner:
         if v.decode:  # one query per request: no query indptr, no causal flag
             window = dict(head_dim=c.head_dim, window_left=window_left)
         elif v.mask:
-            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens, semantics.Visibility(c.window_left),
+            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens,
+                                                            semantics.Visibility(c.window_left, causal=c.causal),
                                                             device=w.device), causal=False, head_dim_qk=c.head_dim)
         else:
-            window = dict(causal=True, window_left=window_left, head_dim_qk=c.head_dim)
+            window = dict(causal=c.causal, window_left=window_left, head_dim_qk=c.head_dim)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, q_data_type=w.dtype,
                      kv_data_type=w.kv_dtype, sm_scale=w.sm_scale, **window)
         if c.logits_soft_cap:
@@ -361,7 +362,7 @@ def unsupported(variant: Variant):
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
                      module: str = __name__, **roles):
     """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
-    reference, timed_where_exact, ignores)."""
+    reference, timed_where_exact, ignores, noncausal)."""
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
@@ -388,15 +389,15 @@ def _request_trim(window_left, qo_len, kv_len, page_size):
 
 
 register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"),
-                 reference="fa2")
+                 reference="fa2", noncausal=True)
 register_variant("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
-                 Variant("paged", start=_trim))
+                 Variant("paged", start=_trim), noncausal=True)
 register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"),
-                 reference="fa2")
+                 reference="fa2", noncausal=True)
 register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
-                 baseline=True)
+                 baseline=True, noncausal=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
-                 Variant("ragged", mask=True), baseline=True)
+                 Variant("ragged", mask=True), baseline=True, noncausal=True)
 register_variant("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
                  "the kernel without the window mask is chosen at plan time",
                  Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",

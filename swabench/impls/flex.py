@@ -192,8 +192,10 @@ class BatchedFlex:
                     continue
                 p_first, p_last = prefix + first, prefix + last
                 lo = max(0, p_first - c.window_left) if c.window_left >= 0 else 0
+                end = w.kv_lens[b] - 1  # without causality every query sees its request's last key
                 partial[b][j], full[b][j] = self._blocks(
-                    b, lo, p_last, full_lo=p_last - c.window_left if c.window_left >= 0 else 0, full_hi=p_first)
+                    b, lo, p_last if c.causal else end,
+                    full_lo=p_last - c.window_left if c.window_left >= 0 else 0, full_hi=p_first if c.causal else end)
         kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
                                                                                       c.head_dim).shape[0])
         width = max(1, max(len(x) for r in partial + full for x in r))
@@ -239,19 +241,21 @@ class BatchedFlex:
 
     def _mask_mod(self):
         window = torch.tensor(self.w.case.window_left, dtype=torch.int32, device=self.w.device)
-        windowed = self.w.case.window_left >= 0
+        windowed, causal = self.w.case.window_left >= 0, self.w.case.causal
         q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
         if self.contiguous:
             def mask_mod(b, h, q, kv):
                 p = q_start[b] + q
-                seen = (q < q_len[b]) & (kv <= p) & (kv < kv_len[b])
+                seen = (q < q_len[b]) & (kv < kv_len[b])
+                seen = seen & (kv <= p) if causal else seen
                 return seen & (p - kv <= window) if windowed else seen
             return mask_mod
         slot_request, slot_pos = self.slot_request, self.slot_pos
 
         def paged_mask_mod(b, h, q, kv):
             p = q_start[b] + q
-            seen = (q < q_len[b]) & (slot_request[kv] == b) & (slot_pos[kv] <= p)
+            seen = (q < q_len[b]) & (slot_request[kv] == b)
+            seen = seen & (slot_pos[kv] <= p) if causal else seen
             return seen & (p - slot_pos[kv] <= window) if windowed else seen
         return paged_mask_mod
 
@@ -308,11 +312,12 @@ class FlatFlex:
         w, c, dev = self.w, self.w.case, self.w.device
         slot_request, slot_pos = _slot_owners(w)
         q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
-        windowed = c.window_left >= 0
+        windowed, causal = c.window_left >= 0, c.causal
         window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W
 
         def mask_mod(b, h, q, kv):
-            seen = (slot_request[kv] == q_request[q]) & (slot_pos[kv] <= q_pos[q])
+            seen = slot_request[kv] == q_request[q]
+            seen = seen & (slot_pos[kv] <= q_pos[q]) if causal else seen
             return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
 
         self.score_mod = _soft_cap(c, dev)
@@ -372,17 +377,18 @@ register(Implementation(
     "PyTorch FlexAttention as its users batch it: batch = requests, keys read in place (through the page "
     "table in page-sized blocks), flex-decoding under 128 queries a request (peer)",
     lambda w, backend: BatchedFlex(w, contiguous=False), unsupported=_unsupported,
-    compile_class=lambda case: _batched_compile_class(case, False)), __name__)
+    compile_class=lambda case: _batched_compile_class(case, False), noncausal=True), __name__)
 
 register(Implementation(
     "flex-contiguous", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention on the same batch with each request's keys contiguous, no paging (the best "
     "FlexAttention does on the shape; peer)",
     lambda w, backend: BatchedFlex(w, contiguous=True), unsupported=_unsupported,
-    compile_class=lambda case: _batched_compile_class(case, True)), __name__)
+    compile_class=lambda case: _batched_compile_class(case, True), noncausal=True), __name__)
 
 register(Implementation(
     "flex-flat", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention over one flattened sequence: every query of the batch, window and request "
     "boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class), __name__)
+    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class, noncausal=True),
+    __name__)

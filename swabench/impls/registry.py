@@ -81,6 +81,9 @@ class Implementation:
     # Case features (Case.features) this known bug takes and does not apply: it must fail on every
     # point whose case uses one, whatever its visibility.
     ignores: frozenset[str] = frozenset()
+    # Whether it takes non-causal windows (Case.causal False: every key of the request from p - W on);
+    # a path that does not skips such a case, saying so.
+    noncausal: bool = False
 
     @property
     def family(self) -> str:
@@ -127,6 +130,8 @@ class Implementation:
             return f"has kernels on {' and '.join(self.backends)} only, not {backend}"
         if self.requires - case.features:
             return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
+        if not case.causal and not self.noncausal:
+            return "takes causal windows only"
         return self.availability(device) or self.unsupported(case, backend)
 
 

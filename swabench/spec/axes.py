@@ -121,13 +121,14 @@ AXES = {
     "kv_dtype": _choice(("bfloat16", "float16", "float32", "float8_e4m3"), KV_DTYPES),
     "model": _choice(tuple(models.MODELS)),
     "model_features": _bool,
+    "causal": _bool,
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True}
+            "model_features": True, "causal": True}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -223,7 +224,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
-                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"))
+                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)

@@ -1,0 +1,64 @@
+"""Non-causal sliding windows (the `causal` axis): FlashInfer's plan(causal=False, window_left=W) lets a
+query at position p see every key of its request at position >= p - W.  The reference and every path that
+takes the axis agree with that on the CPU; a path that stays causal is caught; the paths that do not take
+it skip and say so; a causal case keeps the id it always had."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swabench.core import gate, workloads
+from swabench.impls import registry
+from swabench.spec import axes
+
+CPU_PATHS = ["torch-trim", "torch-mask", "torch-batch", "flex-window", "flex-contiguous", "flex-flat"]
+
+
+def case(**kw):
+    base = dict(mode="verify", qo_len=6, prefix_len=40, window_left=9, num_qo_heads=4, num_kv_heads=2,
+                head_dim=64, dtype="float32", batch_size=3, page_size=16, causal=False)
+    return axes.make_case({k: v for k, v in {**base, **kw}.items() if v is not None})
+
+
+def gated(name, w):
+    runner = registry.get(name).make(w, "flex" if name.startswith("flex") else "torch")
+    runner.plan()
+    return gate.check(runner, w)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 60), st.integers(-1, 50), st.sampled_from(["paged", "ragged"]),
+       st.sampled_from(CPU_PATHS))
+def test_every_cpu_path_passes_non_causal_windows_on_random_shapes(qo, prefix, window, storage, name):
+    c = case(qo_len=qo, prefix_len=prefix, window_left=window, storage=storage)
+    result = gated(name, workloads.build(c))
+    assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("window_left", [3, 9, 63])
+def test_a_path_that_stays_causal_is_caught_by_random_data_and_by_the_probes(window_left):
+    w = workloads.build(case(window_left=window_left))
+    causal_twin = dataclasses.replace(w, case=dataclasses.replace(w.case, causal=True))  # the same buffers
+    runner = registry.get("torch-trim").make(causal_twin, "torch")
+    runner.plan()
+    result = gate.check(runner, w)
+    assert not result.passed and "probe (" in result.reason
+    assert result.probe_rel_l2 > 10 * gate.TOLERANCES["float32"].row_rel_l2
+
+
+def test_paths_that_take_causal_windows_only_skip_and_say_so():
+    c = case()
+    for impl in registry.all_implementations():
+        if impl.models(c.storage, c.mode, c.features) and not impl.noncausal:
+            assert impl.skip_reason(c, (impl.backends or ("x",))[0], workloads.build(c).device) \
+                in ("takes causal windows only", f"{impl.library} needs CUDA (device is cpu)"), impl.name
+    assert not registry.get("paged-plan-no-window").noncausal and registry.get("paged-window").noncausal
+
+
+def test_the_axis_keeps_causal_case_ids_and_names_the_other():
+    causal, non = case(causal=True), case()
+    assert causal.case_id == dataclasses.replace(causal, causal=True).case_id != non.case_id
+    assert "non-causal" in non.label and "non-causal" not in causal.label
+    assert non.axes()["causal"] is False
