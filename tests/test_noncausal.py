@@ -62,3 +62,22 @@ def test_the_axis_keeps_causal_case_ids_and_names_the_other():
     assert causal.case_id == dataclasses.replace(causal, causal=True).case_id != non.case_id
     assert "non-causal" in non.label and "non-causal" not in causal.label
     assert non.axes()["causal"] is False
+
+
+@pytest.mark.parametrize("qo,kv,sms,rows", [(300, 4096, 132, 128),  # flashinfer#4972's own shape: rows 0..127
+                                            (1024, 1024, 84, 896),  # its fix's report, on an 84-SM A40: 0..895
+                                            (1024, 1024, 132, 864),  # the same on the H200's 132 SMs
+                                            (8, 4096, 132, 0)])  # 8 queries: one tile whose chunks reach the end
+@pytest.mark.parametrize("page_size", [16, 1])  # paged, and ragged (the scheduler counts tokens)
+def test_fa2_split_kv_schedule_says_which_rows_flashinfer_4972_gets_wrong(qo, kv, sms, rows, page_size):
+    from swabench.impls import fa2_split
+    got = fa2_split.wrong_rows([qo], [kv], 333, page_size, group=4, num_kv_heads=2, head_dim=128, num_sms=sms)
+    assert got == [range(rows)]
+    assert fa2_split.wrong_rows([qo], [kv], -1, page_size, 4, 2, 128, sms) == [range(0)]  # no window: no bug
+
+
+def test_flashinfer_4972_is_declared_for_fa2_non_causal_windows_only():
+    from swabench.impls import upstream
+    bug = upstream.get("flashinfer#4972")
+    assert bug.impls == {"paged-window", "ragged-window"}
+    assert not bug.shows(case(causal=True), "fa2") and not bug.shows(case(), "fa3")

@@ -33,6 +33,24 @@ def _sink_head_dims_mixed(case, backend: str) -> bool:
     return flashinfer_impls.sink_head_dims_mixed(case, backend)
 
 
+def _fa2_noncausal_split(case, backend: str) -> bool:
+    """flashinfer#4972's rows, from fa2's split-KV schedule (impls.fa2_split) on this GPU's SM count."""
+    if backend != "fa2" or case.causal or case.window_left < 0 or case.mode == "decode":
+        return False
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from swabench.core import workloads
+    from swabench.impls import fa2_split
+
+    qo_lens, kv_lens = workloads.request_lengths(case)
+    rows = fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1,
+                                case.num_qo_heads // case.num_kv_heads, case.num_kv_heads, case.head_dim,
+                                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+    return any(len(r) for r in rows)
+
+
 # The table: every library bug on a correct call that swabench knows, with where it shows.
 _DECLARED: list[UpstreamBug] = [
     UpstreamBug(
@@ -41,6 +59,12 @@ _DECLARED: list[UpstreamBug] = [
         "flashinfer#1679; 0.7.4 adds the head_dims and cache dtype, no upstream report found): a process that built "
         "it at one head_dim runs that module again at another, rows unwritten or wrong",
         frozenset({"sink-window"}), _sink_head_dims_mixed, fixed_in="0.7.4"),
+    UpstreamBug(
+        "flashinfer#4972", "https://github.com/flashinfer-ai/flashinfer/issues/4972", "flashinfer",
+        "fa2 with plan(causal=False, window_left=W): where the scheduler splits a request along KV, it sizes the "
+        "chunks for W + one query tile of keys, so the leading query tiles, whose non-causal window reaches to "
+        "the request's last key, miss the keys past their chunks (fix proposed in flashinfer#4992)",
+        frozenset({"paged-window", "ragged-window"}), _fa2_noncausal_split),
 ]
 
 

@@ -1,0 +1,66 @@
+"""FlashInfer fa2's split-KV schedule for batch prefill, as its scheduler lays it out, to say where
+flashinfer#4972 shows: with ``plan(causal=False, window_left=W)`` a query tile reads the keys from its
+first query's window start for as many KV chunks as the scheduler sized for ``W + tile`` keys, so a tile
+whose non-causal window reaches further (to the end of its request) misses the keys past its chunks.
+
+The arithmetic follows ``PrefillSplitQOKVIndptr`` and ``FA2DetermineCtaTileQ`` of FlashInfer's
+``include/flashinfer/attention/scheduler.cuh`` and ``utils.cuh`` (0.6.18 to 0.7.4), and the tile's first
+key in the fa2 prefill kernels (``kv_start = max(0, kv_len + first_row - qo_len - W)``).  Lengths are in
+pages for a paged cache and in tokens for a ragged one (``page_size = 1``).
+"""
+
+from __future__ import annotations
+
+MIN_KV_CHUNK_TOKENS = 128  # the scheduler's smallest KV chunk, in tokens
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cta_tile_q(packed_rows: int, head_dim: int) -> int:
+    """fa2's query tile (``FA2DetermineCtaTileQ``) for a batch whose requests pack ``packed_rows`` rows
+    (queries x query heads per KV head) on average; head_dim 256 and up is not modelled here."""
+    if packed_rows > 64:
+        return 128
+    return 64 if packed_rows > 16 else 16
+
+
+def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
+               head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[range]:
+    """Per request, the query rows fa2 gets wrong under ``plan(causal=False, window_left=W)`` (empty where it
+    gets every row right): the leading tiles whose chunks end before the request's last key.  Under CUDA
+    graphs (as swabench plans) the scheduler always splits, and sizes the tile by the longest request."""
+    if window_left < 0 or not qo_lens:
+        return [range(0) for _ in qo_lens]
+    packed = [q * group for q in qo_lens]
+    tile = cta_tile_q(max(packed) if cuda_graph else sum(packed) // len(packed), head_dim)
+    lengths = [cdiv(k, page_size) for k in kv_lens]  # the scheduler's unit: pages (tokens when ragged)
+    effective = [min(cdiv(window_left + tile, page_size), n) for n in lengths]
+    most = max(effective)
+    budget = 2 * num_sms // num_kv_heads
+    smallest = max(MIN_KV_CHUNK_TOKENS // page_size, 1)
+
+    def ctas(chunk: int) -> int:
+        return sum(cdiv(p, tile) * cdiv(max(e, 1), chunk) for p, e in zip(packed, effective))
+
+    lo, hi = smallest, most
+    chunk = most
+    while lo <= hi:  # the smallest chunk whose CTAs fit the budget, else the largest
+        mid = (lo + hi) // 2
+        if ctas(mid) <= budget:
+            chunk, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    if not (cuda_graph or chunk < most):
+        return [range(0) for _ in qo_lens]
+    out = []
+    for qo, kv, e, p in zip(qo_lens, kv_lens, effective, packed):
+        covered = cdiv(max(e, 1), chunk) * chunk * page_size
+        bad = 0
+        for t in range(cdiv(p, tile)):
+            first = t * tile // group
+            if max(0, kv + first - qo - window_left) + covered < kv:
+                bad = min(qo, cdiv((t + 1) * tile, group))
+        out.append(range(bad))
+    return out
