@@ -31,6 +31,8 @@
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 #   warmup-all  build every module default, serving and peers need, 16 at once, within $WARMUP_S seconds
 #            (default 540; a build cut short resumes where it stopped on the next call to a warm node)
+#   noncausal  `swabench run noncausal`: non-causal windows at flashinfer#4972's shape (fa2's wrong rows are
+#            declared where its split-KV schedule predicts them; any other failure exits 1)
 #   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
@@ -122,6 +124,8 @@ for step in $steps; do
                sb check default --out "$out/h200-default-check" 2>&1 | tail -3 ;;
     warmup-all) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup default serving peers --jobs 16 ) 2>&1 \
                  | tail -60 ;;
+    noncausal) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb run noncausal --out "$out/h200-noncausal-$v" ) 2>&1 | tail -30 ;;
     release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
                ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;
