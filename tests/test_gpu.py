@@ -228,3 +228,30 @@ def assert_replays_in_a_graph(runner):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(runner.out, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["paged-window", "ragged-window"])
+@pytest.mark.parametrize("qo,kv", [(300, 4096), (1024, 1024), (300, 400)])
+def test_fa2_non_causal_windows_are_wrong_exactly_on_the_rows_its_schedule_predicts(impl, qo, kv):
+    """flashinfer#4972: the rows fa2 gets wrong under plan(causal=False, window_left=333) are the ones
+    impls/fa2_split predicts from the scheduler on this GPU (none where the chunks reach the last key);
+    fa3 gets every row right."""
+    from swabench.core import reference
+    from swabench.impls import fa2_split, upstream
+
+    c = axes.make_case(dict(mode="extend", extend_len=qo, seq_len=kv, window_left=333, num_qo_heads=8,
+                            num_kv_heads=2, head_dim=128, dtype="bfloat16", batch_size=1, page_size=16,
+                            storage=registry.get(impl).storages[0], causal=False))
+    w = workloads.build(c, "cuda")
+    ref = reference.attention(w)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    predicted = fa2_split.wrong_rows([qo], [kv], 333, c.page_size or 1, 4, 2, 128, sms)[0]
+    for backend in ("fa2", "fa3"):
+        runner = registry.get(impl).make(w, backend)
+        runner.plan()
+        runner.run()
+        torch.cuda.synchronize()
+        err = (runner.out.double() - ref).norm(dim=-1).amax(dim=-1) / ref.norm(dim=-1).amax(dim=-1)
+        wrong = set(torch.nonzero(err > 0.05).flatten().tolist())
+        assert wrong == (set(predicted) if backend == "fa2" else set()), (backend, sorted(wrong)[:5], len(wrong))
+    assert (upstream.hit(impl, c, "fa2") is not None) == bool(len(predicted))
