@@ -111,6 +111,8 @@ def test_non_causal_and_chunked_visibility_match_their_definitions(shape, causal
             seen = (j <= p or not causal) and (w < 0 or j >= p - w)
             want[i, j] = seen and (chunk == 0 or j >= p // chunk * chunk)
     assert torch.equal(Visibility(w, causal=causal, chunk=chunk).mask(qo, kv), want)
+    if not chunk:
+        assert semantics.useful_pairs(qo, kv, w, causal) == int(want.sum())
 
 
 @settings(max_examples=100, deadline=None)

@@ -112,14 +112,19 @@ def _sum_to(n: int) -> int:
     return n * (n + 1) // 2 if n > 0 else 0
 
 
-def useful_pairs(qo_len: int, kv_len: int, window_left: int) -> int:
+def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True) -> int:
     """Exact count of (query, key) pairs inside causal ∩ window for one request and one head.
 
     Query at p sees min(p, W) + 1 keys (p + 1 without a window); sum over p in [prefix, kv_len).
+    Without ``causal`` it sees kv_len - max(0, p - W) keys (every key without a window).
     """
     first, last = kv_len - qo_len, kv_len - 1
     if qo_len <= 0:
         return 0
+    if not causal:
+        if window_left < 0:
+            return qo_len * kv_len
+        return qo_len * kv_len - (_sum_to(last - window_left) - _sum_to(first - 1 - window_left))
     if window_left < 0:
         return _sum_to(last + 1) - _sum_to(first)
     w = window_left
