@@ -110,15 +110,56 @@ def _run_quietly(fn):
         return fn()
 
 
-class BatchedFlex:
-    """flex-window (``contiguous=False``) and flex-contiguous: batch = requests."""
+def _window_mask(seen, key, p, window, windowed: bool, causal: bool):
+    """``seen`` narrowed to the keys at position ``key`` that a query at ``p`` sees (inside a mask_mod)."""
+    seen = seen & (key <= p) if causal else seen
+    return seen & (p - key <= window) if windowed else seen
 
-    def __init__(self, w, contiguous: bool):
-        c = w.case
-        self.w, self.contiguous = w, contiguous
+
+class _FlexRunner:
+    """What the FlexAttention peers share: the first plan() also makes the first call and records the
+    whole as ``compile_s`` (Inductor's compile and the one-time set-up of a process's first block mask,
+    measured apart from the plan times, which are later medians); eager flex on the CPU runs quietly."""
+
+    def __init__(self, w):
+        self.w = w
         self.out = torch.empty_like(w.q)
         self.resolved_backend = "flex-triton" if w.device.type == "cuda" else "flex-eager"
         self.compile_s = None
+
+    def plan(self) -> None:
+        first = self.compile_s is None
+        started = time.perf_counter()
+        self._prepare(first)
+        if first:
+            self.refresh_inputs()
+            self.run()
+            if self.w.device.type == "cuda":
+                torch.cuda.synchronize(self.w.device)
+            self.compile_s = time.perf_counter() - started
+
+    def _prepare(self, first: bool) -> None:
+        raise NotImplementedError
+
+    def refresh_inputs(self) -> None:
+        """A peer that reads its own copy of the inputs takes the new data here (the gate calls it)."""
+
+    def run(self) -> None:
+        if self.w.device.type != "cuda":
+            return _run_quietly(self._run)
+        return self._run()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class BatchedFlex(_FlexRunner):
+    """flex-window (``contiguous=False``) and flex-contiguous: batch = requests."""
+
+    def __init__(self, w, contiguous: bool):
+        super().__init__(w)
+        c = w.case
+        self.contiguous = contiguous
         self.queries = workloads.QueryBatch(w)
         self.batch, self.rows = self.queries.batch, self.queries.rows
         self.group = c.num_qo_heads // c.num_kv_heads
@@ -131,18 +172,10 @@ class BatchedFlex:
         self.wrapper_mode = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, default "
                              f"kernel_options")
 
-    def plan(self) -> None:
-        first = self.compile_s is None
-        started = time.perf_counter()
+    def _prepare(self, first: bool) -> None:
         if first:
             self._layout()  # buffers and lookups, once: the block mask is what a step re-plans
         self._block_mask()
-        if first:
-            self.refresh_inputs()
-            self.run()
-            if self.w.device.type == "cuda":
-                torch.cuda.synchronize(self.w.device)
-            self.compile_s = time.perf_counter() - started
 
     def _layout(self) -> None:
         w, c, dev = self.w, self.w.case, self.w.device
@@ -245,24 +278,14 @@ class BatchedFlex:
         q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
         if self.contiguous:
             def mask_mod(b, h, q, kv):
-                p = q_start[b] + q
-                seen = (q < q_len[b]) & (kv < kv_len[b])
-                seen = seen & (kv <= p) if causal else seen
-                return seen & (p - kv <= window) if windowed else seen
+                return _window_mask((q < q_len[b]) & (kv < kv_len[b]), kv, q_start[b] + q, window, windowed, causal)
             return mask_mod
         slot_request, slot_pos = self.slot_request, self.slot_pos
 
         def paged_mask_mod(b, h, q, kv):
-            p = q_start[b] + q
-            seen = (q < q_len[b]) & (slot_request[kv] == b)
-            seen = seen & (slot_pos[kv] <= p) if causal else seen
-            return seen & (p - slot_pos[kv] <= window) if windowed else seen
+            return _window_mask((q < q_len[b]) & (slot_request[kv] == b), slot_pos[kv], q_start[b] + q, window,
+                                windowed, causal)
         return paged_mask_mod
-
-    def run(self) -> None:
-        if self.w.device.type != "cuda":
-            return _run_quietly(self._run)
-        return self._run()
 
     def _run(self) -> None:
         w, c = self.w, self.w.case
@@ -278,35 +301,20 @@ class BatchedFlex:
         self.queries.write_back(o, self.out)
 
 
-class FlatFlex:
+class FlatFlex(_FlexRunner):
     """flex-flat: one flex_attention call over the whole batch as one sequence, the window and the
     request boundaries a mask_mod over the storage's rows.  On a paged cache a key block of 128 rows
     mixes pages of several requests, and a query block mixes requests: the block mask skips fewer
     blocks than the window alone would allow."""
 
     def __init__(self, w):
-        self.w = w
-        self.out = torch.empty_like(w.q)
-        self.resolved_backend = "flex-triton" if w.device.type == "cuda" else "flex-eager"
-        self.compile_s = None
+        super().__init__(w)
         group = w.case.num_qo_heads // w.case.num_kv_heads
         self.wrapper_mode = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
                              f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
 
-    def plan(self) -> None:
-        """Build the slot lookups and the block mask.  The first plan also makes the first call and
-        records the whole as ``compile_s``: Inductor's compile, and the one-time set-up a process pays
-        on its first block mask (measured apart from the plan times, which are later medians)."""
-        first = self.compile_s is None
-        started = time.perf_counter()
-        self._build_block_mask()
-        if first:
-            self.run()
-            if self.w.device.type == "cuda":
-                torch.cuda.synchronize(self.w.device)
-            self.compile_s = time.perf_counter() - started
-
-    def _build_block_mask(self) -> None:
+    def _prepare(self, first: bool) -> None:
+        """The slot lookups and the block mask, at every plan."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         w, c, dev = self.w, self.w.case, self.w.device
@@ -316,20 +324,13 @@ class FlatFlex:
         window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W
 
         def mask_mod(b, h, q, kv):
-            seen = slot_request[kv] == q_request[q]
-            seen = seen & (slot_pos[kv] <= q_pos[q]) if causal else seen
-            return seen & (q_pos[q] - slot_pos[kv] <= window) if windowed else seen
+            return _window_mask(slot_request[kv] == q_request[q], slot_pos[kv], q_pos[q], window, windowed, causal)
 
         self.score_mod = _soft_cap(c, dev)
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
         self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), slot_request.numel(), device=dev,
                                             BLOCK_SIZE=block)
         self.flex = _compiled_flex(dev)
-
-    def run(self) -> None:
-        if self.w.device.type != "cuda":
-            return _run_quietly(self._run)
-        return self._run()
 
     def _run(self) -> None:
         w, c = self.w, self.w.case
@@ -372,19 +373,18 @@ def _unsupported(case, backend):
     return None
 
 
-register(Implementation(
-    "flex-window", "flex", ("paged", "ragged"),
-    "PyTorch FlexAttention as its users batch it: batch = requests, keys read in place (through the page "
-    "table in page-sized blocks), flex-decoding under 128 queries a request (peer)",
-    lambda w, backend: BatchedFlex(w, contiguous=False), unsupported=_unsupported,
-    compile_class=lambda case: _batched_compile_class(case, False), noncausal=True), __name__)
+def _register_batched(name: str, contiguous: bool, summary: str) -> None:
+    register(Implementation(
+        name, "flex", ("paged", "ragged"), summary, lambda w, backend: BatchedFlex(w, contiguous),
+        unsupported=_unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
+        noncausal=True), __name__)
 
-register(Implementation(
-    "flex-contiguous", "flex", ("paged", "ragged"),
-    "PyTorch FlexAttention on the same batch with each request's keys contiguous, no paging (the best "
-    "FlexAttention does on the shape; peer)",
-    lambda w, backend: BatchedFlex(w, contiguous=True), unsupported=_unsupported,
-    compile_class=lambda case: _batched_compile_class(case, True), noncausal=True), __name__)
+
+_register_batched("flex-window", False, "PyTorch FlexAttention as its users batch it: batch = requests, keys read in "
+                  "place (through the page table in page-sized blocks), flex-decoding under 128 queries a request "
+                  "(peer)")
+_register_batched("flex-contiguous", True, "PyTorch FlexAttention on the same batch with each request's keys "
+                  "contiguous, no paging (the best FlexAttention does on the shape; peer)")
 
 register(Implementation(
     "flex-flat", "flex", ("paged", "ragged"),
