@@ -180,10 +180,10 @@ class RunStore:
             raise RunFolderError(f"{folder} is a merge of {len(meta['merged_from'])} shards and cannot be resumed: "
                                  f"resume the unfinished shards ({', '.join(map(str, meta['merged_from']))}), then "
                                  f"merge them again into a new folder")
-        renamed = sorted(set(schema.renamed_impls(_stored_version(store.folder))) &
-                         {r.get("impl") for r in store.rows()})
+        version = _stored_version(store.folder)
+        renamed = sorted(set(schema.renamed_impls(version)) & {r.get("impl") for r in store.rows()})
         if renamed:
-            raise RunFolderError(f"{folder} was written in result format {_stored_version(store.folder)}, where "
+            raise RunFolderError(f"{folder} was written in result format {version}, where "
                                  f"{', '.join(renamed)} named another implementation than now: start a new --out")
         if meta.get("scenario_sha256") != text_hash(scenario_text):
             implementations = checks.implementations_apart(store.folder / SCENARIO, scenario_text)
