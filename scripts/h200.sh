@@ -29,7 +29,7 @@
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
 #            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
-#   warmup-all  build every module default, serving and peers need, 16 at once, within $WARMUP_S seconds
+#   warmup-all  build every module default, serving and peers need (or $WARMUP_SCENARIOS), 16 at once, within $WARMUP_S seconds
 #            (default 540; a build cut short resumes where it stopped on the next call to a warm node)
 #   noncausal  `swabench run noncausal`: non-causal windows at flashinfer#4972's shape (fa2's wrong rows are
 #            declared where its split-KV schedule predicts them; any other failure exits 1)
@@ -122,7 +122,8 @@ for step in $steps; do
     edges-check) ( time sb check edges --out "$out/h200-edges-check" ) 2>&1 | tail -12 ;;
     check)     sb check edges --out "$out/h200-edges-check" 2>&1 | tail -3
                sb check default --out "$out/h200-default-check" 2>&1 | tail -3 ;;
-    warmup-all) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup default serving peers --jobs 16 ) 2>&1 \
+    warmup-all) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup ${WARMUP_SCENARIOS:-default serving peers} \
+                   --jobs 16 ) 2>&1 \
                  | tail -60 ;;
     noncausal) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb run noncausal --out "$out/h200-noncausal-$v" ) 2>&1 | tail -30 ;;

@@ -63,6 +63,20 @@ def test_a_key_block_is_a_page_where_a_page_can_be_one(storage, page_size, block
     assert key_block_size(c, contiguous=False) == block and key_block_size(c, contiguous=True) == 128
 
 
+@pytest.mark.parametrize("qo_len,page_size,options", [(1, 16, {}), (127, 16, {}), (128, 16, {"BLOCK_N": 16}),
+                                                     (300, 32, {"BLOCK_N": 32}), (300, 128, {})])
+def test_the_general_kernel_reads_a_small_page_a_page_at_a_time(qo_len, page_size, options):
+    """Under 128 queries a request flex-decoding picks its own tile; from 128 the flex-attention kernel's
+    BLOCK_N must divide the key block, and its default does not divide a page of 16 or 32."""
+    w = workloads.build(case(mode="extend", extend_len=qo_len, prefix_len=200, batch_size=2, page_size=page_size))
+    runner = registry.get("flex-window").make(w, "flex")
+    assert runner.kernel_options == options
+    stated = ", ".join(f"{k}={v}" for k, v in options.items()) or "default"
+    assert f"{stated} kernel_options" in runner.wrapper_mode
+    runner.plan()
+    assert gate.check(runner, w).passed
+
+
 def test_flex_window_reads_only_the_pages_of_the_window():
     """A decode query at position 200 with W = 63 sees positions 137..200: pages 8..12 of its request
     (16 rows each), 3 of them wholly inside the window (no mask_mod), 2 at its edges."""

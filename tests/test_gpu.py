@@ -35,7 +35,7 @@ def gated(impl, w, backend):
     return runner, gate.check(runner, w)
 
 
-SHAPES = [(4, 40, 8, 1), (127, 1000, 16, 16), (1023, 3000, 1, 16), (4095, 4200, 16, 64)]
+SHAPES = [(4, 40, 8, 1), (127, 1000, 16, 16), (1023, 3000, 1, 16), (4095, 4200, 16, 64), (127, 2000, 256, 16)]
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
@@ -230,13 +230,13 @@ def assert_replays_in_a_graph(runner):
     torch.testing.assert_close(runner.out, eager, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl", ["paged-window", "ragged-window"])
+@pytest.mark.parametrize("impl", ["paged-window", "paged-trim", "ragged-window"])
 @pytest.mark.parametrize("qo,kv", [(300, 4096), (1024, 1024), (300, 400)])
 def test_fa2_non_causal_windows_are_wrong_exactly_on_the_rows_its_schedule_predicts(impl, qo, kv):
     """flashinfer#4972: the rows fa2 gets wrong under plan(causal=False, window_left=333) are the ones
     impls/fa2_split predicts from the scheduler on this GPU (none where the chunks reach the last key);
     fa3 gets every row right."""
-    from swabench.core import reference
+    from swabench.core import reference, semantics
     from swabench.impls import fa2_split, upstream
 
     c = axes.make_case(dict(mode="extend", extend_len=qo, seq_len=kv, window_left=333, num_qo_heads=8,
@@ -245,7 +245,8 @@ def test_fa2_non_causal_windows_are_wrong_exactly_on_the_rows_its_schedule_predi
     w = workloads.build(c, "cuda")
     ref = reference.attention(w)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    predicted = fa2_split.wrong_rows([qo], [kv], 333, c.page_size or 1, 4, 2, 128, sms)[0]
+    kept = kv - semantics.trim_start(kv, qo, 333, 16) if impl == "paged-trim" else kv  # the lengths it plans
+    predicted = fa2_split.wrong_rows([qo], [kept], 333, c.page_size or 1, 4, 2, 128, sms)[0]
     for backend in ("fa2", "fa3"):
         runner = registry.get(impl).make(w, backend)
         runner.plan()

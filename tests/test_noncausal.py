@@ -79,5 +79,17 @@ def test_fa2_split_kv_schedule_says_which_rows_flashinfer_4972_gets_wrong(qo, kv
 def test_flashinfer_4972_is_declared_for_fa2_non_causal_windows_only():
     from swabench.impls import upstream
     bug = upstream.get("flashinfer#4972")
-    assert bug.impls == {"paged-window", "ragged-window"}
-    assert not bug.shows(case(causal=True), "fa2") and not bug.shows(case(), "fa3")
+    assert bug.impls == {"paged-window", "paged-trim", "ragged-window"}
+    assert not bug.shows("paged-window", case(causal=True), "fa2") and not bug.shows("paged-window", case(), "fa3")
+
+
+@pytest.mark.parametrize("qo,kv,rows", [(300, 4096, 128), (1024, 1024, 864), (300, 400, 0)])
+def test_paged_trim_meets_flashinfer_4972_on_the_lengths_of_its_trimmed_table(qo, kv, rows):
+    """paged-trim plans each request from its window's first page: 4096 keys under 300 queries and W=333 become
+    640, which fa2 still splits on 132 SMs, so rows 0..127 are wrong there as on the whole table."""
+    from swabench.core import semantics
+    from swabench.impls import upstream
+    c = axes.make_case(dict(mode="extend", extend_len=qo, seq_len=kv, window_left=333, num_qo_heads=8, num_kv_heads=2,
+                            head_dim=128, dtype="bfloat16", batch_size=1, page_size=16, causal=False))
+    assert kv - semantics.trim_start(kv, qo, 333, 16) == (640 if kv == 4096 else kv)
+    assert upstream.fa2_noncausal_wrong_rows("paged-trim", c, 132) == [range(rows)]

@@ -14,7 +14,7 @@ from swabench.store import run_folder
 
 
 def test_verdict_of_a_correct_path_inside_a_declared_condition():
-    bug = upstream.UpstreamBug("lib#1", "", "torch", "wrong at W = 3", frozenset({"x"}), lambda c, b: True)
+    bug = upstream.UpstreamBug("lib#1", "", "torch", "wrong at W = 3", frozenset({"x"}), lambda i, c, b: True)
     assert verdict(False, False, False, bug) == ("xfail", "upstream bug lib#1: wrong at W = 3")
     assert verdict(False, False, True, bug) == ("pass", "lib#1 declared here, not shown")
     assert verdict(False, False, False) == ("fail", "")
@@ -29,7 +29,7 @@ def wrong_at_w3(monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, "torch-wrong", wrong)
     declared = upstream.declared() + [upstream.UpstreamBug("lib#7", "https://example.org/7", "torch", "too wide at W 3",
                                                            frozenset({"torch-wrong", "torch-trim"}),
-                                                           lambda case, backend: case.window_left == 3)]
+                                                           lambda impl, case, backend: case.window_left == 3)]
     monkeypatch.setattr(upstream, "_DECLARED", declared)
 
 
@@ -118,3 +118,24 @@ def test_the_warm_up_builds_the_sink_wrappers_head_dims_one_after_another():
     sinks = [g for g in groups if any(p.impl == "sink-window" for _, p in g)]
     assert sorted(sorted(p.case.head_dim for _, p in g) for g in sinks) == [[64], [64, 128]]  # fa3: 64; fa2: both
     assert all(len(g) == 1 for g in groups if g not in sinks) and sum(map(len, groups)) == len(todo)
+
+
+def test_a_path_that_raises_is_a_failed_point_with_its_error_and_xfail_inside_a_declared_condition(tmp_path,
+                                                                                                 monkeypatch):
+    trim = registry.get("torch-trim")
+
+    def crashing(w, backend):
+        raise ValueError("Q and KV block size must be divisible by BLOCK_M and BLOCK_N")
+    monkeypatch.setitem(registry._REGISTRY, "torch-crash", registry.Implementation(
+        "torch-crash", "torch", trim.storages, "raises", crashing))
+    monkeypatch.setattr(upstream, "_DECLARED", upstream.declared() + [upstream.UpstreamBug(
+        "lib#9", "", "torch", "raises at W 3", frozenset({"torch-crash"}), lambda impl, case, backend:
+        case.window_left == 3)])
+    path = tmp_path / "t.toml"
+    path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"', '"torch-crash"'))
+    r = invoke("check", path, "--out", tmp_path / "run", "--device", "cpu")
+    assert r.exit_code == 1, r.output
+    t = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
+    assert set(zip(t["window_left"], t["status"])) == {(3, "xfail"), (15, "fail")}
+    assert t["reason"].str.endswith("ValueError: Q and KV block size must be divisible by BLOCK_M and BLOCK_N").all()
+    assert t[t["status"] == "xfail"]["reason"].str.startswith("upstream bug lib#9").all()

@@ -77,6 +77,14 @@ def key_block_size(case, contiguous: bool) -> int:
     return min(ps, SPARSE_BLOCK) if ps >= SMALLEST_BLOCK and not ps & (ps - 1) else SMALLEST_BLOCK
 
 
+def kernel_options(rows: int, kv_block: int) -> dict:
+    """flex-attention's kernel (128 queries a request and more) reads keys BLOCK_N rows at a time and needs
+    BLOCK_N to divide the block mask's key block; its default (64 or 128 rows) does not divide a page of 16
+    or 32, so there BLOCK_N is the page, as vLLM's FlexAttention backend sets it.  flex-decoding picks a
+    dividing tile itself."""
+    return {"BLOCK_N": kv_block} if rows >= SPARSE_BLOCK and kv_block < SPARSE_BLOCK else {}
+
+
 def _soft_cap(case, device):
     # a tensor: a Python float would be lifted to a CPU scalar under dynamic shapes and read back with
     # .item() inside the kernel (Inductor: "unbacked_bindings")
@@ -166,11 +174,13 @@ class BatchedFlex(_FlexRunner):
         self.q_block = q_block_size(self.rows, self.group)
         self.kv_block = key_block_size(c, contiguous)
         kernel = "flex-decoding" if self.rows < SPARSE_BLOCK else "flex-attention"
+        self.kernel_options = kernel_options(self.rows, self.kv_block)
+        options = ", ".join(f"{k}={v}" for k, v in self.kernel_options.items()) or "default"
         keys = f"each request's keys contiguous, key block {self.kv_block}" if contiguous else \
             f"keys in place ({c.storage}), key block {self.kv_block}" + \
             (" = page" if c.storage == "paged" and self.kv_block == w.page_size else "")
-        self.wrapper_mode = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, default "
-                             f"kernel_options")
+        self.wrapper_mode = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, "
+                             f"{options} kernel_options")
 
     def _prepare(self, first: bool) -> None:
         if first:
@@ -297,7 +307,7 @@ class BatchedFlex(_FlexRunner):
             v = w.v_store.view(1, -1, c.num_kv_heads, c.head_dim).transpose(1, 2)
         _static(q, k, v)
         o = self.flex(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask, scale=w.sm_scale,
-                      enable_gqa=True)
+                      enable_gqa=True, kernel_options=self.kernel_options or None)
         self.queries.write_back(o, self.out)
 
 

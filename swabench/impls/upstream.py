@@ -23,32 +23,40 @@ class UpstreamBug:
     library: str
     summary: str
     impls: frozenset[str]  # the correct paths it can hit
-    shows: Callable[..., bool]  # (case, backend) -> whether the condition holds on this point
+    shows: Callable[..., bool]  # (impl, case, backend) -> whether the condition holds on this point
     fixed_in: str | None = None  # the first release with the fix, where upstream has one
 
 
-def _sink_head_dims_mixed(case, backend: str) -> bool:
+def _sink_head_dims_mixed(impl: str, case, backend: str) -> bool:
     from swabench.impls import flashinfer_impls
 
     return flashinfer_impls.sink_head_dims_mixed(case, backend)
 
 
-def _fa2_noncausal_split(case, backend: str) -> bool:
-    """flashinfer#4972's rows, from fa2's split-KV schedule (impls.fa2_split) on this GPU's SM count."""
+def _fa2_noncausal_split(impl: str, case, backend: str) -> bool:
+    """flashinfer#4972's rows, from fa2's split-KV schedule (impls.fa2_split) on this GPU's SM count, over
+    the lengths the path plans (paged-trim plans each request from its trimmed table's first page)."""
     if backend != "fa2" or case.causal or case.window_left < 0 or case.mode == "decode":
         return False
     import torch
 
     if not torch.cuda.is_available():
         return False
-    from swabench.core import workloads
+    return any(len(r) for r in fa2_noncausal_wrong_rows(
+        impl, case, torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count))
+
+
+def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
+    """Per request, the rows fa2's split-KV schedule gets wrong for this path under a non-causal window."""
+    from swabench.core import semantics, workloads
     from swabench.impls import fa2_split
 
     qo_lens, kv_lens = workloads.request_lengths(case)
-    rows = fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1,
-                                case.num_qo_heads // case.num_kv_heads, case.num_kv_heads, case.head_dim,
-                                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-    return any(len(r) for r in rows)
+    page_size = case.page_size or 1
+    if impl == "paged-trim":
+        kv_lens = [kv - semantics.trim_start(kv, qo, case.window_left, page_size) for qo, kv in zip(qo_lens, kv_lens)]
+    return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, page_size, case.num_qo_heads // case.num_kv_heads,
+                                case.num_kv_heads, case.head_dim, num_sms)
 
 
 # The table: every library bug on a correct call that swabench knows, with where it shows.
@@ -64,7 +72,7 @@ _DECLARED: list[UpstreamBug] = [
         "fa2 with plan(causal=False, window_left=W): where the scheduler splits a request along KV, it sizes the "
         "chunks for W + one query tile of keys, so the leading query tiles, whose non-causal window reaches to "
         "the request's last key, miss the keys past their chunks (fix proposed in flashinfer#4992)",
-        frozenset({"paged-window", "ragged-window"}), _fa2_noncausal_split),
+        frozenset({"paged-window", "paged-trim", "ragged-window"}), _fa2_noncausal_split),
 ]
 
 
@@ -74,7 +82,7 @@ def declared() -> list[UpstreamBug]:
 
 def hit(impl_name: str, case, backend: str) -> UpstreamBug | None:
     """The declared bug whose condition holds on this point of a correct path, or None."""
-    return next((b for b in _DECLARED if impl_name in b.impls and b.shows(case, backend)), None)
+    return next((b for b in _DECLARED if impl_name in b.impls and b.shows(impl_name, case, backend)), None)
 
 
 def get(ref: str) -> UpstreamBug | None:

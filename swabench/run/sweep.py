@@ -131,8 +131,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
     except torch.cuda.OutOfMemoryError as e:
         return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
-        return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(
-            [f"upstream bug {bug.ref}: {bug.summary}"] * bool(bug) + [f"{type(e).__name__}: {e}"])}
+        declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
+        return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(declared + [f"{type(e).__name__}: {e}"])}
 
 
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
