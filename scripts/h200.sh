@@ -27,7 +27,7 @@
 #   peers-profile  peers.toml's decode steps (GPT-OSS-20B's 48-request step among them) under Nsight Systems:
 #            which kernel each FlexAttention peer ran and for how long
 #   recipe-profile  serving.toml's SGLang extend recipes and the window path under Nsight Systems, held
-#            against the committed serving run (results/h200-serving-run2): where the recipe's time goes
+#            against the committed serving run (results/h200-serving-0.7.4): where the recipe's time goes
 #   default-compare  `default` against the committed one-GPU default run (results/h200x2-default-1gpu)
 #   warmup-all  build every module default, serving and peers need (or $WARMUP_SCENARIOS), 16 at once, within $WARMUP_S seconds
 #            (default 540; a build cut short resumes where it stopped on the next call to a warm node)
@@ -88,7 +88,7 @@ for step in $steps; do
                  --impl flex-flat --impl torch-batch --out "$out/h200-peers-profile" 2>&1 | tail -30 ;;
     recipe-profile)
                sb profile serving --case "extend b4" --impl sglang-extend --impl paged-window \
-                 --against results/h200-serving-run2 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
+                 --against results/h200-serving-0.7.4 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
     serving)   fresh_compile_cache
                ( time sb run serving --out "$out/h200-serving-run" ) 2>&1 | tail -40 ;;
     default-compare)

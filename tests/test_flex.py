@@ -198,3 +198,24 @@ def test_a_folder_of_an_older_format_naming_flex_window_is_not_resumed(tmp_path)
                                                      "status": "pass"}) + "\n")
     with pytest.raises(run_folder.RunFolderError, match="format 5, where flex-window named another"):
         run_folder.RunStore.resume(tmp_path, "name = 's'\n")
+
+
+def test_a_rebuilt_peer_shows_beside_its_old_numbers_on_the_cases_both_runs_hold():
+    from swabench.publish.sections import Run, by_key
+
+    def run(name, peer, times, scenario="default"):
+        rows = []
+        for (case_id, mode), t in zip([("d1", "decode"), ("d2", "decode"), ("v1", "verify"), ("x1", "extend")], times):
+            common = dict(case_id=case_id, mode=mode, batch_size=32, prefix_len=8192, storage="paged", kind="correct",
+                          status="pass")
+            rows += [dict(common, impl="paged-window", library="flashinfer", backend="fa2", median_us=10.0)]
+            if t:
+                rows += [dict(common, impl=peer, library="flex", backend="flex", median_us=t)]
+        return Run(name, pd.DataFrame(rows), {"scenario": scenario})
+
+    old, new = run("old", "flex-flat", [3000.0, 1000.0, 200.0, None]), run("new", "flex-window", [20.0, 40.0, 30.0, 12.0])
+    elsewhere = run("other", "flex-flat", [1.0, 1.0, 1.0, 1.0], scenario="peers")
+    said = by_key("peers-rebuilt").across([new, elsewhere, old])
+    assert said == ["- `flex-flat` (`old`) then `flex-window` (`new`), time / reference on the 3 cases both ran: "
+                    "verify 20.00x then 3.00x; decode 200.00x (100.00-300.00, 2) then 3.00x (2.00-4.00, 2)."]
+    assert by_key("peers-rebuilt").across([new]) == []

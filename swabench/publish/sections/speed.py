@@ -7,8 +7,8 @@ import pandas as pd
 
 from swabench.analysis import versus
 from swabench.impls import registry
-from swabench.publish.sections.base import (TIE, Run, Section, mode_order, path_order, points, ratio, span,
-                                            spread)
+from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_order, points, ratio,
+                                            span, spread)
 
 MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
 
@@ -224,6 +224,31 @@ def peers_said(run: Run) -> list[str]:
             f"{', '.join(parts)} ({run.name})."]
 
 
+REBUILT = {"flex-flat": "flex-window"}  # a peer rebuilt since older runs: its old form -> the name it has now
+
+
+def peers_rebuilt(runs: list[Run]) -> list[str]:
+    """A peer rebuilt since an older run of the same scenario: the old form's time / reference beside the
+    new one's, per mode, on the cases both ran (the first older run given, for each newer one)."""
+    said = []
+    for old_name, new_name in REBUILT.items():
+        for new in runs:
+            n = _peers(new.table)
+            n = n[n["impl"] == new_name]
+            older = [o for o in runs if o is not new and o.meta.get("scenario") == new.meta.get("scenario")]
+            for old in older:
+                o = _peers(old.table)
+                o = o[(o["impl"] == old_name) & o["case_id"].isin(n["case_id"])].sort_values("mode", key=mode_order)
+                if o.empty:
+                    continue
+                cells = [f"{mode} {spread(g['ratio'])} then {spread(n[n['case_id'].isin(g['case_id'])]['ratio'])}"
+                         for mode, g in o.groupby("mode", sort=False)]
+                said.append(f"- `{old_name}` ({old.name}) then `{new_name}` ({new.name}), time / reference on the "
+                            f"{o['case_id'].nunique()} cases both ran: {'; '.join(cells)}.")
+                break
+    return said
+
+
 SECTIONS = [
     Section("headline", "Headline: speedup over the custom-mask path", headline_caption, headline, headline_said,
             timed=True),
@@ -240,6 +265,14 @@ SECTIONS = [
             "Each correct path of another library (FlexAttention, PyTorch SDPA) against the reference path of "
             "its storage on the same cases: time / reference (median (best-worst, cases)), how many of the "
             f"decode and verify cases at batch >= {PEER_BATCH} and context >= {PEER_CONTEXT // 1024}k it serves "
-            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`wrapper_mode`).", peers,
-            peers_said, one_table=True, timed=True),
+            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`wrapper_mode`). Runs of a "
+            "scenario on older releases stay in this table, so that a peer rebuilt since shows beside its old "
+            "numbers (format-5 folders name the flattened FlexAttention peer `flex-flat`).", peers,
+            peers_said, one_table=True, timed=True, every_release=True),
+    Section("peers-rebuilt", "Peers rebuilt: the old numbers beside the new",
+            "A peer built differently since an older run of the same scenario, on the cases both runs hold: its "
+            "time / the reference path's then and now, median (best-worst, cases) per mode. `flex-flat` is "
+            "FlexAttention over one flattened sequence of every query; `flex-window` batches the requests as "
+            "FlexAttention's users do.", pages=frozenset({FINDINGS}), timed=True, across=peers_rebuilt,
+            every_release=True),
 ]
