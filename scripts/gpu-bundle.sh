@@ -3,9 +3,9 @@
 # that cannot reach a package index.  Run it where pip can reach PyPI, then copy DEST next to the
 # checkout on the node and, from the checkout's root, `source DEST/setup.sh`.
 #
-#   scripts/gpu-bundle.sh [RELEASE] [DEST]          RELEASE: flashinfer-python version (default 0.7.2.post1)
+#   scripts/gpu-bundle.sh [RELEASE] [DEST]          RELEASE: flashinfer-python version (default 0.7.4)
 #                                                   DEST: the bundle's folder (default .gpu)
-#   JIT_CACHE=path/to/jitcache.tar.xz scripts/gpu-bundle.sh 0.7.2.post1 .gpu   also copies a prebuilt JIT cache
+#   JIT_CACHE=path/to/jitcache.tar.xz scripts/gpu-bundle.sh 0.7.4 .gpu   also copies a prebuilt JIT cache
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python, pyelftools
@@ -22,7 +22,7 @@
 # A cache is only good for the release and GPU architecture it was built with.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-RELEASE="${1:-0.7.2.post1}"
+RELEASE="${1:-0.7.4}"
 DEST="${2:-.gpu}"
 if [ -n "${JIT_CACHE:-}" ] && [ ! -f "$JIT_CACHE" ]; then
     echo "JIT_CACHE=$JIT_CACHE: no such file" >&2
