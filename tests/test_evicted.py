@@ -82,7 +82,7 @@ def test_a_leak_into_an_evicted_page_is_an_order_one_error():
     errors = {}
     for layout in ("scattered", "evicted-null"):
         w = build(layout)
-        runner = embedded.GatherRunner(w, lambda wl, prefix, ps: semantics.Visibility(semantics.NO_WINDOW), trim=False)
+        runner = embedded.GatherRunner(w, lambda case, prefix: semantics.Visibility(semantics.NO_WINDOW), trim=False)
         runner.plan()
         errors[layout] = gate.check(runner, w).rel_l2
     assert errors["evicted-null"] > 10 * errors["scattered"] and errors["evicted-null"] > 1

@@ -125,7 +125,7 @@ class Ignoring(embedded.GatherRunner):
     """A path that takes an axis and leaves it out: the gate must catch each."""
 
     def __init__(self, w, axis):
-        super().__init__(w, registry.exact, trim=True)
+        super().__init__(w, registry.computed, trim=True)
         self.axis = axis
 
     def run(self):
@@ -156,8 +156,7 @@ def test_the_gate_catches_a_path_that_ignores_an_axis(axis, value, window_left, 
 
 def modelled(name, w):
     """A known bug's visible set, through the embedded gather: what the gate must catch."""
-    vis = registry.get(name).visibility
-    return embedded.GatherRunner(w, vis, trim=False)
+    return embedded.GatherRunner(w, registry.get(name).computes, trim=False)
 
 
 BUGS = [  # (known bug, case axes where it must fail at a small window and at W = 4095)

@@ -21,7 +21,7 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
-                    "causal": True}  # a case at these values keeps the id it had before the axis existed
+                    "causal": True, "attention_chunk": 0}  # a case at these values keeps the id it had before the axis existed
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -138,6 +138,7 @@ class Case:
     kv_dtype: str | None = None  # None: the same as dtype
     model: str | None = None  # the preset (swabench.spec.models) that set the head shape, window and features
     causal: bool = True  # False: a query sees every key of its request from p - W on, future ones too
+    attention_chunk: int = 0  # C > 0: chunked local attention, a query sees its own chunk up to itself (no window)
 
     @property
     def scale(self) -> float:
@@ -189,7 +190,8 @@ class Case:
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
                    + (f" kv-{self.kv_dtype}" if self.kv_dtype else ""))
-        return (f"{self.mode} b{self.batch_size} {ctx} {q} W{self.window_left}{'' if self.causal else ' non-causal'} "
+        span = f"C{self.attention_chunk}" if self.attention_chunk else f"W{self.window_left}"
+        return (f"{self.mode} b{self.batch_size} {ctx} {q} {span}{'' if self.causal else ' non-causal'} "
                 f"{store} "
                 f"h{self.num_qo_heads}/{self.num_kv_heads} d{self.head_dim} {self.dtype}{serving} s{self.seed}"
                 + (f" [{self.model}]" if self.model else ""))

@@ -131,7 +131,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
         t, h = divmod(int(rnd.row_rel_l2.argmax()), w.case.num_qo_heads)
         reasons.append(f"random: row rel-L2 {worst_random:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     worst_probe, unwritten = 0.0, rnd.unwritten
-    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left)):
+    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left, w.case.attention_chunk)):
         edge = probes.fill(w, s, seed)
         pr = _run_checked(runner, w)
         unwritten = max(unwritten, pr.unwritten)
@@ -140,7 +140,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
             worst_probe = row_max
         if not row_max <= tol.row_rel_l2 and len(reasons) < 3:
             t, h = divmod(int(pr.row_rel_l2.argmax()), w.case.num_qo_heads)
-            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal)
+            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal, w.case.attention_chunk)
             reasons.append(f"probe ({name}): row rel-L2 {row_max:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     w.fill_random(seed)
     return GateResult(passed=not reasons, rel_l2=rnd.rel_l2, max_abs=rnd.max_abs, row_rel_l2=worst_random,

@@ -30,13 +30,17 @@ SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, 
 SHIFT = 1  # the feature sin(pi x): zero at every integer, so free to carry the shift
 
 
-def edges(window_left: int, causal: bool = True) -> list[tuple[int, str]]:
-    """(distance p - j a row is tuned to, name) for every edge the window has.  Without ``causal`` the
-    first future key is visible: a row tuned to it catches a path that drops future keys."""
-    near = [(-1, "future key" if causal else "future key (visible)"), (0, "diagonal")]
+def edges(window_left: int, causal: bool = True, chunk: int = 0) -> list[tuple[int, str, bool]]:
+    """(distance p - j a row is tuned to, name, whether the distance counts from the row's chunk start
+    rather than from the row) for every edge the window has.  Without ``causal`` the first future key is
+    visible: a row tuned to it catches a path that drops future keys.  Under chunked attention the edges
+    are the chunk's first key and the key before it, at a distance that moves with the row."""
+    near = [(-1, "future key" if causal else "future key (visible)", False), (0, "diagonal", False)]
+    if chunk > 0:
+        return [(1, "before chunk", True), (0, "chunk start", True)] + near
     if window_left < 0:
         return near
-    return [(window_left + 1, "outside window"), (window_left, "window edge")] + near
+    return [(window_left + 1, "outside window", False), (window_left, "window edge", False)] + near
 
 
 def frequencies_needed(max_kv_len: int, window_left: int) -> int:
@@ -66,16 +70,16 @@ def profile(x: torch.Tensor, n_freq: int) -> torch.Tensor:
     return sum(torch.cos(torch.remainder(x, 2 ** (i + 1)).double() * (math.pi / 2 ** i)) for i in range(n_freq))
 
 
-def passes(num_qo_heads: int, window_left: int) -> int:
+def passes(num_qo_heads: int, window_left: int, chunk: int = 0) -> int:
     """Probe passes needed so that every row meets every edge in some head."""
-    return math.ceil(len(edges(window_left)) / num_qo_heads)
+    return math.ceil(len(edges(window_left, chunk=chunk)) / num_qo_heads)
 
 
 def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     """Write probe data into the workload's buffers in place; return the edge index of every
     (query row, head), for naming the row that failed."""
     c = w.case
-    found = edges(c.window_left, c.causal)
+    found = edges(c.window_left, c.causal, c.attention_chunk)
     n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
     need = required_head_dim(max(w.kv_lens), c.window_left)
     if need > c.head_dim:
@@ -84,7 +88,10 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     pos = w.query_position
     heads = torch.arange(c.num_qo_heads, device=dev)
     edge = (heads[None, :] + pass_index * c.num_qo_heads + pos[:, None]) % len(found)
-    distance = torch.tensor([d for d, _ in found], device=dev)[edge]
+    distance = torch.tensor([d for d, _, _ in found], device=dev)[edge]
+    if c.attention_chunk:  # a chunk edge sits pos % C further back than its distance says
+        from_start = torch.tensor([rel for _, _, rel in found], device=dev)[edge]
+        distance = distance + from_start * (pos % c.attention_chunk)[:, None]
     q = features(pos[:, None] - distance, n_freq, c.head_dim)
     q[..., SHIFT] = -n_freq  # with the keys' constant 1 below: the peak logit is 0
     w.q.copy_((q * (SCALE / w.sm_scale)).to(w.dtype))
@@ -99,5 +106,5 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     return edge
 
 
-def edge_name(window_left: int, index: int, causal: bool = True) -> str:
-    return edges(window_left, causal)[index][1]
+def edge_name(window_left: int, index: int, causal: bool = True, chunk: int = 0) -> str:
+    return edges(window_left, causal, chunk)[index][1]

@@ -5,7 +5,7 @@ no value) written out from their definitions (docs/semantics.md).  An fp8 cache 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built
 here from the definition (``p - W <= j <= p``; without ``causal``, every ``j >= p - W`` of the
-request), not from ``semantics.Visibility``.
+request; under chunked attention ``floor(p / C) * C <= j <= p``), not from ``semantics.Visibility``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def attention(w: Workload) -> torch.Tensor:
             pos = torch.arange(kv_len - qo_len + i0, kv_len - qo_len + i1, device=w.device)
             # gather only keys some query of the chunk could see; the mask below decides exactly
             lo = 0 if c.window_left < 0 else max(0, int(pos[0]) - c.window_left)
+            if c.attention_chunk:
+                lo = int(pos[0]) - int(pos[0]) % c.attention_chunk
             hi = int(pos[-1]) + 1 if c.causal else kv_len
             keys = w.keys(b, lo, hi).to(acc).repeat_interleave(group, dim=1)  # [n, H, D]
             values = w.values(b, lo, hi).to(acc).repeat_interleave(group, dim=1)
@@ -43,6 +45,8 @@ def attention(w: Workload) -> torch.Tensor:
                                                                               device=w.device)
             if c.window_left >= 0:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
+            if c.attention_chunk:  # its own chunk only: from floor(p / C) * C on
+                visible &= j[None, :] >= pos[:, None] - pos[:, None] % c.attention_chunk
             scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys) * w.sm_scale
             if c.logits_soft_cap:
                 scores = c.logits_soft_cap * torch.tanh(scores / c.logits_soft_cap)

@@ -77,6 +77,16 @@ class Visibility:
         return (keys[None, :] >= lo[:, None]) & (keys[None, :] <= hi[:, None])
 
 
+def of_case(case) -> Visibility:
+    """The exact semantics of a case: its window, its causality and its chunk."""
+    return Visibility(case.window_left, causal=case.causal, chunk=case.attention_chunk)
+
+
+def chunk_start(position: int, chunk: int) -> int:
+    """First key of the chunk that holds ``position`` (0 without chunks)."""
+    return position - position % chunk if chunk > 0 else 0
+
+
 def query_positions(qo_len: int, kv_len: int, device=None) -> torch.Tensor:
     import torch
     return torch.arange(kv_len - qo_len, kv_len, device=device)
@@ -89,12 +99,16 @@ def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int) -> bool:
     return bool(((alo != blo) | (ahi != bhi)).any())
 
 
-def trim_start(kv_len: int, qo_len: int, window_left: int, page_size: int = 1) -> int:
+def trim_start(kv_len: int, qo_len: int, window_left: int, page_size: int = 1, chunk: int = 0) -> int:
     """First key the correct ``paged-trim`` keeps: the oldest key any query of the block can see,
-    rounded down to a page boundary (a page table can only start on one)."""
-    if window_left < 0:
+    rounded down to a page boundary (a page table can only start on one).  Under chunked attention
+    that is the first query's chunk start."""
+    if chunk > 0:
+        start = chunk_start(kv_len - qo_len, chunk)
+    elif window_left < 0:
         return 0
-    start = max(0, kv_len - (window_left + qo_len))
+    else:
+        start = max(0, kv_len - (window_left + qo_len))
     return start - start % page_size
 
 
@@ -112,15 +126,20 @@ def _sum_to(n: int) -> int:
     return n * (n + 1) // 2 if n > 0 else 0
 
 
-def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True) -> int:
+def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True, chunk: int = 0) -> int:
     """Exact count of (query, key) pairs inside causal ∩ window for one request and one head.
 
     Query at p sees min(p, W) + 1 keys (p + 1 without a window); sum over p in [prefix, kv_len).
-    Without ``causal`` it sees kv_len - max(0, p - W) keys (every key without a window).
+    Without ``causal`` it sees kv_len - max(0, p - W) keys (every key without a window).  Under
+    chunked attention it sees p % C + 1 keys.
     """
     first, last = kv_len - qo_len, kv_len - 1
     if qo_len <= 0:
         return 0
+    if chunk > 0:
+        def upto(n: int) -> int:  # sum of (p % C + 1) over p < n
+            return n // chunk * _sum_to(chunk) + _sum_to(n % chunk)
+        return upto(last + 1) - upto(first)
     if not causal:
         if window_left < 0:
             return qo_len * kv_len
@@ -134,8 +153,10 @@ def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True
     return below_sum + above * (w + 1)
 
 
-def window_keys(qo_len: int, kv_len: int, window_left: int) -> int:
+def window_keys(qo_len: int, kv_len: int, window_left: int, chunk: int = 0) -> int:
     """Keys some query of the block can see: the K/V rows a perfect kernel must read."""
+    if chunk > 0:
+        return kv_len - chunk_start(kv_len - qo_len, chunk)
     if window_left < 0:
         return kv_len
     return kv_len - max(0, kv_len - qo_len - window_left)
@@ -147,11 +168,11 @@ def attention_flops(pairs: int, head_dim: int, num_qo_heads: int) -> int:
 
 
 def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes,
-                  kv_elem_bytes: int | None = None) -> int:
+                  kv_elem_bytes: int | None = None, chunk: int = 0) -> int:
     """Q read + O written once, and every K/V row inside some window read once (at the cache's
     width, ``kv_elem_bytes``, when it differs from the queries')."""
     q_rows = sum(qo_lens)
-    kv_rows = sum(window_keys(q, k, window_left) for q, k in zip(qo_lens, kv_lens))
+    kv_rows = sum(window_keys(q, k, window_left, chunk) for q, k in zip(qo_lens, kv_lens))
     kv_bytes = elem_bytes if kv_elem_bytes is None else kv_elem_bytes
     return head_dim * (2 * q_rows * num_qo_heads * elem_bytes + 2 * kv_rows * num_kv_heads * kv_bytes)
 

@@ -11,18 +11,18 @@ the gather, as a kernel reading it would.
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from swabench.core import semantics, workloads
-from .registry import Implementation, exact, register
+from .registry import Implementation, computed, exact, register
 
 
 class GatherRunner:
-    def __init__(self, workload, visibility, trim: bool):
-        self.w, self.visibility, self.trim = workload, visibility, trim
+    def __init__(self, workload, computes, trim: bool):
+        """``computes(case, prefix_len)``: the Visibility it applies to one request."""
+        self.w, self.computes, self.trim = workload, computes, trim
         self.out = torch.empty_like(workload.q)
         self.resolved_backend = f"torch-sdpa-{workload.device.type}"
         self.parts = []
@@ -33,8 +33,8 @@ class GatherRunner:
         qo_indptr = w.qo_indptr_host
         parts = []
         for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
-            vis = dataclasses.replace(self.visibility(c.window_left, kv_len - qo_len, w.page_size), causal=c.causal)
-            start = semantics.trim_start(kv_len, qo_len, vis.window_left) if self.trim else 0
+            vis = self.computes(c, kv_len - qo_len)
+            start = semantics.trim_start(kv_len, qo_len, vis.window_left, chunk=vis.chunk) if self.trim else 0
             mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device)
             parts.append((qo_indptr[b], qo_indptr[b + 1], w.request_slots(b)[start:], mask))
         self.parts = parts
@@ -68,15 +68,14 @@ class BatchedSdpaRunner:
 
     def plan(self) -> None:
         w, c, dev = self.w, self.w.case, self.w.device
-        starts = [semantics.trim_start(k, q, c.window_left) for q, k in zip(w.qo_lens, w.kv_lens)]
+        starts = [semantics.trim_start(k, q, c.window_left, chunk=c.attention_chunk) for q, k in zip(w.qo_lens, w.kv_lens)]
         keys = max(k - s for k, s in zip(w.kv_lens, starts))
         batch, rows = self.queries.batch, self.queries.rows
         index = torch.zeros(batch, keys, dtype=torch.long, device=dev)
         mask = torch.zeros(batch, 1, rows, keys, dtype=torch.bool, device=dev)
         for b, (q, k, s) in enumerate(zip(w.qo_lens, w.kv_lens, starts)):
             index[b, :k - s] = w.request_slots(b)[s:]
-            mask[b, 0, :q, :k - s] = semantics.Visibility(c.window_left, causal=c.causal).mask(q, k, key_offset=s,
-                                                                                              device=dev)
+            mask[b, 0, :q, :k - s] = semantics.of_case(c).mask(q, k, key_offset=s, device=dev)
         self.index = index
         self.mask = None if bool(mask.all()) else mask
         self.wrapper_mode = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
@@ -106,29 +105,37 @@ def attend(q, k, v, mask, scale: float, soft_cap: float, sinks) -> torch.Tensor:
     return torch.matmul(probs, v).to(q.dtype)
 
 
-def _gather(visibility, trim):
-    return lambda workload, backend: GatherRunner(workload, visibility, trim)
+def _gather(visibility, trim, chunk_visibility=None):
+    return lambda workload, backend: GatherRunner(
+        workload, lambda case, prefix: computed(case, prefix, visibility, chunk_visibility), trim)
 
 
 BOTH = ("paged", "ragged")
 register(Implementation(
     "torch-trim", "torch", BOTH, "gather only the keys the block's windows reach, SDPA with the window mask",
-    _gather(exact, trim=True), noncausal=True), __name__)
+    _gather(exact, trim=True), noncausal=True, chunked=True), __name__)
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False), baseline=True, noncausal=True), __name__)
+    _gather(exact, trim=False), baseline=True, noncausal=True, chunked=True), __name__)
 
 
 register(Implementation(
     "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
     lambda workload, backend: BatchedSdpaRunner(workload),
     unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
-    if case.logits_soft_cap or case.sinks else None, noncausal=True), __name__)
+    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True), __name__)
 
 
 def _planted(name, summary, visibility):
     register(Implementation(name, "torch", BOTH, summary, _gather(visibility, trim=True), kind="planted",
                             visibility=visibility), __name__)
+
+
+def _planted_chunk(name, summary, chunk_visibility):
+    register(Implementation(name, "torch", BOTH, summary, _gather(exact, True, chunk_visibility), kind="planted",
+                            chunked=True, chunk_visibility=chunk_visibility,
+                            unsupported=lambda case, backend: None if case.attention_chunk else
+                            "a chunked-attention mistake: runs chunked cases (attention_chunk > 0) only"), __name__)
 
 
 _planted("planted-wide", "window one key too wide (W + 1): the gate must catch it",
@@ -137,3 +144,7 @@ _planted("planted-narrow", "window one key too narrow (W - 1): the gate must cat
          lambda w, prefix, ps: semantics.Visibility(max(w - 1, 0) if w >= 0 else w))
 _planted("planted-future", "one future key visible: the gate must catch it",
          lambda w, prefix, ps: semantics.Visibility(w, future=1))
+_planted_chunk("planted-chunk-window", "chunk of C planned as a window of C - 1 keys (reaches into the previous chunk): "
+               "the gate must catch it", lambda chunk, prefix, ps: semantics.Visibility(chunk - 1))
+_planted_chunk("planted-chunk-long", "chunks one key too long (C + 1): the gate must catch it",
+               lambda chunk, prefix, ps: semantics.Visibility(semantics.NO_WINDOW, chunk=chunk + 1))

@@ -286,9 +286,8 @@ class FlashInferRunner:
         if v.decode:  # one query per request: no query indptr, no causal flag
             window = dict(head_dim=c.head_dim, window_left=window_left)
         elif v.mask:
-            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens,
-                                                            semantics.Visibility(c.window_left, causal=c.causal),
-                                                            device=w.device), causal=False, head_dim_qk=c.head_dim)
+            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens, semantics.of_case(c), device=w.device),
+                          causal=False, head_dim_qk=c.head_dim)
         else:
             window = dict(causal=c.causal, window_left=window_left, head_dim_qk=c.head_dim)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, q_data_type=w.dtype,
@@ -362,7 +361,7 @@ def unsupported(variant: Variant):
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
                      module: str = __name__, **roles):
     """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
-    reference, timed_where_exact, ignores, noncausal)."""
+    reference, timed_where_exact, ignores, noncausal, chunked)."""
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
@@ -395,9 +394,9 @@ register_variant("paged-trim", "page table starts at the window (kv_start_idx tr
 register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"),
                  reference="fa2", noncausal=True)
 register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
-                 baseline=True, noncausal=True)
+                 baseline=True, noncausal=True, chunked=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
-                 Variant("ragged", mask=True), baseline=True, noncausal=True)
+                 Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True)
 register_variant("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
                  "the kernel without the window mask is chosen at plan time",
                  Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",

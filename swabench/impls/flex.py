@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from swabench.core import workloads
+from swabench.core import semantics, workloads
 from .registry import Implementation, register
 
 
@@ -118,10 +118,20 @@ def _run_quietly(fn):
         return fn()
 
 
-def _window_mask(seen, key, p, window, windowed: bool, causal: bool):
-    """``seen`` narrowed to the keys at position ``key`` that a query at ``p`` sees (inside a mask_mod)."""
-    seen = seen & (key <= p) if causal else seen
-    return seen & (p - key <= window) if windowed else seen
+class _Span:
+    """What narrows a query's keys inside a mask_mod, as the case sets it: the window (a tensor, so a new W
+    compiles nothing), causality and the chunk (a tensor too)."""
+
+    def __init__(self, case, device):
+        self.window = torch.tensor(case.window_left, dtype=torch.int32, device=device)
+        self.chunk = torch.tensor(max(case.attention_chunk, 1), dtype=torch.int32, device=device)
+        self.windowed, self.causal, self.chunked = case.window_left >= 0, case.causal, case.attention_chunk > 0
+
+    def narrow(self, seen, key, p):
+        """``seen`` narrowed to the keys at position ``key`` that a query at ``p`` sees."""
+        seen = seen & (key <= p) if self.causal else seen
+        seen = seen & (p - key <= self.window) if self.windowed else seen
+        return seen & (key >= p - p % self.chunk) if self.chunked else seen
 
 
 class _FlexRunner:
@@ -224,6 +234,7 @@ class BatchedFlex(_FlexRunner):
         from torch.nn.attention.flex_attention import BlockMask
 
         w, c, dev = self.w, self.w.case, self.w.device
+        chunk = c.attention_chunk
         n_q = -(-self.rows // self.q_block)
         partial, full = [[[] for _ in range(n_q)] for _ in range(self.batch)], \
             [[[] for _ in range(n_q)] for _ in range(self.batch)]
@@ -234,11 +245,11 @@ class BatchedFlex(_FlexRunner):
                 if first > last:
                     continue
                 p_first, p_last = prefix + first, prefix + last
-                lo = max(0, p_first - c.window_left) if c.window_left >= 0 else 0
+                lo = max(0, p_first - c.window_left) if c.window_left >= 0 else semantics.chunk_start(p_first, chunk)
+                full_lo = p_last - c.window_left if c.window_left >= 0 else semantics.chunk_start(p_last, chunk)
                 end = w.kv_lens[b] - 1  # without causality every query sees its request's last key
-                partial[b][j], full[b][j] = self._blocks(
-                    b, lo, p_last if c.causal else end,
-                    full_lo=p_last - c.window_left if c.window_left >= 0 else 0, full_hi=p_first if c.causal else end)
+                partial[b][j], full[b][j] = self._blocks(b, lo, p_last if c.causal else end, full_lo=full_lo,
+                                                         full_hi=p_first if c.causal else end)
         kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
                                                                                       c.head_dim).shape[0])
         width = max(1, max(len(x) for r in partial + full for x in r))
@@ -283,18 +294,16 @@ class BatchedFlex(_FlexRunner):
         return blocks[~is_full].tolist(), blocks[is_full].tolist()
 
     def _mask_mod(self):
-        window = torch.tensor(self.w.case.window_left, dtype=torch.int32, device=self.w.device)
-        windowed, causal = self.w.case.window_left >= 0, self.w.case.causal
+        span = _Span(self.w.case, self.w.device)
         q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
         if self.contiguous:
             def mask_mod(b, h, q, kv):
-                return _window_mask((q < q_len[b]) & (kv < kv_len[b]), kv, q_start[b] + q, window, windowed, causal)
+                return span.narrow((q < q_len[b]) & (kv < kv_len[b]), kv, q_start[b] + q)
             return mask_mod
         slot_request, slot_pos = self.slot_request, self.slot_pos
 
         def paged_mask_mod(b, h, q, kv):
-            return _window_mask((q < q_len[b]) & (slot_request[kv] == b), slot_pos[kv], q_start[b] + q, window,
-                                windowed, causal)
+            return span.narrow((q < q_len[b]) & (slot_request[kv] == b), slot_pos[kv], q_start[b] + q)
         return paged_mask_mod
 
     def _run(self) -> None:
@@ -330,11 +339,10 @@ class FlatFlex(_FlexRunner):
         w, c, dev = self.w, self.w.case, self.w.device
         slot_request, slot_pos = _slot_owners(w)
         q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
-        windowed, causal = c.window_left >= 0, c.causal
-        window = torch.tensor(c.window_left, dtype=torch.int32, device=dev)  # a tensor: no recompile per W
+        span = _Span(c, dev)
 
         def mask_mod(b, h, q, kv):
-            return _window_mask(slot_request[kv] == q_request[q], slot_pos[kv], q_pos[q], window, windowed, causal)
+            return span.narrow(slot_request[kv] == q_request[q], slot_pos[kv], q_pos[q])
 
         self.score_mod = _soft_cap(c, dev)
         block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
@@ -387,7 +395,7 @@ def _register_batched(name: str, contiguous: bool, summary: str) -> None:
     register(Implementation(
         name, "flex", ("paged", "ragged"), summary, lambda w, backend: BatchedFlex(w, contiguous),
         unsupported=_unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
-        noncausal=True), __name__)
+        noncausal=True, chunked=True), __name__)
 
 
 _register_batched("flex-window", False, "PyTorch FlexAttention as its users batch it: batch = requests, keys read in "
@@ -400,5 +408,6 @@ register(Implementation(
     "flex-flat", "flex", ("paged", "ragged"),
     "PyTorch FlexAttention over one flattened sequence: every query of the batch, window and request "
     "boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class, noncausal=True),
+    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class, noncausal=True,
+    chunked=True),
     __name__)

@@ -11,6 +11,7 @@ importing the sweep or a reader loads no library.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Protocol
@@ -44,6 +45,17 @@ class Runner(Protocol):
 
 def exact(window_left: int, prefix_len: int, page_size: int) -> semantics.Visibility:
     return semantics.Visibility(window_left)
+
+
+def computed(case, prefix_len: int, visibility=exact, chunk_visibility=None) -> semantics.Visibility:
+    """What a path with these visibilities computes for one request of ``case`` (``prefix_len`` keys before
+    its queries): on a chunked case its chunk visibility (the exact chunk where it has none), else its
+    window visibility with the case's causality."""
+    page_size = case.page_size or 1
+    if case.attention_chunk:
+        return chunk_visibility(case.attention_chunk, prefix_len, page_size) if chunk_visibility \
+            else semantics.of_case(case)
+    return dataclasses.replace(visibility(case.window_left, prefix_len, page_size), causal=case.causal)
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,12 @@ class Implementation:
     # Whether it takes non-causal windows (Case.causal False: every key of the request from p - W on);
     # a path that does not skips such a case, saying so.
     noncausal: bool = False
+    # Whether it takes chunked local attention (Case.attention_chunk > 0: a query sees its own chunk);
+    # a path that does not skips such a case, saying so.
+    chunked: bool = False
+    # What it computes on a chunked case, as (chunk, prefix_len, page_size) -> Visibility, where that is
+    # not the exact chunk (a chunk planned as a window is the natural mistake).
+    chunk_visibility: Callable[[int, int, int], semantics.Visibility] | None = None
 
     @property
     def family(self) -> str:
@@ -100,9 +118,12 @@ class Implementation:
             return False
         if self.ignores & case.features:
             return True
-        truth = semantics.Visibility(case.window_left)
-        return any(semantics.differs(self.visibility(case.window_left, k - q, case.page_size or 1), truth, q, k)
-                   for q, k in zip(qo_lens, kv_lens))
+        truth = semantics.of_case(case)
+        return any(semantics.differs(self.computes(case, k - q), truth, q, k) for q, k in zip(qo_lens, kv_lens))
+
+    def computes(self, case, prefix_len: int) -> semantics.Visibility:
+        """What it computes for one request of ``case`` with ``prefix_len`` keys before its queries."""
+        return computed(case, prefix_len, self.visibility, self.chunk_visibility)
 
     def availability(self, device: torch.device) -> str | None:
         """Why this implementation cannot run on this device at all, or None."""
@@ -132,6 +153,8 @@ class Implementation:
             return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
         if not case.causal and not self.noncausal:
             return "takes causal windows only"
+        if case.attention_chunk and not self.chunked:
+            return "takes no chunked attention (attention_chunk)"
         return self.availability(device) or self.unsupported(case, backend)
 
 

@@ -57,12 +57,13 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -
            "wrapper": impl.family, "backend": point.backend, "device": str(device), "host": HOST,
            "gpu_id": gpu_identity(device), **c.axes()}
     if w is not None:
-        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal) for q, k in zip(w.qo_lens, w.kv_lens))
+        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk)
+                    for q, k in zip(w.qo_lens, w.kv_lens))
         row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
                    min_bytes=semantics.minimum_bytes(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
                                                      c.num_kv_heads, c.head_dim, w.dtype.itemsize,
-                                                     w.kv_dtype.itemsize),
+                                                     w.kv_dtype.itemsize, c.attention_chunk),
                    must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
     return row
 

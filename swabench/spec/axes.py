@@ -122,13 +122,14 @@ AXES = {
     "model": _choice(tuple(models.MODELS)),
     "model_features": _bool,
     "causal": _bool,
+    "attention_chunk": _int(0, "an integer >= 0 (0 = off; Llama 4 uses 8192)"),
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
-              "logits_soft_cap", "sm_scale")  # what a model preset decides
+              "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True, "causal": True}
+            "model_features": True, "causal": True, "attention_chunk": 0}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -186,8 +187,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     if "mode" not in p:
         raise ScenarioError(path, f"{where}.mode", f"missing; allowed: {', '.join(MODES)}")
     mode = p["mode"]
-    win = _one_of(p, ("window_left", "sliding_window"), path, where)
-    window_left = semantics.window_left_from(**{win: p[win]})
+    window_left = _window_or_chunk(p, path, where)
     if mode == "decode":
         qo_len = p.get("qo_len", 1)
         if not isinstance(qo_len, int) or qo_len != 1:
@@ -224,12 +224,26 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 num_qo_heads=p["num_qo_heads"], num_kv_heads=p["num_kv_heads"],
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
-                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"])
+                kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
+                attention_chunk=p["attention_chunk"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
     _check_probe_fits(case, path, where)
     return case
+
+
+def _window_or_chunk(p: dict, path, where) -> int:
+    """FlashInfer's W; a chunked layer (attention_chunk > 0) has none, and is causal."""
+    win = _one_of(p, ("window_left", "sliding_window"), path, where, required=not p["attention_chunk"])
+    window_left = semantics.window_left_from(**{win: p[win]}) if win else semantics.NO_WINDOW
+    if p["attention_chunk"] and window_left != semantics.NO_WINDOW:
+        raise ScenarioError(path, f"{where}.attention_chunk", f"{p['attention_chunk']} with {win} {p[win]}: a layer is "
+                                                              f"chunked or sliding, not both (give {win} = -1 or leave "
+                                                              f"it out)")
+    if p["attention_chunk"] and not p["causal"]:
+        raise ScenarioError(path, f"{where}.causal", "chunked attention is causal: causal = false takes a sliding window")
+    return window_left
 
 
 def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:

@@ -27,7 +27,7 @@ COLUMNS = [
     "reason", "must_fail", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
-    "causal", "seed", "device", "gpu_id",
+    "causal", "attention_chunk", "seed", "device", "gpu_id",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "reads_evicted",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
     "noise", "eager_us", "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops",
@@ -95,7 +95,7 @@ def migrate_table(df):
         df = df.rename(columns={"wrapper": "wrapper_mode"})
     if df.empty:
         return df
-    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True}
+    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0}
     if "dtype" in df.columns:
         fill["kv_dtype"] = df["dtype"]
     if "head_dim" in df.columns:
