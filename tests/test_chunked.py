@@ -126,7 +126,7 @@ def test_the_mistakes_are_caught_at_small_and_large_chunks(name, chunk, prefix, 
 
 
 def test_a_chunk_as_a_window_is_right_only_where_every_query_ends_its_chunk():
-    """A window of C - 1 keys is the chunk exactly where a query is the chunk's last position."""
+    """Past the first chunk, a window of C - 1 keys is the chunk only for the query at its chunk's last position."""
     as_window = registry.get("planted-chunk-window")
     last = case(mode="decode", qo_len=None, prefix_len=31, batch_size=1)  # the query at 31 ends chunk 16..31
     assert not as_window.must_fail(last, [1], [32])
@@ -140,8 +140,9 @@ def test_paths_without_chunks_skip_and_say_so():
             assert impl.skip_reason(c, (impl.backends or ("x",))[0], workloads.build(c).device) \
                 in ("takes no chunked attention (attention_chunk)", f"{impl.library} needs CUDA (device is cpu)"), \
                 impl.name
-    assert registry.get("planted-chunk-window").skip_reason(case(attention_chunk=0, window_left=15), "torch", "cpu") \
-        .startswith("a chunked-attention mistake")
+    for name in ("planted-chunk-window", "planted-chunk-long", "chunk-virtual", "chunk-trim", "chunk-as-window"):
+        impl = registry.get(name)  # no point of a chunk-only path on a case without chunks
+        assert not impl.models("paged", "verify", frozenset()) and impl.models("paged", "verify", frozenset({"chunk"}))
 
 
 def test_the_axis_is_exclusive_with_a_window_and_causal_and_keeps_every_other_case_id():
@@ -154,3 +155,86 @@ def test_the_axis_is_exclusive_with_a_window_and_causal_and_keeps_every_other_ca
                                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", page_size=16))
     assert plain.case_id == "e0513591dc82"  # its id in the published runs, from before the axis
     assert case().label.startswith("verify b3 p40 q6 C16 ")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 70), st.sampled_from([16, 32, 48]), st.sampled_from([1, 16]))
+def test_the_virtual_batches_hold_each_querys_chunk_and_nothing_else(qo, prefix, chunk, page_size):
+    """chunk-virtual's tables, read back as FlashInfer's causal kernel reads them (bottom-right aligned, no
+    window), give every query exactly its chunk's keys, and the queries stay in place."""
+    import torch
+    from swabench.impls.chunked import VirtualBatch
+    w = workloads.build(case(qo_len=qo, prefix_len=prefix, attention_chunk=chunk, page_size=page_size))
+    v = VirtualBatch(w)
+    assert sum(v.qo_lens) == sum(w.qo_lens) and v.q is w.q
+    position_of_slot = {int(s): int(p) for s, p in zip(w.slots, w.key_position)}
+    request_of_slot = {int(s): int(r) for s, r in zip(w.slots, w.key_request)}
+    row = 0
+    for i, (q_len, kv_len) in enumerate(zip(v.qo_lens, v.kv_lens)):
+        pages = v.kv_indices_host[int(v.kv_indptr_host[i]):int(v.kv_indptr_host[i + 1])]
+        slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:kv_len]
+        assert len(pages) == -(-kv_len // page_size) and 1 <= int(v.kv_last_page_len[i]) <= page_size
+        for t in range(q_len):
+            seen = slots[:kv_len - q_len + t + 1]  # causal, bottom-right aligned
+            b, p = int(w.query_request[row + t]), int(w.query_position[row + t])
+            assert {request_of_slot[int(s)] for s in seen} == {b}
+            assert sorted(position_of_slot[int(s)] for s in seen) == list(range(p - p % chunk, p + 1))
+        row += q_len
+
+
+def test_chunk_trim_and_virtual_say_where_they_cannot_run():
+    trim, virtual = registry.get("chunk-trim"), registry.get("chunk-virtual")
+    inside = case(prefix_len=40, qo_len=6, dtype="bfloat16")  # queries 40..45: all in the chunk 32..47
+    across = case(prefix_len=45, qo_len=6, dtype="bfloat16")  # 45..50: across 48
+    assert trim.unsupported(inside, "fa2") is None
+    assert "crosses a chunk start" in trim.unsupported(across, "fa2")
+    assert virtual.unsupported(across, "fa2") is None
+    assert "must be a multiple of page_size 16" in virtual.unsupported(case(attention_chunk=24, dtype="bfloat16"), "fa2")
+    as_window = registry.get("chunk-as-window")
+    assert as_window.must_fail(across, [6] * 3, [51] * 3) and as_window.kind == "known-bug"
+
+
+SAWTOOTH = """
+name = "saw"
+description = "chunked decode and verify beside a window of the same keys, on the CPU"
+implementations = ["torch-trim", "planted-chunk-window"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+dtype = "float32"
+[[sweep]]
+group = "chunked"
+mode = ["decode", "verify"]
+qo_len = 1
+attention_chunk = 32
+seq_len = [8, 31, 32, 33, 63, 64, 65]
+[[sweep]]
+group = "window"
+implementations = ["torch-trim"]
+mode = ["decode", "verify"]
+qo_len = 1
+window_left = 31
+seq_len = [8, 31, 32, 33, 63, 64, 65]
+"""
+
+
+def test_a_chunked_run_draws_its_sawtooth_beside_the_window_and_the_known_mistake_is_caught(tmp_path):
+    from conftest import invoke
+    from swabench.analysis import derived
+    from swabench.publish import plots
+
+    (tmp_path / "saw.toml").write_text(SAWTOOTH)
+    r = invoke("run", tmp_path / "saw.toml", "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    table, meta = derived.load(tmp_path / "run")
+    mistake = table[table["impl"] == "planted-chunk-window"]
+    # a window of 31 keys is the chunk of 32 in the first chunk (nothing before it) and at a chunk's last position
+    assert set(mistake[mistake["status"] == "pass"]["seq_len"]) == {8, 31, 32, 64}
+    assert set(mistake["status"]) == {"pass", "xfail"}
+    fig = plots.sawtooth(table, meta)
+    assert len(fig.axes) == 2  # one chunk size, two steps
+    labels = set(fig.axes[0].get_legend_handles_labels()[1])
+    assert labels == {"torch-trim [torch]", "torch-trim [torch] (window)"}
+    assert plots.decode(table, meta) is not None and len(plots.decode(table, meta).axes) == 1  # the window's only
+    assert plots.sawtooth(table[table["attention_chunk"] == 0], meta) is None

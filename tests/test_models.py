@@ -19,7 +19,8 @@ def test_every_preset_makes_every_step(name):
     for step in STEPS:
         c = axes.make_case({**step, "model": name, "num_qo_heads": 1})  # the preset overrides the shape
         assert (c.num_qo_heads, c.num_kv_heads, c.head_dim) == (m.num_qo_heads, m.num_kv_heads, m.head_dim)
-        assert c.window_left == m.sliding_window - 1 and c.sliding_window == m.sliding_window
+        assert c.window_left == m.window_left and c.sliding_window == m.sliding_window
+        assert c.attention_chunk == m.attention_chunk
         assert c.sinks == m.sinks and c.logits_soft_cap == m.logits_soft_cap and c.model == name
         assert f"[{name}]" in c.label
 
@@ -31,6 +32,10 @@ def test_the_presets_carry_what_their_configs_say():
     assert "sm_scale" not in models.get("gemma-2-9b").axes()  # query_pre_attn_scalar 256 = head_dim
     assert models.get("gemma-3-27b").sm_scale == 168 ** -0.5 and models.get("gemma-3-1b").window_left == 511
     assert all(m.verified for m in models.MODELS.values())
+    for name in ("llama-4-scout", "llama-4-maverick"):  # attention_chunk_size 8192 on 36 of 48 layers, no window
+        assert models.get(name).axes() == dict(num_qo_heads=40, num_kv_heads=8, head_dim=128, window_left=-1,
+                                                sinks=False, logits_soft_cap=0.0, attention_chunk=8192)
+        assert "36 of 48" in models.get(name).layers
 
 
 def test_phi3_head_dim_is_a_skip_on_flashinfer():

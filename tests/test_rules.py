@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from swabench.spec import rules
 from swabench.spec.rules import RuleError, compile_rule
 
-NAMES = ("group", "mode", "impl", "backend", "prefix_len", "seq_len", "qo_len", "kv_len", "window_left", "sinks")
+NAMES = ("group", "mode", "impl", "backend", "prefix_len", "seq_len", "qo_len", "kv_len", "window_left", "sinks",
+         "attention_chunk")
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 FAST = 0.5  # CPU seconds (not wall time: other work on the machine must not fail the test)
 clock = time.process_time
@@ -220,13 +221,14 @@ def test_shipped_rules_agree_with_python_eval():
     compiled = [compile_rule(t, NAMES) for t in texts]
     python = [compile(t, "<rule>", "eval") for t in texts]
     rng = random.Random(0)
-    values = {"group": ["backends", "prefix", "around-kv", "decode", "verify", "draft_extend", "sweep[0]"],
+    values = {"group": ["backends", "prefix", "around-kv", "decode", "verify", "draft_extend", "sweep[0]", "chunked",
+                        "chunked-decode"],
               "mode": ["extend", "verify", "draft_extend", "decode"],
               "impl": ["flex-window", "torch-trim", "torch-mask", "paged-plan-no-window", "paged-trim-causal",
                        "paged-window"],
               "backend": ["fa2", "fa3", "auto"], "prefix_len": [None, 0, 1, 17, 18, 130],
               "seq_len": [None, 16, 130], "qo_len": [1, 16, 512, None], "kv_len": [None, 0, 16, 17, 18, 130],
-              "window_left": [-1, 0, 15, 16, 128], "sinks": [False, True]}
+              "window_left": [-1, 0, 15, 16, 128], "sinks": [False, True], "attention_chunk": [0, 4, 16]}
     checked = 0
     for _ in range(3000):
         ns = {k: rng.choice(v) for k, v in values.items()}

@@ -107,9 +107,10 @@ def parse_accept(value) -> tuple[str, float]:
     raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
 
 
-def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str) -> frozenset[str]:
+def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str, attention_chunk: int = 0) -> frozenset[str]:
     """The serving features these axis values ask for (Case.features)."""
-    asked = {"sinks": sinks, "soft_cap": bool(logits_soft_cap), "fp8_kv": str(cache_dtype).startswith("float8")}
+    asked = {"sinks": sinks, "soft_cap": bool(logits_soft_cap), "fp8_kv": str(cache_dtype).startswith("float8"),
+             "chunk": bool(attention_chunk)}
     return frozenset(name for name, on in asked.items() if on)
 
 
@@ -151,8 +152,8 @@ class Case:
 
     @property
     def features(self) -> frozenset[str]:
-        """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv'."""
-        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype)
+        """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv', 'chunk'."""
+        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype, self.attention_chunk)
 
     @property
     def sliding_window(self) -> int:

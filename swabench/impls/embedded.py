@@ -133,9 +133,7 @@ def _planted(name, summary, visibility):
 
 def _planted_chunk(name, summary, chunk_visibility):
     register(Implementation(name, "torch", BOTH, summary, _gather(exact, True, chunk_visibility), kind="planted",
-                            chunked=True, chunk_visibility=chunk_visibility,
-                            unsupported=lambda case, backend: None if case.attention_chunk else
-                            "a chunked-attention mistake: runs chunked cases (attention_chunk > 0) only"), __name__)
+                            chunked=True, chunk_visibility=chunk_visibility, requires=frozenset({"chunk"})), __name__)
 
 
 _planted("planted-wide", "window one key too wide (W + 1): the gate must catch it",

@@ -170,8 +170,9 @@ class Variant:
     storage: str  # "paged" | "ragged"
     window_at_plan: bool = True  # plan(..., window_left=W); False plans without a window
     mask: bool = False  # window and causality as a custom mask, full KV, no window at plan
-    start: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> first key kept
-    end: Callable[[int, int, int, int], int] | None = None  # (W, qo, kv, page) -> the key the table ends before
+    start: Callable[..., int] | None = None  # (case, qo, kv, page) -> first key kept
+    end: Callable[..., int] | None = None  # (case, qo, kv, page) -> the key the table ends before
+    plan_window: Callable[..., int] | None = None  # case -> the window_left plan() gets, where not the case's
     deprecated_forward: bool = False  # run through forward(..., window_left=W)
     decode: str | None = None  # "cuda-core" | "tensor-core": BatchDecodeWithPagedKVCacheWrapper, decode steps only
     modes: tuple[str, ...] = ()  # the steps it models, where not every mode (): all
@@ -282,7 +283,7 @@ class FlashInferRunner:
         w, v, c = self.w, self.variant, self.w.case
         i32 = torch.int32
         qo_indptr = torch.tensor(w.qo_indptr_host, dtype=i32)
-        window_left = c.window_left if v.window_at_plan else semantics.NO_WINDOW
+        window_left = (v.plan_window(c) if v.plan_window else c.window_left) if v.window_at_plan else semantics.NO_WINDOW
         if v.decode:  # one query per request: no query indptr, no causal flag
             window = dict(head_dim=c.head_dim, window_left=window_left)
         elif v.mask:
@@ -302,8 +303,8 @@ class FlashInferRunner:
             indptr, indices, last, ps = w.kv_indptr_host, w.kv_indices_host, w.kv_last_page_len.cpu(), w.page_size
             if v.start is not None or v.end is not None:
                 lengths = list(zip(w.qo_lens, w.kv_lens))
-                starts = [v.start(c.window_left, q, k, ps) if v.start else 0 for q, k in lengths]
-                ends = [v.end(c.window_left, q, k, ps) if v.end else k for q, k in lengths]
+                starts = [v.start(c, q, k, ps) if v.start else 0 for q, k in lengths]
+                ends = [v.end(c, q, k, ps) if v.end else k for q, k in lengths]
                 indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
             args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)
             shape["page_size"] = ps
@@ -359,38 +360,48 @@ def unsupported(variant: Variant):
 
 
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
-                     module: str = __name__, **roles):
+                     module: str = __name__, runner=None, also: Callable[..., str | None] | None = None, **roles):
     """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
-    reference, timed_where_exact, ignores, noncausal, chunked)."""
+    reference, timed_where_exact, ignores, noncausal, chunked, chunk_visibility, requires).  ``runner(w, backend,
+    variant)`` builds its runner where that is not a FlashInferRunner; ``also(case, backend)`` says why
+    it cannot run a case beyond what the variant says."""
+    build = runner or FlashInferRunner
+
     def make(w, backend):
         if backend not in BACKENDS:
             raise Unsupported(f"unknown FlashInfer backend {backend!r}")
         with _resource_errors():
-            return FlashInferRunner(w, backend, variant)
+            return build(w, backend, variant)
+
+    def check(case, backend: str) -> str | None:
+        return (also(case, backend) if also else None) or unsupported(variant)(case, backend)
 
     extra = {"visibility": visibility} if visibility else {}
     wrapper = wrapper or ("decode" if variant.decode else "sink" if variant.sinks == "apply" else "prefill")
     modes = ("decode",) if variant.decode else variant.modes  # the decode wrapper takes one query per request
     # the CUDA-core decode kernel is one kernel, whatever the backend; use_tensor_cores=True runs the prefill kernels
     backends = ("fa2",) if variant.decode == "cuda-core" else BACKENDS
+    requires = roles.pop("requires", frozenset({"sinks"} if variant.sinks else ()))
     register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
-                            backends=backends, modes=modes, requires=frozenset({"sinks"} if variant.sinks else ()),
-                            needs_cuda=True, unsupported=unsupported(variant), available=missing_api(_needs(variant)),
+                            backends=backends, modes=modes, requires=requires,
+                            needs_cuda=True, unsupported=check, available=missing_api(_needs(variant)),
                             **extra, **roles), module)
 
 
-def _trim(window_left, qo_len, kv_len, page_size):
-    return semantics.trim_start(kv_len, qo_len, window_left, page_size)
+def trim(case, qo_len, kv_len, page_size):
+    """The table from the page holding the first key some query of the block sees (its window's, or its
+    chunk's)."""
+    return semantics.trim_start(kv_len, qo_len, case.window_left, page_size, case.attention_chunk)
 
 
-def _request_trim(window_left, qo_len, kv_len, page_size):
-    return semantics.buggy_trim_start(kv_len - qo_len, window_left, page_size)
+def _request_trim(case, qo_len, kv_len, page_size):
+    return semantics.buggy_trim_start(kv_len - qo_len, case.window_left, page_size)
 
 
 register_variant("paged-window", "paged wrapper, plan(causal=True, window_left=W)", Variant("paged"),
                  reference="fa2", noncausal=True)
 register_variant("paged-trim", "page table starts at the window (kv_start_idx trimming), planned with window_left=W",
-                 Variant("paged", start=_trim), noncausal=True)
+                 Variant("paged", start=trim), noncausal=True)
 register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"),
                  reference="fa2", noncausal=True)
 register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
@@ -418,15 +429,15 @@ def _decode_trim_window(window_left, prefix_len, page_size):
 register_variant("decode-window", "decode wrapper, CUDA-core kernel, full page table, plan(window_left=W)",
                  Variant("paged", decode="cuda-core"))
 register_variant("decode-trim", "decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, "
-                 "window_left=W", Variant("paged", decode="cuda-core", start=_trim))
+                 "window_left=W", Variant("paged", decode="cuda-core", start=trim))
 register_variant("decode-trim-nowindow", "SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at "
                  "plan: exact only when pages hold one token",
-                 Variant("paged", decode="cuda-core", start=_trim, window_at_plan=False), kind="known-bug",
+                 Variant("paged", decode="cuda-core", start=trim, window_at_plan=False), kind="known-bug",
                  visibility=_decode_trim_window, timed_where_exact=True)
 register_variant("decode-tc-window", "decode wrapper with use_tensor_cores=True (a prefill kernel, qo_len 1), full "
                  "table, window_left=W", Variant("paged", decode="tensor-core"))
 register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, table from the page holding key "
-                 "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=_trim))
+                 "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "

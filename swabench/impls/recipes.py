@@ -167,9 +167,9 @@ _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at
                  visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix))
 
 
-def _eagle_keys(window_left, qo_len, kv_len, page_size):
+def _eagle_keys(case, qo_len, kv_len, page_size):
     """Keys the untrimmed verify keeps: the request's first min(prefix, W) + draft."""
-    return min(kv_len - qo_len, window_left) + qo_len
+    return min(kv_len - qo_len, case.window_left) + qo_len
 
 
 def _eagle_visibility(window_left, prefix_len, page_size):

@@ -191,6 +191,7 @@ def decode(table, meta):
     window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages.  Cases
     with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
     t = _timed(versus.plain(table[table["mode"] == "decode"]))
+    t = t[_chunks(t) == 0]  # chunked decode is the sawtooth figure's
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -210,6 +211,40 @@ def decode(table, meta):
         ax.grid(alpha=0.3, which="both")
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
+    return fig
+
+
+def _chunks(table: pd.DataFrame) -> pd.Series:
+    """Each row's attention_chunk (0 where the table predates the axis)."""
+    return table["attention_chunk"].fillna(0) if "attention_chunk" in table else pd.Series(0, index=table.index)
+
+
+def sawtooth(table, meta):
+    """Chunked attention's cost against context: a query's keys, and so its time, grow with its place in its
+    chunk and fall back at every chunk start (dotted), a sawtooth; beside it the sliding window of C - 1
+    keys on the same steps, flat once the context passes the window.  One panel per chunk size and step."""
+    t = _timed(versus.plain(table))
+    chunk_of = _chunks(t)
+    if not (chunk_of > 0).any():
+        return None
+    t = t.assign(chunk=chunk_of, context=t["prefix_len"].fillna(t["seq_len"] - t["qo_len"]))
+    chunks = sorted(int(c) for c in t.loc[t["chunk"] > 0, "chunk"].unique())
+    modes = [m for m in MODES if m in set(t.loc[t["chunk"] > 0, "mode"])]
+    fig, axes = figure(meta, "Chunked attention against a sliding window of the same keys: kernel time vs context",
+                       len(chunks), len(modes), size=(4.6, 3.8))
+    for row, chunk in zip(axes, chunks):
+        for ax, mode in zip(row, modes):
+            rows = t[(t["mode"] == mode) & ((t["chunk"] == chunk) | ((t["chunk"] == 0) & (t["window_left"] == chunk - 1)))]
+            for (impl, backend, chunked), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
+                line = g.groupby("context")["median_us"].median()
+                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if chunked else "x",
+                        ms=3, color=colour(impl), label=f"{impl} [{backend}]" + ("" if chunked else " (window)"))
+            for start in range(chunk, int(rows["context"].max()) + 1, chunk):
+                ax.axvline(start, color="grey", lw=0.6, ls=":")
+            ax.set(title=f"{mode}, chunk {chunk}", xlabel="context (keys before the queries)",
+                   ylabel="kernel time (us)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
     return fig
 
 
@@ -327,7 +362,7 @@ def plan_vs_kernel(table, meta):
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative,
            "tflops_vs_context": tflops_vs_context, "backends": backends, "decode": decode,
-           "plan_vs_kernel": plan_vs_kernel}
+           "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth}
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:

@@ -183,7 +183,9 @@ def module_signature(p: Point) -> str:
     cache): points with one signature share a module."""
     c = p.case
     features = "".join(f" {f}" for f in sorted(c.features))
-    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if c.window_left >= 0 else 'no-window'}{features}"
+    # a chunk planned as a window (chunk-as-window) runs the window's module
+    windowed = c.window_left >= 0 or (c.attention_chunk > 0 and registry.get(p.impl).computes(c, 0).window_left >= 0)
+    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if windowed else 'no-window'}{features}"
 
 
 def modules_needed(points: list[Point], device: torch.device | None) -> dict[str, Point]:

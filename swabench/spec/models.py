@@ -18,7 +18,7 @@ KEYS = {  # axis -> the config.json key it comes from
     "num_qo_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
     "head_dim": "head_dim (else hidden_size / num_attention_heads)", "window_left": "sliding_window - 1",
     "sinks": "learned per-head sinks in the modeling code", "logits_soft_cap": "attn_logit_softcapping",
-    "sm_scale": "query_pre_attn_scalar ** -0.5",
+    "sm_scale": "query_pre_attn_scalar ** -0.5", "attention_chunk": "attention_chunk_size (text_config)",
 }
 
 
@@ -29,12 +29,13 @@ class Model:
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
-    sliding_window: int  # HF's count of keys a query sees, itself included
-    layers: str  # which layers slide
+    sliding_window: int  # HF's count of keys a query sees, itself included (-1: a chunked model)
+    layers: str  # which layers slide (or are chunked)
     sinks: bool = False
     logits_soft_cap: float = 0.0
     query_pre_attn_scalar: int | None = None
     verified: str = ""
+    attention_chunk: int = 0  # chunked local attention's C (Llama 4), in place of a sliding window
 
     @property
     def window_left(self) -> int:
@@ -57,6 +58,8 @@ class Model:
                     window_left=self.window_left, sinks=self.sinks, logits_soft_cap=self.logits_soft_cap)
         if self.sm_scale is not None:
             axes["sm_scale"] = self.sm_scale
+        if self.attention_chunk:
+            axes["attention_chunk"] = self.attention_chunk
         return axes
 
 
@@ -66,6 +69,12 @@ GPT_OSS = ("GitHub EchoCog/gpt-oss-20b config.json @52971a17 (a copy of the hub 
 GEMMA2 = ("copies of google/gemma-2-*-it config.json (unsloth/gemma-2-it-GGUF @656b57f, thejaminator/gemma-hook-"
           "layer-0-step-2000 @33738e3, Saxo/Linkbricks-Horizon-AI-Korean-Superb-27B @468f547); transformers "
           "configuration_gemma2.py @008e5743")
+LLAMA4 = ("transformers configuration_llama4.py @b17cfe48 (Llama4TextConfig defaults = Scout: 40/8 heads, head_dim 128, "
+          "48 layers, attention_chunk_size 8192, no_rope_layer_interval 4) and modeling_llama4.py @63210d0e (RoPE "
+          "layers take the chunked mask, NoPE layers the full causal one; scaling head_dim ** -0.5); vLLM "
+          "models/llama4.py @0303cbd8 (ChunkedLocalAttention on RoPE layers); SGLang models/llama4.py @871da34d "
+          "((layer_id + 1) % 4 != 0 uses RoPE); MaxText configs/models/llama4-17b-16e.yml @ab0fa7f0 and "
+          "llama4-17b-128e.yml @48445cf0")
 GEMMA3 = ("transformers configuration_gemma3.py @008f5c8c and convert_gemma3_weights_orbax_to_hf.py @0d914582; "
           "TensorRT-LLM test_modeling_gemma3.py @fe6fa01d (1b and 27b head shapes); HF OpenPipe/gemma-3-12b-it-"
           "text-only config.json (12b)")
@@ -94,6 +103,11 @@ MODELS = {m.name: m for m in (
           verified="copies with _name_or_path mistralai/Mistral-7B-v0.1 (Open-Orca/Mistral-7B-OpenOrca); "
                    "mlx-community/mistral-7B-v0.1 params.json (head_dim 128); transformers configuration_mistral.py "
                    "@001f85b3 (head_dim = hidden_size / num_attention_heads)"),
+    Model("llama-4-scout", "meta-llama/Llama-4-Scout-17B-16E", 40, 8, 128, -1, "chunked: 3 of every 4 (the RoPE "
+          "layers; every 4th, NoPE, is global): 36 of 48", attention_chunk=8192, verified=LLAMA4),
+    Model("llama-4-maverick", "meta-llama/Llama-4-Maverick-17B-128E", 40, 8, 128, -1, "chunked: 3 of every 4: 36 of "
+          "48", attention_chunk=8192, verified=LLAMA4 + "; TensorRT-LLM test_modeling_llama_min_latency.py @b35ac1b6 "
+          "(the Maverick config cut to 2 layers: 40/8, head_dim 128, chunk 8192)"),
     Model("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", 32, 32, 96, 2047, "every layer",
           verified="HF Alignment-Lab-AI/idfkphi4kiguess config.json (a duplicate of microsoft/Phi-3-mini-4k-"
                    "instruct); transformers modular_phi3.py @06053b84 (head_dim = 3072 / 32)"),
@@ -121,12 +135,13 @@ def listing() -> str:
     """What ``swabench models`` prints: each preset's layer shape, and where it was checked."""
     lines = [f"  {'model':16s} {'heads':7s} {'head_dim':8s} {'window':7s} {'W':5s} extras"]
     for m in MODELS.values():
-        extras = ", ".join(x for x in ("sinks" if m.sinks else "",
+        extras = ", ".join(x for x in (f"chunk {m.attention_chunk}" if m.attention_chunk else "",
+                                       "sinks" if m.sinks else "",
                                        f"soft-cap {m.logits_soft_cap:g}" if m.logits_soft_cap else "",
                                        f"sm_scale {m.query_pre_attn_scalar}^-0.5" if m.sm_scale else "") if x)
         heads = f"{m.num_qo_heads}/{m.num_kv_heads}"
         lines.append(f"  {m.name:16s} {heads:7s} {m.head_dim:<8d} {m.sliding_window:<7d} "
-                     f"{m.window_left:<5d} {extras or '-'}; sliding layers: {m.layers}")
+                     f"{m.window_left:<5d} {extras or '-'}; layers: {m.layers}")
     lines.append("fields: " + "; ".join(f"{axis} = {key}" for axis, key in KEYS.items()))
     lines += [f"  {m.name}: {m.hf_id}; checked against {m.verified}" for m in MODELS.values()]
     return "\n".join(lines)
