@@ -33,6 +33,9 @@
 #            (default 540; a build cut short resumes where it stopped on the next call to a warm node)
 #   noncausal  `swabench run noncausal`: non-causal windows at flashinfer#4972's shape (fa2's wrong rows are
 #            declared where its split-KV schedule predicts them; any other failure exits 1)
+#   chunked  `swabench run chunked`: Llama 4's chunked attention across chunk starts (chunk-virtual, chunk-trim,
+#            the custom mask; chunk-as-window gated), beside a window of the same keys; then its report (sawtooth)
+#   chunked-tests  the chunked-attention and non-causal GPU tests alone
 #   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
@@ -127,6 +130,11 @@ for step in $steps; do
                  | tail -60 ;;
     noncausal) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb run noncausal --out "$out/h200-noncausal-$v" ) 2>&1 | tail -30 ;;
+    chunked)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb run chunked --out "$out/h200-chunked-$v" ) 2>&1 | tail -30
+               sb report "$out/h200-chunked-$v" --out "$out/plots-chunked-$v" 2>&1 | tail -2 ;;
+    chunked-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "chunk or non_causal" \
+                 2>&1 | tee "$out/gpu-chunked-tests.log" | tail -8 ;;
     release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
                ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;

@@ -256,3 +256,21 @@ def test_fa2_non_causal_windows_are_wrong_exactly_on_the_rows_its_schedule_predi
         wrong = set(torch.nonzero(err > 0.05).flatten().tolist())
         assert wrong == (set(predicted) if backend == "fa2" else set()), (backend, sorted(wrong)[:5], len(wrong))
     assert (upstream.hit(impl, c, "fa2") is not None) == bool(len(predicted))
+
+
+CHUNK_SHAPES = [(16, 40, 6, 16), (64, 120, 40, 16), (64, 63, 1, 16), (8192, 8184, 16, 16), (32, 100, 30, 1)]
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("chunk,prefix,qo,page_size", CHUNK_SHAPES)
+@pytest.mark.parametrize("impl", ["chunk-virtual", "chunk-trim", "chunk-as-window", "paged-mask"])
+def test_chunked_attention_through_flashinfer(impl, chunk, prefix, qo, page_size, backend):
+    """chunk-virtual and chunk-trim pass wherever they run; chunk-as-window fails exactly where some query
+    is not its chunk's last position past the first chunk (Llama 4's 8192 among the shapes)."""
+    c = axes.make_case(dict(mode="verify" if qo > 1 else "decode", prefix_len=prefix, attention_chunk=chunk,
+                            num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", batch_size=3,
+                            page_size=page_size, **({"qo_len": qo} if qo > 1 else {})))
+    w = workloads.build(c, "cuda")
+    runner, result = gated(impl, w, backend)
+    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens)
+    assert result.passed is not must, (must, result.reason)
