@@ -28,7 +28,7 @@ class VirtualBatch:
     workload's own, read through."""
 
     def __init__(self, w):
-        self._w = w
+        self.workload = w
         chunk, ps = w.case.attention_chunk, w.page_size
         qo, kv, indptr, indices = [], [], [0], []
         for b, (q_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
@@ -46,32 +46,41 @@ class VirtualBatch:
         self.qo_indptr_host = [0, *torch.tensor(qo).cumsum(0).tolist()]
         self.kv_indptr_host = torch.tensor(indptr)
         self.kv_indices_host = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64)
-        self.kv_last_page_len = torch.tensor([k - (-(-k // ps) - 1) * ps for k in kv])
+        self.kv_last_page_len = torch.tensor([k - (-(-k // ps) - 1) * ps for k in kv], dtype=torch.int32)
 
     def __getattr__(self, name):
-        return getattr(self._w, name)
+        if name in ("qo_indptr", "kv_indptr", "kv_indices", "prefix_lens", "slot_indptr", "request_slots"):
+            raise AttributeError(f"{name} is the workload's, not the virtual batch's")
+        return getattr(self.workload, name)
 
 
 class VirtualRunner(fi.FlashInferRunner):
+    """The wrapper sized for the virtual batch; every plan() cuts the batch again (host work a server
+    redoes each step, so it counts in the plan time)."""
+
     def __init__(self, w, backend: str, variant: fi.Variant):
         super().__init__(VirtualBatch(w), backend, variant)
 
     def plan(self) -> None:
+        self.w = VirtualBatch(self.w.workload)
         super().plan()
         self.wrapper_mode += f", {self.w.batch_size} virtual requests"
 
 
-def _virtual_check(case, backend: str) -> str | None:
+def _pages_hold_chunks(case, backend: str) -> str | None:
+    """A table cut at a chunk start must start on a page."""
     if case.attention_chunk % case.page_size:
-        return (f"a virtual request's table starts at its chunk: attention_chunk {case.attention_chunk} must be a "
+        return (f"a table cut at a chunk start starts on a page: attention_chunk {case.attention_chunk} must be a "
                 f"multiple of page_size {case.page_size}")
     return None
 
 
 def _one_chunk(case, backend: str) -> str | None:
-    """chunk-trim is exact only where each request's queries share a chunk."""
+    """chunk-trim is exact only where its table starts at the chunk and each request's queries share a chunk."""
     from swabench.core import workloads
 
+    if _pages_hold_chunks(case, backend):
+        return _pages_hold_chunks(case, backend)
     chunk = case.attention_chunk
     qo_lens, kv_lens = workloads.request_lengths(case)
     if any((k - q) // chunk != (k - 1) // chunk for q, k in zip(qo_lens, kv_lens)):
@@ -82,7 +91,7 @@ def _one_chunk(case, backend: str) -> str | None:
 
 fi.register_variant("chunk-virtual", "vLLM's virtual batches: one entry per request and chunk, table cut at the "
                     "chunk start, plan(causal=True) without a window", fi.Variant("paged"), runner=VirtualRunner,
-                    also=_virtual_check, module=__name__, **CHUNKED)
+                    also=_pages_hold_chunks, module=__name__, **CHUNKED)
 fi.register_variant("chunk-trim", "table trimmed to the first query's chunk start, plan(causal=True) without a "
                     "window: one chunk per request's block", fi.Variant("paged", start=fi.trim), also=_one_chunk,
                     module=__name__, **CHUNKED)

@@ -366,7 +366,8 @@ def _flat_compile_class(case) -> tuple:
     H200, 10 s and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic
     shapes).  Queries are counted at the most a case can have (some modes draw fewer per request)."""
     queries, group = case.batch_size * case.largest()[0], case.num_qo_heads // max(case.num_kv_heads, 1)
-    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
+    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
+             case.causal, bool(case.attention_chunk))  # each narrows the mask_mod differently
     if queries < SPARSE_BLOCK:
         return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
     return ("flex-attention", *heads)
@@ -376,7 +377,8 @@ def _batched_compile_class(case, contiguous: bool) -> tuple:
     """A batched case compiles per batch size (static, so flex-decoding can split the keys), query
     rows per request and block sizes; key lengths are dynamic."""
     rows = case.largest()[0]
-    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap))
+    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
+             case.causal, bool(case.attention_chunk))
     kernel = "flex-decoding" if rows < SPARSE_BLOCK else "flex-attention"
     return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 

@@ -190,8 +190,7 @@ def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
     window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages.  Cases
     with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
-    t = _timed(versus.plain(table[table["mode"] == "decode"]))
-    t = t[_chunks(t) == 0]  # chunked decode is the sawtooth figure's
+    t = _timed(versus.plain(table[table["mode"] == "decode"]))  # chunked decode is the sawtooth figure's
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -223,22 +222,25 @@ def sawtooth(table, meta):
     """Chunked attention's cost against context: a query's keys, and so its time, grow with its place in its
     chunk and fall back at every chunk start (dotted), a sawtooth; beside it the sliding window of C - 1
     keys on the same steps, flat once the context passes the window.  One panel per chunk size and step."""
-    t = _timed(versus.plain(table))
-    chunk_of = _chunks(t)
-    if not (chunk_of > 0).any():
+    t = _timed(versus.plain(table, chunked=True))
+    t = t.assign(chunk=_chunks(t), context=t["prefix_len"].fillna(t["seq_len"] - t["qo_len"])).dropna(subset=["context"])
+    chunked = t[t["chunk"] > 0]  # a panel per chunk size and step it timed (lengths drawn per request have no axis)
+    if chunked.empty:
         return None
-    t = t.assign(chunk=chunk_of, context=t["prefix_len"].fillna(t["seq_len"] - t["qo_len"]))
-    chunks = sorted(int(c) for c in t.loc[t["chunk"] > 0, "chunk"].unique())
-    modes = [m for m in MODES if m in set(t.loc[t["chunk"] > 0, "mode"])]
+    chunks = sorted(int(c) for c in chunked["chunk"].unique())
+    modes = [m for m in MODES if m in set(chunked["mode"])]
     fig, axes = figure(meta, "Chunked attention against a sliding window of the same keys: kernel time vs context",
                        len(chunks), len(modes), size=(4.6, 3.8))
     for row, chunk in zip(axes, chunks):
         for ax, mode in zip(row, modes):
             rows = t[(t["mode"] == mode) & ((t["chunk"] == chunk) | ((t["chunk"] == 0) & (t["window_left"] == chunk - 1)))]
-            for (impl, backend, chunked), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
+            if rows.empty:
+                ax.set_axis_off()
+                continue
+            for (impl, backend, is_chunk), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
                 line = g.groupby("context")["median_us"].median()
-                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if chunked else "x",
-                        ms=3, color=colour(impl), label=f"{impl} [{backend}]" + ("" if chunked else " (window)"))
+                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if is_chunk else "x",
+                        ms=3, color=colour(impl), label=f"{impl} [{backend}]" + ("" if is_chunk else " (window)"))
             for start in range(chunk, int(rows["context"].max()) + 1, chunk):
                 ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.set(title=f"{mode}, chunk {chunk}", xlabel="context (keys before the queries)",

@@ -17,7 +17,7 @@ import torch
 
 from swabench.core import footprint, gate, semantics, workloads
 from swabench.measure import timing
-from swabench.core.cases import Point
+from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
 from swabench.spec.axes import make_case
@@ -202,6 +202,17 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
     return todo
 
 
+def tiny_case(c: Case) -> Case:
+    """A small case that runs the same modules as ``c``: its step, storage, head shape and features, a window
+    where it has one, a chunk (one every chunk-only path can run) where it is chunked."""
+    queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
+    return make_case(dict(
+        mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
+        attention_chunk=2 * (c.page_size or 16) if c.attention_chunk else 0, storage=c.storage,
+        page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        dtype=c.dtype, sinks=c.sinks, logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype, **queries))
+
+
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
@@ -214,13 +225,7 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
         library cannot build, memory) is remembered, so its points skip without building again; any
         other error is left for each point to meet again and record as its own failure."""
         label, p = item
-        c = p.case
-        queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
-        tiny = make_case(dict(
-            mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
-            storage=c.storage, page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads,
-            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype, sinks=c.sinks,
-            logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype, **queries))
+        tiny = tiny_case(p.case)
         t0, error = time.perf_counter(), None
         with nvtx_range(f"warm-up {label}"):
             try:

@@ -243,6 +243,9 @@ def _window_or_chunk(p: dict, path, where) -> int:
                                                               f"it out)")
     if p["attention_chunk"] and not p["causal"]:
         raise ScenarioError(path, f"{where}.causal", "chunked attention is causal: causal = false takes a sliding window")
+    if p["attention_chunk"] and str(p.get("page_layout")).startswith("evicted") and p["storage"] == "paged":
+        raise ScenarioError(path, f"{where}.page_layout", f"{p['page_layout']} evicts the pages before a window; "
+                                                          f"with attention_chunk give scattered or contiguous")
     return window_left
 
 
