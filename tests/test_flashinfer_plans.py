@@ -365,3 +365,43 @@ def test_the_recipe_as_sglang_writes_it_hands_the_ragged_part_its_window_at_run(
 def test_the_recipes_refuse_cases_without_a_window_to_cut_to(impl, shape, reason):
     c = axes.make_case(dict(prefix_len=100, head_dim=64, **shape))
     assert reason in registry.get(impl).unsupported(c, "fa2")
+
+
+def chunked(impl, **kw):
+    return planned(impl, window_left=None, attention_chunk=32, **kw)
+
+
+def test_chunk_virtual_plans_one_request_per_chunk_without_a_window():
+    wrapper, w = chunked("chunk-virtual", prefix_len=60, qo_len=8)  # queries 60..67: chunks 32..63 and 64..95
+    qo_indptr, indptr, indices, last = wrapper.args
+    assert wrapper.kwargs["window_left"] == -1 and wrapper.kwargs["causal"] is True
+    assert qo_indptr.tolist() == [0, 4, 8, 12, 16, 20, 24]  # each request's queries split 4 + 4, in place
+    assert wrapper.bufs["qo_indptr_buf"].numel() == 7  # the wrapper is sized for 6 virtual requests
+    for b in range(3):
+        pages = w.kv_indices_host[int(w.kv_indptr_host[b]):int(w.kv_indptr_host[b + 1])]
+        first, second = indices[indptr[2 * b]:indptr[2 * b + 1]], indices[indptr[2 * b + 1]:indptr[2 * b + 2]]
+        assert first.tolist() == pages[2:4].tolist() and second.tolist() == pages[4:5].tolist()  # keys 32..63, 64..67
+    assert last.tolist() == [16, 4] * 3
+
+
+def test_chunk_trim_starts_the_table_at_the_chunk_and_chunk_as_window_plans_c_minus_one():
+    wrapper, w = chunked("chunk-trim", prefix_len=70, qo_len=8)  # queries 70..77 in the chunk 64..95
+    qo_indptr, indptr, indices, last = wrapper.args
+    assert wrapper.kwargs["window_left"] == -1 and int(indptr[1]) == 1  # keys 64..77: one page
+    wrapper, _ = chunked("chunk-as-window")
+    assert wrapper.kwargs["window_left"] == 31 and wrapper.kwargs["causal"] is True
+
+
+def test_the_backend_recorded_is_the_one_the_wrapper_resolved():
+    """A decode wrapper reports what backend="auto" resolved to (0.7.4 can pick cuDNN or XQA)."""
+    FakeWrapper.resolved_backend = "cudnn"
+    try:
+        c = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, page_size=16, num_qo_heads=4,
+                                num_kv_heads=2, head_dim=64, dtype="bfloat16", batch_size=2))
+        runner = registry.get("decode-tc-window").make(workloads.build(c), "auto")
+        runner.plan()
+        assert runner.resolved_backend == "cudnn"
+    finally:
+        del FakeWrapper.resolved_backend
+    runner.plan()
+    assert runner.resolved_backend == "auto"  # a wrapper without it: the backend it holds

@@ -315,7 +315,9 @@ class FlashInferRunner:
                 self._workspace_bytes, self.workspace_mib = size, size // MIB
             else:
                 self.wrapper.plan(*args, **shape)
-        self.resolved_backend = getattr(self.wrapper, "_backend", self.backend)
+        # the decode wrapper says what backend="auto" resolved to (cuDNN, XQA, a tensor-core pick)
+        self.resolved_backend = getattr(self.wrapper, "resolved_backend", None) or getattr(self.wrapper, "_backend",
+                                                                                           self.backend)
         self.wrapper_mode = ("cuda-graph" if self.graph_wrapper else "plain") + \
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
 
