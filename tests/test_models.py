@@ -158,3 +158,16 @@ def test_model_features_without_a_model_is_refused(write_scenario):
         """)
     with pytest.raises(axes.ScenarioError, match="model_features"):
         scenarios.load(path)
+
+
+def test_the_layer_schedules_follow_the_configs_rules():
+    """Each preset's layers as its config lays them out, counted as its cited config says."""
+    for m in models.MODELS.values():
+        assert f"{m.windowed_layers} of {m.num_layers}" in m.layers, m.name
+        assert len(m.layer_types()) == m.num_layers
+    types = {name: models.get(name).layer_types() for name in ("gemma-2-9b", "gpt-oss-20b", "gemma-3-1b",
+                                                               "llama-4-scout", "mistral-7b-v0.1")}
+    assert types["gemma-2-9b"][:4] == types["gpt-oss-20b"][:4] == ["window", "global"] * 2  # sliding first
+    assert [i for i, t in enumerate(types["gemma-3-1b"]) if t == "global"] == [5, 11, 17, 23]
+    assert [i for i, t in enumerate(types["llama-4-scout"]) if t == "global"] == list(range(3, 48, 4))
+    assert set(types["mistral-7b-v0.1"]) == {"window"}

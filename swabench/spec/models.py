@@ -19,6 +19,8 @@ KEYS = {  # axis -> the config.json key it comes from
     "head_dim": "head_dim (else hidden_size / num_attention_heads)", "window_left": "sliding_window - 1",
     "sinks": "learned per-head sinks in the modeling code", "logits_soft_cap": "attn_logit_softcapping",
     "sm_scale": "query_pre_attn_scalar ** -0.5", "attention_chunk": "attention_chunk_size (text_config)",
+    "num_layers": "num_hidden_layers", "global_every": "sliding_window_pattern (Gemma 3), the alternating "
+    "layer_types (GPT-OSS, Gemma 2), no_rope_layer_interval (Llama 4)",
 }
 
 
@@ -36,6 +38,19 @@ class Model:
     query_pre_attn_scalar: int | None = None
     verified: str = ""
     attention_chunk: int = 0  # chunked local attention's C (Llama 4), in place of a sliding window
+    num_layers: int = 0  # num_hidden_layers
+    global_every: int = 0  # layer i attends globally where (i + 1) % global_every == 0; 0: every layer windowed
+
+    def layer_types(self) -> list[str]:
+        """Each layer's attention, in order, as its config's rule lays it out: "window" (sliding or chunked)
+        or "global" (Gemma's sliding_window_pattern, GPT-OSS's and Gemma 2's alternating layer_types, Llama
+        4's no_rope_layer_interval: every k-th layer global, counting from 1)."""
+        return ["global" if self.global_every and (i + 1) % self.global_every == 0 else "window"
+                for i in range(self.num_layers)]
+
+    @property
+    def windowed_layers(self) -> int:
+        return self.layer_types().count("window")
 
     @property
     def window_left(self) -> int:
@@ -81,36 +96,36 @@ GEMMA3 = ("transformers configuration_gemma3.py @008f5c8c and convert_gemma3_wei
 
 MODELS = {m.name: m for m in (
     Model("gpt-oss-20b", "openai/gpt-oss-20b", 64, 8, 64, 128, "every other layer (layer_types alternate, "
-          "sliding first): 12 of 24", sinks=True, verified=GPT_OSS),
+          "sliding first): 12 of 24", sinks=True, verified=GPT_OSS, num_layers=24, global_every=2),
     Model("gpt-oss-120b", "openai/gpt-oss-120b", 64, 8, 64, 128, "every other layer: 18 of 36", sinks=True,
-          verified=GPT_OSS + "; HF Fred808/helium_memory @9ce9198 (the 120b diff of that config)"),
+          verified=GPT_OSS + "; HF Fred808/helium_memory @9ce9198 (the 120b diff of that config)", num_layers=36, global_every=2),
     Model("gemma-2-2b", "google/gemma-2-2b", 8, 4, 256, 4096, "every other layer: 13 of 26", logits_soft_cap=50.0,
-          query_pre_attn_scalar=256, verified=GEMMA2),
+          query_pre_attn_scalar=256, verified=GEMMA2, num_layers=26, global_every=2),
     Model("gemma-2-9b", "google/gemma-2-9b", 16, 8, 256, 4096, "every other layer: 21 of 42", logits_soft_cap=50.0,
           query_pre_attn_scalar=256, verified=GEMMA2 + "; query_pre_attn_scalar 256 as the hub config has it "
-          "(transformers' convert_gemma2_weights_to_hf.py @15ea02a2 says 224)"),
+          "(transformers' convert_gemma2_weights_to_hf.py @15ea02a2 says 224)", num_layers=42, global_every=2),
     Model("gemma-2-27b", "google/gemma-2-27b", 32, 16, 128, 4096, "every other layer: 23 of 46",
-          logits_soft_cap=50.0, query_pre_attn_scalar=144, verified=GEMMA2),
+          logits_soft_cap=50.0, query_pre_attn_scalar=144, verified=GEMMA2, num_layers=46, global_every=2),
     Model("gemma-3-1b", "google/gemma-3-1b-pt", 4, 1, 256, 512, "5 of every 6 (sliding_window_pattern 6): 22 of 26",
-          query_pre_attn_scalar=256, verified=GEMMA3),
+          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=26, global_every=6),
     Model("gemma-3-4b", "google/gemma-3-4b-pt", 8, 4, 256, 1024, "5 of every 6: 29 of 34 (text_config)",
-          query_pre_attn_scalar=256, verified=GEMMA3 + "; text_config copies (head counts equal the defaults)"),
+          query_pre_attn_scalar=256, verified=GEMMA3 + "; text_config copies (head counts equal the defaults)", num_layers=34, global_every=6),
     Model("gemma-3-12b", "google/gemma-3-12b-pt", 16, 8, 256, 1024, "5 of every 6: 40 of 48 (text_config)",
-          query_pre_attn_scalar=256, verified=GEMMA3),
+          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=48, global_every=6),
     Model("gemma-3-27b", "google/gemma-3-27b-pt", 32, 16, 128, 1024, "5 of every 6: 52 of 62 (text_config)",
-          query_pre_attn_scalar=168, verified=GEMMA3),
-    Model("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", 32, 8, 128, 4096, "every layer",
+          query_pre_attn_scalar=168, verified=GEMMA3, num_layers=62, global_every=6),
+    Model("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", 32, 8, 128, 4096, "every layer: 32 of 32",
           verified="copies with _name_or_path mistralai/Mistral-7B-v0.1 (Open-Orca/Mistral-7B-OpenOrca); "
                    "mlx-community/mistral-7B-v0.1 params.json (head_dim 128); transformers configuration_mistral.py "
-                   "@001f85b3 (head_dim = hidden_size / num_attention_heads)"),
+                   "@001f85b3 (head_dim = hidden_size / num_attention_heads)", num_layers=32),
     Model("llama-4-scout", "meta-llama/Llama-4-Scout-17B-16E", 40, 8, 128, -1, "chunked: 3 of every 4 (the RoPE "
-          "layers; every 4th, NoPE, is global): 36 of 48", attention_chunk=8192, verified=LLAMA4),
+          "layers; every 4th, NoPE, is global): 36 of 48", attention_chunk=8192, verified=LLAMA4, num_layers=48, global_every=4),
     Model("llama-4-maverick", "meta-llama/Llama-4-Maverick-17B-128E", 40, 8, 128, -1, "chunked: 3 of every 4: 36 of "
           "48", attention_chunk=8192, verified=LLAMA4 + "; TensorRT-LLM test_modeling_llama_min_latency.py @b35ac1b6 "
-          "(the Maverick config cut to 2 layers: 40/8, head_dim 128, chunk 8192)"),
-    Model("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", 32, 32, 96, 2047, "every layer",
+          "(the Maverick config cut to 2 layers: 40/8, head_dim 128, chunk 8192)", num_layers=48, global_every=4),
+    Model("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", 32, 32, 96, 2047, "every layer: 32 of 32",
           verified="HF Alignment-Lab-AI/idfkphi4kiguess config.json (a duplicate of microsoft/Phi-3-mini-4k-"
-                   "instruct); transformers modular_phi3.py @06053b84 (head_dim = 3072 / 32)"),
+                   "instruct); transformers modular_phi3.py @06053b84 (head_dim = 3072 / 32)", num_layers=32),
 )}
 
 
