@@ -36,6 +36,7 @@
 #   chunked  `swabench run chunked`: Llama 4's chunked attention across chunk starts (chunk-virtual, chunk-trim,
 #            the custom mask; chunk-as-window gated), beside a window of the same keys; then its report (sawtooth)
 #   chunked-tests  the chunked-attention and non-causal GPU tests alone
+#   price    `swabench price` of GPT-OSS-120B, Gemma-3-27B and Llama-4-Scout over their models.toml steps
 #   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
@@ -135,6 +136,9 @@ for step in $steps; do
                sb report "$out/h200-chunked-$v" --out "$out/plots-chunked-$v" 2>&1 | tail -2 ;;
     chunked-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "chunk or non_causal" \
                  2>&1 | tee "$out/gpu-chunked-tests.log" | tail -8 ;;
+    price)     for m in gpt-oss-120b gemma-3-27b llama-4-scout; do
+                 ( time sb price --model "$m" --out "$out/h200-price-$m" ) 2>&1 | tail -22
+               done ;;
     release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
                ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;

@@ -100,6 +100,44 @@ def replay(trace, impls, device, out, resume, backends, l2):
     report_outcome(outcome, False, lifecycle.rerun_command(request.out))
 
 
+@click.command()
+@opt("--model", "model_name", required=True, metavar="NAME", help="The model preset (`swabench models` lists them).")
+@click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False))
+@impl_option
+@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+     help="Where to run; auto picks CUDA when it is there.")
+@out_option
+@opt("--resume", is_flag=True, help="Continue the pricing in --out, skipping the points it already has.")
+@opt("--backend", "backends", multiple=True, metavar="NAME",
+     help="A library backend each layer step runs through (repeatable; default: every backend a library offers but "
+          "the one that lets it choose).")
+@l2_option
+def price(model_name, trace, impls, device, out, resume, backends, l2):
+    """Attention per step for a whole model: its windowed layers (sliding or chunked) and its global layers, each
+    layer step at its fastest correct path, in milliseconds per 1000 model steps, with the windowed layers' share,
+    what the naive mask or the full-table decode would cost there instead, and the KV bytes a request holds with
+    and without evicting out-of-window pages.  Steps: TRACE's lines of the model, else its steps in models.toml."""
+    from swabench.analysis import price as weighing
+    from swabench.publish.markdown import markdown_table
+    from swabench.run import price as pricing
+    from swabench.run import replay as replaying
+    from swabench.store import run_folder, schema
+
+    if resume and out is None:
+        raise InputError("--resume needs --out DIR: the pricing to continue")
+    request = pricing.request(model_name, trace, impls, backends, out, device_of(device), resume, l2)
+    outcome = lifecycle.execute(request, Bar())
+    replaying.weigh(outcome, request)
+    table = weighing.per_mode(outcome.table, request.meta)
+    run_folder.atomic_write(outcome.folder / schema.PRICE, table.to_csv(index=False))
+    click.echo(f"{model_name}: {request.meta['price']['windowed_layers']} windowed of "
+               f"{request.meta['price']['num_layers']} layers; milliseconds of attention per 1000 model steps")
+    click.echo(markdown_table(table))
+    click.echo("KV MiB a request holds:")
+    click.echo(markdown_table(weighing.kv(request.meta)))
+    report_outcome(outcome, False, lifecycle.rerun_command(request.out))
+
+
 @click.command("import")
 @click.argument("dump_dir", type=click.Path(exists=True, file_okay=False))
 @opt("--out", required=True, type=click.Path(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
@@ -177,4 +215,4 @@ def models_cmd():
     click.echo(models.listing())
 
 
-COMMANDS = [run, check, replay, import_cmd, warmup, list_cmd, show, models_cmd]
+COMMANDS = [run, check, replay, price, import_cmd, warmup, list_cmd, show, models_cmd]

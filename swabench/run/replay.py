@@ -23,15 +23,22 @@ def request(trace, implementations, backends, out: Path | None, device, resume: 
     """The run request of a replay of ``trace`` (every implementation but the planted mistakes when
     none is named, through every backend a library offers when none is named); TraceError,
     ScenarioError or UserError, before anything is written, for bad input."""
-    backends = _checked_backends(backends)
     data = traces.read_bytes(trace)
-    steps = traces.parse(data, trace)
+    return steps_request(trace, hashlib.sha256(data).hexdigest(), traces.parse(data, trace), implementations,
+                         backends, out, device, resume, l2)
+
+
+def steps_request(source, sha256: str, steps, implementations, backends, out: Path | None, device, resume: bool = False,
+                  l2: str = "cold", meta: dict | None = None) -> lifecycle.Request:
+    """The run request of ``steps`` (a trace's, or steps made from one): each distinct step once, its weight
+    and mode in the folder's meta.json (with ``meta`` beside them)."""
+    backends = _checked_backends(backends)
     names = list(implementations) or [i.name for i in registry.all_implementations() if i.kind != "planted"]
-    scenario = traces.scenario(trace, steps, names, backends)
+    scenario = traces.scenario(source, steps, names, backends)
     weights = traces.weights(steps)
-    meta = {"trace": {"file": str(trace), "sha256": hashlib.sha256(data).hexdigest(), "steps": sum(steps.values()),
+    meta = {"trace": {"file": str(source), "sha256": sha256, "steps": sum(steps.values()),
                       "distinct": len(weights), "weights": weights,
-                      "modes": {c.case_id: c.mode for c in scenario.cases}}}
+                      "modes": {c.case_id: c.mode for c in scenario.cases}}, **(meta or {})}
     out = Path(out) if out else lifecycle.default_out(scenario.name, device.type, "run")
     return lifecycle.Request(scenario, out, device, True, resume, l2, meta=meta)
 

@@ -15,6 +15,7 @@ SAMPLES = "samples.csv.gz"  # every timing sample, long format, gzipped (folders
 META = "meta.json"
 SCENARIO = "scenario.toml"  # the scenario file exactly as run
 REPLAY = "replay.csv"  # a replay's steps x paths, each with its count and weighted time (analysis.replay.steps)
+PRICE = "price.csv"  # a price run's milliseconds per 1000 model steps per mode (analysis.price.per_mode)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
@@ -46,6 +47,7 @@ META_KEYS = {
     "method": "how every number was measured: kernel and plan timers, gate, tolerances",
     "sharding": "this folder's shard (index, count, cases, the whole sweep's points, how costs were known), or null",
     "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
+    "price": "a price run's model: its layers, windowed layers, model steps, each case's layer kind, KV bytes per step",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
     "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",

@@ -1,0 +1,61 @@
+"""A whole model's attention per step, from a price run's table: each layer step served by its fastest
+correct path that passed it, weighted by its count (model steps x that kind of layer), in milliseconds per
+1000 model steps; the share the windowed layers take; and what the whole step costs if the windowed layers
+used the naive custom mask, or, on decode, the CUDA-core decode kernel over the full table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from swabench.impls import registry
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+NAIVE = "windowed layers by the custom mask (ms)"
+FULL_TABLE_DECODE = "windowed decode by the CUDA-core kernel over the full table (ms)"
+FULL_TABLE_IMPL = "decode-window"
+
+
+def _fastest(rows: pd.DataFrame) -> float:
+    ok = rows[(rows["status"] == "pass") & rows["median_us"].notna()]
+    return float(ok["median_us"].min()) if len(ok) else float("nan")
+
+
+def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """One row per mode and one for all modes: windowed and global layers' milliseconds per 1000 model steps
+    at their best, the whole model, the windowed share, and the two slower choices for the windowed layers."""
+    import pandas as pd
+
+    price, weights, modes = meta["price"], meta["trace"]["weights"], meta["trace"]["modes"]
+    steps = price["model_steps"]
+    rows = []
+    for case_id, count in weights.items():
+        mine = table[table["case_id"] == case_id]
+        correct = mine[mine["kind"] == "correct"]
+        baseline = correct[correct["impl"].map(lambda i: i in registry.names() and registry.get(i).baseline)]
+        layer = price["layers"][case_id]
+        best = _fastest(correct)
+        rows.append({"mode": modes[case_id], "layer": layer, "ms": best * count / steps,
+                     "naive": (_fastest(baseline) if layer == "window" else best) * count / steps,
+                     "full": (_fastest(correct[correct["impl"] == FULL_TABLE_IMPL]) if layer == "window" else best)
+                     * count / steps})
+    per = pd.DataFrame(rows)
+    out = []
+    for mode, g in [*per.groupby("mode", sort=False), ("all modes", per)]:
+        window, global_ = g[g["layer"] == "window"], g[g["layer"] == "global"]
+        whole = g["ms"].sum(min_count=len(g))
+        out.append({"mode": mode, "windowed layers (ms)": window["ms"].sum(min_count=len(window)),
+                    "global layers (ms)": global_["ms"].sum(min_count=len(global_)) if len(global_) else 0.0,
+                    "whole model (ms)": whole,
+                    "windowed share": window["ms"].sum(min_count=len(window)) / whole,
+                    NAIVE: g["naive"].sum(min_count=len(g)),
+                    FULL_TABLE_DECODE: g["full"].sum(min_count=len(g)) if mode == "decode" else float("nan")})
+    return pd.DataFrame(out)
+
+
+def kv(meta: dict) -> pd.DataFrame:
+    """The KV MiB a request holds per model step, every page kept and out-of-window pages evicted."""
+    import pandas as pd
+
+    return pd.DataFrame(meta["price"]["kv"])

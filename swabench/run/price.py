@@ -1,0 +1,107 @@
+"""Whole-model step pricing: an SWA layer never runs alone.  A model's steps (its template steps from
+``models.toml``, or a trace's lines of that model) become, per step, its windowed layer (sliding or chunked,
+the preset) weighted by the number of such layers, and its global layer (the same heads and features, no
+window) weighted by the rest; the replay machinery gates and times each, and analysis.price weighs them.
+The KV bytes a request holds are counted here too: every page kept, and out-of-window pages evicted."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+from swabench.core import semantics
+from swabench.errors import UserError
+from swabench.spec import models, traces
+
+KV_BYTES = 2  # bf16 or fp16 cache elements
+
+
+def preset(name: str) -> models.Model:
+    try:
+        return models.get(name)
+    except ValueError as e:
+        raise UserError(f"--model: {e}") from None
+
+
+def template_steps(model: models.Model) -> Counter:
+    """The model's steps in ``models.toml`` (paged, as served), one each: draft extend counts as extend."""
+    from swabench.core import workloads
+    from swabench.spec import scenarios
+
+    s = scenarios.select_model(scenarios.load(scenarios.find("models")), model.name)
+    steps = Counter()
+    for case in dict.fromkeys(c for c in s.cases if c.storage == "paged" and models.serves(
+            model.name, c.sinks, c.logits_soft_cap)):
+        qo_lens, kv_lens = workloads.request_lengths(case)
+        mode = "extend" if case.mode == "draft_extend" else case.mode
+        steps[traces.Step(mode, (("model", model.name),), tuple((k - q, q) for q, k in zip(qo_lens, kv_lens)))] = 1
+    return steps
+
+
+def trace_steps(model: models.Model, trace) -> Counter:
+    """A trace's lines of this model (served as the preset has it)."""
+    steps = Counter({s: n for s, n in traces.read(trace).items() if dict(s.layer) == {"model": model.name}})
+    if not steps:
+        raise UserError(f"{trace}: no line of model {model.name!r} (a line names its layer with \"model\": "
+                        f"\"{model.name}\")")
+    return steps
+
+
+def global_layer(model: models.Model) -> tuple:
+    """The model's global layer as a trace step's layer: its heads and features, no window and no chunk."""
+    axes = {k: v for k, v in model.axes().items() if k != "attention_chunk"}
+    return tuple(sorted({**axes, "window_left": semantics.NO_WINDOW}.items()))
+
+
+def layer_steps(model: models.Model, steps: Counter) -> tuple[Counter, dict]:
+    """Each model step as its windowed and its global layer, weighted by how many layers of each it has;
+    and which kind each layer step is."""
+    windowed, global_ = model.windowed_layers, model.num_layers - model.windowed_layers
+    out, kind = Counter(), {}
+    for step, count in steps.items():
+        out[step] += count * windowed
+        kind[step] = "window"
+        if global_:
+            other = traces.Step(step.mode, global_layer(model), step.requests)
+            out[other] += count * global_
+            kind[other] = "global"
+    return out, kind
+
+
+def request(model_name: str, trace, implementations, backends, out: Path | None, device, resume=False, l2="cold"):
+    """The run request of ``swabench price``; UserError (exit 2) before anything runs for bad input."""
+    from swabench.spec import axes
+    from swabench.run import replay
+
+    model = preset(model_name)
+    steps = trace_steps(model, trace) if trace else template_steps(model)
+    layered, kind = layer_steps(model, steps)
+    source = f"price-{model.name}" + (f"-{Path(trace).stem}" if trace else "")
+    digest = hashlib.sha256(repr(sorted((repr(s), n) for s, n in layered.items())).encode()).hexdigest()
+    meta = {"price": {"model": model.name, "windowed_layers": model.windowed_layers, "num_layers": model.num_layers,
+                      "model_steps": sum(steps.values()),
+                      "layers": {axes.make_case(s.axes()).case_id: kind[s] for s in layered},
+                      "kv": kv_bytes(model, steps)}}
+    return replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
+
+
+def kv_bytes(model: models.Model, steps: Counter, page_size: int = 16) -> list[dict]:
+    """Per model step: the KV bytes a request holds on average, with every page kept, and with the pages wholly
+    before every windowed layer's window (or chunk) evicted (a global layer keeps all)."""
+    per_key = 2 * model.num_kv_heads * model.head_dim * KV_BYTES  # K and V
+    rows = []
+    for step, count in steps.items():
+        kept = evicted = 0
+        for prefix, queries in step.requests:
+            kv = prefix + queries
+            pages = -(-kv // page_size) * page_size
+            start = semantics.trim_start(kv, queries, model.window_left, page_size, model.attention_chunk)
+            kept += model.num_layers * pages * per_key
+            evicted += ((model.num_layers - model.windowed_layers) * pages + model.windowed_layers * (pages - start)) \
+                * per_key
+        n = len(step.requests)
+        rows.append({"mode": step.mode, "requests": n, "context": sum(p + q for p, q in step.requests) // n,
+                     "count": count, "kv_mib_all_pages": kept / n / 2 ** 20,
+                     "kv_mib_evicted": evicted / n / 2 ** 20})
+    return rows

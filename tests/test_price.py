@@ -1,0 +1,76 @@
+"""Whole-model step pricing (`swabench price`): each model step becomes its windowed layer (the preset) and its
+global layer (the same heads and features, no window), weighted by the layer counts of the preset's schedule;
+each layer step at its fastest correct path; the KV bytes a request holds with and without eviction."""
+
+import pandas as pd
+import pytest
+from conftest import invoke
+
+from swabench.analysis import price as weighing
+from swabench.run import price
+from swabench.spec import models
+
+TRACE = ('{"mode": "decode", "model": "gemma-3-1b", "requests": [[700, 1], [900, 1]], "count": 3}\n'
+         '{"mode": "verify", "model": "gemma-3-1b", "requests": [[600, 4]]}\n'
+         '{"mode": "decode", "model": "gpt-oss-20b", "requests": [[100, 1]]}\n')
+
+
+@pytest.mark.parametrize("name,windowed,global_", [("gpt-oss-120b", 18, 18), ("gemma-3-27b", 52, 10),
+                                                    ("llama-4-scout", 36, 12), ("mistral-7b-v0.1", 32, 0)])
+def test_each_model_step_is_its_windowed_and_its_global_layer_by_the_schedule(name, windowed, global_):
+    m = models.get(name)
+    steps = price.template_steps(m)
+    assert {s.mode for s in steps} == {"extend", "verify", "decode"} and set(steps.values()) == {1}
+    layered, kind = price.layer_steps(m, steps)
+    assert sum(layered.values()) == len(steps) * (windowed + global_)
+    glob = [s for s in layered if kind[s] == "global"]
+    assert len(glob) == (len(steps) if global_ else 0)
+    for s in glob:  # the global layer keeps the heads and features, and has no window and no chunk
+        layer = dict(s.layer)
+        assert layer["window_left"] == -1 and "attention_chunk" not in layer and "model" not in layer
+        assert (layer["num_qo_heads"], layer["sinks"]) == (m.num_qo_heads, m.sinks) and layered[s] == global_
+
+
+def test_kv_bytes_keep_every_page_or_evict_those_before_each_windowed_layers_window(tmp_path):
+    m = models.get("gpt-oss-20b")  # 24 layers, 12 sliding (W = 127), 8 KV heads of 64: 2 KiB per key and layer
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"mode": "decode", "model": "gpt-oss-20b", "requests": [[1000, 1]]}\n')
+    steps = price.trace_steps(m, trace)
+    row = price.kv_bytes(m, steps)[0]
+    per_key_layer = 2 * 8 * 64 * 2
+    pages = 1008  # 1001 keys in 16-key pages
+    assert row["kv_mib_all_pages"] * 2 ** 20 == 24 * pages * per_key_layer
+    kept = pages - 864  # the window of the query at 1000 starts at 873: its page starts at 864
+    assert row["kv_mib_evicted"] * 2 ** 20 == (12 * pages + 12 * kept) * per_key_layer
+
+
+def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    r = invoke("price", "--model", "gemma-3-1b", trace, "--impl", "torch-trim", "--impl", "torch-mask",
+               "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert "22 windowed of 26 layers" in r.output
+    t = pd.read_csv(tmp_path / "run" / "price.csv").set_index("mode")
+    assert list(t.index) == ["decode", "verify", "all modes"]
+    whole = t["windowed layers (ms)"] + t["global layers (ms)"]
+    assert (abs(whole - t["whole model (ms)"]) < 1e-9 * whole).all()
+    assert ((t["windowed share"] > 0) & (t["windowed share"] < 1)).all()
+    assert (t[weighing.NAIVE] >= t["whole model (ms)"]).all()  # the mask is among the correct paths it beats
+    results = pd.read_csv(tmp_path / "run" / "results.csv")
+    assert len(results["case_id"].unique()) == 4  # 2 steps x (window, global); the gpt-oss line is not this model's
+    steps = pd.read_csv(tmp_path / "run" / "replay.csv")
+    decode_window = steps[(steps["mode"] == "decode") & (steps["count"] == 3 * 22)]
+    best = decode_window[decode_window["status"] == "pass"]["median_us"].min()
+    got = t.loc["decode", "windowed layers (ms)"]
+    assert abs(got - best * 3 * 22 / 4) < 1e-6 * got  # weighted by model steps x windowed layers, over 4 model steps
+
+
+def test_bad_input_names_the_problem_before_anything_runs(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    r = invoke("price", "--model", "gemma-9", trace, "--device", "cpu", "--out", tmp_path / "a")
+    assert r.exit_code == 2 and "--model: unknown model 'gemma-9'" in r.output
+    r = invoke("price", "--model", "llama-4-scout", trace, "--device", "cpu", "--out", tmp_path / "b")
+    assert r.exit_code == 2 and "no line of model 'llama-4-scout'" in r.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
