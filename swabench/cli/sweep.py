@@ -72,17 +72,25 @@ def check(scenario, out, device, impls, cases, model, resume, strict):
     sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model)
 
 
+def step_options(command):
+    """The options of the commands that time a set of steps (replay, price)."""
+    for option in reversed([
+            impl_option,
+            opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                help="Where to run; auto picks CUDA when it is there."),
+            out_option,
+            opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has."),
+            opt("--backend", "backends", multiple=True, metavar="NAME",
+                help="A library backend each step runs through (repeatable; default: every backend a library offers "
+                     "but the one that lets it choose, e.g. fa2 and fa3)."),
+            l2_option]):
+        command = option(command)
+    return command
+
+
 @click.command()
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
-@impl_option
-@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-     help="Where to run; auto picks CUDA when it is there.")
-@out_option
-@opt("--resume", is_flag=True, help="Continue the replay in --out, skipping the points it already has.")
-@opt("--backend", "backends", multiple=True, metavar="NAME",
-     help="A library backend each step runs through (repeatable; default: every backend a library offers but the one "
-          "that lets it choose, e.g. fa2 and fa3).")
-@l2_option
+@step_options
 def replay(trace, impls, device, out, resume, backends, l2):
     """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
     time per 1000 steps of that mix, per implementation.  TRACE is JSON Lines, one serving step a line:
@@ -103,15 +111,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
 @click.command()
 @opt("--model", "model_name", required=True, metavar="NAME", help="The model preset (`swabench models` lists them).")
 @click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False))
-@impl_option
-@opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-     help="Where to run; auto picks CUDA when it is there.")
-@out_option
-@opt("--resume", is_flag=True, help="Continue the pricing in --out, skipping the points it already has.")
-@opt("--backend", "backends", multiple=True, metavar="NAME",
-     help="A library backend each layer step runs through (repeatable; default: every backend a library offers but "
-          "the one that lets it choose).")
-@l2_option
+@step_options
 def price(model_name, trace, impls, device, out, resume, backends, l2):
     """Attention per step for a whole model: its windowed layers (sliding or chunked) and its global layers, each
     layer step at its fastest correct path, in milliseconds per 1000 model steps, with the windowed layers' share,
