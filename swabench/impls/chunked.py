@@ -79,8 +79,9 @@ def _one_chunk(case, backend: str) -> str | None:
     """chunk-trim is exact only where its table starts at the chunk and each request's queries share a chunk."""
     from swabench.core import workloads
 
-    if _pages_hold_chunks(case, backend):
-        return _pages_hold_chunks(case, backend)
+    unaligned = _pages_hold_chunks(case, backend)
+    if unaligned:
+        return unaligned
     chunk = case.attention_chunk
     qo_lens, kv_lens = workloads.request_lengths(case)
     if any((k - q) // chunk != (k - 1) // chunk for q, k in zip(qo_lens, kv_lens)):
