@@ -29,6 +29,12 @@ def test_each_model_step_is_its_windowed_and_its_global_layer_by_the_schedule(na
         layer = dict(s.layer)
         assert layer["window_left"] == -1 and "attention_chunk" not in layer and "model" not in layer
         assert (layer["num_qo_heads"], layer["sinks"]) == (m.num_qo_heads, m.sinks) and layered[s] == global_
+        assert (layer["logits_soft_cap"], layer.get("sm_scale")) == (m.logits_soft_cap, m.sm_scale)
+
+
+def test_the_global_layer_keeps_the_soft_cap_and_the_scale():
+    layer = dict(price.global_layer(models.get("gemma-2-27b")))
+    assert layer["logits_soft_cap"] == 50.0 and layer["sm_scale"] == 144 ** -0.5 and layer["window_left"] == -1
 
 
 def test_kv_bytes_keep_every_page_or_evict_those_before_each_windowed_layers_window(tmp_path):
@@ -42,6 +48,39 @@ def test_kv_bytes_keep_every_page_or_evict_those_before_each_windowed_layers_win
     assert row["kv_mib_all_pages"] * 2 ** 20 == 24 * pages * per_key_layer
     kept = pages - 864  # the window of the query at 1000 starts at 873: its page starts at 864
     assert row["kv_mib_evicted"] * 2 ** 20 == (12 * pages + 12 * kept) * per_key_layer
+
+
+def test_a_chunked_model_keeps_the_chunk_of_each_windowed_layer(tmp_path):
+    m = models.get("llama-4-scout")  # 48 layers, 36 chunked (C = 8192), 8 KV heads of 128: 4 KiB per key and layer
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"mode": "decode", "model": "llama-4-scout", "requests": [[9000, 1]]}\n')
+    row = price.kv_bytes(m, price.trace_steps(m, trace))[0]
+    pages, chunk_start = 9008, 8192  # 9001 keys; the query at 9000 is in the chunk from 8192
+    assert row["kv_mib_evicted"] * 2 ** 20 == (12 * pages + 36 * (pages - chunk_start)) * 4096
+    trace.write_text('{"mode": "decode", "model": "llama-4-scout", "requests": [[100, 1]]}\n')  # inside one chunk
+    row = price.kv_bytes(m, price.trace_steps(m, trace))[0]
+    assert row["kv_mib_evicted"] == row["kv_mib_all_pages"]
+
+
+def test_the_weighing_takes_the_fastest_correct_path_the_mask_and_the_full_table_decode():
+    rows = []
+    for case_id, mode, layer, paths in [("w", "decode", "window", {"decode-tc-trim": 10.0, "paged-mask": 40.0,
+                                                                    "decode-window": 90.0, "paged-plan-no-window": 1.0}),
+                                        ("g", "decode", "global", {"paged-window": 20.0, "paged-mask": 25.0})]:
+        for impl, us in paths.items():
+            rows.append(dict(case_id=case_id, impl=impl, status="pass", median_us=us,
+                             kind="known-bug" if impl == "paged-plan-no-window" else "correct"))
+    meta = {"price": {"model_steps": 2, "layers": {"w": "window", "g": "global"}},
+            "trace": {"weights": {"w": 2 * 3, "g": 2 * 1}, "modes": {"w": "decode", "g": "decode"}}}
+    t = weighing.per_mode(pd.DataFrame(rows), meta).set_index("mode")
+    assert t.loc["decode", "windowed layers (ms)"] == 10.0 * 6 / 2  # a known bug never counts, however fast
+    assert t.loc["decode", "global layers (ms)"] == 20.0 * 2 / 2
+    assert t.loc["decode", weighing.NAIVE] == 40.0 * 6 / 2 + 20.0
+    assert t.loc["decode", weighing.FULL_TABLE_DECODE] == t.loc["all modes", weighing.FULL_TABLE_DECODE] == 290.0
+    rows = [r for r in rows if not (r["case_id"] == "g" and r["impl"] == "paged-window")]
+    rows = [dict(r, status="fail") if r["case_id"] == "g" else r for r in rows]
+    t = weighing.per_mode(pd.DataFrame(rows), meta).set_index("mode")
+    assert t["global layers (ms)"].isna().all() and t["whole model (ms)"].isna().all()  # no correct path passed
 
 
 def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
@@ -64,6 +103,9 @@ def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
     best = decode_window[decode_window["status"] == "pass"]["median_us"].min()
     got = t.loc["decode", "windowed layers (ms)"]
     assert abs(got - best * 3 * 22 / 4) < 1e-6 * got  # weighted by model steps x windowed layers, over 4 model steps
+    from swabench.publish import report
+    page = (report.write(tmp_path / "run", tmp_path / "plots")).read_text()
+    assert "## Whole-model price" in page and "22 windowed of 26 layers" in page and "## Trace replay" not in page
 
 
 def test_bad_input_names_the_problem_before_anything_runs(tmp_path):
@@ -73,4 +115,7 @@ def test_bad_input_names_the_problem_before_anything_runs(tmp_path):
     assert r.exit_code == 2 and "--model: unknown model 'gemma-9'" in r.output
     r = invoke("price", "--model", "llama-4-scout", trace, "--device", "cpu", "--out", tmp_path / "b")
     assert r.exit_code == 2 and "no line of model 'llama-4-scout'" in r.output
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    trace.write_text('{"mode": "decode", "model": "gemma-3-1b", "page_size": 32, "requests": [[700, 1]]}\n')
+    r = invoke("price", "--model", "gemma-3-1b", trace, "--device", "cpu", "--out", tmp_path / "c")
+    assert r.exit_code == 2 and "a line of gemma-3-1b sets page_size" in r.output
+    assert not any((tmp_path / d).exists() for d in "abc")

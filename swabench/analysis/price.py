@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 NAIVE = "windowed layers by the custom mask (ms)"
-FULL_TABLE_DECODE = "windowed decode by the CUDA-core kernel over the full table (ms)"
+FULL_TABLE_DECODE = "windowed decode by the CUDA-core kernel over the full table (ms)"  # the other steps at their best
 FULL_TABLE_IMPL = "decode-window"
 
 
@@ -33,12 +33,14 @@ def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     for case_id, count in weights.items():
         mine = table[table["case_id"] == case_id]
         correct = mine[mine["kind"] == "correct"]
-        baseline = correct[correct["impl"].map(lambda i: i in registry.names() and registry.get(i).baseline)]
-        layer = price["layers"][case_id]
+        baselines = [i.name for i in registry.all_implementations() if i.baseline]
+        layer, mode = price["layers"][case_id], modes[case_id]
         best = _fastest(correct)
-        rows.append({"mode": modes[case_id], "layer": layer, "ms": best * count / steps,
-                     "naive": (_fastest(baseline) if layer == "window" else best) * count / steps,
-                     "full": (_fastest(correct[correct["impl"] == FULL_TABLE_IMPL]) if layer == "window" else best)
+        windowed_decode = layer == "window" and mode == "decode"
+        rows.append({"mode": mode, "layer": layer, "ms": best * count / steps,
+                     "naive": (_fastest(correct[correct["impl"].isin(baselines)]) if layer == "window" else best)
+                     * count / steps,
+                     "full": (_fastest(correct[correct["impl"] == FULL_TABLE_IMPL]) if windowed_decode else best)
                      * count / steps})
     per = pd.DataFrame(rows)
     out = []
@@ -50,7 +52,7 @@ def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
                     "whole model (ms)": whole,
                     "windowed share": window["ms"].sum(min_count=len(window)) / whole,
                     NAIVE: g["naive"].sum(min_count=len(g)),
-                    FULL_TABLE_DECODE: g["full"].sum(min_count=len(g)) if mode == "decode" else float("nan")})
+                    FULL_TABLE_DECODE: g["full"].sum(min_count=len(g)) if "decode" in set(g["mode"]) else float("nan")})
     return pd.DataFrame(out)
 
 

@@ -40,8 +40,17 @@ def template_steps(model: models.Model) -> Counter:
 
 
 def trace_steps(model: models.Model, trace) -> Counter:
-    """A trace's lines of this model (served as the preset has it)."""
-    steps = Counter({s: n for s, n in traces.read(trace).items() if dict(s.layer) == {"model": model.name}})
+    """A trace's lines of this model, served as the preset has it (UserError for a line that sets more)."""
+    steps = Counter()
+    for step, count in traces.read(trace).items():
+        layer = dict(step.layer)
+        if layer.get("model") != model.name:
+            continue
+        extra = sorted(set(layer) - {"model"})
+        if extra:
+            raise UserError(f"{trace}: a line of {model.name} sets {extra[0]}: price takes the model as its preset "
+                            f"serves it, 16-token pages in its dtype (leave {extra[0]} out)")
+        steps[step] += count
     if not steps:
         raise UserError(f"{trace}: no line of model {model.name!r} (a line names its layer with \"model\": "
                         f"\"{model.name}\")")

@@ -74,7 +74,7 @@ def replay_steps(run: Run) -> pd.DataFrame:
     folder has none (a replay that crashed, or was written before the file); empty for a run that
     replayed no trace."""
     trace = run.meta.get("trace")
-    if not trace:
+    if not trace or run.meta.get("price"):  # a price run's steps are layer steps: its own section weighs them
         return pd.DataFrame()
     try:
         return pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
@@ -93,7 +93,29 @@ def replay_table(run: Run) -> pd.DataFrame:
 def replay_said(run: Run) -> list[str]:
     trace = run.meta.get("trace")
     return [f"Replay of {trace['file']} ({trace['steps']} steps, {trace['distinct']} distinct) ({run.name})."] \
-        if trace else []
+        if trace and not run.meta.get("price") else []
+
+
+def price_table(run: Run) -> pd.DataFrame:
+    """A price run's milliseconds per 1000 model steps per mode (price.csv, else made from its table)."""
+    from swabench.analysis import price
+
+    if not run.meta.get("price"):
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(run_folder.stored(run.folder, schema.PRICE))
+    except FileNotFoundError:
+        return price.per_mode(run.table, run.meta)
+
+
+def price_said(run: Run) -> list[str]:
+    p = run.meta.get("price")
+    if not p:
+        return []
+    kv = "; ".join(f"{k['mode']} at {k['context']} keys, {k['kv_mib_all_pages']:.0f} MiB with every page and "
+                   f"{k['kv_mib_evicted']:.0f} MiB with out-of-window pages evicted" for k in p["kv"])
+    return [f"`{p['model']}`: {p['windowed_layers']} windowed of {p['num_layers']} layers, {p['model_steps']} model "
+            f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name})."]
 
 
 def evicted_reads(run: Run) -> pd.DataFrame:
@@ -129,6 +151,11 @@ SECTIONS = [
             "that passed it (known bugs never count; a mode is empty where no correct path passed one of its steps, "
             "and the row says which).  The folder's replay.csv has every step x path.", replay_table,
             replay_said),
+    Section("price", "Whole-model price: milliseconds of attention per 1000 model steps",
+            "Each model step as its windowed layers (sliding or chunked) and its global layers, each layer step at its "
+            "fastest correct path, weighted by how many layers of each kind the model has; the windowed layers' share; "
+            "and the whole step with the windowed layers through the custom mask instead, or, at decode, through the "
+            "CUDA-core decode kernel over the full table (the other steps at their best).", price_table, price_said),
     Section("evicted", "Evicted pages: who reads pages wholly before the window",
             "With the pages wholly before each request's window pointed at one shared page that holds NaN: the "
             "points whose output turned NaN, that is, whose kernel read memory before the window (masked or not; "
