@@ -154,12 +154,9 @@ def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True
 
 
 def window_keys(qo_len: int, kv_len: int, window_left: int, chunk: int = 0) -> int:
-    """Keys some query of the block can see: the K/V rows a perfect kernel must read."""
-    if chunk > 0:
-        return kv_len - chunk_start(kv_len - qo_len, chunk)
-    if window_left < 0:
-        return kv_len
-    return kv_len - max(0, kv_len - qo_len - window_left)
+    """Keys some query of the block can see: the K/V rows a perfect kernel must read (from the first
+    query's first key, the trim start on one-token pages)."""
+    return kv_len - trim_start(kv_len, qo_len, window_left, 1, chunk)
 
 
 def attention_flops(pairs: int, head_dim: int, num_qo_heads: int) -> int:

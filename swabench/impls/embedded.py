@@ -11,7 +11,6 @@ the gather, as a kernel reading it would.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
