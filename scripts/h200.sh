@@ -137,7 +137,8 @@ for step in $steps; do
     chunked-tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "chunk or non_causal" \
                  2>&1 | tee "$out/gpu-chunked-tests.log" | tail -8 ;;
     price)     for m in gpt-oss-120b gemma-3-27b llama-4-scout; do
-                 ( time sb price --model "$m" --out "$out/h200-price-$m" ) 2>&1 | tail -22
+                 again=(); [ -f "$out/h200-price-$m/meta.json" ] && again=(--resume)  # a call cut short
+                 ( time sb price --model "$m" --out "$out/h200-price-$m" "${again[@]}" ) 2>&1 | tail -22
                done ;;
     release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45

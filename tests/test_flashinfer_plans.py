@@ -123,6 +123,35 @@ def test_known_bugs_plan_without_a_window():
         w.kv_indptr_host, w.kv_indices_host, w.kv_lens, starts, 16)[0][-1])
 
 
+def test_the_deprecated_forward_gets_the_scale_and_soft_cap_plan_took(monkeypatch):
+    """forward() resets the scale and the soft-cap that plan() set (None: 1/sqrt(head_dim), no cap): a model
+    with its own scale (Gemma 3's query_pre_attn_scalar) would fail everywhere, not where the bug shows."""
+    calls = []
+    monkeypatch.setattr(FakeWrapper, "forward", lambda self, q, kv, **kw: calls.append(kw) or torch.zeros_like(q),
+                        raising=False)
+    c = axes.make_case(dict(mode="verify", qo_len=4, prefix_len=100, window_left=31, page_size=16, num_qo_heads=4,
+                            num_kv_heads=2, head_dim=64, dtype="bfloat16", batch_size=3, sm_scale=0.07,
+                            logits_soft_cap=30.0))
+    w = workloads.build(c)
+    runner = registry.get("paged-plan-no-window").make(w, "fa2")
+    runner.plan()
+    runner.run()
+    assert calls == [dict(causal=True, window_left=31, sm_scale=w.sm_scale, logits_soft_cap=30.0)]
+    assert w.sm_scale == pytest.approx(0.07) and runner.wrapper.kwargs["sm_scale"] == w.sm_scale
+
+
+@pytest.mark.parametrize("heads,why", [((40, 8), True), ((48, 8), False), ((32, 2), False), ((10, 2), True)])
+def test_the_cuda_core_decode_skips_a_group_it_has_no_kernel_for(heads, why):
+    """Llama 4's 40/8 heads: FlashInfer's CUDA-core decode dispatches groups 1-4, 6, 8 and 16 and raises
+    "Unsupported group_size: 5" at run; said before any GPU work, and the tensor-core decode takes it."""
+    c = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, num_qo_heads=heads[0],
+                            num_kv_heads=heads[1], head_dim=128, dtype="bfloat16"))
+    for impl in ("decode-window", "decode-trim", "decode-trim-nowindow"):
+        reason = registry.get(impl).unsupported(c, "fa2")
+        assert (reason is not None and f"no GQA group of {heads[0] // heads[1]}" in reason) is why, reason
+    assert registry.get("decode-tc-window").unsupported(c, "fa2") is None
+
+
 @pytest.mark.parametrize("impl", ["paged-mask", "ragged-mask"])
 def test_mask_paths_hand_over_the_exact_mask(impl):
     wrapper, w = planned(impl)

@@ -77,6 +77,44 @@ def test_the_general_kernel_reads_a_small_page_a_page_at_a_time(qo_len, page_siz
     assert gate.check(runner, w).passed
 
 
+@pytest.mark.parametrize("mode,heads,kernel,options", [("decode", (8, 2), "flex-decoding", {}),
+                                                       ("decode", (10, 2), "flex-attention", {"BLOCK_N": 16}),
+                                                       ("verify", (40, 8), "flex-attention", {"BLOCK_N": 16})])
+def test_a_group_that_is_not_a_power_of_two_runs_the_general_kernel_a_page_at_a_time(mode, heads, kernel, options):
+    """Inductor runs flex-decoding only for a power-of-two GQA group; Llama 4's 40/8 heads (a group of 5)
+    decode and verify on the general kernel, whose BLOCK_N must then be the page (a 128-row query block)."""
+    w = workloads.build(case(mode=mode, num_qo_heads=heads[0], num_kv_heads=heads[1],
+                             **({"draft_tokens": 4} if mode == "verify" else {})))
+    runner = registry.get("flex-window").make(w, "flex")
+    assert runner.kernel_options == options and f"Inductor's {kernel} kernel" in runner.wrapper_mode
+    assert runner.q_block == 128
+    assert registry.get("flex-window").compile_class(w.case)[0] == kernel
+    runner.plan()
+    assert gate.check(runner, w).passed
+
+
+def test_a_kernel_inductor_cannot_build_is_a_resource_skip_with_its_message(monkeypatch):
+    """The first call compiles; Inductor's own error (here the flex-decoding template's int32/int64 ternary,
+    met on the H200 once K and V hold 2**31 elements) is a skip naming it, not a failed point."""
+    from swabench.impls import flex
+
+    class InductorError(Exception):
+        pass
+
+    def broken(self):
+        raise InductorError("SubprocException: An exception occurred in a subprocess:\n\nName=triton_tem\n"
+                            "Traceback (most recent call last):\n  File x\nAssertionError('Ternary expression "
+                            "with dynamic condition has inconsistent types int64 and int32')")
+    monkeypatch.setattr(flex.BatchedFlex, "_run", broken)
+    runner = registry.get("flex-window").make(workloads.build(case()), "flex")
+    with pytest.raises(registry.ResourceError, match="could not build the kernel: SubprocException.*"
+                                                     "inconsistent types int64 and int32"):
+        runner.plan()
+    monkeypatch.setattr(flex.BatchedFlex, "_run", lambda self: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # anything else is the peer's failure
+        registry.get("flex-window").make(workloads.build(case()), "flex").plan()
+
+
 def test_flex_window_reads_only_the_pages_of_the_window():
     """A decode query at position 200 with W = 63 sees positions 137..200: pages 8..12 of its request
     (16 rows each), 3 of them wholly inside the window (no mask_mod), 2 at its edges."""

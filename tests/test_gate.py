@@ -115,7 +115,8 @@ def test_must_fail_is_where_the_visible_set_changes(name, qo, kv, must):
 
 
 @pytest.mark.parametrize("queries,group,block", [(64, 4, 256), (16, 4, 128), (32, 4, 128), (100, 4, 512),
-                                                  (127, 1, 128), (128, 4, 128), (8192, 4, 128)])
+                                                  (127, 1, 128), (128, 4, 128), (8192, 4, 128),
+                                                  (32, 5, 128), (64, 6, 128)])
 def test_flex_query_block_holds_what_the_decoding_kernel_packs(queries, group, block):
     from swabench.impls.flex import q_block_size
     assert q_block_size(queries, group) == block

@@ -108,22 +108,28 @@ def test_flex_decode_batch_compiles_and_passes(storage):
     assert runner.block_mask.BLOCK_SIZE[0] == 256
 
 
-@pytest.mark.parametrize("impl", ["flex-window", "flex-contiguous"])
-def test_batched_flex_decode_runs_the_flex_decoding_kernel(impl):
-    """Batch and heads static, so Inductor lowers a decode step to its flex-decoding kernel (which splits
-    the keys), not the general flex-attention kernel; a second context compiles nothing new."""
-    from torch.profiler import ProfilerActivity, profile
+@pytest.mark.parametrize("impl,heads,decoding", [("flex-window", (64, 8), True), ("flex-contiguous", (64, 8), True),
+                                                 ("flex-window", (40, 8), False)])
+def test_batched_flex_decode_runs_the_kernel_it_names(impl, heads, decoding):
+    """Batch and heads static, so Inductor lowers a decode step with a power-of-two group to its
+    flex-decoding kernel (which splits the keys: its source has SPLIT_KV; a profile names both kernels
+    after the op), and a group of 5 to the general kernel; a second context compiles nothing new."""
+    from torch._inductor.utils import run_and_get_code
+    from swabench.impls import flex
 
     def case(prefix):
-        return axes.make_case(dict(mode="decode", batch_size=48, prefix_len=prefix, window_left=127, num_qo_heads=64,
-                                   num_kv_heads=8, head_dim=64, dtype="bfloat16", page_size=16))
-    runner, result = gated(impl, workloads.build(case(8192), "cuda"), "flex")
+        return axes.make_case(dict(mode="decode", batch_size=48, prefix_len=prefix, window_left=127,
+                                   num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=64, dtype="bfloat16",
+                                   page_size=16))
+    torch._dynamo.reset()
+    flex._COMPILED = None  # compile here, so that the generated source can be read
+    w = workloads.build(case(8192), "cuda")
+    runner = registry.get(impl).make(w, "flex")
+    _, sources = run_and_get_code(runner.plan)
+    result = gate.check(runner, w)
     assert result.passed, result.reason
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        runner.run()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert any("flex_decoding" in n for n in names), names
+    assert any("SPLIT_KV" in code for code in sources) is decoding
+    assert ("flex-decoding kernel" if decoding else "flex-attention kernel") in runner.wrapper_mode
     again = registry.get(impl).make(workloads.build(case(20000), "cuda"), "flex")
     again.plan()
     assert again.compile_s < 5, f"a new context recompiled: {again.compile_s:.1f} s"

@@ -149,3 +149,13 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
     labels = ["decode b32 p[32 of 1..9 sum 80] q1 W7 h8/2 [m]", "verify b32 p[32 of 1..9 sum 81] q4 W7 h8/2 [m]"]
     assert _differences(labels) == ["decode p[32 of 1..9 sum 80] q1", "verify p[32 of 1..9 sum 81] q4"]
     assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label
+
+
+def test_a_figure_of_up_to_eight_implementations_gives_each_its_own_colour():
+    """By registry order alone chunk-trim and paged-mask share a colour (the chunked run's sawtooth); among
+    the implementations a figure draws, none does, and the order stays the registry's."""
+    from swabench.publish.style import colour
+    drawn = ["chunk-virtual", "chunk-trim", "paged-mask", "paged-window", "paged-trim", "decode-tc-trim"]
+    assert colour("chunk-trim") == colour("paged-mask")
+    assert len({colour(i, drawn) for i in drawn}) == len(drawn)
+    assert colour("paged-window", drawn) == colour("paged-window", drawn + ["paged-window"])

@@ -3,6 +3,7 @@ global layer (the same heads and features, no window), weighted by the layer cou
 each layer step at its fastest correct path; the KV bytes a request holds with and without eviction."""
 
 import pandas as pd
+import torch
 import pytest
 from conftest import invoke
 
@@ -106,6 +107,16 @@ def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
     from swabench.publish import report
     page = (report.write(tmp_path / "run", tmp_path / "plots")).read_text()
     assert "## Whole-model price" in page and "22 windowed of 26 layers" in page and "## Trace replay" not in page
+
+
+def test_a_price_runs_the_engines_correct_paths_unless_told():
+    """The peers and the known bugs are for the sweeps: a price weighs what engines serve layers with."""
+    from swabench.run import price as pricing
+    names = pricing.engine_paths()
+    assert {"paged-window", "paged-mask", "decode-window", "sink-window", "chunk-virtual", "torch-trim"} <= set(names)
+    assert not {"flex-window", "flex-flat", "torch-batch", "paged-plan-no-window", "planted-wide"} & set(names)
+    request = pricing.request("gemma-3-1b", None, (), (), None, torch.device("cpu"))
+    assert set(request.scenario.implementations) == set(names)
 
 
 def test_bad_input_names_the_problem_before_anything_runs(tmp_path):

@@ -116,7 +116,8 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
     """Attention per step for a whole model: its windowed layers (sliding or chunked) and its global layers, each
     layer step at its fastest correct path, in milliseconds per 1000 model steps, with the windowed layers' share,
     what the naive mask or the full-table decode would cost there instead, and the KV bytes a request holds with
-    and without evicting out-of-window pages.  Steps: TRACE's lines of the model, else its steps in models.toml."""
+    and without evicting out-of-window pages.  Steps: TRACE's lines of the model, else its steps in models.toml.
+    Paths: the engines' correct ones (--impl to choose; the peers and the known bugs belong to `run`)."""
     from swabench.analysis import price as weighing
     from swabench.publish.markdown import markdown_table
     from swabench.run import price as pricing

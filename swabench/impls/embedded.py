@@ -122,7 +122,7 @@ register(Implementation(
     "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
     lambda workload, backend: BatchedSdpaRunner(workload),
     unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
-    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True), __name__)
+    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True, peer=True), __name__)
 
 
 def _planted(name, summary, visibility):

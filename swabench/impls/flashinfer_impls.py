@@ -26,6 +26,8 @@ from .registry import Implementation, Library, ResourceError, Unsupported, regis
 BACKENDS = ("fa2", "fa3", "auto")
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
+# the GQA groups the CUDA-core decode kernel is instantiated for (include/flashinfer/utils.cuh, 0.7.2 and 0.7.4)
+CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 MIB = 1 << 20
 WORKSPACE_BYTES = 256 * MIB  # the smallest float workspace a runner gets (FlashInfer's examples use 128 MiB)
 WORKSPACE_CAP = 4096 * MIB  # the largest tried (less where the device has less free)
@@ -325,7 +327,9 @@ class FlashInferRunner:
         w = self.w
         kv = (w.k_store, w.v_store)
         if self.variant.deprecated_forward:
-            self.out.copy_(self.wrapper.forward(w.q, kv, causal=True, window_left=w.case.window_left))
+            # forward() resets the scale and soft-cap that plan() took: hand them over again
+            self.out.copy_(self.wrapper.forward(w.q, kv, causal=True, window_left=w.case.window_left,
+                                                sm_scale=w.sm_scale, logits_soft_cap=w.case.logits_soft_cap or None))
         elif self.variant.sinks == "apply":  # the variant's extra tensor and scalar, positionally
             self.wrapper.run(w.q, kv, w.sinks, w.sm_scale, out=self.out)
         elif self.variant.sinks == "drop":
@@ -354,6 +358,11 @@ def unsupported(variant: Variant):
                     f"flashinfer issue 4299)")
         if variant.mask and backend == "fa3":
             return "fa3 has no custom-mask support"
+        group = case.num_qo_heads // max(case.num_kv_heads, 1)
+        if variant.decode == "cuda-core" and group not in CUDA_CORE_DECODE_GROUPS:
+            return (f"FlashInfer's CUDA-core decode kernel has no GQA group of {group} (DISPATCH_GQA_GROUP_SIZE "
+                    f"takes {', '.join(map(str, CUDA_CORE_DECODE_GROUPS))}; \"Unsupported group_size\" at run); "
+                    f"the tensor-core decode runs it")
         if backend == "fa3" and "fp8_kv" in case.features:
             return ("fa3 reads an fp8 KV cache only with fp8 queries (flashinfer 0.7.2 "
                     "utils.is_fa3_backend_supported; bf16 x fp8 has no Hopper GMMA, so the module does not build)")

@@ -20,13 +20,15 @@ with Inductor's compile, is recorded apart as ``compile_s`` and never timed.
 from __future__ import annotations
 
 import inspect
+import re
 import time
 import warnings
+from contextlib import contextmanager
 
 import torch
 
 from swabench.core import semantics, workloads
-from .registry import Implementation, register
+from .registry import Implementation, ResourceError, register
 
 
 RECOMPILE_LIMIT = 64  # a sweep meets a few dozen (shape, block size, window on/off) combinations
@@ -56,12 +58,19 @@ def _compiled_flex(device: torch.device):
     return _COMPILED
 
 
+def flex_decoding(queries: int, group: int) -> bool:
+    """Whether Inductor lowers a call to its flex-decoding kernel (torch's ``_use_flex_decoding``): under
+    128 queries a sequence and a power-of-two GQA group, the kernel packing a KV head's query heads into
+    one tile; else its general flex-attention kernel (Llama 4's group of 5 at decode, for one)."""
+    return queries < SPARSE_BLOCK and group > 0 and not group & (group - 1)
+
+
 def q_block_size(queries: int, group: int) -> int:
-    """The block mask's query block.  Under 128 queries Inductor lowers to its flex-decoding kernel,
-    which packs every query of a KV head's group into one tile of next_pow2(queries x group) rows
-    and needs that tile to divide the query block; a decode batch of 64 with 4 query heads per KV
-    head makes 256 and leaves no valid kernel config (NoValidChoicesError).  Grow the block to it."""
-    if queries >= SPARSE_BLOCK:
+    """The block mask's query block.  The flex-decoding kernel packs every query of a KV head's group
+    into one tile of next_pow2(queries x group) rows and needs that tile to divide the query block; a
+    decode batch of 64 with 4 query heads per KV head makes 256 and leaves no valid kernel config
+    (NoValidChoicesError).  Grow the block to it."""
+    if not flex_decoding(queries, group):
         return SPARSE_BLOCK
     return max(SPARSE_BLOCK, 1 << (queries * group - 1).bit_length())
 
@@ -77,12 +86,12 @@ def key_block_size(case, contiguous: bool) -> int:
     return min(ps, SPARSE_BLOCK) if ps >= SMALLEST_BLOCK and not ps & (ps - 1) else SMALLEST_BLOCK
 
 
-def kernel_options(rows: int, kv_block: int) -> dict:
-    """flex-attention's kernel (128 queries a request and more) reads keys BLOCK_N rows at a time and needs
-    BLOCK_N to divide the block mask's key block; its default (64 or 128 rows) does not divide a page of 16
-    or 32, so there BLOCK_N is the page, as vLLM's FlexAttention backend sets it.  flex-decoding picks a
-    dividing tile itself."""
-    return {"BLOCK_N": kv_block} if rows >= SPARSE_BLOCK and kv_block < SPARSE_BLOCK else {}
+def kernel_options(rows: int, group: int, kv_block: int) -> dict:
+    """The general flex-attention kernel reads keys BLOCK_N rows at a time and needs BLOCK_N to divide the
+    block mask's key block; its default (64 or 128 rows) does not divide a page of 16 or 32, so there
+    BLOCK_N is the page, as vLLM's FlexAttention backend sets it.  flex-decoding picks a dividing tile
+    itself."""
+    return {"BLOCK_N": kv_block} if not flex_decoding(rows, group) and kv_block < SPARSE_BLOCK else {}
 
 
 def _soft_cap(case, device):
@@ -134,6 +143,21 @@ class _Span:
         return seen & (key >= p - p % self.chunk) if self.chunked else seen
 
 
+@contextmanager
+def _build_errors():
+    """A kernel Inductor cannot build (its InductorError, raised at the first call) is a resource skip with
+    its message, as a FlashInfer module that does not build is; anything else passes through."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "InductorError":
+            raise
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        cause = next((line for line in reversed(lines[1:]) if re.match(r"\w+(Error|Exception)\b", line)), None)
+        raise ResourceError(f"torch {torch.__version__} Inductor could not build the kernel: "
+                            + " ... ".join(line[:300] for line in (lines[0], cause) if line)) from e
+
+
 class _FlexRunner:
     """What the FlexAttention peers share: the first plan() also makes the first call and records the
     whole as ``compile_s`` (Inductor's compile and the one-time set-up of a process's first block mask,
@@ -151,7 +175,8 @@ class _FlexRunner:
         self._prepare(first)
         if first:
             self.refresh_inputs()
-            self.run()
+            with _build_errors():
+                self.run()
             if self.w.device.type == "cuda":
                 torch.cuda.synchronize(self.w.device)
             self.compile_s = time.perf_counter() - started
@@ -183,8 +208,8 @@ class BatchedFlex(_FlexRunner):
         self.group = c.num_qo_heads // c.num_kv_heads
         self.q_block = q_block_size(self.rows, self.group)
         self.kv_block = key_block_size(c, contiguous)
-        kernel = "flex-decoding" if self.rows < SPARSE_BLOCK else "flex-attention"
-        self.kernel_options = kernel_options(self.rows, self.kv_block)
+        kernel = "flex-decoding" if flex_decoding(self.rows, self.group) else "flex-attention"
+        self.kernel_options = kernel_options(self.rows, self.group, self.kv_block)
         options = ", ".join(f"{k}={v}" for k, v in self.kernel_options.items()) or "default"
         keys = f"each request's keys contiguous, key block {self.kv_block}" if contiguous else \
             f"keys in place ({c.storage}), key block {self.kv_block}" + \
@@ -368,7 +393,7 @@ def _flat_compile_class(case) -> tuple:
     queries, group = case.batch_size * case.largest()[0], case.num_qo_heads // max(case.num_kv_heads, 1)
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
              case.causal, bool(case.attention_chunk))  # each narrows the mask_mod differently
-    if queries < SPARSE_BLOCK:
+    if flex_decoding(queries, group):
         return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
     return ("flex-attention", *heads)
 
@@ -379,7 +404,8 @@ def _batched_compile_class(case, contiguous: bool) -> tuple:
     rows = case.largest()[0]
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
              case.causal, bool(case.attention_chunk))
-    kernel = "flex-decoding" if rows < SPARSE_BLOCK else "flex-attention"
+    kernel = "flex-decoding" if flex_decoding(rows, case.num_qo_heads // max(case.num_kv_heads, 1)) \
+        else "flex-attention"
     return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 
 
@@ -397,12 +423,12 @@ def _register_batched(name: str, contiguous: bool, summary: str) -> None:
     register(Implementation(
         name, "flex", ("paged", "ragged"), summary, lambda w, backend: BatchedFlex(w, contiguous),
         unsupported=_unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
-        noncausal=True, chunked=True), __name__)
+        noncausal=True, chunked=True, peer=True), __name__)
 
 
 _register_batched("flex-window", False, "PyTorch FlexAttention as its users batch it: batch = requests, keys read in "
                   "place (through the page table in page-sized blocks), flex-decoding under 128 queries a request "
-                  "(peer)")
+                  "and a power-of-two group (peer)")
 _register_batched("flex-contiguous", True, "PyTorch FlexAttention on the same batch with each request's keys "
                   "contiguous, no paging (the best FlexAttention does on the shape; peer)")
 
@@ -411,5 +437,5 @@ register(Implementation(
     "PyTorch FlexAttention over one flattened sequence: every query of the batch, window and request "
     "boundaries as a mask_mod over the storage's rows (peer)",
     lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class, noncausal=True,
-    chunked=True),
+    chunked=True, peer=True),
     __name__)

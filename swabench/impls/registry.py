@@ -87,6 +87,9 @@ class Implementation:
     # its storage is compared with ("against fa2's window path").
     baseline: bool = False
     reference: str | None = None
+    # peer: another library's way to run the layer, timed beside the engines' paths (FlexAttention, a batched
+    # SDPA call); a whole-model price leaves it out, since no engine serves its layers that way.
+    peer: bool = False
     # A known bug whose mistake cannot show on a point (must_fail is False there) computes the exact
     # answer there; when engines run it that way (SGLang's decode recipe at page size 1), time it.
     timed_where_exact: bool = False

@@ -240,7 +240,8 @@ def sawtooth(table, meta):
             for (impl, backend, is_chunk), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
                 line = g.groupby("context")["median_us"].median()
                 ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if is_chunk else "x",
-                        ms=3, color=colour(impl), label=f"{impl} [{backend}]" + ("" if is_chunk else " (window)"))
+                        ms=3, color=colour(impl, t["impl"]), label=f"{impl} [{backend}]" +
+                        ("" if is_chunk else " (window)"))
             for start in range(chunk, int(rows["context"].max()) + 1, chunk):
                 ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.set(title=f"{mode}, chunk {chunk}", xlabel="context (keys before the queries)",

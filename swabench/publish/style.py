@@ -19,8 +19,11 @@ BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
 
 
-def colour(impl: str) -> str:
-    """One colour per implementation, by its place in the registry (the same in every figure)."""
+def colour(impl: str, among=None) -> str:
+    """One colour per implementation, by its place in the registry (the same in every figure); with ``among``
+    (the implementations a figure draws), by its place among them, so that up to eight never share one."""
+    if among is not None and len(set(among)) <= len(OKABE_ITO):
+        return OKABE_ITO[sorted(set(among), key=registry.order).index(impl)]
     return OKABE_ITO[registry.order(impl) % len(OKABE_ITO)]
 
 

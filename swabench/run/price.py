@@ -84,6 +84,7 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
     from swabench.run import replay
 
     model = preset(model_name)
+    implementations = list(implementations) or engine_paths()
     steps = trace_steps(model, trace) if trace else template_steps(model)
     layered, kind = layer_steps(model, steps)
     source = f"price-{model.name}" + (f"-{Path(trace).stem}" if trace else "")
@@ -93,6 +94,14 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
                       "layers": {axes.make_case(s.axes()).case_id: kind[s] for s in layered},
                       "kv": kv_bytes(model, steps)}}
     return replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
+
+
+def engine_paths() -> list[str]:
+    """What a price runs unless told: every correct path an engine serves a layer with (the naive masks among
+    them), not the known bugs and not the peers."""
+    from swabench.impls import registry
+
+    return [i.name for i in registry.all_implementations() if i.kind == "correct" and not i.peer]
 
 
 def kv_bytes(model: models.Model, steps: Counter, page_size: int = 16) -> list[dict]:
