@@ -74,7 +74,7 @@ def test_report_has_the_correctness_matrix_and_headline(tmp_path):
 def test_headline_is_computed_from_the_table(h200):
     table, _ = h200
     head = speed.headline(Run("x", table, {}))
-    cell = head[(head["mode"] == "verify") & (head["window (keys)"] == 1024)]["paged-window"].iloc[0]
+    cell = head[(head["mode"] == "verify") & (head["window (keys)"] == "1024")]["paged-window"].iloc[0]
     expect = table[(table["impl"] == "paged-window") & (table["backend"] == "fa2") & (table["mode"] == "verify")
                    & (table["sliding_window"] == 1024)]["speedup_vs_mask"]
     assert cell == f"{expect.median():.1f}x ({expect.count()})"

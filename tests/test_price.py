@@ -82,6 +82,18 @@ def test_the_weighing_takes_the_fastest_correct_path_the_mask_and_the_full_table
     rows = [dict(r, status="fail") if r["case_id"] == "g" else r for r in rows]
     t = weighing.per_mode(pd.DataFrame(rows), meta).set_index("mode")
     assert t["global layers (ms)"].isna().all() and t["whole model (ms)"].isna().all()  # no correct path passed
+    assert weighing.blanks(pd.DataFrame(rows).assign(reason=None), meta) == {}
+
+
+def test_a_blank_slower_choice_says_why():
+    """Llama 4's group of 5 has no CUDA-core decode kernel, and FlashInfer's masks have no sink term."""
+    reason = "FlashInfer's CUDA-core decode kernel has no GQA group of 5"
+    rows = pd.DataFrame([dict(case_id="w", impl="decode-window", status="skip", reason=reason, kind="correct"),
+                         dict(case_id="w", impl="paged-mask", status="skip", reason="no sink term", kind="correct"),
+                         dict(case_id="w", impl="decode-tc-trim", status="pass", reason=None, kind="correct")])
+    meta = {"price": {"layers": {"w": "window"}}, "trace": {"modes": {"w": "decode"}}}
+    assert weighing.blanks(rows, meta) == {weighing.NAIVE: ["paged-mask: no sink term"],
+                                           weighing.FULL_TABLE_DECODE: [f"decode-window: {reason}"]}
 
 
 def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
@@ -109,14 +121,19 @@ def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
     assert "## Whole-model price" in page and "22 windowed of 26 layers" in page and "## Trace replay" not in page
 
 
-def test_a_price_runs_the_engines_correct_paths_unless_told():
+def test_a_price_runs_the_engines_correct_paths_unless_told(monkeypatch):
     """The peers and the known bugs are for the sweeps: a price weighs what engines serve layers with."""
+    from swabench.impls import registry
     from swabench.run import price as pricing
-    names = pricing.engine_paths()
-    assert {"paged-window", "paged-mask", "decode-window", "sink-window", "chunk-virtual", "torch-trim"} <= set(names)
-    assert not {"flex-window", "flex-flat", "torch-batch", "paged-plan-no-window", "planted-wide"} & set(names)
-    request = pricing.request("gemma-3-1b", None, (), (), None, torch.device("cpu"))
-    assert set(request.scenario.implementations) == set(names)
+    cpu = torch.device("cpu")
+    assert pricing.engine_paths(cpu) == ["torch-trim", "torch-mask"]  # no GPU: the embedded paths stand in
+    request = pricing.request("gemma-3-1b", None, (), (), None, cpu)
+    assert set(request.scenario.implementations) == {"torch-trim", "torch-mask"}
+    monkeypatch.setattr(registry.Implementation, "availability",  # a GPU node with FlashInfer
+                        lambda impl, device: None if impl.library in ("flashinfer", "torch", "flex") else "not here")
+    names = pricing.engine_paths(torch.device("cuda"))
+    assert {"paged-window", "paged-mask", "decode-window", "sink-window", "chunk-virtual"} <= set(names)
+    assert not {"flex-window", "torch-trim", "torch-batch", "paged-plan-no-window", "chunk-as-window"} & set(names)
 
 
 def test_bad_input_names_the_problem_before_anything_runs(tmp_path):

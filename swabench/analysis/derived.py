@@ -20,6 +20,21 @@ def _default_backend(impl_name: str) -> str:
     return impl.backends[0] if impl.backends else impl.library
 
 
+def span(sliding_window, attention_chunk) -> str:
+    """The keys a query may see, as the tables print them: '1024' (a window of 1024 keys), 'chunk 8192',
+    or 'none' (a global layer's every key)."""
+    if attention_chunk and attention_chunk == attention_chunk:
+        return f"chunk {int(attention_chunk)}"
+    return str(int(sliding_window)) if sliding_window == sliding_window and sliding_window >= 0 else "none"
+
+
+def span_order(value: str) -> tuple:
+    """Sort key of a span: windows by size, then chunks by size, then none."""
+    if value.isdigit():
+        return (0, int(value))
+    return (1, int(value.split()[1])) if value.startswith("chunk") else (2, 0)
+
+
 def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     """Columns that need other rows or the node's peaks: speedup over the baseline path declared
     for the point's library and storage (same backend, else the baseline's first: fa3 has no masks),
@@ -47,6 +62,15 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     return table
 
 
+def with_span(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with ``span`` (the keys a query may see, as pages print them; not stored)."""
+    if "span" in table:
+        return table
+    chunks = table["attention_chunk"].fillna(0) if "attention_chunk" in table else [0] * len(table)
+    return table.assign(span=[span(w, c) for w, c in zip(table["sliding_window"], chunks)])
+
+
 def load(run_dir) -> tuple[pd.DataFrame, dict]:
-    """A run's table with its derived columns, and its metadata (store.run_folder.load)."""
-    return run_folder.load(run_dir, derive=add_derived)
+    """A run's table with its derived columns and its span, and its metadata (store.run_folder.load)."""
+    table, meta = run_folder.load(run_dir, derive=add_derived)
+    return with_span(table), meta

@@ -56,6 +56,23 @@ def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def blanks(table: pd.DataFrame, meta: dict) -> dict[str, list[str]]:
+    """Why a slower choice has no time: per column left blank, the reasons its paths gave on the windowed
+    layer steps they did not pass (a mask with no sink term, a decode kernel with no instance for the group)."""
+    price, modes = meta["price"], meta["trace"]["modes"]
+    windowed = [c for c, layer in price["layers"].items() if layer == "window"]
+    baselines = [i.name for i in registry.all_implementations() if i.baseline]
+    choices = {NAIVE: (windowed, table["impl"].isin(baselines)),
+               FULL_TABLE_DECODE: ([c for c in windowed if modes.get(c) == "decode"], table["impl"] == FULL_TABLE_IMPL)}
+    out = {}
+    for column, (cases, paths) in choices.items():
+        rows = table[paths & table["case_id"].isin(cases)]
+        if cases and not (rows["status"] == "pass").any():
+            said = rows.dropna(subset=["reason"]).drop_duplicates(["impl", "reason"])
+            out[column] = [f"{r.impl}: {r.reason}" for r in said.itertuples()] or ["no such path ran"]
+    return out
+
+
 def kv(meta: dict) -> pd.DataFrame:
     """The KV MiB a request holds per model step, every page kept and out-of-window pages evicted."""
     import pandas as pd

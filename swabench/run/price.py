@@ -84,7 +84,7 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
     from swabench.run import replay
 
     model = preset(model_name)
-    implementations = list(implementations) or engine_paths()
+    implementations = list(implementations) or engine_paths(device)
     steps = trace_steps(model, trace) if trace else template_steps(model)
     layered, kind = layer_steps(model, steps)
     source = f"price-{model.name}" + (f"-{Path(trace).stem}" if trace else "")
@@ -96,12 +96,15 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
     return replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
 
 
-def engine_paths() -> list[str]:
-    """What a price runs unless told: every correct path an engine serves a layer with (the naive masks among
-    them), not the known bugs and not the peers."""
+def engine_paths(device) -> list[str]:
+    """What a price runs unless told: every correct path an engine serves a layer with that runs on ``device``
+    (the naive masks among them), not the known bugs and not the peers; where no library's path runs (no
+    GPU), the embedded PyTorch paths stand in for them."""
     from swabench.impls import registry
 
-    return [i.name for i in registry.all_implementations() if i.kind == "correct" and not i.peer]
+    correct = [i for i in registry.all_implementations() if i.kind == "correct" and not i.peer]
+    served = [i.name for i in correct if i.library != "torch" and not i.availability(device)]
+    return served or [i.name for i in correct if i.library == "torch"]
 
 
 def kv_bytes(model: models.Model, steps: Counter, page_size: int = 16) -> list[dict]:

@@ -89,9 +89,18 @@ class Section:
 
 
 def mode_order(column: pd.Series) -> pd.Series:
-    """Sort key: modes in the order a server meets them, any other column as it is."""
+    """Sort key: modes in the order a server meets them, spans windows first (by size), any other column as it is."""
+    from swabench.analysis.derived import span_order
+
+    if column.name in ("span", "window (keys)"):
+        return column.map(lambda v: span_order(str(v)))
     order = {m: i for i, m in enumerate(MODES)}
     return column.map(order) if column.name == "mode" else column
+
+
+def span_words(value: str) -> str:
+    """A span in a sentence: 'window 1024', 'chunk 8192', 'no window'."""
+    return f"window {value}" if value.isdigit() else "no window" if value == "none" else value
 
 
 def path_order(path: str) -> tuple:

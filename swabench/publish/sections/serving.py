@@ -114,8 +114,12 @@ def price_said(run: Run) -> list[str]:
         return []
     kv = "; ".join(f"{k['mode']} at {k['context']} keys, {k['kv_mib_all_pages']:.0f} MiB with every page and "
                    f"{k['kv_mib_evicted']:.0f} MiB with out-of-window pages evicted" for k in p["kv"])
+    from swabench.analysis import price
+
+    blank = [f"\"{column}\" is blank: " + "; ".join(why) + f" ({run.name})."
+             for column, why in price.blanks(run.table, run.meta).items()]
     return [f"`{p['model']}`: {p['windowed_layers']} windowed of {p['num_layers']} layers, {p['model_steps']} model "
-            f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name})."]
+            f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name}).", *blank]
 
 
 def evicted_reads(run: Run) -> pd.DataFrame:

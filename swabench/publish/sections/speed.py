@@ -7,34 +7,35 @@ import pandas as pd
 
 from swabench.analysis import versus
 from swabench.impls import registry
+from swabench.analysis.derived import with_span
 from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_order, points, ratio,
-                                            span, spread)
+                                            span, span_words, spread)
 
 MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
 
 
 def _headline_cells(table: pd.DataFrame) -> pd.DataFrame:
     """The headline's medians as numbers, one row per mode, window and path."""
-    t = versus.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"]))
-    return t.groupby(["mode", "sliding_window", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
+    t = with_span(versus.headline_paths(table.dropna(subset=["median_us", "speedup_vs_mask"])))
+    return t.groupby(["mode", "span", "impl"], sort=False)["speedup_vs_mask"].median().reset_index()
 
 
 def headline(run: Run) -> pd.DataFrame:
     """Speedup of the headline paths (the reference library's window and trim paths) over their
     baseline, per mode and window: the median over the run's cases, with the cases each cell holds."""
-    t = versus.headline_paths(run.table.dropna(subset=["median_us", "speedup_vs_mask"]))
+    t = with_span(versus.headline_paths(run.table.dropna(subset=["median_us", "speedup_vs_mask"])))
     if t.empty:
         return pd.DataFrame()
-    grid = t.groupby(["mode", "sliding_window", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
+    grid = t.groupby(["mode", "span", "impl"])["speedup_vs_mask"].agg(["median", "count"]).reset_index()
     grid["cell"] = grid.apply(lambda r: f"{r['median']:.1f}x ({int(r['count'])})", axis=1)
-    wide = grid.pivot_table(index=["mode", "sliding_window"], columns="impl", values="cell", aggfunc="first")
-    wide = wide.reset_index().sort_values(["mode", "sliding_window"], key=mode_order)
-    cols = ["mode", "sliding_window"] + sorted(set(t["impl"]), key=registry.order)
-    return wide[cols].rename(columns={"sliding_window": "window (keys)"})
+    wide = grid.pivot_table(index=["mode", "span"], columns="impl", values="cell", aggfunc="first")
+    wide = wide.reset_index().sort_values(["mode", "span"], key=mode_order)
+    cols = ["mode", "span"] + sorted(set(t["impl"]), key=registry.order)
+    return wide[cols].rename(columns={"span": "window (keys)"})
 
 
 def _speedup(cell: pd.Series) -> str:
-    return f"{cell['speedup_vs_mask']:.1f}x ({cell['mode']}, window {int(cell['sliding_window'])})"
+    return f"{cell['speedup_vs_mask']:.1f}x ({cell['mode']}, {span_words(cell['span'])})"
 
 
 def headline_said(run: Run) -> list[str]:
@@ -63,15 +64,15 @@ def headline_caption() -> str:
 def against_reference_long(table: pd.DataFrame) -> pd.DataFrame:
     """versus.against_reference summarised per mode, storage, window and path: median, best and worst
     time / the reference path's time over the cases; the reference library's baselines are left out."""
-    per_point = versus.against_reference(table, baselines=False)
+    per_point = with_span(versus.against_reference(table, baselines=False))
     if per_point.empty:
         return pd.DataFrame()
-    keys = ["mode", "storage", "sliding_window", "impl", "backend"]
+    keys = ["mode", "storage", "span", "impl", "backend"]
     r = per_point.groupby(keys)["ratio"]
     out = r.agg(cases="count", median="median", best="min", worst="max")
     out["faster in"] = r.apply(lambda x: f"{int((x < 1).sum())}/{len(x)}")
     out = out.reset_index()
-    return out.sort_values(keys, key=mode_order).rename(columns={"sliding_window": "window (keys)",
+    return out.sort_values(keys, key=mode_order).rename(columns={"span": "window (keys)",
                                                                  "median": MEDIAN}).reset_index(drop=True)
 
 
@@ -105,8 +106,9 @@ def _cells(keys: list[tuple], every: int) -> str:
     grouped: dict[tuple, list] = {}
     for mode, storage, window in keys:
         grouped.setdefault((mode, storage), []).append(window)
-    return ", ".join(f"{mode} {storage} at {'/'.join(str(int(w)) for w in ws)} keys"
-                     for (mode, storage), ws in grouped.items())
+    return ", ".join(f"{mode} {storage} " + " and ".join(
+        ([f"at {'/'.join(w for w in ws if w.isdigit())} keys"] if any(w.isdigit() for w in ws) else [])
+        + [span_words(w) for w in ws if not w.isdigit()]) for (mode, storage), ws in grouped.items())
 
 
 def _where(p: pd.DataFrame, r: Run) -> str:
@@ -140,7 +142,7 @@ def _numeric_first(text: str) -> tuple:
 def decode_against_reference(table: pd.DataFrame) -> pd.DataFrame:
     """versus.against_reference's decode rows of plain cases, with ``path`` ('impl [backend]') and
     ``context`` (the keys before the query, however the case gave them)."""
-    per_point = versus.against_reference(versus.plain(table), baselines=False)
+    per_point = with_span(versus.against_reference(versus.plain(table), baselines=False))
     per_point = per_point[per_point["mode"] == "decode"]
     uniform = per_point["prefix_len"].fillna(per_point["seq_len"] - 1)
     drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
@@ -157,15 +159,15 @@ def decode(run: Run) -> pd.DataFrame:
     per_point = decode_against_reference(run.table)
     if per_point.empty:
         return pd.DataFrame()
-    index = ["sliding_window", "context"]
+    index = ["span", "context"]
     cells = per_point.groupby(index + ["path"])["ratio"].apply(spread).reset_index()
     wide = cells.pivot_table(index=index, columns="path", values="ratio", aggfunc="first").reset_index()
     reference = per_point.groupby(index)["reference_us"].median().rename("reference us (median)").reset_index()
     wide = reference.merge(wide, on=index)
-    wide = wide.sort_values(index, key=lambda c: c.map(_numeric_first) if c.name == "context" else c) \
+    wide = wide.sort_values(index, key=lambda c: c.map(_numeric_first) if c.name == "context" else mode_order(c)) \
         .reset_index(drop=True)
     columns = index + ["reference us (median)"] + sorted(set(per_point["path"]), key=path_order)
-    return wide[columns].rename(columns={"sliding_window": "window (keys)"}).fillna("")
+    return wide[columns].rename(columns={"span": "window (keys)"}).fillna("")
 
 
 def decode_said(run: Run) -> list[str]:

@@ -1,0 +1,132 @@
+"""The attention beside a causal sliding window that engines also run: non-causal windows (where FlashInfer's
+fa2 has flashinfer#4972) and chunked local attention (Llama 4), each gated like the window and held against it."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.publish.markdown import library_versions
+from swabench.publish.sections.base import Run, Section, ratio
+
+TWIN = ["mode", "batch_size", "prefix_len", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim"]  # a step's shape
+REFERENCE = ("paged-window", "fa2")
+
+
+def _path(t: pd.DataFrame) -> pd.Series:
+    return t["impl"] + " [" + t["backend"] + "]"
+
+
+def _non_causal(run: Run) -> pd.DataFrame:
+    t = run.table
+    if "causal" not in t:
+        return t.iloc[:0]
+    return t[t["causal"].astype(str).str.lower() == "false"]
+
+
+def noncausal_table(run: Run) -> pd.DataFrame:
+    """Per path: the non-causal points, how many passed, how many were wrong where flashinfer#4972 is declared
+    (and right there), failed outside it, or skipped."""
+    t = _non_causal(run)
+    if t.empty:
+        return pd.DataFrame()
+    declared = t["upstream"].notna() if "upstream" in t else pd.Series(False, index=t.index)
+    t = t.assign(path=_path(t), declared=declared)
+    rows = []
+    for path, g in t.groupby("path", sort=False):
+        ran = g[g["status"] != "skip"]
+        rows.append({"release": library_versions(run.meta), "path": path, "points": len(ran),
+                     "pass": int(((g["status"] == "pass") & ~g["declared"]).sum()),
+                     "wrong where declared": int(((g["status"] == "xfail") & g["declared"]).sum()),
+                     "right where declared": int(((g["status"] == "pass") & g["declared"]).sum()),
+                     "fail": int((g["status"] == "fail").sum()), "skip": int((g["status"] == "skip").sum())})
+    return pd.DataFrame(rows)
+
+
+def noncausal_said(run: Run) -> list[str]:
+    table = noncausal_table(run)
+    if table.empty:
+        return []
+    bugs = sorted(set(_non_causal(run)["upstream"].dropna())) if "upstream" in run.table else []
+    wrong = table[table["wrong where declared"] > 0]
+    caught = ", ".join(f"`{p}` on {w} of {n}" for p, w, n in zip(wrong["path"], wrong["wrong where declared"],
+                                                                   wrong["points"]))
+    failed = table[table["fail"] > 0]
+    outside = (f"{int(failed['fail'].sum())} points fail outside any declared bug: "
+               + ", ".join(f"`{p}`" for p in failed["path"])) if len(failed) else "no point fails outside it"
+    where = f", except where {' and '.join(bugs)} is declared, and there each is wrong: {caught}" if len(wrong) \
+        else ""
+    return [f"{library_versions(run.meta)}: every correct path passes its non-causal points{where}; {outside} "
+            f"({run.name})."]
+
+
+def _chunked(run: Run) -> pd.DataFrame:
+    t = run.table
+    if "attention_chunk" not in t:
+        return t.iloc[:0]
+    return t[t["attention_chunk"].fillna(0) > 0]
+
+
+def _window_twins(run: Run, chunked: pd.DataFrame) -> pd.DataFrame:
+    """The reference path's time on the sliding window of the same keys (window C - 1), per step shape."""
+    t = run.table
+    reference = t[(t["impl"] == REFERENCE[0]) & (t["backend"] == REFERENCE[1]) & (t["status"] == "pass")
+                  & (t["attention_chunk"].fillna(0) == 0)]
+    chunks = set(chunked["attention_chunk"].astype(int))
+    reference = reference[reference["window_left"].isin({c - 1 for c in chunks})]
+    return reference.assign(attention_chunk=reference["window_left"] + 1)[TWIN + ["attention_chunk", "median_us"]]
+
+
+def chunked_table(run: Run) -> pd.DataFrame:
+    """Per chunked path: its points and statuses, and its time / the window path's on the same steps over a
+    sliding window of the chunk's keys: median (best-worst, steps)."""
+    t = _chunked(run)
+    if t.empty:
+        return pd.DataFrame()
+    twins = _window_twins(run, t)
+    key = TWIN + ["attention_chunk"]
+    joined = t.assign(path=_path(t)).fillna({c: -1 for c in TWIN if c != "mode"})
+    twins = twins.fillna({c: -1 for c in TWIN if c != "mode"})
+    joined = joined.merge(twins, on=key, how="left", suffixes=("", "_window"))
+    rows = []
+    for (path, kind), g in joined.groupby(["path", "kind"], sort=False):
+        timed = g[(g["status"] == "pass") & g["median_us"].notna() & g["median_us_window"].notna()]
+        r = timed["median_us"] / timed["median_us_window"]
+        rows.append({"path": path, "kind": kind, **{s: int((g["status"] == s).sum())
+                                                    for s in ("pass", "xfail", "xpass", "fail", "skip")},
+                     f"time / {REFERENCE[0]} [{REFERENCE[1]}] on the window of C keys":
+                         f"{ratio(r.median())} ({ratio(r.min())}-{ratio(r.max())}, {len(r)})" if len(r) else ""})
+    return pd.DataFrame(rows)
+
+
+def chunked_said(run: Run) -> list[str]:
+    t = _chunked(run)
+    if t.empty:
+        return []
+    chunks = ", ".join(str(c) for c in sorted(set(t["attention_chunk"].astype(int))))
+    said = [f"Chunk {chunks}, {library_versions(run.meta)} ({run.name})."]
+    bugs = t[t["kind"] == "known-bug"]
+    for impl, g in bugs.groupby("impl", sort=False):
+        must = g["must_fail"].astype(str).str.lower() == "true"
+        caught = int(((g["status"] == "xfail") & must).sum())
+        said.append(f"`{impl}` is wrong on {caught} of {int(must.sum())} points where a query sees keys before its "
+                    f"chunk start, and exact on the {int((~must & (g['status'] == 'pass')).sum())} where none does "
+                    f"({int((g['status'] == 'xpass').sum())} not caught) ({run.name}).")
+    correct = t[t["kind"] == "correct"]
+    failed = correct[correct["status"] == "fail"]
+    said.append(f"{len(failed)} points of the correct chunked paths fail ({run.name})." if len(failed) else
+                f"Every correct chunked path passes every point it ran ({run.name}).")
+    return said
+
+
+SECTIONS = [
+    Section("noncausal", "Non-causal windows: where flashinfer#4972 shows",
+            "Non-causal points (a query at position p sees every key of its request from p - W on), per path: "
+            "points run, passed, wrong where a declared upstream bug predicts it (fa2's split-KV schedule, "
+            "flashinfer#4972), right where it was declared, failed outside any declared bug, and skipped; every "
+            "release given.", noncausal_table, noncausal_said, one_table=True, every_release=True),
+    Section("chunked", "Chunked local attention: the chunk paths, the natural mistake, and the cost against a window",
+            "Chunked points (a query sees its own chunk of C keys, causally), per path: statuses, and the time / the "
+            "window path's (paged-window on fa2) on the same step over a sliding window of the chunk's keys "
+            "(W = C - 1), the twin a chunked scenario runs beside it: under 1 where a query is early in its chunk, "
+            "1 at its end.  The report's sawtooth figure draws it against context.", chunked_table, chunked_said),
+]

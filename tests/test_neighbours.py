@@ -1,0 +1,60 @@
+"""The findings sections of the attention beside a causal window: non-causal windows (flashinfer#4972 where
+it is declared, and any failure outside it named) and chunked attention (the mistake's count, the paths'
+time against the window of the chunk's keys)."""
+
+import pandas as pd
+
+from swabench.publish.sections import Run, by_key, neighbours
+
+META = {"libraries": {"flashinfer": "0.7.4"}}
+
+
+def noncausal_run(extra=()):
+    rows = [dict(impl="paged-window", backend="fa2", status=s, upstream=u, causal=c)
+            for s, u, c in [("pass", None, False), ("xfail", "flashinfer#4972", False), ("pass", None, True)]]
+    rows += [dict(impl="paged-window", backend="fa3", status="pass", upstream=None, causal=False), *extra]
+    return Run("r", pd.DataFrame(rows), META)
+
+
+def test_non_causal_points_are_counted_where_the_bug_is_declared_and_outside_it():
+    t = neighbours.noncausal_table(noncausal_run()).set_index("path")
+    assert t.loc["paged-window [fa2]", ["points", "pass", "wrong where declared", "fail"]].tolist() == [2, 1, 1, 0]
+    assert t.loc["paged-window [fa3]", "pass"] == 1  # the causal twin is not counted
+    said = neighbours.noncausal_said(noncausal_run())[0]
+    assert "is declared, and there each is wrong: `paged-window [fa2]` on 1 of 2" in said
+    assert "no point fails outside it" in said and said.startswith("flashinfer 0.7.4")
+    said = neighbours.noncausal_said(noncausal_run([dict(impl="ragged-window", backend="fa3", status="fail",
+                                                         upstream=None, causal=False)]))[0]
+    assert "1 points fail outside any declared bug: `ragged-window [fa3]`" in said
+
+
+def test_a_run_without_non_causal_or_chunked_points_has_neither_section():
+    run = Run("r", pd.DataFrame([dict(impl="paged-window", backend="fa2", status="pass", causal=True, median_us=1.0)]),
+              META)
+    assert by_key("noncausal").for_runs([run]) == [] and by_key("chunked").for_runs([run]) == []
+
+
+def chunked_run():
+    shape = dict(mode="decode", batch_size=32, prefix_len=None, num_qo_heads=40, num_kv_heads=8, head_dim=128)
+    rows = []
+    for seq, us in [(4096, 100.0), (8192, 10.0)]:
+        rows.append(dict(shape, seq_len=seq, impl="paged-window", backend="fa2", kind="correct", status="pass",
+                         attention_chunk=0, window_left=8191, median_us=200.0, must_fail=False))
+        rows.append(dict(shape, seq_len=seq, impl="chunk-virtual", backend="fa2", kind="correct", status="pass",
+                         attention_chunk=8192, window_left=-1, median_us=us, must_fail=False))
+        rows.append(dict(shape, seq_len=seq, impl="chunk-as-window", backend="fa2", kind="known-bug",
+                         status="xfail" if seq == 8192 else "pass", attention_chunk=8192, window_left=-1,
+                         median_us=None, must_fail=seq == 8192))
+    return Run("r", pd.DataFrame(rows), META)
+
+
+def test_chunked_paths_are_held_against_the_window_of_the_chunks_keys():
+    t = neighbours.chunked_table(chunked_run()).set_index("path")
+    column = "time / paged-window [fa2] on the window of C keys"
+    assert t.loc["chunk-virtual [fa2]", column] == "0.28 (0.05-0.50, 2)"  # 100/200 and 10/200
+    assert t.loc["chunk-as-window [fa2]", ["pass", "xfail"]].tolist() == [1, 1]
+    said = neighbours.chunked_said(chunked_run())
+    assert said[0] == "Chunk 8192, flashinfer 0.7.4 (`r`)."
+    assert "`chunk-as-window` is wrong on 1 of 1 points where a query sees keys before its chunk start, and exact " \
+           "on the 1 where none does (0 not caught)" in said[1]
+    assert "Every correct chunked path passes" in said[2]
