@@ -2,6 +2,8 @@
 # How the committed H200 runs are made: run from the checkout's root on the GPU node, after
 # `source .gpu/setup.sh` (the offline bundle: scripts/gpu-bundle.sh).  Usage: scripts/h200.sh OUTDIR [STEP...]
 # Steps (default: all but the last three): tests peaks quick default reference wrappers profile check peers
+#   (tests: `pytest -m gpu` within $TESTS_S seconds, default 300: enough on the .gpu bundle's prebuilt modules,
+#   not on a release whose modules build on first use)
 #   gpus     default.toml with --gpus all (on a node with several GPUs; `default` is its one-GPU twin):
 #            the shards are balanced by the per-point times of $COSTS_FROM, else of `default` if it ran first
 #   gpus-again  the same once more (h200x2-default-run-again), to see how much the end-to-end time varies
@@ -54,7 +56,7 @@ fresh_compile_cache() { export TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CAC
 for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
-    tests)     timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
+    tests)     timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
                  | tee "$out/gpu-tests.log" | tail -5 ;;
     warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3
                echo "import swabench.cli alone, warm:"; ( time python3 -c "import swabench.cli" ) 2>&1 | tail -3 ;;

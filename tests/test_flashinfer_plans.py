@@ -278,7 +278,7 @@ def test_decode_wrappers_model_decode_only_and_the_cuda_core_kernel_has_no_fa3()
     assert "models decode steps, not verify" in registry.get("decode-window").skip_reason(verify, "fa2", cpu)
     assert not registry.get("decode-window").models("paged", "verify", frozenset())
     assert registry.get("decode-trim").runs_on(["fa2", "fa3"]) == ["fa2"]
-    assert "fa2 only, not fa3" in registry.get("decode-trim").skip_reason(decode_case(), "fa3", cpu)
+    assert "fa2 and auto and cudnn only, not fa3" in registry.get("decode-trim").skip_reason(decode_case(), "fa3", cpu)
     assert registry.get("decode-tc-trim").runs_on(["fa2", "fa3"]) == ["fa2", "fa3"]
     assert registry.get("decode-tc-trim").unsupported(decode_case(), "fa3") is None
 
@@ -434,3 +434,25 @@ def test_the_backend_recorded_is_the_one_the_wrapper_resolved():
         del FakeWrapper.resolved_backend
     runner.plan()
     assert runner.resolved_backend == "auto"  # a wrapper without it: the backend it holds
+
+
+def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_leaves_out(monkeypatch):
+    """The decode wrapper's cudnn backend runs cuDNN's paged decode graph: without the cuDNN frontend package a
+    point skips naming it; with it, soft-cap and fp8 caches skip, and the rest is handed to the wrapper as is."""
+    import importlib.util
+    c = decode_case()
+    assert "nvidia-cudnn-frontend" in registry.get("decode-window").unsupported(c, "cudnn")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cudnn" else real(name, *a))
+    assert registry.get("decode-window").unsupported(c, "cudnn") is None
+    capped = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, head_dim=64, logits_soft_cap=30.0))
+    assert "no soft-cap" in registry.get("decode-trim").unsupported(capped, "cudnn")
+    group5 = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, num_qo_heads=40, num_kv_heads=8,
+                                 head_dim=128))
+    assert registry.get("decode-window").unsupported(group5, "cudnn") is None  # cuDNN takes any group
+    assert "no GQA group of 5" in registry.get("decode-window").unsupported(group5, "auto")
+    runner = registry.get("decode-window").make(workloads.build(c), "cudnn")
+    runner.plan()
+    assert runner.wrapper._backend == "cudnn" and runner.wrapper.kwargs["window_left"] == 31
+    assert runner.resolved_backend == "cudnn" and runner.wrapper.bufs["use_tensor_cores"] is False
+    assert registry.get("decode-tc-window").skip_reason(c, "cudnn", torch.device("cpu")).startswith("has kernels on")

@@ -2,6 +2,8 @@
 it is declared, and any failure outside it named) and chunked attention (the mistake's count, the paths'
 time against the window of the chunk's keys)."""
 
+from pathlib import Path
+
 import pandas as pd
 
 from swabench.publish.sections import Run, by_key, neighbours
@@ -58,3 +60,26 @@ def test_chunked_paths_are_held_against_the_window_of_the_chunks_keys():
     assert "`chunk-as-window` is wrong on 1 of 1 points where a query sees keys before its chunk start, and exact " \
            "on the 1 where none does (0 not caught)" in said[1]
     assert "Every correct chunked path passes" in said[2]
+
+
+def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp_path):
+    """The first screen says where flashinfer#4972 shows on each release (older ones too), what the chunk
+    mistake does, and each priced model's windowed share and the KV eviction keeps."""
+    from swabench.publish import findings
+    from swabench.publish.sections import answers
+    root = Path(__file__).resolve().parent.parent / "results"
+    runs = findings.load([root / "h200-noncausal-0.7.4", root / "h200-noncausal-0.7.2.post1",
+                          root / "h200-chunked-0.7.4"])
+    text = "\n".join(answers.answers(runs))
+    beside = text[text.index("**Beside the causal window**"):]
+    assert beside.count("flashinfer#4972 is declared, and there each is wrong: `paged-window [fa2]` on 3 of 6") == 2
+    assert "`chunk-as-window` is wrong on 32 of 32 points" in beside
+    price = {"model": "m", "windowed_layers": 5, "num_layers": 6, "model_steps": 1,
+             "kv": [{"kv_mib_all_pages": 100.0, "kv_mib_evicted": 25.0}, {"kv_mib_all_pages": 10.0,
+                                                                           "kv_mib_evicted": 5.0}]}
+    (tmp_path / "price.csv").write_text("mode,windowed layers (ms),global layers (ms),whole model (ms),windowed share\n"
+                                        "decode,1,3,4,0.25\nall modes,1,3,4,0.25\n")
+    priced = Run(str(tmp_path), pd.DataFrame(), {**META, "price": price})
+    said = answers.whole_models([priced])[0]
+    assert "`m` (5 windowed of 6 layers): its windowed layers take 25% of its attention" in said
+    assert "(4 ms per 1000 model steps, flashinfer 0.7.4)" in said and "keeps 25%-50% of its KV" in said

@@ -24,6 +24,10 @@ from swabench.core import semantics, workloads
 from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
+# the decode wrapper's backends beyond those that run on Hopper: cuDNN's paged decode graph (both releases; it
+# needs the cuDNN frontend package); trtllm-gen and cute-dsl are Blackwell's
+CUDNN = "cudnn"
+CUDA_CORE_BACKENDS = ("fa2", "auto", CUDNN)  # "auto": fa2's CUDA-core kernel on Hopper, cuDNN where its rule says
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
 # the GQA groups the CUDA-core decode kernel is instantiated for (include/flashinfer/utils.cuh, 0.7.2 and 0.7.4)
@@ -81,7 +85,7 @@ def _shared_module(impl: str, case, backend: str):
 
 
 LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
-                                   module="flashinfer", backends=BACKENDS, chooser="auto",
+                                   module="flashinfer", backends=BACKENDS + (CUDNN,), chooser="auto",
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
 _shared: dict[str, torch.Tensor] = {}
@@ -358,6 +362,8 @@ def unsupported(variant: Variant):
                     f"flashinfer issue 4299)")
         if variant.mask and backend == "fa3":
             return "fa3 has no custom-mask support"
+        if backend == CUDNN:
+            return _cudnn_unsupported(case)
         group = case.num_qo_heads // max(case.num_kv_heads, 1)
         if variant.decode == "cuda-core" and group not in CUDA_CORE_DECODE_GROUPS:
             return (f"FlashInfer's CUDA-core decode kernel has no GQA group of {group} (DISPATCH_GQA_GROUP_SIZE "
@@ -370,6 +376,21 @@ def unsupported(variant: Variant):
     return check
 
 
+def _cudnn_unsupported(case) -> str | None:
+    """Why the decode wrapper's cudnn backend cannot run a case: the package it needs, or what its graph
+    leaves out (soft-cap, an fp8 cache)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cudnn") is None:
+        return ("the cudnn decode backend needs the cuDNN frontend package (nvidia-cudnn-frontend, `import cudnn`), "
+                "not installed here")
+    if case.logits_soft_cap:
+        return "the cudnn decode backend applies no soft-cap"
+    if "fp8_kv" in case.features:
+        return "the cudnn decode backend takes one dtype for queries and cache (no fp8 cache under bf16 queries)"
+    return None
+
+
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
                      module: str = __name__, runner=None, also: Callable[..., str | None] | None = None, **roles):
     """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
@@ -378,9 +399,12 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     it cannot run a case beyond what the variant says."""
     build = runner or FlashInferRunner
 
+    # the CUDA-core decode kernel is one kernel, whatever the backend; use_tensor_cores=True runs the prefill kernels
+    backends = CUDA_CORE_BACKENDS if variant.decode == "cuda-core" else BACKENDS
+
     def make(w, backend):
-        if backend not in BACKENDS:
-            raise Unsupported(f"unknown FlashInfer backend {backend!r}")
+        if backend not in backends:
+            raise Unsupported(f"{name} takes the FlashInfer backends {', '.join(backends)}, not {backend!r}")
         with _resource_errors():
             return build(w, backend, variant)
 
@@ -390,8 +414,6 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     extra = {"visibility": visibility} if visibility else {}
     wrapper = wrapper or ("decode" if variant.decode else "sink" if variant.sinks == "apply" else "prefill")
     modes = ("decode",) if variant.decode else variant.modes  # the decode wrapper takes one query per request
-    # the CUDA-core decode kernel is one kernel, whatever the backend; use_tensor_cores=True runs the prefill kernels
-    backends = ("fa2",) if variant.decode == "cuda-core" else BACKENDS
     requires = roles.pop("requires", frozenset({"sinks"} if variant.sinks else ()))
     register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
                             backends=backends, modes=modes, requires=requires,

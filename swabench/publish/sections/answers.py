@@ -10,9 +10,9 @@ from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
-from swabench.publish.sections import releases
+from swabench.publish.sections import neighbours, releases
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
-from swabench.publish.sections.serving import fastest_per_model, replay_table
+from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
 
@@ -107,11 +107,33 @@ def served_mixes(runs: list[Run]) -> list[str]:
     return said
 
 
+def whole_models(runs: list[Run]) -> list[str]:
+    """Per price run: the windowed layers' share of the model's attention over its steps, and the KV a request
+    keeps when out-of-window pages are evicted."""
+    said = []
+    for r in runs:
+        table, price = price_table(r), r.meta.get("price")
+        if not len(table) or not price:
+            continue
+        every = table[table["mode"] == "all modes"].iloc[0]
+        kv = pd.DataFrame(price["kv"])
+        kept = (kv["kv_mib_evicted"] / kv["kv_mib_all_pages"]).agg(["min", "max"])
+        share = (f"its windowed layers take {every['windowed share']:.0%} of its attention over its steps "
+                 f"({micros(every['whole model (ms)'])} ms per 1000 model steps, {library_versions(r.meta)})"
+                 if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
+        said.append(f"- `{price['model']}` ({price['windowed_layers']} windowed of {price['num_layers']} layers): "
+                    f"{share}; evicting out-of-window pages keeps {kept['min']:.0%}-{kept['max']:.0%} of its KV "
+                    f"({r.name}).")
+    return said
+
+
 def answers(runs: list[Run]) -> list[str]:
     parts = []
     by_release = releases.in_short(runs)
+    beside = [s for r in runs for s in neighbours.noncausal_said(r)]  # every release
     older = {id(r) for r in releases.older_releases(runs)}
     runs = [r for r in runs if id(r) not in older]
+    beside += [s for r in runs for s in neighbours.chunked_said(r)[1:]]
     steps = per_step(runs)
     if len(steps):
         parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "
@@ -125,6 +147,13 @@ def answers(runs: list[Run]) -> list[str]:
     mixes = served_mixes(runs)
     if mixes:
         parts += ["**A server's mix.**\n" + "\n".join(mixes)]
+    models = whole_models(runs)
+    if models:
+        parts += ["**A whole model's step.** Its windowed and global layers, each step at its fastest correct path "
+                  "(detail under Whole-model price):\n" + "\n".join(models)]
+    if beside:
+        parts += ["**Beside the causal window** (non-causal windows, chunked attention):\n"
+                  + "\n".join(f"- {s}" for s in beside)]
     if by_release:
         parts += ["**Which release.** One scenario on several releases (detail under Across releases):\n"
                   + "\n".join(by_release)]
