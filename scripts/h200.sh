@@ -110,7 +110,7 @@ for step in $steps; do
                fresh_compile_cache
                run="$out/h200x2-default-run${step#gpus}"
                src="${COSTS_FROM:-$out/h200-default-run}"
-               costs=(); [ -f "$src/results.csv" ] && costs=(--costs-from "$src")
+               costs=(); ls "$src"/results.csv* >/dev/null 2>&1 && costs=(--costs-from "$src")
                ( time sb run default --gpus all "${costs[@]}" --out "$run" ) 2>&1 | tail -40
                tail -n 3 "$run"-shards/gpu*.log ;;
     compare)   sb compare "$out/h200-default-run" "$out/h200x2-default-run" > "$out/h200x2-vs-1gpu-compare.md"

@@ -441,8 +441,9 @@ def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_
     point skips naming it; with it, soft-cap and fp8 caches skip, and the rest is handed to the wrapper as is."""
     import importlib.util
     c = decode_case()
-    assert "nvidia-cudnn-frontend" in registry.get("decode-window").unsupported(c, "cudnn")
     real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cudnn" else real(name, *a))
+    assert "nvidia-cudnn-frontend" in registry.get("decode-window").unsupported(c, "cudnn")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cudnn" else real(name, *a))
     assert registry.get("decode-window").unsupported(c, "cudnn") is None
     capped = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, head_dim=64, logits_soft_cap=30.0))
@@ -456,3 +457,12 @@ def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_
     assert runner.wrapper._backend == "cudnn" and runner.wrapper.kwargs["window_left"] == 31
     assert runner.resolved_backend == "cudnn" and runner.wrapper.bufs["use_tensor_cores"] is False
     assert registry.get("decode-tc-window").skip_reason(c, "cudnn", torch.device("cpu")).startswith("has kernels on")
+
+
+def test_cudnn_is_asked_for_by_name_and_never_taken_by_default():
+    """A scenario may name the cudnn backend; a replay or price that names none runs fa2 and fa3 only (cuDNN's
+    graph is another kernel, on a package the node may lack)."""
+    from swabench.run import replay
+    assert "cudnn" in registry.backends()
+    assert axes.AXES["backend"]("cudnn") == "cudnn"
+    assert replay._checked_backends(()) == ["fa2", "fa3"]

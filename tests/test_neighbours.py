@@ -23,11 +23,13 @@ def test_non_causal_points_are_counted_where_the_bug_is_declared_and_outside_it(
     assert t.loc["paged-window [fa2]", ["points", "pass", "wrong where declared", "fail"]].tolist() == [2, 1, 1, 0]
     assert t.loc["paged-window [fa3]", "pass"] == 1  # the causal twin is not counted
     said = neighbours.noncausal_said(noncausal_run())[0]
-    assert "is declared, and there each is wrong: `paged-window [fa2]` on 1 of 2" in said
-    assert "no point fails outside it" in said and said.startswith("flashinfer 0.7.4")
+    assert "every correct path passes its non-causal points, except where flashinfer#4972 is declared, each is " \
+           "wrong: `paged-window [fa2]` on 1 of 2; no point fails outside it" in said
+    assert said.startswith("flashinfer 0.7.4")
     said = neighbours.noncausal_said(noncausal_run([dict(impl="ragged-window", backend="fa3", status="fail",
                                                          upstream=None, causal=False)]))[0]
-    assert "1 points fail outside any declared bug: `ragged-window [fa3]`" in said
+    assert "1 point of correct paths fails outside any declared bug (`ragged-window [fa3]`); where " \
+           "flashinfer#4972 is declared, each is wrong" in said and "every correct path passes" not in said
 
 
 def test_a_run_without_non_causal_or_chunked_points_has_neither_section():
@@ -72,7 +74,7 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
                           root / "h200-chunked-0.7.4"])
     text = "\n".join(answers.answers(runs))
     beside = text[text.index("**Beside the causal window**"):]
-    assert beside.count("flashinfer#4972 is declared, and there each is wrong: `paged-window [fa2]` on 3 of 6") == 2
+    assert beside.count("flashinfer#4972 is declared, each is wrong: `paged-window [fa2]` on 3 of 6") == 2
     assert "`chunk-as-window` is wrong on 32 of 32 points" in beside
     price = {"model": "m", "windowed_layers": 5, "num_layers": 6, "model_steps": 1,
              "kv": [{"kv_mib_all_pages": 100.0, "kv_mib_evicted": 25.0}, {"kv_mib_all_pages": 10.0,

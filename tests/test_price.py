@@ -69,7 +69,7 @@ def test_the_weighing_takes_the_fastest_correct_path_the_mask_and_the_full_table
                                                                     "decode-window": 90.0, "paged-plan-no-window": 1.0}),
                                         ("g", "decode", "global", {"paged-window": 20.0, "paged-mask": 25.0})]:
         for impl, us in paths.items():
-            rows.append(dict(case_id=case_id, impl=impl, status="pass", median_us=us,
+            rows.append(dict(case_id=case_id, impl=impl, backend="fa2", status="pass", median_us=us,
                              kind="known-bug" if impl == "paged-plan-no-window" else "correct"))
     meta = {"price": {"model_steps": 2, "layers": {"w": "window", "g": "global"}},
             "trace": {"weights": {"w": 2 * 3, "g": 2 * 1}, "modes": {"w": "decode", "g": "decode"}}}
@@ -86,14 +86,22 @@ def test_the_weighing_takes_the_fastest_correct_path_the_mask_and_the_full_table
 
 
 def test_a_blank_slower_choice_says_why():
-    """Llama 4's group of 5 has no CUDA-core decode kernel, and FlashInfer's masks have no sink term."""
+    """Llama 4's group of 5 has no CUDA-core decode kernel, and FlashInfer's masks have no sink term; a column
+    blank because one step of several has no time says so too, and the full-table decode is fa2's kernel
+    (cuDNN's or auto's pick of decode-window is another kernel)."""
     reason = "FlashInfer's CUDA-core decode kernel has no GQA group of 5"
-    rows = pd.DataFrame([dict(case_id="w", impl="decode-window", status="skip", reason=reason, kind="correct"),
-                         dict(case_id="w", impl="paged-mask", status="skip", reason="no sink term", kind="correct"),
-                         dict(case_id="w", impl="decode-tc-trim", status="pass", reason=None, kind="correct")])
+    row = dict(case_id="w", status="skip", kind="correct", median_us=None, backend="fa2")
+    rows = pd.DataFrame([dict(row, impl="decode-window", reason=reason),
+                         dict(row, impl="paged-mask", reason="no sink term"),
+                         dict(row, impl="decode-tc-trim", status="pass", reason=None, median_us=5.0),
+                         dict(row, impl="decode-window", backend="cudnn", status="pass", reason=None, median_us=4.0)])
     meta = {"price": {"layers": {"w": "window"}}, "trace": {"modes": {"w": "decode"}}}
     assert weighing.blanks(rows, meta) == {weighing.NAIVE: ["paged-mask: no sink term"],
                                            weighing.FULL_TABLE_DECODE: [f"decode-window: {reason}"]}
+    two = pd.concat([rows, pd.DataFrame([dict(row, case_id="v", impl=i, status="pass", reason=None, median_us=9.0)
+                                         for i in ("decode-window", "paged-mask")])])
+    meta = {"price": {"layers": {"w": "window", "v": "window"}}, "trace": {"modes": {"w": "decode", "v": "decode"}}}
+    assert set(weighing.blanks(two, meta)) == {weighing.NAIVE, weighing.FULL_TABLE_DECODE}  # w still has none
 
 
 def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):

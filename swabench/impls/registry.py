@@ -173,6 +173,8 @@ class Library:
     module: str | None = None  # the import name whose __version__ is the release that runs
     backends: tuple[str, ...] = ()
     chooser: str | None = None  # the backend value that lets the library choose ("auto")
+    # backends a scenario may ask for by name but that no default takes (a package the node may lack)
+    opt_in: tuple[str, ...] = ()
     workspace_bytes: int | None = None  # the smallest scratch workspace a runner of it gets, where it takes one
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
@@ -201,8 +203,8 @@ class Library:
 
     @property
     def chosen_backends(self) -> tuple[str, ...]:
-        """The backends a user picks among (every one but the chooser)."""
-        return tuple(b for b in self.backends if b != self.chooser)
+        """The backends a user picks among (every one but the chooser and the opt-in ones)."""
+        return tuple(b for b in self.backends if b != self.chooser and b not in self.opt_in)
 
 
 _REGISTRY: dict[str, Implementation] = {}

@@ -229,6 +229,8 @@ def sawtooth(table, meta):
         return None
     chunks = sorted(int(c) for c in chunked["chunk"].unique())
     modes = [m for m in MODES if m in set(chunked["mode"])]
+    twins = (t["chunk"] == 0) & (t["window_left"] + 1).isin(chunks)
+    drawn = t.loc[(t["chunk"] > 0) | twins, "impl"]  # one colour each across the panels
     fig, axes = figure(meta, "Chunked attention against a sliding window of the same keys: kernel time vs context",
                        len(chunks), len(modes), size=(4.6, 3.8))
     for row, chunk in zip(axes, chunks):
@@ -240,7 +242,7 @@ def sawtooth(table, meta):
             for (impl, backend, is_chunk), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
                 line = g.groupby("context")["median_us"].median()
                 ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if is_chunk else "x",
-                        ms=3, color=colour(impl, t["impl"]), label=f"{impl} [{backend}]" +
+                        ms=3, color=colour(impl, drawn), label=f"{impl} [{backend}]" +
                         ("" if is_chunk else " (window)"))
             for start in range(chunk, int(rows["context"].max()) + 1, chunk):
                 ax.axvline(start, color="grey", lw=0.6, ls=":")
@@ -287,7 +289,7 @@ def backends(table, meta):
     for ax, impl in zip(axes[:, 0], impls):
         g = every[every["impl"] == impl]
         cases = list(dict.fromkeys(g["case_id"]))
-        names = [b for b in ("fa2", "fa3", "auto") if b in set(g["backend"])]
+        names = [b for b in BACKEND_COLOUR if b in set(g["backend"])]
         width = 0.8 / len(names)
         for k, backend in enumerate(names):
             rows = g[g["backend"] == backend].set_index("case_id")

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
-BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]}
+BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6], "cudnn": OKABE_ITO[2]}
 
 
 def colour(impl: str, among=None) -> str:

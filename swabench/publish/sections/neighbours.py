@@ -6,9 +6,10 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import Run, Section, ratio
+from swabench.publish.sections.base import Run, Section, points, ratio
 
-TWIN = ["mode", "batch_size", "prefix_len", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim"]  # a step's shape
+TWIN = ["mode", "batch_size", "prefix_len", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim", "storage",
+        "page_size", "dtype", "kv_dtype", "logits_soft_cap", "sinks"]  # a step's shape, as far as the table has it
 REFERENCE = ("paged-window", "fa2")
 
 
@@ -17,10 +18,12 @@ def _path(t: pd.DataFrame) -> pd.Series:
 
 
 def _non_causal(run: Run) -> pd.DataFrame:
+    """The correct paths' non-causal points."""
     t = run.table
     if "causal" not in t:
         return t.iloc[:0]
-    return t[t["causal"].astype(str).str.lower() == "false"]
+    t = t[t["causal"].astype(str).str.lower() == "false"]
+    return t[t["kind"] == "correct"] if "kind" in t else t
 
 
 def noncausal_table(run: Run) -> pd.DataFrame:
@@ -50,13 +53,16 @@ def noncausal_said(run: Run) -> list[str]:
     wrong = table[table["wrong where declared"] > 0]
     caught = ", ".join(f"`{p}` on {w} of {n}" for p, w, n in zip(wrong["path"], wrong["wrong where declared"],
                                                                    wrong["points"]))
+    where = f"where {' and '.join(bugs)} is declared, each is wrong: {caught}" if len(wrong) else ""
     failed = table[table["fail"] > 0]
-    outside = (f"{int(failed['fail'].sum())} points fail outside any declared bug: "
-               + ", ".join(f"`{p}`" for p in failed["path"])) if len(failed) else "no point fails outside it"
-    where = f", except where {' and '.join(bugs)} is declared, and there each is wrong: {caught}" if len(wrong) \
-        else ""
-    return [f"{library_versions(run.meta)}: every correct path passes its non-causal points{where}; {outside} "
-            f"({run.name})."]
+    if len(failed):
+        n = int(failed["fail"].sum())
+        lead = (f"{points(n)} of correct paths {'fails' if n == 1 else 'fail'} outside any declared bug ("
+                + ", ".join(f"`{p}`" for p in failed["path"]) + ")" + (f"; {where}" if where else ""))
+    else:
+        lead = "every correct path passes its non-causal points" + (
+            f", except {where}; no point fails outside it" if where else "")
+    return [f"{library_versions(run.meta)}: {lead} ({run.name})."]
 
 
 def _chunked(run: Run) -> pd.DataFrame:
@@ -73,7 +79,9 @@ def _window_twins(run: Run, chunked: pd.DataFrame) -> pd.DataFrame:
                   & (t["attention_chunk"].fillna(0) == 0)]
     chunks = set(chunked["attention_chunk"].astype(int))
     reference = reference[reference["window_left"].isin({c - 1 for c in chunks})]
-    return reference.assign(attention_chunk=reference["window_left"] + 1)[TWIN + ["attention_chunk", "median_us"]]
+    key = [c for c in TWIN if c in t] + ["attention_chunk"]
+    reference = reference.assign(attention_chunk=reference["window_left"] + 1).fillna({c: -1 for c in key})
+    return reference.groupby(key, dropna=False)["median_us"].median().reset_index()  # one time per step shape
 
 
 def chunked_table(run: Run) -> pd.DataFrame:
@@ -83,10 +91,9 @@ def chunked_table(run: Run) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame()
     twins = _window_twins(run, t)
-    key = TWIN + ["attention_chunk"]
-    joined = t.assign(path=_path(t)).fillna({c: -1 for c in TWIN if c != "mode"})
-    twins = twins.fillna({c: -1 for c in TWIN if c != "mode"})
-    joined = joined.merge(twins, on=key, how="left", suffixes=("", "_window"))
+    key = [c for c in TWIN if c in t] + ["attention_chunk"]
+    joined = t.assign(path=_path(t)).fillna({c: -1 for c in key})
+    joined = joined.merge(twins, on=key, how="left", suffixes=("", "_window"), validate="many_to_one")
     rows = []
     for (path, kind), g in joined.groupby(["path", "kind"], sort=False):
         timed = g[(g["status"] == "pass") & g["median_us"].notna() & g["median_us_window"].notna()]
