@@ -111,6 +111,7 @@ def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
                "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     assert "22 windowed of 26 layers" in r.output
+    assert f'"{weighing.FULL_TABLE_DECODE}" is blank: no such path timed that step' in r.output  # no decode-window
     t = pd.read_csv(tmp_path / "run" / "price.csv").set_index("mode")
     assert list(t.index) == ["decode", "verify", "all modes"]
     whole = t["windowed layers (ms)"] + t["global layers (ms)"]

@@ -134,6 +134,8 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
     click.echo(f"{model_name}: {request.meta['price']['windowed_layers']} windowed of "
                f"{request.meta['price']['num_layers']} layers; milliseconds of attention per 1000 model steps")
     click.echo(markdown_table(table))
+    for column, why in weighing.blanks(outcome.table, request.meta).items():
+        click.echo(f"\"{column}\" is blank: {'; '.join(why)}")
     click.echo("KV MiB a request holds:")
     click.echo(markdown_table(weighing.kv(request.meta)))
     report_outcome(outcome, False, lifecycle.rerun_command(request.out))
