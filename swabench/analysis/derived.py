@@ -64,13 +64,10 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
 def with_span(table: pd.DataFrame) -> pd.DataFrame:
     """The table with ``span`` (the keys a query may see, as pages print them; not stored)."""
-    if "span" in table:
-        return table
     chunks = table["attention_chunk"].fillna(0) if "attention_chunk" in table else [0] * len(table)
     return table.assign(span=[span(w, c) for w, c in zip(table["sliding_window"], chunks)])
 
 
 def load(run_dir) -> tuple[pd.DataFrame, dict]:
-    """A run's table with its derived columns and its span, and its metadata (store.run_folder.load)."""
-    table, meta = run_folder.load(run_dir, derive=add_derived)
-    return with_span(table), meta
+    """A run's table with its derived columns, and its metadata (store.run_folder.load)."""
+    return run_folder.load(run_dir, derive=add_derived)

@@ -17,9 +17,21 @@ FULL_TABLE_DECODE = "windowed decode by the CUDA-core kernel over the full table
 FULL_TABLE_IMPL, FULL_TABLE_BACKEND = "decode-window", "fa2"  # fa2's CUDA-core kernel, not auto's or cuDNN's pick
 
 
+def _timed(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[(rows["status"] == "pass") & rows["median_us"].notna()]
+
+
 def _fastest(rows: pd.DataFrame) -> float:
-    ok = rows[(rows["status"] == "pass") & rows["median_us"].notna()]
+    ok = _timed(rows)
     return float(ok["median_us"].min()) if len(ok) else float("nan")
+
+
+def _slower_paths(table: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per slower choice for the windowed layers, which rows run it: the naive masks (the baselines), and fa2's
+    CUDA-core decode over the full table."""
+    baselines = [i.name for i in registry.all_implementations() if i.baseline]
+    return {NAIVE: table["impl"].isin(baselines),
+            FULL_TABLE_DECODE: (table["impl"] == FULL_TABLE_IMPL) & (table["backend"] == FULL_TABLE_BACKEND)}
 
 
 def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
@@ -29,20 +41,17 @@ def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
 
     price, weights, modes = meta["price"], meta["trace"]["weights"], meta["trace"]["modes"]
     steps = price["model_steps"]
+    correct = table[table["kind"] == "correct"]
+    naive, full = _slower_paths(correct).values()
     rows = []
     for case_id, count in weights.items():
-        mine = table[table["case_id"] == case_id]
-        correct = mine[mine["kind"] == "correct"]
-        baselines = [i.name for i in registry.all_implementations() if i.baseline]
+        mine = correct["case_id"] == case_id
         layer, mode = price["layers"][case_id], modes[case_id]
-        best = _fastest(correct)
+        best = _fastest(correct[mine])
         windowed_decode = layer == "window" and mode == "decode"
         rows.append({"mode": mode, "layer": layer, "ms": best * count / steps,
-                     "naive": (_fastest(correct[correct["impl"].isin(baselines)]) if layer == "window" else best)
-                     * count / steps,
-                     "full": (_fastest(correct[(correct["impl"] == FULL_TABLE_IMPL)
-                                               & (correct["backend"] == FULL_TABLE_BACKEND)]) if windowed_decode else best)
-                     * count / steps})
+                     "naive": (_fastest(correct[mine & naive]) if layer == "window" else best) * count / steps,
+                     "full": (_fastest(correct[mine & full]) if windowed_decode else best) * count / steps})
     per = pd.DataFrame(rows)
     out = []
     for mode, g in [*per.groupby("mode", sort=False), ("all modes", per)]:
@@ -63,17 +72,13 @@ def blanks(table: pd.DataFrame, meta: dict) -> dict[str, list[str]]:
     the group)."""
     price, modes = meta["price"], meta["trace"]["modes"]
     windowed = [c for c, layer in price["layers"].items() if layer == "window"]
-    baselines = [i.name for i in registry.all_implementations() if i.baseline]
-    full_table = (table["impl"] == FULL_TABLE_IMPL) & (table["backend"] == FULL_TABLE_BACKEND)
-    choices = {NAIVE: (windowed, table["impl"].isin(baselines)),
-               FULL_TABLE_DECODE: ([c for c in windowed if modes.get(c) == "decode"], full_table)}
+    steps = {NAIVE: windowed, FULL_TABLE_DECODE: [c for c in windowed if modes.get(c) == "decode"]}
     out = {}
-    for column, (cases, paths) in choices.items():
-        rows = table[paths & table["case_id"].isin(cases)]
-        timed = set(rows[(rows["status"] == "pass") & rows["median_us"].notna()]["case_id"])
-        missing = rows[rows["case_id"].isin(set(cases) - timed)]
-        if set(cases) - timed:
-            said = missing.dropna(subset=["reason"]).drop_duplicates(["impl", "reason"])
+    for column, paths in _slower_paths(table).items():
+        rows = table[paths & table["case_id"].isin(steps[column])]
+        untimed = set(steps[column]) - set(_timed(rows)["case_id"])
+        if untimed:
+            said = rows[rows["case_id"].isin(untimed)].dropna(subset=["reason"]).drop_duplicates(["impl", "reason"])
             out[column] = [f"{r.impl}: {r.reason}" for r in said.itertuples()] or ["no such path timed that step"]
     return out
 

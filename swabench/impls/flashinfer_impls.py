@@ -392,6 +392,17 @@ def _cudnn_unsupported(case) -> str | None:
     return None
 
 
+VARIANTS: dict[str, Variant] = {}  # every registered path's call
+
+
+def planned_kv_lens(impl: str, case, qo_lens, kv_lens) -> list[int]:
+    """The keys each request's table holds as ``impl`` plans it: from the first key it keeps (a trimming path's
+    first page) to the key its table ends before."""
+    v, ps = VARIANTS[impl], case.page_size or 1
+    return [(v.end(case, q, k, ps) if v.end else k) - (v.start(case, q, k, ps) if v.start else 0)
+            for q, k in zip(qo_lens, kv_lens)]
+
+
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,
                      module: str = __name__, runner=None, also: Callable[..., str | None] | None = None, **roles):
     """Register a FlashInfer path for ``module``; ``roles`` are Implementation's role fields (baseline,
@@ -416,6 +427,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     wrapper = wrapper or ("decode" if variant.decode else "sink" if variant.sinks == "apply" else "prefill")
     modes = ("decode",) if variant.decode else variant.modes  # the decode wrapper takes one query per request
     requires = roles.pop("requires", frozenset({"sinks"} if variant.sinks else ()))
+    VARIANTS[name] = variant
     register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
                             backends=backends, modes=modes, requires=requires,
                             needs_cuda=True, unsupported=check, available=missing_api(_needs(variant)),

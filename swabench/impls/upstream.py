@@ -47,16 +47,15 @@ def _fa2_noncausal_split(impl: str, case, backend: str) -> bool:
 
 
 def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
-    """Per request, the rows fa2's split-KV schedule gets wrong for this path under a non-causal window."""
-    from swabench.core import semantics, workloads
-    from swabench.impls import fa2_split
+    """Per request, the rows fa2's split-KV schedule gets wrong for this path under a non-causal window, over
+    the lengths it plans."""
+    from swabench.core import workloads
+    from swabench.impls import fa2_split, flashinfer_impls
 
     qo_lens, kv_lens = workloads.request_lengths(case)
-    page_size = case.page_size or 1
-    if impl == "paged-trim":
-        kv_lens = [kv - semantics.trim_start(kv, qo, case.window_left, page_size) for qo, kv in zip(qo_lens, kv_lens)]
-    return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, page_size, case.num_qo_heads // case.num_kv_heads,
-                                case.num_kv_heads, case.head_dim, num_sms)
+    kv_lens = flashinfer_impls.planned_kv_lens(impl, case, qo_lens, kv_lens)
+    return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1,
+                                case.num_qo_heads // case.num_kv_heads, case.num_kv_heads, case.head_dim, num_sms)
 
 
 # The table: every library bug on a correct call that swabench knows, with where it shows.

@@ -133,7 +133,7 @@ def answers(runs: list[Run]) -> list[str]:
     beside = [s for r in runs for s in neighbours.noncausal_said(r)]  # every release
     older = {id(r) for r in releases.older_releases(runs)}
     runs = [r for r in runs if id(r) not in older]
-    beside += [s for r in runs for s in neighbours.chunked_said(r)[1:]]
+    beside += [s for r in runs for s in neighbours.chunked_findings(r)]
     steps = per_step(runs)
     if len(steps):
         parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "

@@ -103,6 +103,11 @@ def span_words(value: str) -> str:
     return f"window {value}" if value.isdigit() else "no window" if value == "none" else value
 
 
+def path_of(t: pd.DataFrame) -> pd.Series:
+    """Each row's path as the pages name it: 'impl [backend]'."""
+    return t["impl"] + " [" + t["backend"] + "]"
+
+
 def path_order(path: str) -> tuple:
     """Sort key of 'impl [backend]': registration order, then the backend."""
     return registry.order(path.split(" [")[0]), path

@@ -6,15 +6,11 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import Run, Section, points, ratio
+from swabench.publish.sections.base import Run, Section, path_of, points, ratio
 
 TWIN = ["mode", "batch_size", "prefix_len", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim", "storage",
         "page_size", "dtype", "kv_dtype", "logits_soft_cap", "sinks"]  # a step's shape, as far as the table has it
 REFERENCE = ("paged-window", "fa2")
-
-
-def _path(t: pd.DataFrame) -> pd.Series:
-    return t["impl"] + " [" + t["backend"] + "]"
 
 
 def _non_causal(run: Run) -> pd.DataFrame:
@@ -33,7 +29,7 @@ def noncausal_table(run: Run) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame()
     declared = t["upstream"].notna() if "upstream" in t else pd.Series(False, index=t.index)
-    t = t.assign(path=_path(t), declared=declared)
+    t = t.assign(path=path_of(t), declared=declared)
     rows = []
     for path, g in t.groupby("path", sort=False):
         ran = g[g["status"] != "skip"]
@@ -92,7 +88,7 @@ def chunked_table(run: Run) -> pd.DataFrame:
         return pd.DataFrame()
     twins = _window_twins(run, t)
     key = [c for c in TWIN if c in t] + ["attention_chunk"]
-    joined = t.assign(path=_path(t)).fillna({c: -1 for c in key})
+    joined = t.assign(path=path_of(t)).fillna({c: -1 for c in key})
     joined = joined.merge(twins, on=key, how="left", suffixes=("", "_window"), validate="many_to_one")
     rows = []
     for (path, kind), g in joined.groupby(["path", "kind"], sort=False):
@@ -110,7 +106,16 @@ def chunked_said(run: Run) -> list[str]:
     if t.empty:
         return []
     chunks = ", ".join(str(c) for c in sorted(set(t["attention_chunk"].astype(int))))
-    said = [f"Chunk {chunks}, {library_versions(run.meta)} ({run.name})."]
+    return [f"Chunk {chunks}, {library_versions(run.meta)} ({run.name}).", *chunked_findings(run)]
+
+
+def chunked_findings(run: Run) -> list[str]:
+    """What the gate found on the chunked points: where the natural mistake was caught, whether the correct
+    paths passed."""
+    t = _chunked(run)
+    if t.empty:
+        return []
+    said = []
     bugs = t[t["kind"] == "known-bug"]
     for impl, g in bugs.groupby("impl", sort=False):
         must = g["must_fail"].astype(str).str.lower() == "true"

@@ -8,7 +8,8 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.impls import registry
 from swabench.analysis.derived import with_span
-from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_order, points, ratio,
+from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_of, path_order, points,
+                                            ratio,
                                             span, span_words, spread)
 
 MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
@@ -81,7 +82,7 @@ def against_reference(run: Run) -> pd.DataFrame:
     v = against_reference_long(run.table)
     if not len(v):
         return pd.DataFrame()
-    v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
+    v = v.assign(path=path_of(v))
     v["cell"] = [ratio(m) if n == 1 else f"{ratio(m)} ({ratio(b)}-{ratio(w)}, {n})"
                  for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
     wide = v.pivot_table(index=CELL, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
@@ -93,7 +94,7 @@ def against_reference_said(run: Run) -> list[str]:
     v = against_reference_long(run.table)
     if not len(v):
         return []
-    v = v.assign(path=[f"{i} [{b}]" for i, b in zip(v["impl"], v["backend"])])
+    v = v.assign(path=path_of(v))
     said = [_where(v[v["path"] == path], run) for path in sorted(set(v["path"]), key=path_order)]
     return ["\n".join(said), _resolved(versus.against_reference(run.table, baselines=False), run)]
 
@@ -148,7 +149,7 @@ def decode_against_reference(table: pd.DataFrame) -> pd.DataFrame:
     drawn = per_point.reindex(columns=["length_dist"])["length_dist"].astype(object).fillna("").astype(str) \
         .str.replace(r"^prefix_len=", "", regex=True)  # a drawn seq_len keeps its name: it counts the query too
     context = [str(int(u)) if u == u else d for u, d in zip(uniform, drawn)]  # a per-request mix by its summary
-    return per_point.assign(path=[f"{i} [{b}]" for i, b in zip(per_point["impl"], per_point["backend"])],
+    return per_point.assign(path=path_of(per_point),
                             context=context)
 
 
