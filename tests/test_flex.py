@@ -262,3 +262,21 @@ def test_a_rebuilt_peer_shows_beside_its_old_numbers_on_the_cases_both_runs_hold
     assert said == ["- `flex-flat` (`old`) then `flex-window` (`new`), time / reference on the 3 cases both ran: "
                     "verify 20.00x then 3.00x; decode 200.00x (100.00-300.00, 2) then 3.00x (2.00-4.00, 2)."]
     assert by_key("peers-rebuilt").across([new]) == []
+
+
+def test_the_compile_section_counts_the_first_calls_that_compiled_and_names_the_longest():
+    from swabench.publish.sections import Run, by_key
+
+    rows = [dict(case_id=c, case=f"case {c}", impl=i, backend=b, kind="correct", status="pass", median_us=1.0,
+                 compile_s=s)
+            for c, i, b, s in [("a", "flex-window", "flex", 12.0), ("b", "flex-window", "flex", 0.01),
+                               ("a", "flex-flat", "flex", 0.5), ("b", "flex-flat", "flex", 30.0),
+                               ("a", "paged-window", "fa2", None)]]
+    run = Run("r", pd.DataFrame(rows), {})
+    section = by_key("compiles")
+    table = section.table(run).set_index("path")
+    assert table.index.tolist() == ["flex-window [flex]", "flex-flat [flex]"]  # registration order, FlashInfer has none
+    assert table.loc["flex-window [flex]", "first calls of 1 s or more"] == 1
+    assert table.loc["flex-flat [flex]", "their seconds"] == "30.0" and table.loc["flex-flat [flex]", "points"] == 2
+    assert section.said(run) == ["- The longest first call: `flex-flat` [flex], 30.0 s at case b (`r`)."]
+    assert section.table(Run("r", pd.DataFrame(rows[-1:]), {})).empty

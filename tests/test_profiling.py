@@ -73,3 +73,42 @@ def test_nsys_times_are_held_against_a_run_without_the_profiler():
                         {"case_id": "abc", "impl": "paged-window", "backend": "fa3", "median_us": 99.0}])
     out = profiling.hold_against(stats, run)
     assert out["graph_unprofiled_us"].tolist() == [50.5] and abs(out["agreement_unprofiled"][0] - 0.01) < 1e-12
+
+
+def profiled_folder(path, nsys=True):
+    """A run folder of two decode cases through the reference path and FlexAttention, with the kernels
+    Nsight Systems saw when ``nsys``."""
+    import json
+
+    path.mkdir()
+    (path / "meta.json").write_text(json.dumps({"scenario": "peers", "format_version": 6}))
+    rows = [dict(case_id=c, case=f"decode {c}", impl=i, backend=b, library=lib, kind="correct", status="pass",
+                 mode="decode", storage="paged", batch_size=64, prefix_len=8192, median_us=us)
+            for c, (fa2, flex) in {"c1": (10.0, 40.0), "c2": (20.0, 30.0)}.items()
+            for i, b, lib, us in [("paged-window", "fa2", "flashinfer", fa2), ("flex-window", "flex", "flex", flex)]]
+    pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
+    if nsys:
+        stats = pd.DataFrame([dict(case_id=r["case_id"], case=r["case"], impl=r["impl"], backend=r["backend"],
+                                   kernels=f"k_{r['impl']} x1 {r['median_us'] / 2:.3g} us",
+                                   nsys_kernel_us=r["median_us"] / 2) for r in rows])
+        stats.to_csv(path / "nsys_stats.csv", index=False)
+    return path
+
+
+def test_a_profiled_run_shows_its_kernels_against_the_reference_and_leaves_the_timed_tables(tmp_path):
+    from swabench.publish import findings
+    from swabench.publish.sections import answers, by_key
+
+    profiled, plain = findings.load([profiled_folder(tmp_path / "p"), profiled_folder(tmp_path / "r", nsys=False)])
+    assert profiled.profiled and not profiled.timed and plain.timed and not plain.profiled
+    kernels = by_key("kernels")
+    table = kernels.table(profiled)
+    assert table["path"].tolist() == ["paged-window [fa2]", "flex-window [flex]"] * 2
+    assert table["/ reference"].tolist() == ["1.00", "4.00", "1.00", "1.50"]
+    assert table["kernels (launches, busy us a call)"].iloc[1] == "k_flex-window x1 20 us"
+    assert kernels.said(profiled) == [f"- `flex-window` [flex]: its kernels take 1.50 to 4.00 times the reference's "
+                                      f"busy time over 2 points (`{tmp_path / 'p'}`)."]
+    assert kernels.table(plain).empty
+    assert "`" + str(tmp_path / "p") not in "\n".join(by_key("peers").for_runs([profiled, plain]))
+    assert answers.peers_at_serving_sizes([profiled, plain]) == [
+        f"- `flex-window`: within 10x on 2 of 2, median 2.75x the reference (`{tmp_path / 'r'}`)."]

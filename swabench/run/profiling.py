@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import run_folder
+from swabench.store import run_folder, schema
 from swabench.run import lifecycle
 from swabench.errors import UserError
 from swabench.measure.markers import parse_point
@@ -44,7 +44,7 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
     stats = nsys_kernel_table(sqlite, run_folder.load(out)[0])
     if against is not None:
         stats = hold_against(stats, run_folder.load(against)[0])
-    run_folder.atomic_write(out / "nsys_stats.csv", stats.to_csv(index=False))
+    run_folder.atomic_write(out / schema.KERNELS, stats.to_csv(index=False))
     return stats
 
 

@@ -10,7 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
-from swabench.publish.sections import neighbours, releases
+from swabench.publish.sections import neighbours, releases, speed
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
@@ -127,6 +127,19 @@ def whole_models(runs: list[Run]) -> list[str]:
     return said
 
 
+def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
+    """Per peer, over every run: how many of its decode and verify points at serving sizes come within 10x
+    of the reference path, and its median time / the reference's there."""
+    found = [speed.at_serving_sizes(speed.peer_points(r.table)).assign(run=r.name) for r in runs if r.timed]
+    found = [f for f in found if len(f)]
+    if not found:
+        return []
+    points = pd.concat(found)
+    return [f"- `{impl}`: within {speed.PEER_BOUND}x on {int((g['ratio'] <= speed.PEER_BOUND).sum())} of {len(g)}, "
+            f"median {ratio(g['ratio'].median())}x the reference ({', '.join(dict.fromkeys(g['run']))})."
+            for impl, g in sorted(points.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
+
+
 def answers(runs: list[Run]) -> list[str]:
     parts = []
     by_release = releases.in_short(runs)
@@ -151,6 +164,11 @@ def answers(runs: list[Run]) -> list[str]:
     if models:
         parts += ["**A whole model's step.** Its windowed and global layers, each step at its fastest correct path "
                   "(detail under Whole-model price):\n" + "\n".join(models)]
+    peers = peers_at_serving_sizes(runs)
+    if peers:
+        parts += [f"**The other libraries at serving sizes.** Their decode and verify points at batch >= "
+                  f"{speed.PEER_BATCH} and context >= {speed.PEER_CONTEXT // 1024}k against the reference path on the "
+                  f"same case (detail under Peers):\n" + "\n".join(peers)]
     if beside:
         parts += ["**Beside the causal window** (non-causal windows, chunked attention):\n"
                   + "\n".join(f"- {s}" for s in beside)]

@@ -29,9 +29,17 @@ class Run:
         return f"`{self.folder}`"
 
     @property
+    def profiled(self) -> bool:
+        """Whether the run was made under Nsight Systems (``swabench profile``: its kernels table is there)."""
+        from swabench.store import run_folder, schema
+
+        return run_folder.stored(self.folder, schema.KERNELS).exists()
+
+    @property
     def timed(self) -> bool:
-        """Whether any point of the run has a kernel time (a check has none)."""
-        return bool(len(self.table)) and not self.table["median_us"].isna().all()
+        """Whether the pages compare the run's kernel times: some point has one (a check has none) and the
+        run was not made under a profiler, whose tracing lengthens every call (its kernels have a section)."""
+        return bool(len(self.table)) and not self.table["median_us"].isna().all() and not self.profiled
 
 
 def _nothing(run: Run) -> pd.DataFrame:

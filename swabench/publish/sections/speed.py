@@ -185,24 +185,30 @@ def decode_said(run: Run) -> list[str]:
 PEER_BATCH, PEER_CONTEXT, PEER_BOUND = 32, 8192, 10  # where a peer is held to 10x the reference (serving sizes)
 
 
-def _peers(table: pd.DataFrame) -> pd.DataFrame:
+def peer_points(table: pd.DataFrame) -> pd.DataFrame:
     """Per point: every correct path of a library other than the reference paths', against the reference."""
     library = versus.reference_library()
     per_point = versus.against_reference(table)
     return per_point[per_point["library"] != library]
 
 
+def at_serving_sizes(per_point: pd.DataFrame) -> pd.DataFrame:
+    """The decode and verify points a peer is held to 10x at: batch >= 32, context >= 8k."""
+    context = per_point["prefix_len"].fillna(per_point["seq_len"] - 1) if "seq_len" in per_point \
+        else per_point["prefix_len"]
+    return per_point[per_point["mode"].isin(("decode", "verify")) & (per_point["batch_size"] >= PEER_BATCH)
+                     & (context >= PEER_CONTEXT)]
+
+
 def peers(run: Run) -> pd.DataFrame:
     """Each peer per mode: its time / the reference path's (median over cases), how often it comes within
     10x at serving sizes (batch >= 32, context >= 8k, decode and verify), and how it was laid out."""
-    p = _peers(run.table)
+    p = peer_points(run.table)
     if p.empty:
         return pd.DataFrame()
     rows = []
     for (impl, mode), g in p.groupby(["impl", "mode"]):
-        context = g["prefix_len"].fillna(g["seq_len"] - 1) if "seq_len" in g else g["prefix_len"]
-        big = g[(g["batch_size"] >= PEER_BATCH) & (context >= PEER_CONTEXT)] \
-            if mode in ("decode", "verify") else g.iloc[0:0]
+        big = at_serving_sizes(g)
         layouts = g["wrapper_mode"].dropna()
         rows.append({"peer": impl, "mode": mode, MEDIAN: spread(g["ratio"]),
                      f"within {PEER_BOUND}x at batch >= {PEER_BATCH}, context >= {PEER_CONTEXT // 1024}k":
@@ -236,11 +242,11 @@ def peers_rebuilt(runs: list[Run]) -> list[str]:
     said = []
     for old_name, new_name in REBUILT.items():
         for new in runs:
-            n = _peers(new.table)
+            n = peer_points(new.table)
             n = n[n["impl"] == new_name]
             older = [o for o in runs if o is not new and o.meta.get("scenario") == new.meta.get("scenario")]
             for old in older:
-                o = _peers(old.table)
+                o = peer_points(old.table)
                 o = o[(o["impl"] == old_name) & o["case_id"].isin(n["case_id"])].sort_values("mode", key=mode_order)
                 if o.empty:
                     continue
