@@ -278,5 +278,6 @@ def test_the_compile_section_counts_the_first_calls_that_compiled_and_names_the_
     assert table.index.tolist() == ["flex-window [flex]", "flex-flat [flex]"]  # registration order, FlashInfer has none
     assert table.loc["flex-window [flex]", "first calls of 1 s or more"] == 1
     assert table.loc["flex-flat [flex]", "their seconds"] == "30.0" and table.loc["flex-flat [flex]", "points"] == 2
+    assert table.loc["flex-flat [flex]", "longest at"] == "case b" and table.loc["flex-flat [flex]", "longest s"] == "30.0"
     assert section.said(run) == ["- The longest first call: `flex-flat` [flex], 30.0 s at case b (`r`)."]
     assert section.table(Run("r", pd.DataFrame(rows[-1:]), {})).empty

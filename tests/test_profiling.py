@@ -1,6 +1,7 @@
 import sqlite3
 
 import pandas as pd
+import pytest
 
 from swabench.run import profiling
 
@@ -75,40 +76,66 @@ def test_nsys_times_are_held_against_a_run_without_the_profiler():
     assert out["graph_unprofiled_us"].tolist() == [50.5] and abs(out["agreement_unprofiled"][0] - 0.01) < 1e-12
 
 
+
 def profiled_folder(path, nsys=True):
-    """A run folder of two decode cases through the reference path and FlexAttention, with the kernels
-    Nsight Systems saw when ``nsys``."""
+    """A run folder of three decode cases (ids of digits, as a case_id can be) through the reference path and
+    FlexAttention, two at serving sizes, with the kernels Nsight Systems saw when ``nsys``."""
     import json
 
     path.mkdir()
     (path / "meta.json").write_text(json.dumps({"scenario": "peers", "format_version": 6}))
     rows = [dict(case_id=c, case=f"decode {c}", impl=i, backend=b, library=lib, kind="correct", status="pass",
-                 mode="decode", storage="paged", batch_size=64, prefix_len=8192, median_us=us)
-            for c, (fa2, flex) in {"c1": (10.0, 40.0), "c2": (20.0, 30.0)}.items()
-            for i, b, lib, us in [("paged-window", "fa2", "flashinfer", fa2), ("flex-window", "flex", "flex", flex)]]
+                 mode="decode", storage="paged", batch_size=batch, prefix_len=8192, median_us=us)
+            for c, (batch, fa2, flex) in {"0102": (64, 10.0, 40.0), "0101": (64, 20.0, 30.0),
+                                          "0103": (8, 1.0, 50.0)}.items()
+            for i, b, lib, us in [("flex-window", "flex", "flex", flex), ("paged-window", "fa2", "flashinfer", fa2)]]
     pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
     if nsys:
         stats = pd.DataFrame([dict(case_id=r["case_id"], case=r["case"], impl=r["impl"], backend=r["backend"],
                                    kernels=f"k_{r['impl']} x1 {r['median_us'] / 2:.3g} us",
-                                   nsys_kernel_us=r["median_us"] / 2) for r in rows])
+                                   nsys_kernel_us=r["median_us"] / 2) for r in rows[:4]])
         stats.to_csv(path / "nsys_stats.csv", index=False)
     return path
 
 
-def test_a_profiled_run_shows_its_kernels_against_the_reference_and_leaves_the_timed_tables(tmp_path):
+def test_a_profiled_run_shows_its_kernels_against_the_reference(tmp_path):
     from swabench.publish import findings
-    from swabench.publish.sections import answers, by_key
+    from swabench.publish.sections import by_key
 
     profiled, plain = findings.load([profiled_folder(tmp_path / "p"), profiled_folder(tmp_path / "r", nsys=False)])
-    assert profiled.profiled and not profiled.timed and plain.timed and not plain.profiled
+    assert profiled.profiled and not plain.profiled
     kernels = by_key("kernels")
     table = kernels.table(profiled)
+    assert table["case"].tolist() == ["decode 0102"] * 2 + ["decode 0101"] * 2  # the run's order, ids kept as text
     assert table["path"].tolist() == ["paged-window [fa2]", "flex-window [flex]"] * 2
     assert table["/ reference"].tolist() == ["1.00", "4.00", "1.00", "1.50"]
     assert table["kernels (launches, busy us a call)"].iloc[1] == "k_flex-window x1 20 us"
     assert kernels.said(profiled) == [f"- `flex-window` [flex]: its kernels take 1.50 to 4.00 times the reference's "
                                       f"busy time over 2 points (`{tmp_path / 'p'}`)."]
     assert kernels.table(plain).empty
-    assert "`" + str(tmp_path / "p") not in "\n".join(by_key("peers").for_runs([profiled, plain]))
-    assert answers.peers_at_serving_sizes([profiled, plain]) == [
-        f"- `flex-window`: within 10x on 2 of 2, median 2.75x the reference (`{tmp_path / 'r'}`)."]
+
+
+@pytest.mark.parametrize("text", ["\n", "case_id,case,impl,backend,kernels,nsys_kernel_us\n"])
+def test_a_profile_that_tied_no_kernel_to_a_point_has_no_kernels_table(tmp_path, text):
+    from swabench.publish import findings
+    from swabench.publish.sections import by_key
+
+    (profiled_folder(tmp_path / "p") / "nsys_stats.csv").write_text(text)
+    assert by_key("kernels").for_runs(findings.load([tmp_path / "p"])) == []
+
+
+def test_the_findings_page_keeps_a_profiled_run_to_its_kernels_runs_and_correctness(tmp_path):
+    from swabench.publish import findings
+    from swabench.publish.sections import by_key
+
+    profiled, plain = findings.load([profiled_folder(tmp_path / "p"), profiled_folder(tmp_path / "r", nsys=False)])
+    page = findings.page([profiled, plain], "swabench findings p r")
+    kernels, peers = page.split("## Under Nsight Systems")[1], page.split("## Peers:")[1].split("\n## ")[0]
+    assert profiled.name in kernels and profiled.name not in peers and plain.name in peers
+    assert f"- {profiled.name}: run of scenario `peers` made under a profiler" in page
+    answer = page.split("**The other libraries at serving sizes.**")[1].split("\n\n")[0]
+    assert f"`flex-window`: within 10x on 2 of 2 cases, median 2.75x the reference ({plain.name})." in answer
+    assert by_key("peers").for_run(profiled)  # its own report keeps its timed tables
+    (tmp_path / "p" / "nsys_stats.csv").unlink()
+    (tmp_path / "p" / "torch_stats.txt").write_text("table\n")
+    assert findings.load([tmp_path / "p"])[0].profiled  # torch.profiler's run too

@@ -58,7 +58,7 @@ def run_under_torch_profiler(request: lifecycle.Request, progress: lifecycle.Pro
         outcome = lifecycle.execute(request, progress)
     prof.export_chrome_trace(str(request.out / "torch_trace.json"))
     text = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
-    run_folder.atomic_write(request.out / "torch_stats.txt", text + "\n")
+    run_folder.atomic_write(request.out / schema.TORCH_STATS, text + "\n")
     return outcome, text
 
 

@@ -17,6 +17,8 @@ SCENARIO = "scenario.toml"  # the scenario file exactly as run
 REPLAY = "replay.csv"  # a replay's steps x paths, each with its count and weighted time (analysis.replay.steps)
 PRICE = "price.csv"  # a price run's milliseconds per 1000 model steps per mode (analysis.price.per_mode)
 KERNELS = "nsys_stats.csv"  # a run made under Nsight Systems: the kernels of every timed point (run.profiling)
+TORCH_STATS = "torch_stats.txt"  # a run made under torch.profiler: its kernel table (run.profiling)
+PROFILER_TABLES = (KERNELS, TORCH_STATS)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")

@@ -128,16 +128,17 @@ def whole_models(runs: list[Run]) -> list[str]:
 
 
 def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
-    """Per peer, over every run: how many of its decode and verify points at serving sizes come within 10x
-    of the reference path, and its median time / the reference's there."""
+    """Per peer: how many of its decode and verify cases at serving sizes come within 10x of the reference
+    path, and its median time / the reference's there; a case several runs hold counts once, from the first
+    run given that has it."""
     found = [speed.at_serving_sizes(speed.peer_points(r.table)).assign(run=r.name) for r in runs if r.timed]
     found = [f for f in found if len(f)]
     if not found:
         return []
-    points = pd.concat(found)
-    return [f"- `{impl}`: within {speed.PEER_BOUND}x on {int((g['ratio'] <= speed.PEER_BOUND).sum())} of {len(g)}, "
-            f"median {ratio(g['ratio'].median())}x the reference ({', '.join(dict.fromkeys(g['run']))})."
-            for impl, g in sorted(points.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
+    cases = pd.concat(found).drop_duplicates(["impl", "backend", "case_id"])
+    return [f"- `{impl}`: within {speed.PEER_BOUND}x on {int((g['ratio'] <= speed.PEER_BOUND).sum())} of {len(g)} "
+            f"cases, median {ratio(g['ratio'].median())}x the reference ({', '.join(dict.fromkeys(g['run']))})."
+            for impl, g in sorted(cases.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
 
 
 def answers(runs: list[Run]) -> list[str]:
@@ -168,7 +169,7 @@ def answers(runs: list[Run]) -> list[str]:
     if peers:
         parts += [f"**The other libraries at serving sizes.** Their decode and verify points at batch >= "
                   f"{speed.PEER_BATCH} and context >= {speed.PEER_CONTEXT // 1024}k against the reference path on the "
-                  f"same case (detail under Peers):\n" + "\n".join(peers)]
+                  f"same case, over the runs named (their releases under Runs; detail under Peers):\n" + "\n".join(peers)]
     if beside:
         parts += ["**Beside the causal window** (non-causal windows, chunked attention):\n"
                   + "\n".join(f"- {s}" for s in beside)]

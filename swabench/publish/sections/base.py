@@ -30,16 +30,15 @@ class Run:
 
     @property
     def profiled(self) -> bool:
-        """Whether the run was made under Nsight Systems (``swabench profile``: its kernels table is there)."""
+        """Whether the run was made under a profiler (``swabench profile``: its kernel tables are there)."""
         from swabench.store import run_folder, schema
 
-        return run_folder.stored(self.folder, schema.KERNELS).exists()
+        return any(run_folder.stored(self.folder, name).exists() for name in schema.PROFILER_TABLES)
 
     @property
     def timed(self) -> bool:
-        """Whether the pages compare the run's kernel times: some point has one (a check has none) and the
-        run was not made under a profiler, whose tracing lengthens every call (its kernels have a section)."""
-        return bool(len(self.table)) and not self.table["median_us"].isna().all() and not self.profiled
+        """Whether any point of the run has a kernel time (a check has none)."""
+        return bool(len(self.table)) and not self.table["median_us"].isna().all()
 
 
 def _nothing(run: Run) -> pd.DataFrame:
@@ -66,6 +65,7 @@ class Section:
     timed: bool = False  # only runs with kernel times have it
     across: Callable[[list[Run]], list[str]] | None = None
     every_release: bool = False  # findings: also the runs of a scenario made on older releases of a library
+    profiled: bool = False  # findings: also the runs made under a profiler, whose tracing lengthens every call
 
     def head(self) -> list[str]:
         title, caption = (x() if callable(x) else x for x in (self.title, self.caption))
@@ -81,7 +81,7 @@ class Section:
     def for_runs(self, runs: list[Run]) -> list[str]:
         """The section on the findings page: each run's sentences and table under a line naming its folder
         (or one table of every run's rows); nothing where no run has anything for it."""
-        runs = [r for r in runs if r.timed or not self.timed]
+        runs = [r for r in runs if (r.timed or not self.timed) and (self.profiled or not r.profiled)]
         if self.across:
             body = self.across(runs)
         elif self.one_table:

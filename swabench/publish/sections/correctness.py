@@ -117,7 +117,7 @@ def _xpass(r: Run) -> list[str]:
 
 
 SECTIONS = [
-    Section("correctness", "Correctness", "", pages=frozenset({FINDINGS}), across=across_runs),
+    Section("correctness", "Correctness", "", pages=frozenset({FINDINGS}), across=across_runs, profiled=True),
     Section("correctness-matrix", "Correctness", "Points per status for each implementation and backend, the worst "
             "error of a passing point, and the smallest error of a caught known bug.",
             lambda run: correctness_matrix(run.table), _summary_line, pages=frozenset({REPORT, SUMMARY})),

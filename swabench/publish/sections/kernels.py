@@ -7,32 +7,37 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.impls import registry
-from swabench.publish.sections.base import Run, Section, path_of, path_order, points, ratio, span
+from swabench.publish.sections.base import Run, Section, micros, path_of, path_order, points, ratio, span
 from swabench.store import run_folder, schema
-
-BUSY = "kernels' busy us a call"
 
 
 def kernel_times(run: Run) -> pd.DataFrame:
-    """Per profiled point: its case, path, kernels and busy time a call, with ``ratio`` = that time / the
-    reference path's on the same case (NaN where the reference was not profiled there); empty unless the
-    run was made under Nsight Systems."""
-    if not run.profiled:
+    """Per profiled point, in the run's order: its case, path, kernels and busy time a call, whether it is
+    the reference path, and ``ratio`` = its busy time / the reference path's on the same case (NaN where
+    the reference was not profiled there); empty unless the run was made under Nsight Systems."""
+    path = run_folder.stored(run.folder, schema.KERNELS)
+    try:
+        stats = pd.read_csv(path, dtype={k: str for k in schema.KEY})
+    except (FileNotFoundError, pd.errors.EmptyDataError):  # no nsys run, or one that tied no kernel to a point
         return pd.DataFrame()
-    stats = pd.read_csv(run_folder.stored(run.folder, schema.KERNELS), dtype={k: str for k in schema.KEY})
-    t = stats.merge(run.table[[*schema.KEY, "storage", "mode"]], on=list(schema.KEY))
-    is_ref = [(i, b) == registry.reference_path(s) for i, b, s in zip(t["impl"], t["backend"], t["storage"])]
-    ref = t[is_ref].set_index("case_id")["nsys_kernel_us"]
-    return t.assign(path=path_of(t), ratio=t["nsys_kernel_us"] / t["case_id"].map(ref))
+    stats["impl"] = stats["impl"].replace(schema.renamed_impls(run.meta.get("format_version", 1)))
+    t = run.table[[*schema.KEY, "kind", "status", "storage"]].merge(stats, on=list(schema.KEY))
+    if t.empty:
+        return t
+    reference = pd.Series([(i, b) == registry.reference_path(s) for i, b, s in
+                           zip(t["impl"], t["backend"], t["storage"])], index=t.index)
+    ref_us = t[reference].set_index("case_id")["nsys_kernel_us"]
+    return t.assign(path=path_of(t), reference=reference, ratio=t["nsys_kernel_us"] / t["case_id"].map(ref_us))
 
 
 def kernels_table(run: Run) -> pd.DataFrame:
     t = kernel_times(run)
     if t.empty:
         return t
-    t = t.assign(order=t["path"].map(path_order)).sort_values(["case", "order"])
+    case_rank = {c: i for i, c in enumerate(dict.fromkeys(t["case_id"]))}
+    t = t.assign(rank=t["case_id"].map(case_rank), order=t["path"].map(path_order)).sort_values(["rank", "order"])
     return pd.DataFrame({"case": t["case"], "path": t["path"], "kernels (launches, busy us a call)": t["kernels"],
-                         BUSY: t["nsys_kernel_us"].map(lambda x: f"{x:.3g}"),
+                         "kernels' busy us a call": t["nsys_kernel_us"].map(micros),
                          "/ reference": t["ratio"].map(lambda x: ratio(x) if x == x else "")}).reset_index(drop=True)
 
 
@@ -40,7 +45,7 @@ def kernels_said(run: Run) -> list[str]:
     t = kernel_times(run)
     if t.empty:
         return []
-    others = t[t["ratio"].notna() & (t["ratio"] != 1)]
+    others = t[~t["reference"] & t["ratio"].notna() & (t["kind"] == "correct") & (t["status"] == "pass")]
     said = [f"- `{impl}` [{backend}]: its kernels take {span(g['ratio'])} times the reference's busy time over "
             f"{points(len(g))} ({run.name})."
             for (impl, backend), g in sorted(others.groupby(["impl", "backend"]),
@@ -53,6 +58,6 @@ SECTIONS = [
             lambda: f"From a run made under Nsight Systems (`swabench profile`): per case and path, each kernel "
             f"launched in a call with its launches and busy time a call, the kernels' busy time a call, and that "
             f"time / the reference path's ({registry.describe_reference()}) on the same case. Tracing lengthens "
-            f"every call, so a profiled run's graph times stay out of the other tables.", kernels_table,
-            kernels_said),
+            f"every call, so the findings page keeps a profiled run's graph times out of its other tables.",
+            kernels_table, kernels_said, profiled=True),
 ]

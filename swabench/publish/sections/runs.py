@@ -20,7 +20,8 @@ def run_lines(runs: list[Run]) -> list[str]:
     lines = []
     for r in runs:
         note = run_folder.completeness(r.meta, r.table)
-        lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`, "
+        lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`"
+                     + (" made under a profiler" if r.profiled else "") + ", "
                      f"{len(r.table)} points over {r.table['case_id'].nunique()} cases"
                      + (f". **Incomplete run**: {note}" if note else "") + f". {environment_line(r.meta)}")
     return ["\n".join(lines)] if lines else []
@@ -40,7 +41,7 @@ def method(run: Run) -> pd.DataFrame:
 
 
 SECTIONS = [
-    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines, every_release=True),
+    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines, every_release=True, profiled=True),
     Section("environment", "Environment", "", environment, pages=frozenset({REPORT})),
     Section("method", "Method", "", method, pages=frozenset({REPORT})),
 ]
