@@ -139,3 +139,16 @@ def test_the_findings_page_keeps_a_profiled_run_to_its_kernels_runs_and_correctn
     (tmp_path / "p" / "nsys_stats.csv").unlink()
     (tmp_path / "p" / "torch_stats.txt").write_text("table\n")
     assert findings.load([tmp_path / "p"])[0].profiled  # torch.profiler's run too
+
+
+def test_an_older_profiled_folder_names_its_kernels_as_its_table_does(tmp_path):
+    """Before result format 6 flex-window was the flattened peer: its kernel rows read as flex-flat, like its table."""
+    import json
+
+    from swabench.publish import findings
+    from swabench.publish.sections import by_key
+
+    folder = profiled_folder(tmp_path / "p")
+    (folder / "meta.json").write_text(json.dumps({"scenario": "peers", "format_version": 5}))
+    table = by_key("kernels").table(findings.load([folder])[0])
+    assert table["path"].tolist() == ["paged-window [fa2]", "flex-flat [flex]"] * 2

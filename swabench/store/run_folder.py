@@ -341,8 +341,13 @@ def _stored_version(folder) -> int:
         return schema.FORMAT_VERSION
 
 
+def impl_renames(folder) -> dict[str, str]:
+    """The implementations the folder's stored tables name that are called otherwise now (old -> new)."""
+    return schema.renamed_impls(_stored_version(folder))
+
+
 def _renamed(rows: list[dict], folder) -> list[dict]:
-    names = schema.renamed_impls(_stored_version(folder))
+    names = impl_renames(folder)
     for row in rows:
         row["impl"] = names.get(row.get("impl"), row.get("impl"))
     return rows
@@ -378,7 +383,7 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
         table = to_table(_renamed(RunStore(folder).rows(), folder))
         return (derive(table, meta.get("peaks")) if derive else table), meta
     table = with_columns(_read_csv(stored(folder, TABLE), (*KEY, "status")))
-    table["impl"] = table["impl"].replace(schema.renamed_impls(_stored_version(folder)))
+    table["impl"] = table["impl"].replace(impl_renames(folder))
     return table, meta
 
 

@@ -20,7 +20,7 @@ def kernel_times(run: Run) -> pd.DataFrame:
         stats = pd.read_csv(path, dtype={k: str for k in schema.KEY})
     except (FileNotFoundError, pd.errors.EmptyDataError):  # no nsys run, or one that tied no kernel to a point
         return pd.DataFrame()
-    stats["impl"] = stats["impl"].replace(schema.renamed_impls(run.meta.get("format_version", 1)))
+    stats["impl"] = stats["impl"].replace(run_folder.impl_renames(run.folder))
     t = run.table[[*schema.KEY, "kind", "status", "storage"]].merge(stats, on=list(schema.KEY))
     if t.empty:
         return t
