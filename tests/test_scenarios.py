@@ -170,3 +170,12 @@ def test_the_commands_refuse_an_endless_or_deep_file_with_exit_2(tmp_path, comma
         r = invoke(command[0], path, *command[1:], "--out", tmp_path / "out") if command[0] != "show" else \
             invoke("show", path)
         assert r.exit_code == 2 and words in r.output, r.output
+
+
+@pytest.mark.parametrize("heads,group", [((8, 8), 1), ((64, 8), 8), ((40, 8), 5)])
+def test_a_case_knows_its_gqa_group(heads, group):
+    from swabench.spec import axes
+
+    case = axes.make_case({"mode": "decode", "batch_size": 2, "prefix_len": 64, "window_left": 15, "page_size": 16,
+                           "num_qo_heads": heads[0], "num_kv_heads": heads[1]})
+    assert case.gqa_group == group

@@ -56,11 +56,10 @@ def per_mode(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     out = []
     for mode, g in [*per.groupby("mode", sort=False), ("all modes", per)]:
         window, global_ = g[g["layer"] == "window"], g[g["layer"] == "global"]
-        whole = g["ms"].sum(min_count=len(g))
-        out.append({"mode": mode, "windowed layers (ms)": window["ms"].sum(min_count=len(window)),
+        windowed, whole = window["ms"].sum(min_count=len(window)), g["ms"].sum(min_count=len(g))
+        out.append({"mode": mode, "windowed layers (ms)": windowed,
                     "global layers (ms)": global_["ms"].sum(min_count=len(global_)) if len(global_) else 0.0,
-                    "whole model (ms)": whole,
-                    "windowed share": window["ms"].sum(min_count=len(window)) / whole,
+                    "whole model (ms)": whole, "windowed share": windowed / whole,
                     NAIVE: g["naive"].sum(min_count=len(g)),
                     FULL_TABLE_DECODE: g["full"].sum(min_count=len(g)) if "decode" in set(g["mode"]) else float("nan")})
     return pd.DataFrame(out)

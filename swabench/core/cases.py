@@ -147,6 +147,11 @@ class Case:
         return self.head_dim ** -0.5 if self.sm_scale is None else self.sm_scale
 
     @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head (the axes hold num_kv_heads >= 1 and dividing num_qo_heads)."""
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
     def cache_dtype(self) -> str:
         return self.kv_dtype or self.dtype
 

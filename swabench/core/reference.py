@@ -24,7 +24,7 @@ def attention(w: Workload) -> torch.Tensor:
     """Exact output ``[total_q, num_qo_heads, head_dim]`` in the accumulate dtype."""
     acc = accumulate_dtype(w.device)
     c = w.case
-    group = c.num_qo_heads // c.num_kv_heads
+    group = c.gqa_group
     out = torch.empty(w.q.shape, dtype=acc, device=w.device)
     row = 0
     for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):

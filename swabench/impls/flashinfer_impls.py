@@ -365,9 +365,8 @@ def unsupported(variant: Variant):
             return "fa3 has no custom-mask support"
         if backend == CUDNN:
             return _cudnn_unsupported(case)
-        group = case.num_qo_heads // max(case.num_kv_heads, 1)
-        if variant.decode == "cuda-core" and group not in CUDA_CORE_DECODE_GROUPS:
-            return (f"FlashInfer's CUDA-core decode kernel has no GQA group of {group} (DISPATCH_GQA_GROUP_SIZE "
+        if variant.decode == "cuda-core" and case.gqa_group not in CUDA_CORE_DECODE_GROUPS:
+            return (f"FlashInfer's CUDA-core decode kernel has no GQA group of {case.gqa_group} (DISPATCH_GQA_GROUP_SIZE "
                     f"takes {', '.join(map(str, CUDA_CORE_DECODE_GROUPS))}; \"Unsupported group_size\" at run); "
                     f"the tensor-core decode runs it")
         if backend == "fa3" and "fp8_kv" in case.features:

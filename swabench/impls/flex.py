@@ -212,7 +212,7 @@ class BatchedFlex(_FlexRunner):
         self.contiguous = contiguous
         self.queries = workloads.QueryBatch(w)
         self.batch, self.rows = self.queries.batch, self.queries.rows
-        self.group = c.num_qo_heads // c.num_kv_heads
+        self.group = c.gqa_group
         self.q_block = q_block_size(self.rows, self.group)
         self.kv_block = key_block_size(c, contiguous)
         kernel = "flex-decoding" if flex_decoding(self.rows, self.group) else "flex-attention"
@@ -360,7 +360,7 @@ class FlatFlex(_FlexRunner):
 
     def __init__(self, w):
         super().__init__(w)
-        group = w.case.num_qo_heads // w.case.num_kv_heads
+        group = w.case.gqa_group
         self.wrapper_mode = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
                              f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
 
@@ -377,7 +377,7 @@ class FlatFlex(_FlexRunner):
             return span.narrow(slot_request[kv] == q_request[q], slot_pos[kv], q_pos[q])
 
         self.score_mod = _soft_cap(c, dev)
-        block = (q_block_size(len(q_pos), c.num_qo_heads // c.num_kv_heads), SPARSE_BLOCK)
+        block = (q_block_size(len(q_pos), c.gqa_group), SPARSE_BLOCK)
         self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), slot_request.numel(), device=dev,
                                             BLOCK_SIZE=block)
         self.flex = _compiled_flex(dev)
@@ -397,7 +397,7 @@ def _flat_compile_class(case) -> tuple:
     kernel per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the
     H200, 10 s and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic
     shapes).  Queries are counted at the most a case can have (some modes draw fewer per request)."""
-    queries, group = case.batch_size * case.largest()[0], case.num_qo_heads // max(case.num_kv_heads, 1)
+    queries, group = case.batch_size * case.largest()[0], case.gqa_group
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
              case.causal, bool(case.attention_chunk))  # each narrows the mask_mod differently
     if flex_decoding(queries, group):
@@ -411,8 +411,7 @@ def _batched_compile_class(case, contiguous: bool) -> tuple:
     rows = case.largest()[0]
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
              case.causal, bool(case.attention_chunk))
-    kernel = "flex-decoding" if flex_decoding(rows, case.num_qo_heads // max(case.num_kv_heads, 1)) \
-        else "flex-attention"
+    kernel = "flex-decoding" if flex_decoding(rows, case.gqa_group) else "flex-attention"
     return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 
 

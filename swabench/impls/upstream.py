@@ -55,7 +55,7 @@ def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
     qo_lens, kv_lens = workloads.request_lengths(case)
     kv_lens = flashinfer_impls.planned_kv_lens(impl, case, qo_lens, kv_lens)
     return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1,
-                                case.num_qo_heads // case.num_kv_heads, case.num_kv_heads, case.head_dim, num_sms)
+                                case.gqa_group, case.num_kv_heads, case.head_dim, num_sms)
 
 
 # The table: every library bug on a correct call that swabench knows, with where it shows.

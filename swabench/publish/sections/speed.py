@@ -9,8 +9,7 @@ from swabench.analysis import versus
 from swabench.impls import registry
 from swabench.analysis.derived import with_span
 from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_of, path_order, points,
-                                            ratio,
-                                            span, span_words, spread)
+                                            ratio, span, span_words, spread)
 
 MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
 
