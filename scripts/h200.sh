@@ -41,6 +41,9 @@
 #   price    `swabench price` of GPT-OSS-120B, Gemma-3-27B and Llama-4-Scout over their models.toml steps
 #   release  release.toml on the installed FlashInfer release (every module built first, 16 at once):
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
+#   counters-tests  the Nsight Compute and clock GPU tests alone (a copy of N bytes reads N bytes; the decode cliff)
+#   ncu      `swabench profile --tool ncu` over default's and serving's decode, verify and extend steps named in
+#            NCU_DEFAULT and NCU_SERVING (case filters): OUTDIR/h200-ncu-default-VERSION, OUTDIR/h200-ncu-serving-VERSION
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
@@ -48,6 +51,9 @@
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
+# the published ncu steps: each scenario's decode, verify and extend steps at the shapes its findings quote
+: "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
+: "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -131,6 +137,15 @@ for step in $steps; do
     warmup-all) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup ${WARMUP_SCENARIOS:-default serving peers} \
                    --jobs 16 ) 2>&1 \
                  | tail -60 ;;
+    counters-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_counters.py \
+                 2>&1 | tee "$out/gpu-counters-tests.log" | tail -8 ;;
+    ncu)       v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               for s in default serving; do
+                 filters="NCU_${s^^}"; cases=()
+                 IFS=';' read -ra picked <<< "${!filters:-}"
+                 for c in "${picked[@]}"; do cases+=(--case "$c"); done
+                 ( time sb profile "$s" --tool ncu "${cases[@]}" --out "$out/h200-ncu-$s-$v" ) 2>&1 | tail -45
+               done ;;
     noncausal) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb run noncausal --out "$out/h200-noncausal-$v" ) 2>&1 | tail -30 ;;
     chunked)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)

@@ -77,6 +77,7 @@ def test_every_section_with_data_is_there(page):
                                     "Against the reference path (paged-window / ragged-window on fa2)",
                                     "Decode: each wrapper against paged-window / ragged-window on fa2",
                                     "Peers: how each is built, and what it costs",
+                                    "The machine's limit: each path against its roofline floor",
                                     "Compile cost: what a path pays before its first timed call",
                                     "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
 

@@ -44,6 +44,45 @@ def test_flops_and_bytes_match_brute_force(shape, head_dim, heads):
     assert semantics.minimum_bytes([qo], [kv], w, heads, 1, head_dim, 2) == expect
 
 
+def brute_rows_read(qo_len, kv_len, w, causal, chunk, page_size):
+    """K/V rows a perfect kernel reads, by enumeration: every row of every page that holds a key some
+    query sees (a page table starts on a page boundary; ragged storage is one-row pages)."""
+    pages = set()
+    for i in range(qo_len):
+        p = kv_len - qo_len + i
+        for j in range(kv_len):
+            if (j <= p or not causal) and (w < 0 or j >= p - w) and (chunk == 0 or j >= p - p % chunk):
+                pages.add(j // page_size)
+    return sum(1 for r in range(kv_len) if r // page_size in pages)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes, st.sampled_from(["paged", "ragged"]), st.sampled_from([1, 2, 3, 16, 64]), st.booleans(),
+       st.sampled_from([0, 0, 1, 4, 7, 16]), st.integers(1, 4), st.integers(1, 3), st.sampled_from([1, 2]))
+def test_minimum_traffic_matches_brute_force(shape, storage, page, causal, chunk, qo_heads, kv_heads, kv_width):
+    """Every storage, page size, window, chunk and causal setting: Q and the rows of every page some query
+    reads in, O out.  A chunk replaces the window and is causal, as the axes allow."""
+    qo, kv, w = shape
+    if chunk:
+        w, causal = semantics.NO_WINDOW, True
+    page_size = page if storage == "paged" else 1
+    head_dim, width = 8, 2
+    read, written = semantics.minimum_traffic([qo], [kv], w, qo_heads, kv_heads, head_dim, width, kv_width, chunk,
+                                              page_size)
+    rows = brute_rows_read(qo, kv, w, causal, chunk, page_size)
+    assert written == qo * qo_heads * head_dim * width
+    assert read == written + 2 * rows * kv_heads * head_dim * kv_width
+    assert semantics.minimum_bytes([qo, qo], [kv, kv], w, qo_heads, kv_heads, head_dim, width, kv_width, chunk,
+                                   page_size) == 2 * (read + written)
+
+
+def test_a_page_table_starts_on_a_page_boundary():
+    """The floor counts the rows before the first visible key in its page: decode at 100 keys with a
+    window of 9 sees keys 90..99; one-token pages read 10 rows, 16-row pages the 20 from row 80."""
+    assert semantics.window_keys(1, 100, 9) == 10
+    assert semantics.window_keys(1, 100, 9, page_size=16) == 20
+
+
 @settings(max_examples=200, deadline=None)
 @given(shapes, st.integers(1, 32))
 def test_trim_keeps_every_visible_key_on_a_page_boundary(shape, page_size):

@@ -1,5 +1,6 @@
 """Columns that need other rows of the table or the node's peaks: each point's speedup over its
-library's baseline and its share of the measured peaks.  Written into results.csv when a run
+library's baseline, its share of the measured peaks, its roofline floor and how close it comes to it,
+and its read amplification where Nsight Compute counted it.  Written into results.csv when a run
 finalizes; added on read for a folder that only has its journal."""
 
 from __future__ import annotations
@@ -56,9 +57,33 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
     table = table.copy()
     table["speedup_vs_mask"] = [speedup(r) for r in table.itertuples()]
+    return per_row(table, peaks)
+
+
+def floor_parts(table: pd.DataFrame, peaks: dict) -> tuple[pd.Series, pd.Series]:
+    """The two times no kernel beats, in microseconds: ``min_bytes`` at the measured copy bandwidth (bytes
+    read plus written, as the copy counts them), and the useful flops at the measured bf16 matmul rate."""
+    memory = table["min_bytes"].astype(float) / (peaks["copy_tbps"] * 1e12) * 1e6
+    compute = table["flops"].astype(float) / (peaks["bf16_matmul_tflops"] * 1e12) * 1e6
+    return memory, compute
+
+
+def per_row(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
+    """The columns each row has from its own numbers and the node's peaks: percent of each peak, the
+    floor (the larger of ``floor_parts``) and the share of it the point reaches (``pct_of_floor`` = 100 x
+    floor / median: 100 is the machine's limit), and, for a point Nsight Compute counted, its DRAM bytes
+    read over the bytes a perfect kernel reads (``read_amplification``)."""
+    if table.empty:
+        return table
     if peaks:
-        table["pct_peak_tflops"] = 100 * table["tflops"] / peaks["bf16_matmul_tflops"]
-        table["pct_peak_tbps"] = 100 * table["tbps"] / peaks["copy_tbps"]
+        table = table.assign(pct_peak_tflops=100 * table["tflops"] / peaks["bf16_matmul_tflops"],
+                             pct_peak_tbps=100 * table["tbps"] / peaks["copy_tbps"])
+    if peaks and {"min_bytes", "flops"} <= set(table.columns):
+        memory, compute = floor_parts(table, peaks)
+        table = table.assign(floor_us=memory.where(memory >= compute, compute))
+        table["pct_of_floor"] = 100 * table["floor_us"] / table["median_us"]
+    if "dram_read_bytes" in table and "min_read_bytes" in table:
+        table = table.assign(read_amplification=table["dram_read_bytes"].astype(float) / table["min_read_bytes"])
     return table
 
 
@@ -69,5 +94,7 @@ def with_span(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def load(run_dir) -> tuple[pd.DataFrame, dict]:
-    """A run's table with its derived columns, and its metadata (store.run_folder.load)."""
-    return run_folder.load(run_dir, derive=add_derived)
+    """A run's table with its derived columns, and its metadata (store.run_folder.load); a table written
+    before a column existed gets what its own rows and peaks give (the floor of a format-6 folder)."""
+    table, meta = run_folder.load(run_dir, derive=add_derived)
+    return per_row(table, meta.get("peaks")), meta

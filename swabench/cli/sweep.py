@@ -3,6 +3,7 @@ only show what a sweep would do (list, show, models)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -15,14 +16,17 @@ from swabench.spec import scenarios
 
 
 def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
-                  model=None):
+                  model=None, counted=False):
     device = device_of(device)
+    if counted and device.type != "cuda":
+        raise InputError("--count: the counted calls are for Nsight Compute on a GPU (swabench profile --tool ncu)")
     s = load(model_scenario(scenario, model, device.type), impls, cases, device.type, model)
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
-    out = Path(out) if out else lifecycle.default_out(s.name, device.type, "run" if timed else "check")
-    outcome = lifecycle.execute(lifecycle.Request(s, out, device, timed, resume, l2, sharding), Bar())
+    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted)
+    out = Path(out) if out else lifecycle.default_out(s.name, device.type, request.what)
+    outcome = lifecycle.execute(dataclasses.replace(request, out=out), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out))
 
 
@@ -33,7 +37,9 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
 @opt("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
 @opt("--gpus", metavar="all|N|0,2", help="One worker per GPU on this node, each on its own shard, merged into --out.")
 @costs_option
-def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, gpus, costs_from):
+@opt("--count", "counted", is_flag=True, hidden=True,
+     help="Gate, then count one call per point instead of timing it: what `profile --tool ncu` runs under ncu.")
+def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, gpus, costs_from, counted):
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
@@ -45,7 +51,8 @@ def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, g
                            model)
     if costs_from and not shard:
         raise InputError("--costs-from balances shards: use it with --shard or --gpus")
-    sweep_command(scenario, out, device, impls, cases, resume, strict, True, l2, shard, costs_from, model)
+    sweep_command(scenario, out, device, impls, cases, resume, strict, not counted, l2, shard, costs_from, model,
+                  counted)
 
 
 def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None) -> None:

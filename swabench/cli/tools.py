@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import (Bar, case_option, device_of, impl_option, l2_option, load, opt, out_option,
-                                  report_outcome)
+from swabench.cli.options import (Bar, InputError, case_option, device_of, impl_option, l2_option, load, opt,
+                                  out_option, report_outcome)
 from swabench.run import launch, lifecycle
 
 
@@ -16,8 +16,9 @@ from swabench.run import launch, lifecycle
 @out_option
 @impl_option
 @case_option
-@opt("--tool", type=click.Choice(["nsys", "torch"]), default="nsys", show_default=True,
-     help="nsys: re-run under Nsight Systems; torch: torch.profiler in this process.")
+@opt("--tool", type=click.Choice(["nsys", "ncu", "torch"]), default="nsys", show_default=True,
+     help="nsys: re-run under Nsight Systems (kernel times); ncu: re-run under Nsight Compute (the DRAM and L2 "
+          "bytes each kernel of a point's call moves); torch: torch.profiler in this process.")
 @opt("--against", type=click.Path(exists=True, file_okay=False), default=None,
      help="nsys: a run of the same points without the profiler, whose graph times to hold nsys's against.")
 @l2_option
@@ -28,6 +29,10 @@ def profile(scenario, out, impls, cases, tool, against, l2):
     device = device_of("cuda", "profile")
     s = load(scenario, impls, cases, device.type)
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, "profile")
+    if tool == "ncu":
+        if against:
+            raise InputError("--against: nsys only (ncu replays kernels, so it has no times to hold against)")
+        return counted(profiling.run_under_ncu(s.path, out, launch.worker_args(impls, cases), l2), out)
     if tool == "torch":
         outcome, text = profiling.run_under_torch_profiler(lifecycle.Request(s, out, device, l2=l2), Bar())
         click.echo(text + f"\nChrome/Perfetto trace and torch_stats.txt are in {out}")
@@ -39,6 +44,27 @@ def profile(scenario, out, impls, cases, tool, against, l2):
         raise click.ClickException(str(e)) from None
     click.echo(stats.to_string(index=False) if len(stats) else "no timed points to attribute")
     click.echo(f"nsys report, sqlite export and nsys_stats.csv are in {out}")
+
+
+def counted(result, out: Path) -> None:
+    """What a run under ncu says: each point's bytes against its floor, or why there are none."""
+    from swabench.analysis import derived
+    from swabench.publish.markdown import markdown_table
+    from swabench.publish.sections import counters as section
+
+    if result.kernels is None:
+        click.secho(f"ncu: skipped: {result.skipped}", fg="yellow", err=True)
+        if (out / "meta.json").exists():
+            click.echo(f"the gated run, without counters, is in {out}")
+        return
+    calibration = result.meta["calibration"]
+    if calibration.get("trusted") is False:
+        click.secho(f"ncu's DRAM counter read {calibration['read_ratio']:.4f}x the calibration copy's "
+                    f"{calibration['bytes']} bytes: outside 1%, its numbers are not to be trusted", fg="red", err=True)
+    table = section.bytes_read(section.Run(str(out), *derived.load(out)))
+    click.echo(markdown_table(table) if len(table) else "no point was counted")
+    click.echo(f"ncu.csv (every counted kernel), ncu.log and profile.ncu-rep are in {out}; "
+               f"{result.meta.get('per_point_s')} s a point under ncu")
 
 
 @click.command("bench-host")

@@ -1,7 +1,8 @@
 """NVTX ranges: one ``swabench`` domain, nested run > case > implementation > phase (plan, check,
 capture, replay, eager), so an Nsight Systems timeline reads like the results table.  The
 implementation range is named ``<impl> [<backend>] #<case_id>``, which is how ``profiling`` ties the
-kernels seen inside a replay range back to a row.  Without the nvtx package the ranges are no-ops."""
+kernels seen inside a replay range back to a row.  A start/end range (``start_range``) marks the one
+call Nsight Compute counts (``counters``).  Without the nvtx package the ranges are no-ops."""
 
 from __future__ import annotations
 
@@ -42,3 +43,14 @@ def nvtx_range(message: str, payload: int | float | None = None):
             yield
         finally:
             _nvtx.pop_range(domain=DOMAIN)
+
+
+def start_range(message: str):
+    """A start/end range in the swabench domain (not nested: Nsight Compute selects kernels by its name
+    alone); hand what it returns to ``end_range``."""
+    return None if _nvtx is None else _nvtx.start_range(message=message, domain=DOMAIN)
+
+
+def end_range(handle) -> None:
+    if _nvtx is not None:
+        _nvtx.end_range(handle)

@@ -141,7 +141,7 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
     return torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
 
 
-def _capture(body: Callable[[], None], k: int) -> torch.cuda.CUDAGraph:
+def capture(body: Callable[[], None], k: int) -> torch.cuda.CUDAGraph:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # the side-stream warm-up PyTorch asks for before capture
@@ -187,13 +187,13 @@ def cuda_graph_time(fn: Callable[[], None], options: GraphTimerOptions = GraphTi
         k, least, eager_calls = options.counts(once)
         if options.l2 == "cold":
             flush = _flush_buffer(torch.device("cuda", torch.cuda.current_device()))
-            work = _capture(lambda: (flush.zero_(), fn()), k)
-            base = _capture(flush.zero_, k)
+            work = capture(lambda: (flush.zero_(), fn()), k)
+            base = capture(flush.zero_, k)
 
             def sample() -> float:
                 return (_replay_us(work) - _replay_us(base)) / k
         else:
-            work = _capture(fn, k)
+            work = capture(fn, k)
 
             def sample() -> float:
                 return _replay_us(work) / k

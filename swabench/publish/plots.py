@@ -18,6 +18,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
+from swabench.publish import limits
 from swabench.publish.style import (BACKEND_COLOUR, BACKEND_STYLE, OKABE_ITO, colour, figure, log_x_ticks,
                                     save)
 from swabench.core.cases import MODES
@@ -253,30 +254,6 @@ def sawtooth(table, meta):
     return fig
 
 
-def tflops_vs_context(table, meta):
-    """Achieved TFLOP/s against context length, with the node's measured bf16 matmul peak."""
-    t = _primary(_timed(table))
-    t = t[t["kind"] == "correct"].copy()
-    if t.empty:
-        return None
-    t["context"] = t["prefix_len"].fillna(t["seq_len"])
-    modes = [m for m in MODES if m in set(t["mode"])]
-    fig, axes = figure(meta, "Achieved TFLOP/s vs context (useful pairs only)", 1, len(modes), size=(4.5, 4.0))
-    peak = (meta.get("peaks") or {}).get("bf16_matmul_tflops")
-    for ax, mode in zip(axes[0], modes):
-        for (impl, backend), g in t[t["mode"] == mode].groupby(["impl", "backend"]):
-            line = g.groupby("context")["tflops"].median()
-            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
-                    color=colour(impl), label=f"{impl} [{backend}]")
-        if peak:
-            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured bf16 peak {peak:.0f}")
-        ax.set(yscale="log", title=mode, xlabel="context (keys before the queries)", ylabel="TFLOP/s")
-        log_x_ticks(ax, t.loc[t["mode"] == mode, "context"])
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6)
-    return fig
-
-
 def backends(table, meta):
     """fa2 against fa3 per shape, and what auto picked: a red note where auto is >5% off the best;
     points that were skipped or failed are written where their bar would be."""
@@ -365,9 +342,8 @@ def plan_vs_kernel(table, meta):
 
 
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
-           "speedup_heatmap": speedup_heatmap, "speculative": speculative,
-           "tflops_vs_context": tflops_vs_context, "backends": backends, "decode": decode,
-           "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth}
+           "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backends, "decode": decode,
+           "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, **limits.FIGURES}
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:

@@ -27,6 +27,16 @@ def colour(impl: str, among=None) -> str:
     return OKABE_ITO[registry.order(impl) % len(OKABE_ITO)]
 
 
+MARKERS = "osD^"  # with the eight colours, a look of its own for each of 32 implementations
+
+
+def look(impl: str) -> dict:
+    """The colour and marker of an implementation, the same in every figure that uses it: eight colours
+    by its place in the registry, then a marker per eight, so no two registered paths share both."""
+    i = registry.order(impl)
+    return {"color": OKABE_ITO[i % len(OKABE_ITO)], "marker": MARKERS[(i // len(OKABE_ITO)) % len(MARKERS)]}
+
+
 def caption(meta: dict) -> str:
     device = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
     if meta.get("embedded_backend"):

@@ -68,10 +68,11 @@ class Request:
     l2: str = "cold"
     sharding: dict | None = None
     meta: dict | None = None  # what this kind of run adds to meta.json (a replay's trace)
+    counted: bool = False  # gate, then one call per point for Nsight Compute to count (``measure.counters``)
 
     @property
     def what(self) -> str:
-        return "run" if self.timed else "check"
+        return "run" if self.timed else "count" if self.counted else "check"
 
 
 @dataclass
@@ -173,7 +174,7 @@ def selection(request: Request) -> dict:
     """What a resume must match: the device, the L2 mode, and exactly the points (the scenario's,
     after --impl, --case and --shard)."""
     keys = json.dumps(sorted(p.key for p in request.scenario.points))
-    return {"device": request.device.type, "l2": request.l2 if request.timed else None,
+    return {"device": request.device.type, "l2": request.l2 if request.timed or request.counted else None,
             "points_sha256": text_hash(keys)}
 
 
@@ -195,7 +196,7 @@ def sweep_options(request: Request, unbuildable: dict | None = None):
     from swabench.measure import timing
 
     return sweep.SweepOptions(device=request.device, timed=request.timed, unbuildable=unbuildable or {},
-                              graph_timer=timing.GraphTimerOptions(l2=request.l2))
+                              graph_timer=timing.GraphTimerOptions(l2=request.l2), counted=request.counted)
 
 
 def execute(request: Request, progress: Progress = Silent()) -> Outcome:
@@ -226,6 +227,9 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                               f"{request.what} -> {request.out}")
                 unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
                     if request.device.type == "cuda" else {}
+                if request.counted:
+                    from swabench.measure import counters
+                    counters.calibrate(request.device)
                 store.update_meta(setup_s=since_start())
                 started = time.perf_counter()
                 progress.start(len(todo), request.what)

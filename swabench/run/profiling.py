@@ -1,5 +1,6 @@
 """Profiling flows: a run under Nsight Systems (kernels read back from its SQLite export and tied to
-each row through the NVTX ranges of ``markers``) or under torch.profiler (a Chrome/Perfetto trace)."""
+each row through the NVTX ranges of ``markers``), under Nsight Compute (the bytes each kernel of a
+point's counted call moves, ``measure.counters``), or under torch.profiler (a Chrome/Perfetto trace)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.store import run_folder, schema
 from swabench.run import lifecycle
 from swabench.errors import UserError
+from swabench.measure import counters
 from swabench.measure.markers import parse_point
 
 if TYPE_CHECKING:
@@ -46,6 +50,84 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
         stats = hold_against(stats, run_folder.load(against)[0])
     run_folder.atomic_write(out / schema.KERNELS, stats.to_csv(index=False))
     return stats
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What a run under Nsight Compute gave: its per-kernel table (empty when skipped) and its meta entry."""
+
+    kernels: pd.DataFrame | None
+    meta: dict
+
+    @property
+    def skipped(self) -> str | None:
+        return self.meta.get("skipped")
+
+
+def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str) -> Counted:
+    """``swabench run --count`` again under ncu into ``out``: the gate on every point, one counted call per
+    gated point.  Writes ncu.csv (every counted kernel), joins each point's sums to its row (``dram_read_bytes``
+    and the rest) and records the method and the calibration in meta.json's ``counters``.  Where there is no
+    ncu, nothing is written and the reason is returned; where ncu cannot read the counters, the gated run is
+    kept with the reason (a skip, not a failure)."""
+    ncu = counters.find()
+    if ncu is None:
+        return Counted(None, {"skipped": f"ncu not found: not on PATH, nor under {' or '.join(counters.SEARCHED)}"})
+    run_folder.refuse_a_run(out)
+    stem, log = out.with_name(out.name + ".ncu"), out.with_name(out.name + ".ncu.log")  # beside it until it exists
+    report = stem.with_name(stem.name + ".ncu-rep")  # ncu adds the extension
+    child = [sys.executable, "-m", "swabench", "run", scenario_path, "--out", str(out), "--device", "cuda",
+             "--count", "--l2", l2, *child_args]
+    started = time.perf_counter()
+    code = subprocess.run(counters.command(ncu, str(stem), str(log), child, l2)).returncode
+    wall = time.perf_counter() - started
+    if code == 130:
+        raise KeyboardInterrupt
+    said = log.read_text(errors="replace") if log.exists() else ""
+    if code not in (0, 1) or not (out / run_folder.META).exists():
+        raise ProfileError(f"the run under ncu failed (exit {code})" + (f": {counters.unreadable(said)}"
+                                                                          if counters.unreadable(said) else ""))
+    log.rename(out / "ncu.log")
+    meta = {"tool": f"ncu {counters.version(ncu)}", "options": " ".join(counters.options(l2)), "l2": l2,
+            "metrics": counters.METRICS, "wall_s": round(wall, 1)}
+    if not report.exists():
+        meta["skipped"] = counters.unreadable(said) or "ncu profiled no kernel (ncu.log says what it saw)"
+        _record(out, None, meta)
+        return Counted(None, meta)
+    report.rename(out / "profile.ncu-rep")
+    raw = counters.read_report(ncu, str(out / "profile.ncu-rep"))
+    run_folder.atomic_write(out / "ncu-raw.csv.gz", run_folder.gzipped(raw))
+    kernels = counters.kernels(raw)
+    calibration = counters.calibration(kernels)
+    if l2 != "cold":  # a warm L2 may serve part of the copy: the 1% holds for a cold one
+        calibration["trusted"] = None
+    meta.update(calibration=calibration, kernels=int((kernels["case_id"] != counters.CALIBRATION[2]).sum()))
+    _record(out, kernels, meta)
+    return Counted(kernels, meta)
+
+
+def _record(out: Path, kernels: pd.DataFrame | None, meta: dict) -> None:
+    """ncu.csv, and each counted point's sums in its row (a new line in rows.jsonl: the last one wins)."""
+    from swabench.analysis import derived
+
+    store = run_folder.RunStore.resume(out, (out / schema.SCENARIO).read_text())
+    try:
+        if kernels is not None:
+            table = run_folder.load(out)[0].drop_duplicates(list(run_folder.KEY))
+            labels = table.set_index(list(run_folder.KEY))["case"]
+            points = counters.per_point(kernels)
+            run_folder.atomic_write(out / schema.COUNTERS, kernels.assign(
+                case=[labels.get(k, "") for k in zip(kernels["case_id"], kernels["impl"], kernels["backend"])]
+            ).to_csv(index=False))
+            sums = {tuple(r[k] for k in run_folder.KEY): r for r in points.to_dict("records")}
+            rows = [{**row, **{k: v for k, v in sums[key].items() if k not in run_folder.KEY}}
+                    for row in store.rows() if (key := tuple(row[k] for k in run_folder.KEY)) in sums]
+            store.extend(rows)
+            meta["points"] = len(rows)
+            meta["per_point_s"] = round(meta["wall_s"] / max(1, len(store.rows())), 2)
+        store.finalize(derived.add_derived, counters=meta)
+    finally:
+        store.close()
 
 
 def run_under_torch_profiler(request: lifecycle.Request, progress: lifecycle.Progress) -> tuple[lifecycle.Outcome, str]:

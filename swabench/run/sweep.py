@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from swabench.core import footprint, gate, semantics, workloads
-from swabench.measure import timing
+from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
@@ -33,6 +33,7 @@ class SweepOptions:
     host_timer: timing.HostTimerOptions = field(default_factory=timing.HostTimerOptions)
     graph_timer: timing.GraphTimerOptions = field(default_factory=timing.GraphTimerOptions)
     unbuildable: dict = field(default_factory=dict)  # module signature -> why the warm-up could not build it
+    counted: bool = False  # one counted call per gated point, for Nsight Compute (``measure.counters``)
 
     @property
     def kernel_timer(self) -> str:
@@ -42,7 +43,11 @@ class SweepOptions:
 def timer_method(options: SweepOptions) -> dict:
     """How every number of the run was measured, for meta.json."""
     kernel = options.graph_timer.describe() if options.kernel_timer == "cuda-graph" else options.host_timer.describe()
-    return {"kernel_time": kernel if options.timed else "not timed (gate only)",
+    untimed = "one call per gated point counted under Nsight Compute (not timed)" if options.counted \
+        else "not timed (gate only)"
+    return {"kernel_time": kernel if options.timed else untimed,
+            "clocks": "NVML's SM clock and clocks-event reasons read before and after each timed point; "
+                      "throttled = a power or thermal reason in either reading, or NVML's violation time grew",
             "plan_time": f"host wall clock of plan(), median of {PLAN_TIMER.min_repeats}+ calls after "
                          f"{PLAN_TIMER.warmup} warm-up (the warm-up absorbs module loading)",
             "gate": "random N(0,1) pass + probe passes (swabench.core.probes) against the reference "
@@ -59,12 +64,13 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -
     if w is not None:
         pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk)
                     for q, k in zip(w.qo_lens, w.kv_lens))
+        page = c.page_size if c.storage == "paged" and c.page_size else 1
+        read, written = semantics.minimum_traffic(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
+                                                  c.num_kv_heads, c.head_dim, w.dtype.itemsize,
+                                                  w.kv_dtype.itemsize, c.attention_chunk, page)
         row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
-                   min_bytes=semantics.minimum_bytes(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
-                                                     c.num_kv_heads, c.head_dim, w.dtype.itemsize,
-                                                     w.kv_dtype.itemsize, c.attention_chunk),
-                   must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
+                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
     return row
 
 
@@ -123,6 +129,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         exact = not impl.expected_to_fail or (impl.timed_where_exact and not row["must_fail"])
         if status == "pass" and options.timed and exact:
             samples.update(time_kernel(runner, sync, options, row))
+        if status == "pass" and options.counted and exact:
+            counters.count_call(runner.run, counters.range_name(point.impl, point.backend, point.case.case_id))
         row["samples"] = samples
         return row
     except registry.Unsupported as e:
@@ -139,8 +147,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
     """Time the gated runner; fill the row's timing columns; return the raw samples."""
     if options.kernel_timer == "cuda-graph":
+        before = clocks.read(options.device)
         kernel, eager = timing.cuda_graph_time(runner.run, options.graph_timer)
-        row.update(eager_us=eager.median_us, **kernel.extra)
+        row.update(eager_us=eager.median_us, **kernel.extra, **clocks.columns(before, clocks.read(options.device)))
         samples = {"kernel": kernel.samples_us, "eager": eager.samples_us}
     else:
         kernel = timing.host_time(runner.run, sync, options.host_timer)

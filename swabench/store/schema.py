@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -17,8 +17,9 @@ SCENARIO = "scenario.toml"  # the scenario file exactly as run
 REPLAY = "replay.csv"  # a replay's steps x paths, each with its count and weighted time (analysis.replay.steps)
 PRICE = "price.csv"  # a price run's milliseconds per 1000 model steps per mode (analysis.price.per_mode)
 KERNELS = "nsys_stats.csv"  # a run made under Nsight Systems: the kernels of every timed point (run.profiling)
+COUNTERS = "ncu.csv"  # a run made under Nsight Compute: every counted kernel's DRAM and L2 bytes (measure.counters)
 TORCH_STATS = "torch_stats.txt"  # a run made under torch.profiler: its kernel table (run.profiling)
-PROFILER_TABLES = (KERNELS, TORCH_STATS)
+PROFILER_TABLES = (KERNELS, TORCH_STATS, COUNTERS)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
@@ -34,8 +35,10 @@ COLUMNS = [
     "causal", "attention_chunk", "seed", "device", "gpu_id",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "reads_evicted",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
-    "noise", "eager_us", "pairs", "flops", "min_bytes", "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops",
-    "pct_peak_tbps", "point_s", "workload_s",
+    "noise", "eager_us", "sm_clock_mhz_before", "sm_clock_mhz_after", "clock_reasons_before", "clock_reasons_after",
+    "throttled", "pairs", "flops", "min_bytes", "min_read_bytes", "tflops", "tbps", "speedup_vs_mask",
+    "pct_peak_tflops", "pct_peak_tbps", "floor_us", "pct_of_floor", "dram_read_bytes", "dram_write_bytes",
+    "l2_bytes", "kernels_counted", "read_amplification", "point_s", "workload_s",
 ]
 
 META_KEYS = {
@@ -55,6 +58,8 @@ META_KEYS = {
     "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",
     "peaks": "the node's measured bf16 matmul rate and copy bandwidth",
+    "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
+                "bytes against its counter, kernels and points counted, wall time and seconds a point; or why skipped",
     "jit_warmups": "one JIT warm-up per start of the folder: seconds per module signature, modules built",
     "jit_warmup_total_s": "their wall time, summed",
     "setup_s": "imports, environment, peaks and JIT warm-up before the sweep",
@@ -130,7 +135,10 @@ def migrate(meta: dict) -> dict:
 
     Version 1 (no format_version): one JIT warm-up as ``jit_warmup_s`` (seconds per signature)
     instead of the list ``jit_warmups``.  Version 2 differs in the table only (``migrate_table``).  Up to
-    version 3 the one library's version had its own key; version 4 keeps every library's in ``libraries``."""
+    version 3 the one library's version had its own key; version 4 keeps every library's in ``libraries``.
+    Before version 7, ``min_bytes`` counted a paged request's K/V rows from its first visible key; since, from
+    the start of the page that holds it (a page table starts on a page boundary), and ``min_read_bytes``, the
+    clock columns and the counters' columns exist."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):

@@ -10,7 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
-from swabench.publish.sections import neighbours, releases, speed
+from swabench.publish.sections import machine, neighbours, releases, speed
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
@@ -57,6 +57,7 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
         rows.append({"step": mode, "release": library_versions(run.meta),
                      "fastest correct path": f"`{best['impl']}` [{best['backend']}], {ratio(best['ratio'])}x the "
                                              f"reference ({micros(best['us'])} us median, {int(best['cases'])} cases)",
+                     "the machine's limit": machine.step_limits(run, mode, best["impl"], best["backend"]),
                      "the custom mask instead": f"{ratio(best['mask'])}x its time" if best["mask"] == best["mask"]
                      else "", "slowest correct path": f"`{worst['impl']}` [{worst['backend']}] "
                                                       f"{ratio(worst['ratio'] / best['ratio'])}x its time"
@@ -141,8 +142,19 @@ def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
             for impl, g in sorted(cases.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
 
 
+def bytes_read(runs: list[Run]) -> list[str]:
+    """Per step, the paths that read more DRAM than their window needs (Nsight Compute's runs), and the worst
+    one's mechanism with its numbers."""
+    counted = [r for r in runs if len(machine.counted(r.table))]
+    said = [f"- {mode}: {machine.amplified(counted, mode)}." for mode in MODES if machine.amplified(counted, mode)]
+    cliffs = [machine.cliff(r, machine.timed_twin(runs, r)) for r in counted]
+    return said + [f"- {c}" for c in cliffs if c]
+
+
 def answers(runs: list[Run]) -> list[str]:
     parts = []
+    reads = bytes_read(runs)
+    runs = [r for r in runs if not r.profiled]
     by_release = releases.in_short(runs)
     beside = [s for r in runs for s in neighbours.noncausal_said(r)]  # every release
     older = {id(r) for r in releases.older_releases(runs)}
@@ -152,7 +164,13 @@ def answers(runs: list[Run]) -> list[str]:
     if len(steps):
         parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "
                   "the reference path's on the same case), what the naive custom mask costs on the same cases, the "
-                  "slowest correct path, and the known bugs that give wrong answers there:", markdown_table(steps)]
+                  "slowest correct path, and the known bugs that give wrong answers there; the machine's limit is the "
+                  "fastest path's median time against its roofline floor (100%: as fast as the node's measured copy "
+                  "bandwidth and matmul rate allow; detail under The machine's limit):", markdown_table(steps)]
+    if reads:
+        parts += [f"**What each path reads.** DRAM bytes read / the bytes a step's window needs, median per path, as "
+                  f"Nsight Compute counted them (paths within {machine.AMPLIFIED}x read what the window needs; detail "
+                  f"under Bytes each path reads):\n" + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):
         parts += [f"**Which path for each model** as served (its own sinks and soft-cap), the fastest correct path "
@@ -181,5 +199,6 @@ def answers(runs: list[Run]) -> list[str]:
 
 SECTIONS = [
     Section("answers", "Answers", "What the runs below say, in short; each number names its run folder, and the "
-            "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers, every_release=True),
+            "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers, every_release=True,
+            profiled=True),
 ]

@@ -48,9 +48,15 @@ def measurement(run: Run) -> pd.DataFrame:
     timed = run.table.dropna(subset=["median_us"])
     long = timed[timed["median_us"] >= LONG_US]
     quiet = int((long["noise"] <= NOISE).sum())
-    return pd.DataFrame([{"timed points": len(timed), f"of {LONG_US} us or more": len(long),
-                          f"noise <= {NOISE:.0%}": quiet, "share": f"{quiet / len(long):.1%}" if len(long) else "",
-                          f"worst noise (of {LONG_US} us or more)": long["noise"].max()}])
+    row = {"timed points": len(timed), f"of {LONG_US} us or more": len(long), f"noise <= {NOISE:.0%}": quiet,
+           "share": f"{quiet / len(long):.1%}" if len(long) else "",
+           f"worst noise (of {LONG_US} us or more)": long["noise"].max()}
+    clocked = timed.dropna(subset=["sm_clock_mhz_before"]) if "sm_clock_mhz_before" in timed else timed.iloc[0:0]
+    if len(clocked):
+        row["throttled (power or heat)"] = f"{int(clocked['throttled'].astype(bool).sum())}/{len(clocked)}"
+        row["SM MHz before-after (median)"] = (f"{clocked['sm_clock_mhz_before'].median():.0f}-"
+                                               f"{clocked['sm_clock_mhz_after'].median():.0f}")
+    return pd.DataFrame([row])
 
 
 def _workspace_grid(run: Run) -> pd.DataFrame:
@@ -120,7 +126,9 @@ SECTIONS = [
             "launch over several GPUs, the launcher's, merge included); `wall_s` is the sweep alone (for a merge, as "
             "its `meta.json` records it).", pages=frozenset({FINDINGS}), across=several_gpus),
     Section("measurement", "Measurement quality", f"Noise = IQR / median of a point's kernel-time samples. Share of "
-            f"the timed points of {LONG_US} us or more with noise <= {NOISE:.0%}, per run:", measurement,
+            f"the timed points of {LONG_US} us or more with noise <= {NOISE:.0%}, per run; where NVML was read, the "
+            f"points timed while the card held its clock back for power or heat (a reason NVML gives before or "
+            f"after the point, or its violation time growing), and the SM clock around the points:", measurement,
             pages=frozenset({FINDINGS}), one_table=True, timed=True, every_release=True),
     Section("timings", "Timings", "", timing_matrix, timing_said, pages=frozenset({REPORT, SUMMARY}), timed=True),
 ]

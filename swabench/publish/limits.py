@@ -1,0 +1,126 @@
+"""Figures of the machine's limit, made from a run folder's table: the roofline (each timed point's rate
+against its arithmetic intensity, under the node's measured ceilings), the rate each step reaches against
+its context (TB/s where a step is memory-bound, TFLOP/s where it is not), and the DRAM bytes Nsight
+Compute counted each path reading against the bytes its window needs.  Every path has one look
+(``style.look``) in all three."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.style import BACKEND_STYLE, figure, log_x_ticks, look
+
+MEMORY_BOUND = ("decode", "verify", "draft_extend")  # a few queries a request: the bytes' time is the floor's
+
+
+def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
+    return sorted(set(zip(t["impl"], t["backend"])), key=lambda p: (registry.order(p[0]), p[1]))
+
+
+def _correct_timed(table: pd.DataFrame) -> pd.DataFrame:
+    t = table[(table["kind"] == "correct") & (table["status"] == "pass")]
+    return t.dropna(subset=["median_us"]) if "median_us" in t else t.iloc[0:0]
+
+
+def _legend_outside(fig, axes) -> None:
+    """One legend for the figure, right of its panels and below its title."""
+    handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
+
+
+def roofline(table, meta):
+    """Each timed point's achieved TFLOP/s (useful flops / kernel time) against its arithmetic intensity (useful
+    flops / the bytes a perfect kernel moves), under the node's two measured ceilings: copy bandwidth x intensity,
+    and the bf16 matmul rate.  A point on the ceiling runs at the machine's limit."""
+    peaks = meta.get("peaks")
+    t = _correct_timed(table)
+    if not peaks or t.empty:
+        return None
+    t = t.assign(intensity=t["flops"] / t["min_bytes"], rate=t["flops"] / t["median_us"] / 1e6)
+    fig, axes = figure(meta, "Roofline: each timed point against the node's measured ceilings", size=(7.5, 4.8))
+    ax = axes[0][0]
+    for impl, backend in _paths(t):
+        g = t[(t["impl"] == impl) & (t["backend"] == backend)]
+        style = look(impl)
+        ax.scatter(g["intensity"], g["rate"], s=12, alpha=0.75, label=f"{impl} [{backend}]",
+                   facecolors=style["color"] if backend != "fa3" else "none", edgecolors=style["color"],
+                   marker=style["marker"], linewidths=0.8)
+    lo, hi = t["intensity"].min() / 2, t["intensity"].max() * 2
+    xs = np.geomspace(min(lo, 1.0), max(hi, 2 * peaks["bf16_matmul_tflops"] / peaks["copy_tbps"]), 200)
+    ax.plot(xs, np.minimum(peaks["copy_tbps"] * xs, peaks["bf16_matmul_tflops"]), color="black", lw=1.0,
+            label=f"ceiling: {peaks['copy_tbps']:.2f} TB/s, {peaks['bf16_matmul_tflops']:.0f} TFLOP/s")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (useful flops / min_bytes)",
+           ylabel="achieved TFLOP/s")
+    ax.grid(alpha=0.3, which="both")
+    _legend_outside(fig, axes)
+    return fig
+
+
+def rate_vs_context(table, meta):
+    """The rate each step reaches against context, per path, beside its measured ceiling: TB/s (min_bytes / time)
+    for decode, verify and draft extend, which are memory-bound; TFLOP/s (useful flops / time) for extend."""
+    t = _correct_timed(table)
+    if t.empty:
+        return None
+    t = t.assign(context=pd.to_numeric(t["prefix_len"], errors="coerce").fillna(
+        pd.to_numeric(t["seq_len"], errors="coerce"))).dropna(subset=["context"])
+    modes = [m for m in MODES if m in set(t["mode"])]
+    if not modes:
+        return None
+    peaks = meta.get("peaks") or {}
+    fig, axes = figure(meta, "Rate reached against context (median over the other axes)", 1, len(modes),
+                       size=(4.2, 4.0))
+    for ax, mode in zip(axes[0], modes):
+        memory = mode in MEMORY_BOUND
+        column, unit, peak = ("tbps", "TB/s", peaks.get("copy_tbps")) if memory else \
+            ("tflops", "TFLOP/s", peaks.get("bf16_matmul_tflops"))
+        rows = t[t["mode"] == mode]
+        for impl, backend in _paths(rows):
+            line = rows[(rows["impl"] == impl) & (rows["backend"] == backend)].groupby("context")[column].median()
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3, label=f"{impl} [{backend}]",
+                    **look(impl))
+        if peak:
+            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured {unit} ceiling" if memory else
+                       "measured TFLOP/s ceiling")
+        ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit)
+        log_x_ticks(ax, rows["context"])
+        ax.grid(alpha=0.3, which="both")
+    _legend_outside(fig, axes)
+    return fig
+
+
+def bytes_read(table, meta):
+    """DRAM bytes each counted call read (Nsight Compute) against the bytes its window needs, per step: on the
+    diagonal a path reads what it must; the dotted lines are 10x and 100x that."""
+    if "dram_read_bytes" not in table:
+        return None
+    t = table[table["dram_read_bytes"].notna() & (table["status"] == "pass")]
+    modes = [m for m in MODES if m in set(t["mode"])]
+    if not modes:
+        return None
+    fig, axes = figure(meta, "Bytes each path reads: DRAM read (Nsight Compute) against the window's floor",
+                       1, len(modes), size=(4.2, 4.2))
+    for ax, mode in zip(axes[0], modes):
+        rows = t[t["mode"] == mode]
+        for impl, backend in _paths(rows):
+            g = rows[(rows["impl"] == impl) & (rows["backend"] == backend)]
+            style = look(impl)
+            ax.scatter(g["min_read_bytes"] / 1e6, g["dram_read_bytes"] / 1e6, s=14, alpha=0.8,
+                       label=f"{impl} [{backend}]", marker=style["marker"], edgecolors=style["color"],
+                       facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
+        lo = min(rows["min_read_bytes"].min(), rows["dram_read_bytes"].min()) / 1e6 / 2
+        hi = max(rows["min_read_bytes"].max(), rows["dram_read_bytes"].max()) / 1e6 * 2
+        for times, ls in ((1, "-"), (10, ":"), (100, ":")):
+            ax.plot([lo, hi], [lo * times, hi * times], color="black", lw=0.7, ls=ls)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi * 100), title=mode,
+               xlabel="floor: bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
+        ax.grid(alpha=0.3, which="both")
+    _legend_outside(fig, axes)
+    return fig
+
+
+FIGURES = {"roofline": roofline, "rate_vs_context": rate_vs_context, "bytes_read": bytes_read}

@@ -1,0 +1,183 @@
+"""Nsight Compute's counters: finding ncu, its command line, reading its raw page (real output from the H200
+node), the calibration, the reasons it can give for reading nothing, and the whole `profile --tool ncu`
+flow against a stand-in ncu on the CPU: ncu.csv, the rows' columns, the findings' section and figure."""
+
+import csv
+import io
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from swabench.analysis import derived
+from swabench.measure import counters
+from swabench.publish import limits
+from swabench.publish.sections import Run, machine
+from swabench.store import schema
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ncu"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_probe_page_reads_as_one_counted_kernel(monkeypatch):
+    """Real output: a bf16 kernel reading 32 MiB inside the start/end range 'counted-se graph [fa2] #c4'."""
+    raw = (FIXTURES / "probe-raw.csv").read_text()
+    assert counters.kernels(raw).empty  # its range is not one swabench counts
+    monkeypatch.setattr(counters, "RANGE", "counted-se ")
+    k = counters.kernels(raw)
+    assert k[["case_id", "impl", "backend"]].values.tolist() == [["c4", "graph", "fa2"]]
+    assert k["dram_read_bytes"].iloc[0] == 33_563_648 and k["dram_write_bytes"].iloc[0] == 11_693_824
+    assert k["l2_bytes"].iloc[0] == 102_615_968 and k["ncu_duration_us"].iloc[0] == pytest.approx(16.672)
+    assert abs(k["dram_read_bytes"].iloc[0] / (32 << 20) - 1) < counters.CALIBRATION_TOLERANCE
+    assert k["kernel"].iloc[0].startswith("void vectorized_elementwise_kernel<8, AUnaryFunctor")
+
+
+def test_a_range_name_with_colons_still_splits():
+    cell = ' "3:swabench:count a:b [fa2] #x:none:none:RGB:0xff:REGISTERED:count a:b [fa2] #x"  "4:other:count c:d" '
+    assert counters._counted_point(cell) == ("x", "a:b", "fa2")
+    assert counters._counted_point(' "1:nvtx:count z [fa2] #y:none:none:RGB:0xff:REGISTERED:count z [fa2] #y" ') is None
+
+
+def test_pages_that_are_not_ncu_raw_pages_are_refused():
+    with pytest.raises(ValueError, match="no header row"):
+        counters.kernels("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="no column dram__bytes_write.sum"):
+        counters.kernels('"ID","Kernel Name","Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg",'
+                         '"dram__bytes_read.sum","lts__t_bytes.sum","gpu__time_duration.sum"\n')
+    rows = list(csv.reader(io.StringIO((FIXTURES / "probe-raw.csv").read_text())))
+    rows[1][rows[0].index("dram__bytes_read.sum")] = "Pbyte"
+    page = io.StringIO()
+    csv.writer(page, quoting=csv.QUOTE_ALL).writerows(rows)
+    with pytest.raises(ValueError, match="dram__bytes_read.sum in 'Pbyte'"):
+        counters.kernels(page.getvalue())
+
+
+def test_per_point_sums_and_the_calibration():
+    k = pd.DataFrame({"ncu_id": [0, 1, 2, 3], "case_id": ["calibration", "c", "c", "d"], "impl": ["copy", "p", "p", "p"],
+                      "backend": ["torch", "fa2", "fa2", "fa2"], "kernel": ["copy", "A", "B", "A"],
+                      "dram_read_bytes": [counters.CALIBRATION_BYTES * 1.004, 10.0, 5.0, 7.0],
+                      "dram_write_bytes": [1.0, 2.0, 3.0, 4.0], "l2_bytes": [0.0, 1.0, 1.0, 1.0],
+                      "ncu_duration_us": [1.0, 1.0, 1.0, 1.0]})
+    p = counters.per_point(k).set_index("case_id")
+    assert p.loc["c", "dram_read_bytes"] == 15 and p.loc["c", "kernels_counted"] == 2 and "calibration" not in p.index
+    assert counters.calibration(k)["trusted"] and counters.calibration(k)["read_ratio"] == pytest.approx(1.004)
+    k.loc[0, "dram_read_bytes"] = counters.CALIBRATION_BYTES * 1.02
+    assert counters.calibration(k)["trusted"] is False
+    assert counters.calibration(k.iloc[1:])["trusted"] is False  # no copy counted: nothing to trust
+
+
+def test_ncu_is_found_on_path_then_in_the_cuda_images_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(counters.shutil, "which", lambda name: None)
+    for version in ("2024.1.0", "2025.3.1", "2025.10.0"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "ncu").write_text("")
+    monkeypatch.setattr(counters, "SEARCHED", (str(tmp_path / "*" / "ncu"),))
+    assert counters.find() == str(tmp_path / "2025.10.0" / "ncu")
+    monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
+    assert counters.find() == "/usr/bin/ncu"
+    monkeypatch.setattr(counters.shutil, "which", lambda name: None)
+    monkeypatch.setattr(counters, "SEARCHED", (str(tmp_path / "none" / "ncu"),))
+    assert counters.find() is None
+
+
+def test_the_command_counts_only_the_count_ranges_with_the_clocks_as_found():
+    cold = counters.command("ncu", "r", "r.log", ["python", "-m", "swabench"], "cold")
+    assert cold[cold.index("--clock-control") + 1] == "none" and cold[cold.index("--cache-control") + 1] == "all"
+    assert cold[cold.index("--graph-profiling") + 1] == "node" and "--nvtx" in cold
+    assert cold[cold.index("--nvtx-include") + 1] == "regex:swabench@count .*"
+    assert cold[cold.index("--metrics") + 1].split(",") == list(counters.METRICS)
+    assert cold[-3:] == ["python", "-m", "swabench"]
+    warm = counters.command("ncu", "r", "r.log", [], "warm")
+    assert warm[warm.index("--cache-control") + 1] == "none"
+    assert counters.range_name("decode-window", "fa2", "206beedd0021") == "count decode-window [fa2] #206beedd0021"
+
+
+def test_the_reasons_ncu_gives_for_reading_nothing():
+    assert counters.unreadable("==PROF== Connected\n==ERROR== ERR_NVGPUCTRPERM - The user does not have permission "
+                               "to access NVIDIA GPU Performance Counters") .startswith("ERR_NVGPUCTRPERM")
+    assert "LibraryNotLoaded" in counters.unreadable("==ERROR== Failed to initialize the profiler: LibraryNotLoaded")
+    assert counters.unreadable("==PROF== Profiling \"k\" - 0: 0%....50%....100% - 1 pass") is None
+
+
+def test_short_kernel_names():
+    assert machine.short_kernel("void flashinfer::BatchDecodeWithPagedKVCacheKernel<128u, (PosEncodingMode)0, "
+                                "Params<bf16, int>>(Params<bf16, int>)") == "BatchDecodeWithPagedKVCacheKernel"
+    assert machine.short_kernel("void ns::MergeStatesKernel<8u>(T*)") == "MergeStatesKernel"
+    assert machine.short_kernel("kernel") == "kernel"
+
+
+# ---------------------------------------------------------------- the flow, against a stand-in ncu
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    """`ncu` on PATH is tests/fixtures/ncu/fake_ncu.py, run by this Python."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {FIXTURES / 'fake_ncu.py'} \"$@\"\n")
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return ncu
+
+
+def profile_cpu(tmp_path, *impls, env=None):
+    """`swabench profile cpu --tool ncu` on its decode cases, the stand-in ncu running the child on the CPU."""
+    from swabench.run import profiling
+
+    out = tmp_path / "counted"
+    args = [a for impl in impls for a in ("--impl", impl)] + ["--case", "decode"]
+    return out, profiling.run_under_ncu(str(ROOT / "scenarios" / "cpu.toml"), out, args, "cold")
+
+
+@pytest.mark.slow
+def test_a_counted_run_joins_each_points_bytes_to_its_row(fake_ncu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-mask=240")
+    out, result = profile_cpu(tmp_path, "torch-trim", "torch-mask")
+    assert result.skipped is None and result.meta["calibration"]["trusted"]
+    assert result.meta["tool"] == "ncu 2025.3.1.0" and result.meta["points"] > 0
+    table, meta = derived.load(out)
+    assert meta["counters"]["kernels"] == 2 * meta["counters"]["points"]
+    counted = table.dropna(subset=["dram_read_bytes"])
+    assert set(counted["impl"]) == {"torch-trim", "torch-mask"} and (counted["kernels_counted"] == 2).all()
+    amp = counted.groupby("impl")["read_amplification"].median()
+    assert amp["torch-trim"] == pytest.approx(1.0) and amp["torch-mask"] == pytest.approx(240)
+    kernels = pd.read_csv(out / schema.COUNTERS, dtype={"case_id": str})
+    assert {"case", "kernel", "dram_read_bytes", "l2_bytes", "ncu_duration_us"} <= set(kernels.columns)
+    assert (out / "ncu.log").exists() and (out / "profile.ncu-rep").exists() and (out / "ncu-raw.csv.gz").exists()
+    run = Run(str(out), table, meta)
+    assert run.profiled and not run.timed
+    section = machine.bytes_read(run)
+    mask = section[section["path"] == "torch-mask [torch]"].iloc[0]
+    assert mask["DRAM read / floor"].startswith("240x") and mask["kernels of a call"] == "torch-maskMainKernel + torch-maskMergeKernel"
+    assert "read" in machine.cliff(run) and "(240x)" in machine.cliff(run)
+    fig = limits.bytes_read(table, meta)
+    assert len(fig.axes) == 1 and len(fig.axes[0].collections) == 2
+
+
+@pytest.mark.slow
+def test_without_permission_the_gated_run_is_kept_and_says_why(fake_ncu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "noperm")
+    out, result = profile_cpu(tmp_path, "torch-trim")
+    assert result.kernels is None and result.skipped.startswith("ERR_NVGPUCTRPERM")
+    table, meta = derived.load(out)
+    assert meta["counters"]["skipped"] == result.skipped and (table["status"] == "pass").any()
+    assert table["dram_read_bytes"].isna().all() and not (out / schema.COUNTERS).exists()
+
+
+def test_without_ncu_nothing_is_written(tmp_path, monkeypatch):
+    from swabench.run import profiling
+
+    monkeypatch.setattr(counters, "find", lambda: None)
+    result = profiling.run_under_ncu("cpu.toml", tmp_path / "never", [], "cold")
+    assert "ncu not found" in result.skipped and not (tmp_path / "never").exists()
+
+
+def test_the_count_run_is_for_a_gpu(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "swabench", "run", "cpu", "--device", "cpu", "--count", "--out",
+                           str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "--count" in done.stderr and not (tmp_path / "x").exists()

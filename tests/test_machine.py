@@ -1,0 +1,107 @@
+"""The machine's limit on the CPU: the roofline columns on frozen rows of a committed H200 run, the clock
+columns from NVML's readings, and the pages and figures made of them."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from swabench.analysis import derived
+from swabench.measure import clocks
+from swabench.publish import limits
+from swabench.publish.sections import Run, answers, machine, method
+
+H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"  # peaks: 762.08 TFLOP/s, 4.2254 TB/s
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return derived.load(H200_RUN)
+
+
+def test_the_floor_is_the_larger_of_bytes_and_flops_at_the_measured_peaks(h200):
+    table, meta = h200
+    timed = table.dropna(subset=["median_us"])
+    assert timed["floor_us"].notna().all() and timed["pct_of_floor"].notna().all()
+    row = timed.iloc[0]
+    memory = row["min_bytes"] / 4.225400326240878e12 * 1e6
+    compute = row["flops"] / 762.0763878139601e12 * 1e6
+    assert row["floor_us"] == pytest.approx(max(memory, compute))
+    assert row["pct_of_floor"] == pytest.approx(100 * max(memory, compute) / row["median_us"])
+    assert (timed["pct_of_floor"] <= 100).all(), "no point beats the machine's floor"
+    verify = timed[(timed["mode"] == "verify") & (timed["impl"] == "paged-window")]
+    assert verify["floor_us"].tolist() == pytest.approx((verify["min_bytes"] / 4.225400326240878e6).tolist()), \
+        "verify is memory-bound"
+
+
+def test_frozen_rows_give_the_same_roofline_columns():
+    rows = pd.DataFrame({"min_bytes": [4.2e6, 1e6], "flops": [1e8, 7.6e12], "median_us": [2.0, 20000.0],
+                         "tflops": [0.5, 380.0], "tbps": [2.1, 0.05], "dram_read_bytes": [8e6, None],
+                         "min_read_bytes": [4e6, 5e5]})
+    out = derived.per_row(rows, {"copy_tbps": 4.2, "bf16_matmul_tflops": 760.0})
+    assert out["floor_us"].tolist() == pytest.approx([1.0, 1e4])  # 4.2 MB at 4.2 TB/s; 7.6 TFLOP at 760 TFLOP/s
+    assert out["pct_of_floor"].tolist() == pytest.approx([50.0, 50.0])
+    assert out["read_amplification"].iloc[0] == 2.0 and out["read_amplification"].isna().iloc[1]
+    assert "floor_us" not in derived.per_row(rows, None)  # no peaks (the CPU backend): no floor
+
+
+def test_clock_columns_flag_power_and_heat_only():
+    calm = clocks.Reading(1980, 0x0, 10, 0)
+    idle = clocks.Reading(345, 0x1, 10, 0)
+    assert clocks.columns(calm, idle) == {"sm_clock_mhz_before": 1980, "sm_clock_mhz_after": 345,
+                                          "clock_reasons_before": "none", "clock_reasons_after": "gpu_idle",
+                                          "throttled": False}
+    assert clocks.columns(calm, clocks.Reading(1485, 0x4, 10, 0))["throttled"]  # the power cap
+    assert clocks.columns(calm, clocks.Reading(1980, 0x0, 10, 5))["throttled"]  # thermal time grew between
+    assert clocks.columns(calm, clocks.Reading(1980, 0x10, 99, 0))["throttled"]  # power time grew, sync boost is not
+    assert clocks.names(0x4 | 0x40) == "sw_power_cap+hw_thermal"
+    assert clocks.columns(None, calm) == {}
+
+
+def test_no_clock_off_a_gpu():
+    import torch
+
+    assert clocks.read(torch.device("cpu")) is None
+
+
+def test_measurement_quality_counts_the_throttled_points(h200):
+    table, meta = h200
+    table = table.assign(throttled=table["throttled"].astype(object))
+    timed = table["median_us"].notna()
+    table.loc[timed, "sm_clock_mhz_before"] = 1980
+    table.loc[timed, "sm_clock_mhz_after"] = 1755
+    table.loc[timed, "throttled"] = False
+    table.loc[table.index[timed][:3], "throttled"] = True
+    row = method.measurement(Run("x", table, meta)).iloc[0]
+    assert row["throttled (power or heat)"] == f"3/{int(timed.sum())}"
+    assert row["SM MHz before-after (median)"] == "1980-1755"
+    assert "throttled (power or heat)" not in method.measurement(Run("x", *derived.load(H200_RUN)))
+
+
+def test_the_roofline_section_and_the_answers_name_the_machines_limit(h200):
+    run = Run("h200", *h200)
+    section = machine.roofline(run)
+    verify = section[(section["step"] == "verify") & (section["path"] == "paged-window [fa2]")].iloc[0]
+    t = run.table
+    g = t[(t["mode"] == "verify") & (t["impl"] == "paged-window") & (t["backend"] == "fa2") & t["median_us"].notna()]
+    assert verify["% of floor (median)"] == f"{g['pct_of_floor'].median():.0f}%"
+    assert verify["memory-bound"] == f"{len(g)}/{len(g)}"
+    steps = answers.per_step([run])
+    assert steps["the machine's limit"].str.endswith("% of its floor").all()
+
+
+def test_every_path_keeps_one_look():
+    from swabench.impls import registry
+    from swabench.publish.style import look
+
+    looks = [tuple(look(i.name).values()) for i in registry.all_implementations()]
+    assert len(set(looks)) == len(looks), "two implementations share a colour and a marker"
+
+
+def test_rate_figure_is_in_tb_per_s_where_a_step_is_memory_bound(h200):
+    fig = limits.rate_vs_context(*h200)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["extend (TFLOP/s)", "verify (TB/s)", "draft_extend (TB/s)", "decode (TB/s)"]
+    assert all(ax.get_legend() is None for ax in fig.axes) and fig.legends, "one legend, outside the panels"
+    roof = limits.roofline(*h200)
+    assert roof.axes[0].get_xscale() == "log" and roof.legends
