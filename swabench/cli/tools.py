@@ -50,7 +50,7 @@ def counted(result, out: Path) -> None:
     """What a run under ncu says: each point's bytes against its floor, or why there are none."""
     from swabench.analysis import derived
     from swabench.publish.markdown import markdown_table
-    from swabench.publish.sections import counters as section
+    from swabench.publish.sections import machine as section
 
     if result.kernels is None:
         click.secho(f"ncu: skipped: {result.skipped}", fg="yellow", err=True)
