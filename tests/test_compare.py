@@ -23,14 +23,14 @@ def test_mann_whitney_matches_the_asymptotic_reference():
 
 
 def fake_run(folder, medians: dict, gpu="NVIDIA H200", status=None, seed=0, scenario="synthetic",
-             case_id="c1", state="complete"):
+             case_id="c1", state="complete", throttled=()):
     """A run folder whose kernel samples are drawn around the given medians (1% jitter); a median of
-    None is a point that was not timed."""
+    None is a point that was not timed; ``throttled``: the implementations timed under a throttle."""
     rng = random.Random(seed)
     store = RunStore.create(folder, {"gpu": gpu, "scenario": scenario}, scenario)
     for impl, median in medians.items():
         row = {"case_id": case_id, "case": f"verify {case_id}", "impl": impl, "backend": "fa2",
-               "status": (status or {}).get(impl, "pass")}
+               "status": (status or {}).get(impl, "pass"), "throttled": impl in throttled}
         if median is not None:
             samples = [median * (1 + rng.uniform(-0.01, 0.01)) for _ in range(40)]
             row.update(median_us=sorted(samples)[20], samples={"kernel": samples})
@@ -51,6 +51,18 @@ def test_verdicts_on_synthetic_samples(tmp_path):
     assert (c.joined, c.only_base, c.only_new, c.regressions, c.warnings) == (4, 0, 0, 1, [])
     text = compare.to_markdown(c, 0.05, 0.01)
     assert "4 points joined (0 only in BASE, 0 only in NEW)" in text and "Warnings" not in text
+
+
+def test_a_point_timed_under_a_throttle_says_so(tmp_path):
+    base = fake_run(tmp_path / "base", {"a": 10.0, "b": 20.0}, seed=1, throttled=("a",))
+    new = fake_run(tmp_path / "new", {"a": 10.0, "b": 24.0}, seed=2, throttled=("a", "b"))
+    c = compare.compare(base, new)
+    assert dict(zip(c.table["impl"], c.table["throttled"])) == {"a": "base+new", "b": "new"}
+    text = compare.to_markdown(c, 0.05, 0.01)
+    assert "a difference there may be the clock's" in text and text.splitlines()[-1].endswith("| new |")
+    calm = compare.to_markdown(compare.compare(fake_run(tmp_path / "c", {"a": 10.0}), fake_run(tmp_path / "d", {"a": 9.0})),
+                               0.05, 0.01)
+    assert "throttled" not in calm
 
 
 def test_a_correct_implementation_that_starts_failing_is_a_regression(tmp_path):

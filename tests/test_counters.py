@@ -3,6 +3,7 @@ node), the calibration, the reasons it can give for reading nothing, and the who
 flow against a stand-in ncu on the CPU: ncu.csv, the rows' columns, the findings' section and figure."""
 
 import csv
+import gzip
 import io
 import os
 import stat
@@ -14,9 +15,11 @@ import pandas as pd
 import pytest
 
 from swabench.analysis import derived
+from swabench.cli import tools
 from swabench.measure import counters
 from swabench.publish import limits
 from swabench.publish.sections import Run, machine
+from swabench.publish.sections.machine import short_kernel
 from swabench.store import schema
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ncu"
@@ -34,6 +37,24 @@ def test_the_probe_page_reads_as_one_counted_kernel(monkeypatch):
     assert k["l2_bytes"].iloc[0] == 102_615_968 and k["ncu_duration_us"].iloc[0] == pytest.approx(16.672)
     assert abs(k["dram_read_bytes"].iloc[0] / (32 << 20) - 1) < counters.CALIBRATION_TOLERANCE
     assert k["kernel"].iloc[0].startswith("void vectorized_elementwise_kernel<8, AUnaryFunctor")
+
+
+def test_swabenchs_own_page_from_the_h200_gives_the_cliff():
+    """Real output of a count run: the CUDA-core decode with the window at plan reads the whole K/V, 246x
+    what the window needs; the tensor-core decode, the prefill wrapper and the trimmed table read ~1x."""
+    raw = gzip.decompress((FIXTURES / "cliff-raw.csv.gz").read_bytes()).decode()
+    k = counters.kernels(raw)
+    assert len(k) == 11 and counters.calibration(k)["trusted"]
+    assert counters.calibration(k)["read_ratio"] == pytest.approx(268447232 / (256 << 20))
+    points = counters.per_point(k).set_index(["impl", "backend"])
+    floor = 8716288  # Q and the window's K/V of 32 requests from their first page: min_read_bytes of the case
+    amp = points["dram_read_bytes"] / floor
+    assert amp[("decode-window", "fa2")] > 200 and points.loc[("decode-window", "fa2"), "kernels_counted"] == 2
+    for path in [("decode-tc-window", "fa2"), ("paged-window", "fa2"), ("decode-trim", "fa2")]:
+        assert amp[path] < 1.25, path
+    whole = 2 * 32 * 32769 * 8 * 64 * 2  # every key of every request, K and V, bf16
+    assert points.loc[("decode-window", "fa2"), "dram_read_bytes"] == pytest.approx(whole, rel=0.03)
+    assert short_kernel(k.loc[k["impl"] == "decode-window", "kernel"].iloc[0]) == "BatchDecodeWithPagedKVCacheKernel"
 
 
 def test_a_range_name_with_colons_still_splits():
@@ -135,7 +156,7 @@ def profile_cpu(tmp_path, *impls, env=None):
 
 
 @pytest.mark.slow
-def test_a_counted_run_joins_each_points_bytes_to_its_row(fake_ncu, tmp_path, monkeypatch):
+def test_a_counted_run_joins_each_points_bytes_to_its_row(fake_ncu, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-mask=240")
     out, result = profile_cpu(tmp_path, "torch-trim", "torch-mask")
     assert result.skipped is None and result.meta["calibration"]["trusted"]
@@ -157,16 +178,21 @@ def test_a_counted_run_joins_each_points_bytes_to_its_row(fake_ncu, tmp_path, mo
     assert "read" in machine.cliff(run) and "(240x)" in machine.cliff(run)
     fig = limits.bytes_read(table, meta)
     assert len(fig.axes) == 1 and len(fig.axes[0].collections) == 2
+    tools.counted(result, out)  # what `swabench profile --tool ncu` prints at the end
+    printed = capsys.readouterr().out
+    assert "| decode | torch-mask [torch] |" in printed and "s a point under ncu" in printed
 
 
 @pytest.mark.slow
-def test_without_permission_the_gated_run_is_kept_and_says_why(fake_ncu, tmp_path, monkeypatch):
+def test_without_permission_the_gated_run_is_kept_and_says_why(fake_ncu, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_NCU_MODE", "noperm")
     out, result = profile_cpu(tmp_path, "torch-trim")
     assert result.kernels is None and result.skipped.startswith("ERR_NVGPUCTRPERM")
     table, meta = derived.load(out)
     assert meta["counters"]["skipped"] == result.skipped and (table["status"] == "pass").any()
     assert table["dram_read_bytes"].isna().all() and not (out / schema.COUNTERS).exists()
+    tools.counted(result, out)
+    assert "ncu: skipped: ERR_NVGPUCTRPERM" in capsys.readouterr().err
 
 
 def test_without_ncu_nothing_is_written(tmp_path, monkeypatch):

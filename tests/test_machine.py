@@ -80,12 +80,14 @@ def test_measurement_quality_counts_the_throttled_points(h200):
 
 def test_the_roofline_section_and_the_answers_name_the_machines_limit(h200):
     run = Run("h200", *h200)
-    section = machine.roofline(run)
-    verify = section[(section["step"] == "verify") & (section["path"] == "paged-window [fa2]")].iloc[0]
+    section = machine.roofline(run).set_index("path")
     t = run.table
     g = t[(t["mode"] == "verify") & (t["impl"] == "paged-window") & (t["backend"] == "fa2") & t["median_us"].notna()]
-    assert verify["% of floor (median)"] == f"{g['pct_of_floor'].median():.0f}%"
-    assert verify["memory-bound"] == f"{len(g)}/{len(g)}"
+    assert section.loc["paged-window [fa2]", "verify"] == \
+        f"{g['pct_of_floor'].median():.0f}% ({g['pct_of_floor'].max():.0f}%, {len(g)})"
+    said = machine.roofline_said(run)[0]
+    verify = t[(t["mode"] == "verify") & (t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    assert f"verify {len(verify)} of {len(verify)}" in said, said
     steps = answers.per_step([run])
     assert steps["the machine's limit"].str.endswith("% of its floor").all()
 

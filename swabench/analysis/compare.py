@@ -202,6 +202,7 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
                "base_us": r["median_us_base"], "new_us": r["median_us_new"],
                "noise_base": _point_noise(r["noise_base"], bs.get(key)),
                "noise_new": _point_noise(r["noise_new"], ns.get(key))}
+        row["throttled"] = "+".join(side for side in ("base", "new") if _flagged(r.get(f"throttled_{side}")))
         row["ratio"] = row["new_us"] / row["base_us"] if row["base_us"] else float("nan")
         row["p"] = mann_whitney_u(bs[key], ns[key])[1] if key in bs and key in ns else float("nan")
         row["verdict"] = _verdict(row, threshold, alpha, r["side"])
@@ -212,6 +213,11 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
         .sort_values(["_o", "_r"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
     return Comparison(table=table, base_meta=bm, new_meta=nm, joined=n_both, only_base=n_base, only_new=n_new,
                       warnings=warnings)
+
+
+def _flagged(value) -> bool:
+    """A row's ``throttled`` as read back from a journal (a bool) or a table (a bool or its text)."""
+    return value is True or str(value) == "True"
 
 
 def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
@@ -246,6 +252,10 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
     shown = c.table[c.table["verdict"] != "same"]
     cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "noise_base", "noise_new", "p",
             "status_base", "status_new"]
+    if (c.table["throttled"] != "").any():
+        head += ("`throttled` names the run that timed the point while the card held its clock back for power or "
+                 "heat (NVML): a difference there may be the clock's, not the code's.\n\n")
+        cols.append("throttled")
     return head + (markdown_table(shown[cols]) if len(shown) else "No significant differences.")
 
 

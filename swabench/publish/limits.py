@@ -11,7 +11,7 @@ import pandas as pd
 
 from swabench.core.cases import MODES
 from swabench.impls import registry
-from swabench.publish.style import BACKEND_STYLE, figure, log_x_ticks, look
+from swabench.publish.style import BACKEND_STYLE, figure, look
 
 MEMORY_BOUND = ("decode", "verify", "draft_extend")  # a few queries a request: the bytes' time is the floor's
 
@@ -26,10 +26,20 @@ def _correct_timed(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _legend_outside(fig, axes) -> None:
-    """One legend for the figure, right of its panels and below its title."""
+    """One legend for the figure, clear of its panels and its title: beside them, or under them when it is
+    long."""
     handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
     if handles:
-        fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
+        fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right center",
+                   ncol=2 if len(handles) > 14 else 1)
+
+
+def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = None) -> None:
+    """One path's points: its look, hollow on fa3; with ``k`` (its place among the paths drawn), a size a step
+    smaller than the path drawn before it, so that points several paths share show as rings."""
+    style = look(impl)
+    ax.scatter(x, y, s=14 if k is None else max(6.0, 120 * 0.72 ** k), alpha=0.85, label=f"{impl} [{backend}]", marker=style["marker"],
+               edgecolors=style["color"], facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
 
 
 def roofline(table, meta):
@@ -41,14 +51,11 @@ def roofline(table, meta):
     if not peaks or t.empty:
         return None
     t = t.assign(intensity=t["flops"] / t["min_bytes"], rate=t["flops"] / t["median_us"] / 1e6)
-    fig, axes = figure(meta, "Roofline: each timed point against the node's measured ceilings", size=(7.5, 4.8))
+    fig, axes = figure(meta, "Roofline: each timed point against the node's measured ceilings", size=(8.0, 5.0))
     ax = axes[0][0]
     for impl, backend in _paths(t):
         g = t[(t["impl"] == impl) & (t["backend"] == backend)]
-        style = look(impl)
-        ax.scatter(g["intensity"], g["rate"], s=12, alpha=0.75, label=f"{impl} [{backend}]",
-                   facecolors=style["color"] if backend != "fa3" else "none", edgecolors=style["color"],
-                   marker=style["marker"], linewidths=0.8)
+        _points(ax, g, g["intensity"], g["rate"], impl, backend)
     lo, hi = t["intensity"].min() / 2, t["intensity"].max() * 2
     xs = np.geomspace(min(lo, 1.0), max(hi, 2 * peaks["bf16_matmul_tflops"] / peaks["copy_tbps"]), 200)
     ax.plot(xs, np.minimum(peaks["copy_tbps"] * xs, peaks["bf16_matmul_tflops"]), color="black", lw=1.0,
@@ -66,8 +73,8 @@ def rate_vs_context(table, meta):
     t = _correct_timed(table)
     if t.empty:
         return None
-    t = t.assign(context=pd.to_numeric(t["prefix_len"], errors="coerce").fillna(
-        pd.to_numeric(t["seq_len"], errors="coerce"))).dropna(subset=["context"])
+    before = pd.to_numeric(t["seq_len"], errors="coerce") - pd.to_numeric(t["qo_len"], errors="coerce")
+    t = t.assign(context=pd.to_numeric(t["prefix_len"], errors="coerce").fillna(before)).dropna(subset=["context"])
     modes = [m for m in MODES if m in set(t["mode"])]
     if not modes:
         return None
@@ -79,15 +86,17 @@ def rate_vs_context(table, meta):
         column, unit, peak = ("tbps", "TB/s", peaks.get("copy_tbps")) if memory else \
             ("tflops", "TFLOP/s", peaks.get("bf16_matmul_tflops"))
         rows = t[t["mode"] == mode]
+        at = {c: i for i, c in enumerate(sorted(rows["context"].unique()))}  # evenly spaced: 0 and 32768 alike
         for impl, backend in _paths(rows):
             line = rows[(rows["impl"] == impl) & (rows["backend"] == backend)].groupby("context")[column].median()
-            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3, label=f"{impl} [{backend}]",
-                    **look(impl))
+            ax.plot([at[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
+                    label=f"{impl} [{backend}]", **look(impl))
         if peak:
             ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured {unit} ceiling" if memory else
                        "measured TFLOP/s ceiling")
-        ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit)
-        log_x_ticks(ax, rows["context"])
+        ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit,
+               xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
+        ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)
         ax.grid(alpha=0.3, which="both")
     _legend_outside(fig, axes)
     return fig
@@ -103,20 +112,18 @@ def bytes_read(table, meta):
     if not modes:
         return None
     fig, axes = figure(meta, "Bytes each path reads: DRAM read (Nsight Compute) against the window's floor",
-                       1, len(modes), size=(4.2, 4.2))
+                       1, len(modes), size=(6.0, 4.6) if len(modes) == 1 else (4.2, 4.2))
     for ax, mode in zip(axes[0], modes):
         rows = t[t["mode"] == mode]
-        for impl, backend in _paths(rows):
+        for k, (impl, backend) in enumerate(_paths(rows)):
             g = rows[(rows["impl"] == impl) & (rows["backend"] == backend)]
-            style = look(impl)
-            ax.scatter(g["min_read_bytes"] / 1e6, g["dram_read_bytes"] / 1e6, s=14, alpha=0.8,
-                       label=f"{impl} [{backend}]", marker=style["marker"], edgecolors=style["color"],
-                       facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
-        lo = min(rows["min_read_bytes"].min(), rows["dram_read_bytes"].min()) / 1e6 / 2
-        hi = max(rows["min_read_bytes"].max(), rows["dram_read_bytes"].max()) / 1e6 * 2
-        for times, ls in ((1, "-"), (10, ":"), (100, ":")):
-            ax.plot([lo, hi], [lo * times, hi * times], color="black", lw=0.7, ls=ls)
-        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi * 100), title=mode,
+            _points(ax, g, g["min_read_bytes"] / 1e6, g["dram_read_bytes"] / 1e6, impl, backend, k)
+        lo = rows["min_read_bytes"].min() / 1e6 / 2
+        top = max(rows["min_read_bytes"].max(), rows["dram_read_bytes"].max()) / 1e6 * 2
+        for times, ls in ((1, "-"), (10, ":"), (100, ":")):  # one decade as long on both axes: true slopes
+            ax.plot([lo, top / times], [lo * times, top], color="black", lw=0.7, ls=ls)
+            ax.annotate(f"{times}x", (top / times, top), fontsize=7, ha="right", va="top")
+        ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top), aspect="equal", title=mode,
                xlabel="floor: bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
         ax.grid(alpha=0.3, which="both")
     _legend_outside(fig, axes)

@@ -11,7 +11,7 @@ from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
 from swabench.publish.sections import machine, neighbours, releases, speed
-from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio
+from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio, run_for_step
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
@@ -45,11 +45,9 @@ def _bugs_of_step(run: Run, mode: str) -> str:
 def per_step(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for mode in MODES:
-        timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna()).sum()), -i, r)
-                 for i, r in enumerate(runs) if r.timed]
-        if not timed or max(timed, key=lambda x: x[:2])[0] == 0:
+        run = run_for_step(runs, mode)
+        if run is None:
             continue
-        run = max(timed, key=lambda x: x[:2])[2]
         paths = _paths_of_step(run, mode)
         if paths.empty:
             continue
@@ -147,8 +145,8 @@ def bytes_read(runs: list[Run]) -> list[str]:
     one's mechanism with its numbers."""
     counted = [r for r in runs if len(machine.counted(r.table))]
     said = [f"- {mode}: {machine.amplified(counted, mode)}." for mode in MODES if machine.amplified(counted, mode)]
-    cliffs = [machine.cliff(r, machine.timed_twin(runs, r)) for r in counted]
-    return said + [f"- {c}" for c in cliffs if c]
+    worst = machine.worst_cliff(runs)
+    return said + ([f"- The worst: {worst[0].lower()}{worst[1:]}"] if worst else [])
 
 
 def answers(runs: list[Run]) -> list[str]:
@@ -169,7 +167,8 @@ def answers(runs: list[Run]) -> list[str]:
                   "bandwidth and matmul rate allow; detail under The machine's limit):", markdown_table(steps)]
     if reads:
         parts += [f"**What each path reads.** DRAM bytes read / the bytes a step's window needs, median per path, as "
-                  f"Nsight Compute counted them (paths within {machine.AMPLIFIED}x read what the window needs; detail "
+                  f"Nsight Compute counted them, median (least-most) where a path read more than {machine.AMPLIFIED}x "
+                  f"(the others read what the window needs; detail "
                   f"under Bytes each path reads):\n" + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):

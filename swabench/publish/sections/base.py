@@ -96,6 +96,27 @@ class Section:
         return self.head() + body if body else []
 
 
+FIGURES = "plots"  # a run's report and figures are published in plots/<the run folder's name>/
+
+
+def figure_link(run: Run, name: str) -> str:
+    """A Markdown image of the run's published figure ``name`` (from the repository's root, where the findings
+    page lives), or '' where its report has not been published."""
+    from pathlib import Path
+
+    path = Path(FIGURES) / Path(run.folder).name / f"{name}.png"
+    return f"![{name}]({path.as_posix()})" if path.is_file() else ""
+
+
+def run_for_step(runs: list[Run], mode: str) -> Run | None:
+    """The run that speaks for a step on the findings page: the one with the most timed points of it (the
+    first given on a tie); None where no run timed it."""
+    timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna()).sum()), -i, r)
+             for i, r in enumerate(runs) if r.timed]
+    best = max(timed, key=lambda x: x[:2], default=None)
+    return best[2] if best and best[0] else None
+
+
 def mode_order(column: pd.Series) -> pd.Series:
     """Sort key: modes in the order a server meets them, spans windows first (by size), any other column as it is."""
     from swabench.analysis.derived import span_order

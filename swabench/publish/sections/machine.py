@@ -9,10 +9,12 @@ import re
 
 import pandas as pd
 
+from swabench.analysis import derived
+from swabench.core.cases import MODES
 from swabench.core.footprint import ELEMENT_BYTES
-from swabench.impls import registry
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import FINDINGS, Run, Section, micros, mode_order, path_order, points, ratio
+from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_order, points, ratio,
+                                            run_for_step)
 from swabench.store import run_folder, schema
 
 MB = 1e6
@@ -72,8 +74,8 @@ def bytes_read(run: Run) -> pd.DataFrame:
         rows.append({"step": mode, "path": path, "points": len(g),
                      "DRAM read / floor": f"{ratio(amp.median())}x" + (f" ({ratio(amp.min())}-{ratio(amp.max())})"
                                                                        if len(g) > 1 else ""),
-                     "DRAM read MB (median)": f"{g['dram_read_bytes'].median() / MB:.3g}",
-                     "floor MB (median)": f"{g['min_read_bytes'].median() / MB:.3g}",
+                     "DRAM read MB (median)": _mb(g["dram_read_bytes"].median()),
+                     "floor MB (median)": _mb(g["min_read_bytes"].median()),
                      "DRAM written / output": f"{ratio((g['dram_write_bytes'] / output).median())}x",
                      "kernels of a call": kernels.index[0] if len(kernels) else ""})
     out = pd.DataFrame(rows)
@@ -91,6 +93,11 @@ def timed_twin(runs: list[Run], counted_run: Run) -> pd.Series:
     return t.set_index(list(schema.KEY))["median_us"]
 
 
+def _mb(n: float) -> str:
+    """Bytes as MB, three significant digits without an exponent (8.72, 35.5, 2150)."""
+    return micros(n / MB)
+
+
 def cliff(run: Run, times: pd.Series | None = None) -> str:
     """The worst read amplification of a correct path, in one sentence with its numbers: what it read, what its
     window needs, the whole table where it read that, and the other paths on the same step."""
@@ -100,20 +107,29 @@ def cliff(run: Run, times: pd.Series | None = None) -> str:
         return ""
     worst = t.loc[t["read_amplification"].idxmax()]
     same = t[t["case_id"] == worst["case_id"]].sort_values("read_amplification")
-    table_mb = full_table_bytes(same.loc[[worst.name]]).iloc[0] / MB
+    table_bytes = full_table_bytes(same.loc[[worst.name]]).iloc[0]
 
     def timed(r) -> str:
         us = (times if times is not None else pd.Series(dtype=float)).get((r["case_id"], r["impl"], r["backend"]))
         return f" in {micros(us)} us" if us is not None and us == us else ""
 
-    whole = f": the whole K/V its page table holds ({table_mb:.4g} MB), of which the window masks all but the " \
-            f"last keys" if worst["dram_read_bytes"] >= 0.9 * table_mb * MB else ""
-    others = [f"`{r['path']}` {r['dram_read_bytes'] / MB:.3g} MB ({ratio(r['read_amplification'])}x){timed(r)}"
+    whole = f": the whole K/V its page table holds ({_mb(table_bytes)} MB), every page read and the window " \
+            f"applied to the scores only" if worst["dram_read_bytes"] >= 0.9 * table_bytes else ""
+    others = [f"`{r['path']}` {_mb(r['dram_read_bytes'])} MB ({ratio(r['read_amplification'])}x){timed(r)}"
               for _, r in same.iterrows() if r.name != worst.name]
-    return (f"On `{worst['case']}` ({worst['mode']}), `{worst['path']}` read {worst['dram_read_bytes'] / MB:.4g} MB "
-            f"from DRAM{timed(worst)} for a window that needs {worst['min_read_bytes'] / MB:.3g} MB "
-            f"({ratio(worst['read_amplification'])}x){whole}" + (f"; on the same step " + ", ".join(others)
+    return (f"On `{worst['case']}` ({worst['mode']}), `{worst['path']}` read {_mb(worst['dram_read_bytes'])} MB "
+            f"from DRAM{timed(worst)} for a window that needs {_mb(worst['min_read_bytes'])} MB "
+            f"({ratio(worst['read_amplification'])}x){whole}" + ("; on the same step " + ", ".join(others)
                                                                  if others else "") + f" ({run.name}).")
+
+
+def worst_cliff(runs: list[Run]) -> str:
+    """``cliff`` of the counted run with the largest read amplification, with times from its timed twin."""
+    counted_runs = [r for r in runs if len(counted(r.table)) and len(counted(r.table).query("kind == 'correct'"))]
+    if not counted_runs:
+        return ""
+    worst = max(counted_runs, key=lambda r: counted(r.table).query("kind == 'correct'")["read_amplification"].max())
+    return cliff(worst, timed_twin(runs, worst))
 
 
 def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
@@ -122,9 +138,12 @@ def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
         return []
     c = run.meta.get("counters") or {}
     cal = c.get("calibration") or {}
-    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, "
-            f"{c.get('per_point_s')} s a point); the calibration copy of {cal.get('bytes', 0) / MB:.4g} MB read "
-            f"{cal['read_ratio']:.4f}x its bytes ({run.name})." if cal.get("read_ratio") else ""]
+    sweep = run.meta.get("wall_s")
+    cost = (f"{sweep / len(t):.2f} s a point in the sweep, {c.get('per_point_s')} s with ncu's start and the JIT "
+            f"warm-up" if sweep else f"{c.get('per_point_s')} s a point")
+    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {cost}); the "
+            f"calibration copy of {cal.get('bytes', 0) / MB:.4g} MB read {cal['read_ratio']:.4f}x its bytes "
+            f"({run.name})." if cal.get("read_ratio") else ""]
     return said + [cliff(run, times)]
 
 
@@ -136,34 +155,58 @@ def bytes_across(runs: list[Run]) -> list[str]:
     for r in runs:
         table = bytes_read(r)
         if len(table):
-            body += [s for s in bytes_said(r, timed_twin(runs, r)) if s] + [f"From {r.name}:", markdown_table(table)]
-    return body
+            body += [s for s in bytes_said(r, timed_twin(runs, r)) if s] + [f"From {r.name}:", markdown_table(table),
+                                                                             figure_link(r, "bytes_read")]
+    return [part for part in body if part]
 
 
 def roofline(run: Run) -> pd.DataFrame:
-    """Per step and correct path: its timed points, how many are memory-bound, and its time against the floor
-    (``pct_of_floor``: 100 is the machine's limit), median and best."""
-    t = run.table[(run.table["kind"] == "correct") & (run.table["status"] == "pass")]
-    if "pct_of_floor" not in t or t["pct_of_floor"].isna().all():
+    """One row per correct path, one column per step: its timed points' time against their floor
+    (``pct_of_floor``: 100 is the machine's limit), median (best, points)."""
+    t = _floored(run)
+    if t.empty:
         return pd.DataFrame()
+    cells = t.groupby(["path", "mode"])["pct_of_floor"].agg(["median", "max", "size"]).reset_index()
+    cells["cell"] = [f"{m:.0f}% ({b:.0f}%, {n})" for m, b, n in zip(cells["median"], cells["max"], cells["size"])]
+    wide = cells.pivot(index="path", columns="mode", values="cell").fillna("")
+    steps = [m for m in MODES if m in wide.columns]
+    wide = wide[steps].reset_index()
+    return wide.assign(order=wide["path"].map(path_order)).sort_values("order").drop(columns="order") \
+        .reset_index(drop=True)
+
+
+def _floored(run: Run) -> pd.DataFrame:
+    """The run's correct, passed, timed points with a floor, and their ``path``."""
+    t = run.table[(run.table["kind"] == "correct") & (run.table["status"] == "pass")]
+    if "pct_of_floor" not in t:
+        return t.iloc[0:0]
     t = t.dropna(subset=["pct_of_floor"])
-    memory = t["min_bytes"] / (run.meta["peaks"]["copy_tbps"] * 1e12) >= \
-        t["flops"] / (run.meta["peaks"]["bf16_matmul_tflops"] * 1e12)
-    t = t.assign(path=t["impl"] + " [" + t["backend"] + "]", memory=memory)
-    rows = [{"step": mode, "path": path, "points": len(g), "memory-bound": f"{int(g['memory'].sum())}/{len(g)}",
-             "% of floor (median)": f"{g['pct_of_floor'].median():.0f}%", "best": f"{g['pct_of_floor'].max():.0f}%"}
-            for (mode, path), g in t.groupby(["mode", "path"])]
-    out = pd.DataFrame(rows)
-    out = out.assign(order=out["path"].map(path_order)).sort_values(["step", "order"], key=mode_order)
-    return out.drop(columns="order").reset_index(drop=True)
+    return t.assign(path=t["impl"].astype(str) + " [" + t["backend"].astype(str) + "]")
 
 
 def roofline_said(run: Run) -> list[str]:
-    peaks = run.meta.get("peaks")
-    if not peaks or "pct_of_floor" not in run.table or run.table["pct_of_floor"].isna().all():
+    t = _floored(run)
+    if t.empty:
         return []
-    return [f"Floors at {peaks['copy_tbps']:.2f} TB/s and {peaks['bf16_matmul_tflops']:.0f} TFLOP/s, "
-            f"as measured on the node ({run.name})."]
+    peaks = run.meta["peaks"]
+    memory, compute = derived.floor_parts(t, peaks)
+    bound = (memory >= compute).groupby(t["mode"]).agg(["sum", "size"])
+    steps = ", ".join(f"{m} {int(bound.loc[m, 'sum'])} of {int(bound.loc[m, 'size'])}" for m in MODES if m in bound.index)
+    return [f"Floors at the node's {peaks['copy_tbps']:.2f} TB/s and {peaks['bf16_matmul_tflops']:.0f} TFLOP/s; "
+            f"memory-bound points per step: {steps} ({run.name})."]
+
+
+def roofline_across(runs: list[Run]) -> list[str]:
+    """The findings page's section: the runs the answers draw each step from, one table each."""
+    from swabench.publish.markdown import markdown_table
+
+    chosen = {id(r): r for r in (run_for_step(runs, m) for m in MODES) if r is not None}.values()
+    body = []
+    for r in chosen:
+        table = roofline(r)
+        if len(table):
+            body += roofline_said(r) + [f"From {r.name}:", markdown_table(table), figure_link(r, "roofline")]
+    return [part for part in body if part]
 
 
 def step_limits(run: Run, mode: str, impl: str, backend: str) -> str:
@@ -183,9 +226,12 @@ def amplified(runs: list[Run], mode: str) -> str:
     t = t[t["mode"] == mode]
     if t.empty:
         return ""
-    per_path = t.groupby("path")["read_amplification"].median().sort_values(ascending=False)
+    amp = t.groupby("path")["read_amplification"]
+    per_path = amp.median().sort_values(ascending=False)
+    low, high_end = amp.min(), amp.max()
     high = per_path[per_path > AMPLIFIED]
-    words = [f"`{p}` {ratio(a)}x" for p, a in high.items()]
+    words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
+             for p, a in high.items()]
     within = len(per_path) - len(high)
     return ", ".join(words + ([f"the other {within} within {AMPLIFIED}x"] if within and len(high) else
                               [f"all {within} within {AMPLIFIED}x"] if within else [])) \
@@ -196,9 +242,10 @@ SECTIONS = [
     Section("roofline", "The machine's limit: each path against its roofline floor",
             "A point's floor is the larger of two times: the bytes a perfect kernel moves (`min_bytes`: Q and the "
             "window's K/V read once from the start of its first page, O written once) at the node's measured copy "
-            "bandwidth, and its useful flops at the measured bf16 matmul rate. `% of floor` = floor / kernel time: "
-            "100% is the machine's limit. Memory-bound: the bytes' time is the larger.", roofline, roofline_said,
-            timed=True),
+            "bandwidth, and its useful flops at the measured bf16 matmul rate. A cell is the path's time against "
+            "its floor on the step (`pct_of_floor`, 100% = the machine's limit): median (best, points). Memory-bound: "
+            "the bytes' time is the larger. The findings page shows the runs its answers draw on.", roofline,
+            roofline_said, timed=True, across=roofline_across),
     Section("bytes", "Bytes each path reads",
             "From a run under Nsight Compute (`swabench profile --tool ncu`): each counted call's DRAM bytes read, "
             "summed over its kernels, over the bytes a perfect kernel reads (Q and the window's K/V from the start "
