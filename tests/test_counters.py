@@ -57,6 +57,21 @@ def test_swabenchs_own_page_from_the_h200_gives_the_cliff():
     assert short_kernel(k.loc[k["impl"] == "decode-window", "kernel"].iloc[0]) == "BatchDecodeWithPagedKVCacheKernel"
 
 
+def test_messages_after_the_table_and_values_ncu_could_not_read():
+    """A line ncu prints after the table is not a kernel; an 'n/a' value is missing, and so is its point's sum."""
+    raw = gzip.decompress((FIXTURES / "cliff-raw.csv.gz").read_bytes()).decode()
+    rows = list(csv.reader(io.StringIO(raw)))
+    column = rows[0].index("dram__bytes_read.sum")
+    rows[3][column] = "n/a"  # the first point's first kernel
+    page = io.StringIO()
+    csv.writer(page, quoting=csv.QUOTE_ALL).writerows(rows)
+    k = counters.kernels(page.getvalue() + "==WARNING== something ncu says at the end\n")
+    assert len(k) == 11 and k["dram_read_bytes"].isna().sum() == 1
+    first = k.loc[k["dram_read_bytes"].isna(), ["case_id", "impl", "backend"]].iloc[0].tolist()
+    sums = counters.per_point(k).set_index(["case_id", "impl", "backend"])
+    assert pd.isna(sums.loc[tuple(first), "dram_read_bytes"]) and sums["dram_read_bytes"].notna().sum() == 5
+
+
 def test_a_range_name_with_colons_still_splits():
     cell = ' "3:swabench:count a:b [fa2] #x:none:none:RGB:0xff:REGISTERED:count a:b [fa2] #x"  "4:other:count c:d" '
     assert counters._counted_point(cell) == ("x", "a:b", "fa2")
@@ -172,13 +187,13 @@ def test_a_counted_run_joins_each_points_bytes_to_its_row(fake_ncu, tmp_path, mo
     assert (out / "ncu.log").exists() and (out / "profile.ncu-rep").exists() and (out / "ncu-raw.csv.gz").exists()
     run = Run(str(out), table, meta)
     assert run.profiled and not run.timed
-    section = machine.bytes_read(run)
+    section = machine.bytes_table(run)
     mask = section[section["path"] == "torch-mask [torch]"].iloc[0]
-    assert mask["DRAM read / floor"].startswith("240x") and mask["kernels of a call"] == "torch-maskMainKernel + torch-maskMergeKernel"
+    assert mask["DRAM read / needed"].startswith("240x") and mask["kernels of a call"] == "torch-maskMainKernel + torch-maskMergeKernel"
     assert "read" in machine.cliff(run) and "(240x)" in machine.cliff(run)
     fig = limits.bytes_read(table, meta)
     assert len(fig.axes) == 1 and len(fig.axes[0].collections) == 2
-    tools.counted(result, out)  # what `swabench profile --tool ncu` prints at the end
+    tools.print_counted(result, out)  # what `swabench profile --tool ncu` prints at the end
     printed = capsys.readouterr().out
     assert "| decode | torch-mask [torch] |" in printed and "s a point under ncu" in printed
 
@@ -191,8 +206,32 @@ def test_without_permission_the_gated_run_is_kept_and_says_why(fake_ncu, tmp_pat
     table, meta = derived.load(out)
     assert meta["counters"]["skipped"] == result.skipped and (table["status"] == "pass").any()
     assert table["dram_read_bytes"].isna().all() and not (out / schema.COUNTERS).exists()
-    tools.counted(result, out)
+    tools.print_counted(result, out)
     assert "ncu: skipped: ERR_NVGPUCTRPERM" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_line_and_an_untrusted_counter(fake_ncu, tmp_path, monkeypatch):
+    """`swabench profile --tool ncu` end to end (torch told to take the CPU for the GPU the command asks for):
+    exit 0 with its table; exit 1, saying why, when the calibration copy reads 5% more than it holds, and the
+    findings page then keeps that run's counts out of its answers."""
+    from conftest import invoke
+
+    import swabench.cli.tools as cli_tools
+    monkeypatch.setattr(cli_tools, "device_of", lambda *a: __import__("torch").device("cpu"))
+    good = invoke("profile", "cpu", "--tool", "ncu", "--impl", "torch-trim", "--case", "decode", "--out",
+                  tmp_path / "good")
+    assert good.exit_code == 0 and "| decode | torch-trim [torch] |" in good.output
+    assert invoke("profile", "cpu", "--tool", "ncu", "--against", tmp_path / "good", "--out",
+                  tmp_path / "x").exit_code == 2
+    monkeypatch.setenv("FAKE_NCU_CALIBRATION", "1.05")
+    monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-trim=50")
+    bad = invoke("profile", "cpu", "--tool", "ncu", "--impl", "torch-trim", "--case", "decode", "--out", tmp_path / "bad")
+    assert bad.exit_code == 1 and "1.0500x" in bad.output and "not to be trusted" in bad.output
+    runs = [Run(str(tmp_path / name), *derived.load(tmp_path / name)) for name in ("good", "bad")]
+    assert machine.trusted(runs[0]) and not machine.trusted(runs[1])
+    assert "torch-trim" not in machine.amplified(runs, "decode").split("(")[0]  # the trusted run read 1x
+    assert "none of this run's counts is to be trusted" in machine.bytes_said(runs[1])[0]
 
 
 def test_without_ncu_nothing_is_written(tmp_path, monkeypatch):

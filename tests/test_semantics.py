@@ -41,7 +41,7 @@ def test_flops_and_bytes_match_brute_force(shape, head_dim, heads):
     assert semantics.attention_flops(int(m.sum()), head_dim, heads) == 4 * head_dim * heads * int(m.sum())
     keys_read = int(m.any(dim=0).sum())  # K/V rows some query can see
     expect = 2 * (2 * qo * heads + 2 * keys_read * 1) * head_dim
-    assert semantics.minimum_bytes([qo], [kv], w, heads, 1, head_dim, 2) == expect
+    assert sum(semantics.minimum_traffic([qo], [kv], w, heads, 1, head_dim, 2)) == expect
 
 
 def brute_rows_read(qo_len, kv_len, w, causal, chunk, page_size):
@@ -72,8 +72,8 @@ def test_minimum_traffic_matches_brute_force(shape, storage, page, causal, chunk
     rows = brute_rows_read(qo, kv, w, causal, chunk, page_size)
     assert written == qo * qo_heads * head_dim * width
     assert read == written + 2 * rows * kv_heads * head_dim * kv_width
-    assert semantics.minimum_bytes([qo, qo], [kv, kv], w, qo_heads, kv_heads, head_dim, width, kv_width, chunk,
-                                   page_size) == 2 * (read + written)
+    assert semantics.minimum_traffic([qo, qo], [kv, kv], w, qo_heads, kv_heads, head_dim, width, kv_width, chunk,
+                                     page_size) == (2 * read, 2 * written)
 
 
 def test_a_page_table_starts_on_a_page_boundary():

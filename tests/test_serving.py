@@ -210,8 +210,8 @@ def test_dropped_sinks_must_fail_exactly_where_the_case_has_sinks():
 
 
 def test_minimum_bytes_count_the_cache_at_its_width():
-    bf16 = semantics.minimum_bytes([4], [44], 7, 4, 2, 64, 2)
-    fp8 = semantics.minimum_bytes([4], [44], 7, 4, 2, 64, 2, 1)
+    bf16 = sum(semantics.minimum_traffic([4], [44], 7, 4, 2, 64, 2))
+    fp8 = sum(semantics.minimum_traffic([4], [44], 7, 4, 2, 64, 2, 1))
     kv_rows = semantics.window_keys(4, 44, 7)
     assert bf16 - fp8 == 2 * kv_rows * 2 * 64 and fp8 == 64 * (2 * 4 * 4 * 2 + 2 * kv_rows * 2)
 

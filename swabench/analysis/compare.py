@@ -252,7 +252,7 @@ def to_markdown(comparison: Comparison, threshold: float, alpha: float) -> str:
     shown = c.table[c.table["verdict"] != "same"]
     cols = ["verdict", "case", "impl", "backend", "base_us", "new_us", "ratio", "noise_base", "noise_new", "p",
             "status_base", "status_new"]
-    if (c.table["throttled"] != "").any():
+    if (shown["throttled"] != "").any():
         head += ("`throttled` names the run that timed the point while the card held its clock back for power or "
                  "heat (NVML): a difference there may be the clock's, not the code's.\n\n")
         cols.append("throttled")

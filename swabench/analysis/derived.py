@@ -5,6 +5,7 @@ finalizes; added on read for a folder that only has its journal."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.store import run_folder
@@ -70,9 +71,10 @@ def floor_parts(table: pd.DataFrame, peaks: dict) -> tuple[pd.Series, pd.Series]
 
 def per_row(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     """The columns each row has from its own numbers and the node's peaks: percent of each peak, the
-    floor (the larger of ``floor_parts``) and the share of it the point reaches (``pct_of_floor`` = 100 x
-    floor / median: 100 is the machine's limit), and, for a point Nsight Compute counted, its DRAM bytes
-    read over the bytes a perfect kernel reads (``read_amplification``)."""
+    floor (the larger of ``floor_parts``) and how close the point comes to it (``pct_of_floor`` = 100 x
+    floor / median: 100 runs at the measured copy bandwidth or matmul rate), and, for a point Nsight Compute
+    counted, its DRAM bytes read over the bytes its window needs (``read_amplification``).  A point timed on
+    a warm L2 has no floor: its bytes need not come from DRAM."""
     if table.empty:
         return table
     if peaks:
@@ -80,7 +82,8 @@ def per_row(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
                              pct_peak_tbps=100 * table["tbps"] / peaks["copy_tbps"])
     if peaks and {"min_bytes", "flops"} <= set(table.columns):
         memory, compute = floor_parts(table, peaks)
-        table = table.assign(floor_us=memory.where(memory >= compute, compute))
+        floor = memory.where(memory >= compute, compute)
+        table = table.assign(floor_us=floor.where(table["l2"] != "warm") if "l2" in table else floor)
         table["pct_of_floor"] = 100 * table["floor_us"] / table["median_us"]
     if "dram_read_bytes" in table and "min_read_bytes" in table:
         table = table.assign(read_amplification=table["dram_read_bytes"].astype(float) / table["min_read_bytes"])
@@ -97,4 +100,6 @@ def load(run_dir) -> tuple[pd.DataFrame, dict]:
     """A run's table with its derived columns, and its metadata (store.run_folder.load); a table written
     before a column existed gets what its own rows and peaks give (the floor of a format-6 folder)."""
     table, meta = run_folder.load(run_dir, derive=add_derived)
-    return per_row(table, meta.get("peaks")), meta
+    if not (Path(run_dir) / run_folder.ROWS).exists():  # read from its table, which may predate these columns
+        table = per_row(table, meta.get("peaks"))
+    return table, meta

@@ -43,6 +43,8 @@ def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, g
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
+    if gpus and counted:
+        raise InputError("--count with --gpus: a run under Nsight Compute counts on one GPU (swabench profile --tool ncu)")
     if gpus and (shard or resume or device == "cpu"):
         raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
                          "(run the same command again to continue a launch)")

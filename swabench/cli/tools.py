@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -32,7 +33,11 @@ def profile(scenario, out, impls, cases, tool, against, l2):
     if tool == "ncu":
         if against:
             raise InputError("--against: nsys only (ncu replays kernels, so it has no times to hold against)")
-        return counted(profiling.run_under_ncu(s.path, out, launch.worker_args(impls, cases), l2), out)
+        try:
+            result = profiling.run_under_ncu(s.path, out, launch.worker_args(impls, cases), l2)
+        except profiling.ProfileError as e:
+            raise click.ClickException(str(e)) from None
+        sys.exit(0 if print_counted(result, out) else 1)
     if tool == "torch":
         outcome, text = profiling.run_under_torch_profiler(lifecycle.Request(s, out, device, l2=l2), Bar())
         click.echo(text + f"\nChrome/Perfetto trace and torch_stats.txt are in {out}")
@@ -46,25 +51,30 @@ def profile(scenario, out, impls, cases, tool, against, l2):
     click.echo(f"nsys report, sqlite export and nsys_stats.csv are in {out}")
 
 
-def counted(result, out: Path) -> None:
-    """What a run under ncu says: each point's bytes against its floor, or why there are none."""
+def print_counted(result, out: Path) -> bool:
+    """What a run under ncu says: each point's bytes against what its window needs, or why there are none;
+    False when the calibration copy says the counter is not to be trusted (exit 1)."""
     from swabench.analysis import derived
     from swabench.publish.markdown import markdown_table
-    from swabench.publish.sections import machine as section
+    from swabench.publish.sections import machine
 
     if result.kernels is None:
         click.secho(f"ncu: skipped: {result.skipped}", fg="yellow", err=True)
         if (out / "meta.json").exists():
             click.echo(f"the gated run, without counters, is in {out}")
-        return
-    calibration = result.meta["calibration"]
-    if calibration.get("trusted") is False:
-        click.secho(f"ncu's DRAM counter read {calibration['read_ratio']:.4f}x the calibration copy's "
-                    f"{calibration['bytes']} bytes: outside 1%, its numbers are not to be trusted", fg="red", err=True)
-    table = section.bytes_read(section.Run(str(out), *derived.load(out)))
+        return True
+    table = machine.bytes_table(machine.Run(str(out), *derived.load(out)))
     click.echo(markdown_table(table) if len(table) else "no point was counted")
     click.echo(f"ncu.csv (every counted kernel), ncu.log and profile.ncu-rep are in {out}; "
                f"{result.meta.get('per_point_s')} s a point under ncu")
+    calibration = result.meta["calibration"]
+    if calibration.get("trusted") is False:
+        read = "was not counted" if calibration.get("read_ratio") is None else \
+            f"read {calibration['read_ratio']:.4f}x its {calibration['bytes']} bytes"
+        click.secho(f"the calibration copy {read}: outside 1%, the counters of this run are not to be trusted",
+                    fg="red", err=True)
+        return False
+    return True
 
 
 @click.command("bench-host")

@@ -155,9 +155,10 @@ def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True
 
 def window_keys(qo_len: int, kv_len: int, window_left: int, chunk: int = 0, page_size: int = 1) -> int:
     """Keys some query of the block can see, counted from the start of the page that holds the first of
-    them: the K/V rows a perfect kernel must read.  A page table starts on a page boundary, so on paged
-    storage the rows before the first visible key in its page are read too; ragged storage is
-    ``page_size`` 1 (the trim start on one-token pages)."""
+    them: the K/V rows a kernel reading whole pages of its table must read.  A page table starts on a page
+    boundary, so on paged storage the rows before the first visible key in its page count too (a kernel
+    could skip them, at the cost of a table that starts mid-page, which no path here has); ragged storage
+    is ``page_size`` 1 (the trim start on one-token pages)."""
     return kv_len - trim_start(kv_len, qo_len, window_left, page_size, chunk)
 
 
@@ -168,21 +169,15 @@ def attention_flops(pairs: int, head_dim: int, num_qo_heads: int) -> int:
 
 def minimum_traffic(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes,
                     kv_elem_bytes: int | None = None, chunk: int = 0, page_size: int = 1) -> tuple[int, int]:
-    """(bytes read, bytes written) by a perfect kernel: Q and every K/V row some query can see read once
-    (from its page's start, ``window_keys``; the cache at its own width ``kv_elem_bytes`` when it differs
-    from the queries'), O written once.  The roofline's floor and the read amplification start here."""
+    """(bytes read, bytes written) by a kernel that reads whole pages of its table and nothing twice: Q and
+    every K/V row some query can see read once (from its page's start, ``window_keys``; the cache at its own
+    width ``kv_elem_bytes`` when it differs from the queries'), O written once.  min_bytes is their sum;
+    the roofline's floor and the read amplification start here."""
     q_rows = sum(qo_lens)
     kv_rows = sum(window_keys(q, k, window_left, chunk, page_size) for q, k in zip(qo_lens, kv_lens))
     kv_bytes = elem_bytes if kv_elem_bytes is None else kv_elem_bytes
     queries = q_rows * num_qo_heads * head_dim * elem_bytes
     return queries + 2 * kv_rows * num_kv_heads * head_dim * kv_bytes, queries
-
-
-def minimum_bytes(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes,
-                  kv_elem_bytes: int | None = None, chunk: int = 0, page_size: int = 1) -> int:
-    """Bytes a perfect kernel moves through device memory: ``minimum_traffic``'s read and written, summed."""
-    return sum(minimum_traffic(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, head_dim, elem_bytes,
-                               kv_elem_bytes, chunk, page_size))
 
 
 def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.Tensor:

@@ -35,6 +35,7 @@ CALIBRATION = ("copy", "torch", "calibration")  # (impl, backend, case_id) of th
 CALIBRATION_BYTES = 256 << 20  # four times the H200's L2: a cold read must come from DRAM
 CALIBRATION_TOLERANCE = 0.01
 SEARCHED = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu")
+IMPORT_S = 600  # reading back a report of thousands of kernels takes seconds; more means ncu hangs
 STARTED_RANGES = "Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  # ncu's raw-page column
 UNREADABLE = ("ERR_NVGPUCTRPERM", "LibraryNotLoaded", "Failed to initialize the profiler", "not supported on this device",
               "Profiling is not supported")
@@ -96,9 +97,11 @@ def count_call(fn: Callable[[], None], name: str) -> None:
     graph.replay()
     torch.cuda.synchronize()
     counted = start_range(name)
-    graph.replay()
-    torch.cuda.synchronize()
-    end_range(counted)
+    try:
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:  # an open range would count every later kernel as this point's
+        end_range(counted)
 
 
 def calibrate(device: torch.device, nbytes: int = CALIBRATION_BYTES) -> None:
@@ -115,7 +118,7 @@ def calibrate(device: torch.device, nbytes: int = CALIBRATION_BYTES) -> None:
 def read_report(ncu: str, report: str) -> str:
     """The report's raw page as CSV, every value in base units (bytes, nanoseconds)."""
     done = subprocess.run([ncu, "--import", report, "--csv", "--page", "raw", "--print-units", "base"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=IMPORT_S)
     if done.returncode != 0:
         raise RuntimeError(f"ncu --import {report} failed: {(done.stderr or done.stdout).strip()[:500]}")
     return done.stdout
@@ -136,7 +139,11 @@ def _counted_point(cell: str) -> tuple[str, str, str] | None:
 
 
 def _number(text: str) -> float:
-    return float(text.replace(",", "")) if text.strip() else float("nan")
+    """A raw-page value ('33,563,648'); NaN for an empty cell or ncu's 'n/a'."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return float("nan")
 
 
 def kernels(raw_csv: str) -> pd.DataFrame:
@@ -164,6 +171,8 @@ def kernels(raw_csv: str) -> pd.DataFrame:
         scale[metric] = UNITS.get(unit, 1)
     out = []
     for r in body:
+        if len(r) != len(header):  # a message ncu printed after the table, or a line cut short
+            continue
         point = _counted_point(r[at[STARTED_RANGES]])
         if point is None:
             continue
@@ -177,10 +186,9 @@ def kernels(raw_csv: str) -> pd.DataFrame:
 def per_point(counted: pd.DataFrame) -> pd.DataFrame:
     """Each point's counted call: its kernels' bytes summed, and how many kernels it ran."""
     points = counted[counted["case_id"] != CALIBRATION[2]]
-    sums = points.groupby(["case_id", "impl", "backend"], sort=False).agg(
-        dram_read_bytes=("dram_read_bytes", "sum"), dram_write_bytes=("dram_write_bytes", "sum"),
-        l2_bytes=("l2_bytes", "sum"), kernels_counted=("kernel", "size"))
-    return sums.reset_index()
+    groups = points.groupby(["case_id", "impl", "backend"], sort=False)
+    sums = groups[["dram_read_bytes", "dram_write_bytes", "l2_bytes"]].agg(lambda x: x.sum(skipna=False))  # n/a stays
+    return sums.assign(kernels_counted=groups.size()).reset_index()
 
 
 def calibration(counted: pd.DataFrame, nbytes: int = CALIBRATION_BYTES) -> dict:

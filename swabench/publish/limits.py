@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.impls import registry
+from swabench.publish.sections.machine import counted_points
 from swabench.publish.style import BACKEND_STYLE, figure, look
-
-MEMORY_BOUND = ("decode", "verify", "draft_extend")  # a few queries a request: the bytes' time is the floor's
-
 
 def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(set(zip(t["impl"], t["backend"])), key=lambda p: (registry.order(p[0]), p[1]))
@@ -44,8 +43,8 @@ def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = 
 
 def roofline(table, meta):
     """Each timed point's achieved TFLOP/s (useful flops / kernel time) against its arithmetic intensity (useful
-    flops / the bytes a perfect kernel moves), under the node's two measured ceilings: copy bandwidth x intensity,
-    and the bf16 matmul rate.  A point on the ceiling runs at the machine's limit."""
+    flops / min_bytes), under the node's two measured ceilings: copy bandwidth x intensity, and the bf16 matmul
+    rate.  A point on the ceiling runs at the measured rates."""
     peaks = meta.get("peaks")
     t = _correct_timed(table)
     if not peaks or t.empty:
@@ -67,6 +66,15 @@ def roofline(table, meta):
     return fig
 
 
+def _memory_bound(rows: pd.DataFrame, mode: str, peaks: dict) -> bool:
+    """Whether most of a step's points have the bytes' time as their floor (without peaks: every step but
+    extend, which holds thousands of queries a request)."""
+    if not peaks:
+        return mode != "extend"
+    memory, compute = derived.floor_parts(rows, peaks)
+    return bool((memory >= compute).mean() >= 0.5)
+
+
 def rate_vs_context(table, meta):
     """The rate each step reaches against context, per path, beside its measured ceiling: TB/s (min_bytes / time)
     for decode, verify and draft extend, which are memory-bound; TFLOP/s (useful flops / time) for extend."""
@@ -82,18 +90,16 @@ def rate_vs_context(table, meta):
     fig, axes = figure(meta, "Rate reached against context (median over the other axes)", 1, len(modes),
                        size=(4.2, 4.0))
     for ax, mode in zip(axes[0], modes):
-        memory = mode in MEMORY_BOUND
-        column, unit, peak = ("tbps", "TB/s", peaks.get("copy_tbps")) if memory else \
-            ("tflops", "TFLOP/s", peaks.get("bf16_matmul_tflops"))
         rows = t[t["mode"] == mode]
+        column, unit, peak = ("tbps", "TB/s", peaks.get("copy_tbps")) if _memory_bound(rows, mode, peaks) else \
+            ("tflops", "TFLOP/s", peaks.get("bf16_matmul_tflops"))
         at = {c: i for i, c in enumerate(sorted(rows["context"].unique()))}  # evenly spaced: 0 and 32768 alike
         for impl, backend in _paths(rows):
             line = rows[(rows["impl"] == impl) & (rows["backend"] == backend)].groupby("context")[column].median()
             ax.plot([at[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
                     label=f"{impl} [{backend}]", **look(impl))
         if peak:
-            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured {unit} ceiling" if memory else
-                       "measured TFLOP/s ceiling")
+            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured {unit} ceiling")
         ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit,
                xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
         ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)
@@ -104,14 +110,12 @@ def rate_vs_context(table, meta):
 
 def bytes_read(table, meta):
     """DRAM bytes each counted call read (Nsight Compute) against the bytes its window needs, per step: on the
-    diagonal a path reads what it must; the dotted lines are 10x and 100x that."""
-    if "dram_read_bytes" not in table:
-        return None
-    t = table[table["dram_read_bytes"].notna() & (table["status"] == "pass")]
+    diagonal a path reads what it must; the dotted lines are 10x and 100x that; one decade as long on both axes."""
+    t = counted_points(table)
     modes = [m for m in MODES if m in set(t["mode"])]
     if not modes:
         return None
-    fig, axes = figure(meta, "Bytes each path reads: DRAM read (Nsight Compute) against the window's floor",
+    fig, axes = figure(meta, "Bytes each path reads: DRAM read (Nsight Compute) against the bytes the window needs",
                        1, len(modes), size=(6.0, 4.6) if len(modes) == 1 else (4.2, 4.2))
     for ax, mode in zip(axes[0], modes):
         rows = t[t["mode"] == mode]

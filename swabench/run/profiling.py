@@ -4,6 +4,7 @@ point's counted call moves, ``measure.counters``), or under torch.profiler (a Ch
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -54,7 +55,7 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
 
 @dataclass(frozen=True)
 class Counted:
-    """What a run under Nsight Compute gave: its per-kernel table (empty when skipped) and its meta entry."""
+    """What a run under Nsight Compute gave: its per-kernel table (None when skipped) and its meta entry."""
 
     kernels: pd.DataFrame | None
     meta: dict
@@ -68,8 +69,8 @@ def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str)
     """``swabench run --count`` again under ncu into ``out``: the gate on every point, one counted call per
     gated point.  Writes ncu.csv (every counted kernel), joins each point's sums to its row (``dram_read_bytes``
     and the rest) and records the method and the calibration in meta.json's ``counters``.  Where there is no
-    ncu, nothing is written and the reason is returned; where ncu cannot read the counters, the gated run is
-    kept with the reason (a skip, not a failure)."""
+    ncu, nothing is written and the reason is returned; where ncu cannot read the counters, or its report
+    cannot be read back, the gated run is kept with the reason (a skip, not a failure)."""
     ncu = counters.find()
     if ncu is None:
         return Counted(None, {"skipped": f"ncu not found: not on PATH, nor under {' or '.join(counters.SEARCHED)}"})
@@ -79,31 +80,46 @@ def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str)
     child = [sys.executable, "-m", "swabench", "run", scenario_path, "--out", str(out), "--device", "cuda",
              "--count", "--l2", l2, *child_args]
     started = time.perf_counter()
-    code = subprocess.run(counters.command(ncu, str(stem), str(log), child, l2)).returncode
-    wall = time.perf_counter() - started
-    if code == 130:
-        raise KeyboardInterrupt
-    said = log.read_text(errors="replace") if log.exists() else ""
-    if code not in (0, 1) or not (out / run_folder.META).exists():
-        raise ProfileError(f"the run under ncu failed (exit {code})" + (f": {counters.unreadable(said)}"
-                                                                          if counters.unreadable(said) else ""))
-    log.rename(out / "ncu.log")
-    meta = {"tool": f"ncu {counters.version(ncu)}", "options": " ".join(counters.options(l2)), "l2": l2,
-            "metrics": counters.METRICS, "wall_s": round(wall, 1)}
-    if not report.exists():
-        meta["skipped"] = counters.unreadable(said) or "ncu profiled no kernel (ncu.log says what it saw)"
-        _record(out, None, meta)
-        return Counted(None, meta)
-    report.rename(out / "profile.ncu-rep")
-    raw = counters.read_report(ncu, str(out / "profile.ncu-rep"))
-    run_folder.atomic_write(out / "ncu-raw.csv.gz", run_folder.gzipped(raw))
-    kernels = counters.kernels(raw)
+    try:
+        code = subprocess.run(counters.command(ncu, str(stem), str(log), child, l2)).returncode
+        said = log.read_text(errors="replace") if log.exists() else ""
+        why = counters.unreadable(said)
+        if code == 130:
+            raise KeyboardInterrupt
+        if not (out / run_folder.META).exists() or (code not in (0, 1) and not why):  # ncu's own failure is a skip
+            raise ProfileError(f"the run under ncu failed (exit {code})" + (f": {why}" if why else "")
+                               + (f"; ncu's log is {log}" if log.exists() else ""))
+        meta = {"tool": f"ncu {counters.version(ncu)}", "options": shlex.join(counters.options(l2)), "l2": l2,
+                "metrics": counters.METRICS, "wall_s": round(time.perf_counter() - started, 1)}
+        if log.exists():
+            log.rename(out / "ncu.log")
+        kernels = None
+        if not report.exists():
+            meta["skipped"] = why or "ncu profiled no kernel (ncu.log says what it saw)"
+        else:
+            report.rename(out / "profile.ncu-rep")
+            kernels = _read_back(ncu, out, l2, meta)
+        _record(out, kernels, meta)
+        return Counted(kernels, meta)
+    finally:
+        report.unlink(missing_ok=True)  # a report left beside the folder by a run that failed
+
+
+def _read_back(ncu: str, out: Path, l2: str, meta: dict) -> pd.DataFrame | None:
+    """The counted kernels from the report, with the calibration in ``meta``; None, and why in ``meta``,
+    when the report cannot be read back."""
+    try:
+        raw = counters.read_report(ncu, str(out / "profile.ncu-rep"))
+        run_folder.atomic_write(out / "ncu-raw.csv.gz", run_folder.gzipped(raw))
+        kernels = counters.kernels(raw)
+    except (RuntimeError, ValueError, subprocess.SubprocessError) as e:
+        meta["skipped"] = f"the report could not be read back: {e}"
+        return None
     calibration = counters.calibration(kernels)
     if l2 != "cold":  # a warm L2 may serve part of the copy: the 1% holds for a cold one
         calibration["trusted"] = None
     meta.update(calibration=calibration, kernels=int((kernels["case_id"] != counters.CALIBRATION[2]).sum()))
-    _record(out, kernels, meta)
-    return Counted(kernels, meta)
+    return kernels
 
 
 def _record(out: Path, kernels: pd.DataFrame | None, meta: dict) -> None:

@@ -130,7 +130,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
         if status == "pass" and options.timed and exact:
             samples.update(time_kernel(runner, sync, options, row))
         if status == "pass" and options.counted and exact:
-            counters.count_call(runner.run, counters.range_name(point.impl, point.backend, point.case.case_id))
+            row["reason"] = "; ".join(filter(None, (row["reason"], count(runner, point))))
         row["samples"] = samples
         return row
     except registry.Unsupported as e:
@@ -142,6 +142,16 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) ->
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
         declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
         return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(declared + [f"{type(e).__name__}: {e}"])}
+
+
+def count(runner, point: Point) -> str:
+    """The counted call of a gated point; what went wrong with it, if anything (the gate's verdict stands:
+    a point that cannot be counted is only left without counters)."""
+    try:
+        counters.count_call(runner.run, counters.range_name(point.impl, point.backend, point.case.case_id))
+    except Exception as e:
+        return f"not counted: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return ""
 
 
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:

@@ -140,18 +140,17 @@ def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
             for impl, g in sorted(cases.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
 
 
-def bytes_read(runs: list[Run]) -> list[str]:
-    """Per step, the paths that read more DRAM than their window needs (Nsight Compute's runs), and the worst
-    one's mechanism with its numbers."""
-    counted = [r for r in runs if len(machine.counted(r.table))]
-    said = [f"- {mode}: {machine.amplified(counted, mode)}." for mode in MODES if machine.amplified(counted, mode)]
+def reads_said(runs: list[Run]) -> list[str]:
+    """Per step, the paths that read more DRAM than their window needs (Nsight Compute's trusted runs), and the
+    worst one's mechanism with its numbers."""
+    said = [f"- {mode}: {words}." for mode in MODES if (words := machine.amplified(runs, mode))]
     worst = machine.worst_cliff(runs)
     return said + ([f"- The worst: {worst[0].lower()}{worst[1:]}"] if worst else [])
 
 
 def answers(runs: list[Run]) -> list[str]:
     parts = []
-    reads = bytes_read(runs)
+    reads = reads_said(runs)
     runs = [r for r in runs if not r.profiled]
     by_release = releases.in_short(runs)
     beside = [s for r in runs for s in neighbours.noncausal_said(r)]  # every release
@@ -163,13 +162,12 @@ def answers(runs: list[Run]) -> list[str]:
         parts += ["**Which path for each step.** The fastest correct path (median over the run's cases of its time / "
                   "the reference path's on the same case), what the naive custom mask costs on the same cases, the "
                   "slowest correct path, and the known bugs that give wrong answers there; the machine's limit is the "
-                  "fastest path's median time against its roofline floor (100%: as fast as the node's measured copy "
-                  "bandwidth and matmul rate allow; detail under The machine's limit):", markdown_table(steps)]
+                  "fastest path's median floor / time (100%: at the node's measured copy bandwidth or matmul rate; "
+                  "detail under The machine's limit):", markdown_table(steps)]
     if reads:
-        parts += [f"**What each path reads.** DRAM bytes read / the bytes a step's window needs, median per path, as "
-                  f"Nsight Compute counted them, median (least-most) where a path read more than {machine.AMPLIFIED}x "
-                  f"(the others read what the window needs; detail "
-                  f"under Bytes each path reads):\n" + "\n".join(reads)]
+        parts += [f"**What each path reads.** DRAM bytes read / the bytes a step's window needs, as Nsight Compute "
+                  f"counted them: median (least-most) per path that read more than {machine.AMPLIFIED}x (the others "
+                  f"read what the window needs; detail under Bytes each path reads):\n" + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):
         parts += [f"**Which path for each model** as served (its own sinks and soft-cap), the fastest correct path "

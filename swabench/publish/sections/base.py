@@ -33,7 +33,8 @@ class Run:
         """Whether the run was made under a profiler (``swabench profile``: its kernel tables are there)."""
         from swabench.store import run_folder, schema
 
-        return any(run_folder.stored(self.folder, name).exists() for name in schema.PROFILER_TABLES)
+        return "counters" in self.meta or \
+            any(run_folder.stored(self.folder, name).exists() for name in schema.PROFILER_TABLES)
 
     @property
     def timed(self) -> bool:
@@ -96,16 +97,17 @@ class Section:
         return self.head() + body if body else []
 
 
-FIGURES = "plots"  # a run's report and figures are published in plots/<the run folder's name>/
+FIGURES = "plots"  # results/RUN's report and figures are published in plots/RUN/, beside results/
 
 
 def figure_link(run: Run, name: str) -> str:
-    """A Markdown image of the run's published figure ``name`` (from the repository's root, where the findings
-    page lives), or '' where its report has not been published."""
+    """A Markdown image of the run's published figure ``name``, as the findings page at the repository's root
+    (beside results/ and plots/) links it; '' where the run's report has not been published there."""
     from pathlib import Path
 
-    path = Path(FIGURES) / Path(run.folder).name / f"{name}.png"
-    return f"![{name}]({path.as_posix()})" if path.is_file() else ""
+    folder = Path(run.folder)
+    link = Path(FIGURES) / folder.name / f"{name}.png"
+    return f"![{name}]({link.as_posix()})" if (folder.parent.parent / link).is_file() else ""
 
 
 def run_for_step(runs: list[Run], mode: str) -> Run | None:
@@ -134,7 +136,7 @@ def span_words(value: str) -> str:
 
 def path_of(t: pd.DataFrame) -> pd.Series:
     """Each row's path as the pages name it: 'impl [backend]'."""
-    return t["impl"] + " [" + t["backend"] + "]"
+    return t["impl"].astype(str) + " [" + t["backend"].astype(str) + "]"
 
 
 def path_order(path: str) -> tuple:

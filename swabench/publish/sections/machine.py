@@ -12,22 +12,27 @@ import pandas as pd
 from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.core.footprint import ELEMENT_BYTES
-from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_order, points, ratio,
-                                            run_for_step)
+from swabench.publish.markdown import library_versions, markdown_table
+from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_of, path_order, points,
+                                            ratio, run_for_step)
 from swabench.store import run_folder, schema
 
 MB = 1e6
-AMPLIFIED = 1.25  # a path reading more than this times its floor reads bytes its window does not need
+AMPLIFIED = 1.25  # a path reading more than this times what its window needs reads bytes it does not need
 CLIFF = 10  # a read amplification this large is a finding of its own: the page table's keys read whole
 
 
-def counted(table: pd.DataFrame) -> pd.DataFrame:
+def trusted(run: Run) -> bool:
+    """Whether a counted run's calibration copy read its bytes within 1% (or, on a warm L2, was not held to it)."""
+    return ((run.meta.get("counters") or {}).get("calibration") or {}).get("trusted") is not False
+
+
+def counted_points(table: pd.DataFrame) -> pd.DataFrame:
     """The points Nsight Compute counted that gave the right answer, with ``path`` ('impl [backend]')."""
     if "dram_read_bytes" not in table:
         return table.iloc[0:0]
     t = table[table["dram_read_bytes"].notna() & (table["status"] == "pass")]
-    return t.assign(path=t["impl"].astype(str) + " [" + t["backend"].astype(str) + "]")
+    return t.assign(path=path_of(t))
 
 
 def short_kernel(name: str) -> str:
@@ -59,10 +64,15 @@ def full_table_bytes(t: pd.DataFrame) -> pd.Series:
     return 2 * t["total_kv"].astype(float) * t["num_kv_heads"] * t["head_dim"] * width
 
 
-def bytes_read(run: Run) -> pd.DataFrame:
-    """Per step and path: the points counted, DRAM bytes read / the bytes its window needs (median (least-most)),
+def _mb(n: float) -> str:
+    """Bytes as MB, three significant digits without an exponent (8.72, 35.5, 2150)."""
+    return micros(n / MB)
+
+
+def bytes_table(run: Run) -> pd.DataFrame:
+    """Per step and path: the points counted, DRAM bytes read / the bytes the window needs (median (least-most)),
     the median of each, DRAM bytes written / the output's, and the kernels of one call."""
-    t = counted(run.table)
+    t = counted_points(run.table)
     if t.empty:
         return pd.DataFrame()
     names = kernel_names(run)
@@ -72,10 +82,10 @@ def bytes_read(run: Run) -> pd.DataFrame:
         output = g["min_bytes"] - g["min_read_bytes"]
         kernels = pd.Series([names.get(k, "") for k in zip(g["case_id"], g["impl"], g["backend"])]).value_counts()
         rows.append({"step": mode, "path": path, "points": len(g),
-                     "DRAM read / floor": f"{ratio(amp.median())}x" + (f" ({ratio(amp.min())}-{ratio(amp.max())})"
-                                                                       if len(g) > 1 else ""),
+                     "DRAM read / needed": f"{ratio(amp.median())}x" + (f" ({ratio(amp.min())}-{ratio(amp.max())})"
+                                                                        if len(g) > 1 else ""),
                      "DRAM read MB (median)": _mb(g["dram_read_bytes"].median()),
-                     "floor MB (median)": _mb(g["min_read_bytes"].median()),
+                     "needed MB (median)": _mb(g["min_read_bytes"].median()),
                      "DRAM written / output": f"{ratio((g['dram_write_bytes'] / output).median())}x",
                      "kernels of a call": kernels.index[0] if len(kernels) else ""})
     out = pd.DataFrame(rows)
@@ -84,33 +94,33 @@ def bytes_read(run: Run) -> pd.DataFrame:
 
 
 def timed_twin(runs: list[Run], counted_run: Run) -> pd.Series:
-    """Graph medians of the counted run's points, from timed runs of the same scenario on the same release."""
+    """Graph medians of the counted run's points, from timed runs of the same scenario on the same GPU, release
+    and L2 state."""
+    l2 = (counted_run.meta.get("counters") or {}).get("l2", "cold")
     same = [r for r in runs if r.timed and not r.profiled and r.meta.get("scenario") == counted_run.meta.get("scenario")
-            and library_versions(r.meta) == library_versions(counted_run.meta)]
+            and r.meta.get("gpu") == counted_run.meta.get("gpu")
+            and library_versions(r.meta) == library_versions(counted_run.meta)
+            and (r.meta.get("selection") or {}).get("l2", "cold") == l2]
     if not same:
         return pd.Series(dtype=float)
     t = pd.concat([r.table.dropna(subset=["median_us"]) for r in same]).drop_duplicates(list(schema.KEY))
     return t.set_index(list(schema.KEY))["median_us"]
 
 
-def _mb(n: float) -> str:
-    """Bytes as MB, three significant digits without an exponent (8.72, 35.5, 2150)."""
-    return micros(n / MB)
-
-
 def cliff(run: Run, times: pd.Series | None = None) -> str:
     """The worst read amplification of a correct path, in one sentence with its numbers: what it read, what its
     window needs, the whole table where it read that, and the other paths on the same step."""
-    t = counted(run.table)
+    t = counted_points(run.table)
     t = t[t["kind"] == "correct"]
     if t.empty or t["read_amplification"].max() < CLIFF:
         return ""
     worst = t.loc[t["read_amplification"].idxmax()]
     same = t[t["case_id"] == worst["case_id"]].sort_values("read_amplification")
     table_bytes = full_table_bytes(same.loc[[worst.name]]).iloc[0]
+    times = times if times is not None else pd.Series(dtype=float)
 
     def timed(r) -> str:
-        us = (times if times is not None else pd.Series(dtype=float)).get((r["case_id"], r["impl"], r["backend"]))
+        us = times.get((r["case_id"], r["impl"], r["backend"]))
         return f" in {micros(us)} us" if us is not None and us == us else ""
 
     whole = f": the whole K/V its page table holds ({_mb(table_bytes)} MB), every page read and the window " \
@@ -123,56 +133,65 @@ def cliff(run: Run, times: pd.Series | None = None) -> str:
                                                                  if others else "") + f" ({run.name}).")
 
 
+def _correct_counted(run: Run) -> pd.DataFrame:
+    t = counted_points(run.table)
+    return t[t["kind"] == "correct"]
+
+
 def worst_cliff(runs: list[Run]) -> str:
-    """``cliff`` of the counted run with the largest read amplification, with times from its timed twin."""
-    counted_runs = [r for r in runs if len(counted(r.table)) and len(counted(r.table).query("kind == 'correct'"))]
-    if not counted_runs:
+    """``cliff`` of the trusted counted run with the largest read amplification, with times from its timed twin."""
+    found = [r for r in runs if trusted(r) and len(_correct_counted(r))]
+    if not found:
         return ""
-    worst = max(counted_runs, key=lambda r: counted(r.table).query("kind == 'correct'")["read_amplification"].max())
+    worst = max(found, key=lambda r: _correct_counted(r)["read_amplification"].max())
     return cliff(worst, timed_twin(runs, worst))
 
 
 def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
-    t = counted(run.table)
+    t = counted_points(run.table)
     if t.empty:
         return []
     c = run.meta.get("counters") or {}
     cal = c.get("calibration") or {}
     sweep = run.meta.get("wall_s")
-    cost = (f"{sweep / len(t):.2f} s a point in the sweep, {c.get('per_point_s')} s with ncu's start and the JIT "
-            f"warm-up" if sweep else f"{c.get('per_point_s')} s a point")
-    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {cost}); the "
-            f"calibration copy of {cal.get('bytes', 0) / MB:.4g} MB read {cal['read_ratio']:.4f}x its bytes "
-            f"({run.name})." if cal.get("read_ratio") else ""]
-    return said + [cliff(run, times)]
+    cost = (f"{sweep / len(run.table):.2f} s a point in the sweep, {c.get('per_point_s')} s with ncu's start and the "
+            f"JIT warm-up" if sweep else f"{c.get('per_point_s')} s a point")
+    copy = (f"the calibration copy of {_mb(cal['bytes'])} MB read {cal['read_ratio']:.4f}x its bytes"
+            if cal.get("read_ratio") is not None else "the calibration copy was not counted")
+    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {cost}); {copy}"
+            + ("" if trusted(run) else ": outside 1%, so none of this run's counts is to be trusted") + f" ({run.name})."]
+    return said + ([cliff(run, times)] if trusted(run) else [])
 
 
 def bytes_across(runs: list[Run]) -> list[str]:
-    """The findings page's section: each counted run's sentences (with times from its timed twin) and table."""
-    from swabench.publish.markdown import markdown_table
-
+    """The findings page's section: each counted run's sentences (with times from its timed twin), table and figure."""
     body = []
     for r in runs:
-        table = bytes_read(r)
+        table = bytes_table(r)
         if len(table):
-            body += [s for s in bytes_said(r, timed_twin(runs, r)) if s] + [f"From {r.name}:", markdown_table(table),
-                                                                             figure_link(r, "bytes_read")]
+            body += bytes_said(r, timed_twin(runs, r)) + [f"From {r.name}:", markdown_table(table),
+                                                          figure_link(r, "bytes_read")]
     return [part for part in body if part]
 
 
-def roofline(run: Run) -> pd.DataFrame:
-    """One row per correct path, one column per step: its timed points' time against their floor
-    (``pct_of_floor``: 100 is the machine's limit), median (best, points)."""
-    t = _floored(run)
-    if t.empty:
-        return pd.DataFrame()
-    cells = t.groupby(["path", "mode"])["pct_of_floor"].agg(["median", "max", "size"]).reset_index()
-    cells["cell"] = [f"{m:.0f}% ({b:.0f}%, {n})" for m, b, n in zip(cells["median"], cells["max"], cells["size"])]
-    wide = cells.pivot(index="path", columns="mode", values="cell").fillna("")
-    steps = [m for m in MODES if m in wide.columns]
-    wide = wide[steps].reset_index()
-    return wide.assign(order=wide["path"].map(path_order)).sort_values("order").drop(columns="order") \
-        .reset_index(drop=True)
+def amplified(runs: list[Run], mode: str) -> str:
+    """The paths that read more than AMPLIFIED times what their window needs on a step (median (least-most) over
+    their counted points of every trusted run), worst first, and how many read within it; '' where none was
+    counted."""
+    found = [counted_points(r.table).assign(run=r.name) for r in runs if trusted(r)]
+    found = [f[f["mode"] == mode] for f in found]
+    found = [f for f in found if len(f)]
+    if not found:
+        return ""
+    amp = pd.concat(found).groupby("path")["read_amplification"]
+    per_path, low, high_end = amp.median().sort_values(ascending=False), amp.min(), amp.max()
+    high = per_path[per_path > AMPLIFIED]
+    words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
+             for p, a in high.items()]
+    within = len(per_path) - len(high)
+    if within:
+        words.append(f"the other {within} within {AMPLIFIED}x" if len(high) else f"all {within} within {AMPLIFIED}x")
+    return ", ".join(words) + f" ({', '.join(dict.fromkeys(f['run'].iloc[0] for f in found))})"
 
 
 def _floored(run: Run) -> pd.DataFrame:
@@ -181,7 +200,21 @@ def _floored(run: Run) -> pd.DataFrame:
     if "pct_of_floor" not in t:
         return t.iloc[0:0]
     t = t.dropna(subset=["pct_of_floor"])
-    return t.assign(path=t["impl"].astype(str) + " [" + t["backend"].astype(str) + "]")
+    return t.assign(path=path_of(t))
+
+
+def roofline(run: Run) -> pd.DataFrame:
+    """One row per correct path, one column per step: its timed points' time against their floor
+    (``pct_of_floor``: 100% runs at the node's measured copy bandwidth or matmul rate), median (best, points)."""
+    t = _floored(run)
+    if t.empty:
+        return pd.DataFrame()
+    cells = t.groupby(["path", "mode"])["pct_of_floor"].agg(["median", "max", "size"]).reset_index()
+    cells["cell"] = [f"{m:.0f}% ({b:.0f}%, {n})" for m, b, n in zip(cells["median"], cells["max"], cells["size"])]
+    wide = cells.pivot(index="path", columns="mode", values="cell").fillna("")
+    wide = wide[[m for m in MODES if m in wide.columns]].reset_index()
+    return wide.assign(order=wide["path"].map(path_order)).sort_values("order").drop(columns="order") \
+        .reset_index(drop=True)
 
 
 def roofline_said(run: Run) -> list[str]:
@@ -197,9 +230,7 @@ def roofline_said(run: Run) -> list[str]:
 
 
 def roofline_across(runs: list[Run]) -> list[str]:
-    """The findings page's section: the runs the answers draw each step from, one table each."""
-    from swabench.publish.markdown import markdown_table
-
+    """The findings page's section: the runs the answers draw each step from, one table and figure each."""
     chosen = {id(r): r for r in (run_for_step(runs, m) for m in MODES) if r is not None}.values()
     body = []
     for r in chosen:
@@ -218,40 +249,21 @@ def step_limits(run: Run, mode: str, impl: str, backend: str) -> str:
     return f"{g['pct_of_floor'].median():.0f}% of its floor"
 
 
-def amplified(runs: list[Run], mode: str) -> str:
-    """The paths that read more than AMPLIFIED times their floor on a step (median over their counted points),
-    worst first, with how many read within it, over every counted run; '' where none was counted."""
-    found = [counted(r.table).assign(run=r.name) for r in runs]
-    t = pd.concat([f for f in found if len(f)] or [pd.DataFrame(columns=["mode"])])
-    t = t[t["mode"] == mode]
-    if t.empty:
-        return ""
-    amp = t.groupby("path")["read_amplification"]
-    per_path = amp.median().sort_values(ascending=False)
-    low, high_end = amp.min(), amp.max()
-    high = per_path[per_path > AMPLIFIED]
-    words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
-             for p, a in high.items()]
-    within = len(per_path) - len(high)
-    return ", ".join(words + ([f"the other {within} within {AMPLIFIED}x"] if within and len(high) else
-                              [f"all {within} within {AMPLIFIED}x"] if within else [])) \
-        + f" ({', '.join(dict.fromkeys(t['run']))})"
-
-
 SECTIONS = [
     Section("roofline", "The machine's limit: each path against its roofline floor",
-            "A point's floor is the larger of two times: the bytes a perfect kernel moves (`min_bytes`: Q and the "
-            "window's K/V read once from the start of its first page, O written once) at the node's measured copy "
-            "bandwidth, and its useful flops at the measured bf16 matmul rate. A cell is the path's time against "
-            "its floor on the step (`pct_of_floor`, 100% = the machine's limit): median (best, points). Memory-bound: "
-            "the bytes' time is the larger. The findings page shows the runs its answers draw on.", roofline,
-            roofline_said, timed=True, across=roofline_across),
+            "A point's floor is the larger of two times: the bytes a kernel reading whole pages of its table moves "
+            "(`min_bytes`: Q and the window's K/V read once from the start of its first page, O written once) at "
+            "the node's measured copy bandwidth, and its useful flops at the measured bf16 matmul rate. A cell is "
+            "the path's floor / its time on the step (`pct_of_floor`; 100% runs at the measured copy bandwidth or "
+            "matmul rate, which a kernel that almost only reads can pass slightly): median (best, points). "
+            "Memory-bound: the bytes' time is the larger. The findings page shows the runs its answers draw on.",
+            roofline, roofline_said, timed=True, across=roofline_across),
     Section("bytes", "Bytes each path reads",
             "From a run under Nsight Compute (`swabench profile --tool ncu`): each counted call's DRAM bytes read, "
-            "summed over its kernels, over the bytes a perfect kernel reads (Q and the window's K/V from the start "
-            "of its first page: `min_read_bytes`); DRAM bytes written over the output's (below 1 where the output "
+            "summed over its kernels, over the bytes its window needs (Q and the window's K/V from the start of "
+            "its first page: `min_read_bytes`); DRAM bytes written over the output's (below 1 where the output "
             "is still in L2 when the kernel ends); the kernels of one call. ncu replays each kernel with the clocks "
             "as found and the caches flushed before it, so its durations are never timings; the times quoted are "
-            "the same points' CUDA-graph medians from the timed run of the same scenario.", bytes_read, bytes_said,
-            profiled=True, across=bytes_across),
+            "the same points' CUDA-graph medians from the timed run of the same scenario, GPU, release and L2 state.",
+            bytes_table, bytes_said, profiled=True, across=bytes_across),
 ]
