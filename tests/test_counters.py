@@ -101,6 +101,7 @@ def test_per_point_sums_and_the_calibration():
     p = counters.per_point(k).set_index("case_id")
     assert p.loc["c", "dram_read_bytes"] == 15 and p.loc["c", "kernels_counted"] == 2 and "calibration" not in p.index
     assert counters.calibration(k)["trusted"] and counters.calibration(k)["read_ratio"] == pytest.approx(1.004)
+    assert counters.calibration(k, "warm")["trusted"] is None  # a warm L2 may serve part of the copy
     k.loc[0, "dram_read_bytes"] = counters.CALIBRATION_BYTES * 1.02
     assert counters.calibration(k)["trusted"] is False
     assert counters.calibration(k.iloc[1:])["trusted"] is False  # no copy counted: nothing to trust

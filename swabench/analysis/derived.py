@@ -69,6 +69,12 @@ def floor_parts(table: pd.DataFrame, peaks: dict) -> tuple[pd.Series, pd.Series]
     return memory, compute
 
 
+def memory_bound(table: pd.DataFrame, peaks: dict) -> pd.Series:
+    """Per row, whether the bytes' time is the larger part of its floor (``floor_parts``)."""
+    memory, compute = floor_parts(table, peaks)
+    return memory >= compute
+
+
 def per_row(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     """The columns each row has from its own numbers and the node's peaks: percent of each peak, the
     floor (the larger of ``floor_parts``) and how close the point comes to it (``pct_of_floor`` = 100 x

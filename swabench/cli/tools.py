@@ -56,14 +56,14 @@ def print_counted(result, out: Path) -> bool:
     False when the calibration copy says the counter is not to be trusted (exit 1)."""
     from swabench.analysis import derived
     from swabench.publish.markdown import markdown_table
-    from swabench.publish.sections import machine
+    from swabench.publish.sections import Run, machine
 
     if result.kernels is None:
         click.secho(f"ncu: skipped: {result.skipped}", fg="yellow", err=True)
         if (out / "meta.json").exists():
             click.echo(f"the gated run, without counters, is in {out}")
         return True
-    table = machine.bytes_table(machine.Run(str(out), *derived.load(out)))
+    table = machine.bytes_table(Run(str(out), *derived.load(out)))
     click.echo(markdown_table(table) if len(table) else "no point was counted")
     click.echo(f"ncu.csv (every counted kernel), ncu.log and profile.ncu-rep are in {out}; "
                f"{result.meta.get('per_point_s')} s a point under ncu")

@@ -191,14 +191,16 @@ def per_point(counted: pd.DataFrame) -> pd.DataFrame:
     return sums.assign(kernels_counted=groups.size()).reset_index()
 
 
-def calibration(counted: pd.DataFrame, nbytes: int = CALIBRATION_BYTES) -> dict:
-    """What the calibration copy read against what it had to: within CALIBRATION_TOLERANCE, or not."""
+def calibration(counted: pd.DataFrame, l2: str = "cold", nbytes: int = CALIBRATION_BYTES) -> dict:
+    """What the calibration copy read against what it had to: within CALIBRATION_TOLERANCE, or not; on a warm
+    L2, which may serve part of the copy, not held to it (``trusted`` None)."""
     copy = counted[counted["case_id"] == CALIBRATION[2]]
     if copy.empty:
         return {"bytes": nbytes, "dram_read_bytes": None, "read_ratio": None, "trusted": False}
     read = float(copy["dram_read_bytes"].sum())
+    within = abs(read / nbytes - 1) <= CALIBRATION_TOLERANCE
     return {"bytes": nbytes, "dram_read_bytes": read, "read_ratio": read / nbytes,
-            "trusted": abs(read / nbytes - 1) <= CALIBRATION_TOLERANCE}
+            "trusted": within if l2 == "cold" else None}
 
 
 def unreadable(log: str) -> str | None:

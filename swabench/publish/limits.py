@@ -15,6 +15,7 @@ from swabench.impls import registry
 from swabench.publish.sections.machine import counted_points
 from swabench.publish.style import BACKEND_STYLE, figure, look
 
+
 def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(set(zip(t["impl"], t["backend"])), key=lambda p: (registry.order(p[0]), p[1]))
 
@@ -37,8 +38,9 @@ def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = 
     """One path's points: its look, hollow on fa3; with ``k`` (its place among the paths drawn), a size a step
     smaller than the path drawn before it, so that points several paths share show as rings."""
     style = look(impl)
-    ax.scatter(x, y, s=14 if k is None else max(6.0, 120 * 0.72 ** k), alpha=0.85, label=f"{impl} [{backend}]", marker=style["marker"],
-               edgecolors=style["color"], facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
+    ax.scatter(x, y, s=14 if k is None else max(6.0, 120 * 0.72 ** k), alpha=0.85, label=f"{impl} [{backend}]",
+               marker=style["marker"], edgecolors=style["color"],
+               facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
 
 
 def roofline(table, meta):
@@ -71,8 +73,7 @@ def _memory_bound(rows: pd.DataFrame, mode: str, peaks: dict) -> bool:
     extend, which holds thousands of queries a request)."""
     if not peaks:
         return mode != "extend"
-    memory, compute = derived.floor_parts(rows, peaks)
-    return bool((memory >= compute).mean() >= 0.5)
+    return bool(derived.memory_bound(rows, peaks).mean() >= 0.5)
 
 
 def rate_vs_context(table, meta):
@@ -128,7 +129,7 @@ def bytes_read(table, meta):
             ax.plot([lo, top / times], [lo * times, top], color="black", lw=0.7, ls=ls)
             ax.annotate(f"{times}x", (top / times, top), fontsize=7, ha="right", va="top")
         ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top), aspect="equal", title=mode,
-               xlabel="floor: bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
+               xlabel="bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
         ax.grid(alpha=0.3, which="both")
     _legend_outside(fig, axes)
     return fig

@@ -115,10 +115,8 @@ def _read_back(ncu: str, out: Path, l2: str, meta: dict) -> pd.DataFrame | None:
     except (RuntimeError, ValueError, subprocess.SubprocessError) as e:
         meta["skipped"] = f"the report could not be read back: {e}"
         return None
-    calibration = counters.calibration(kernels)
-    if l2 != "cold":  # a warm L2 may serve part of the copy: the 1% holds for a cold one
-        calibration["trusted"] = None
-    meta.update(calibration=calibration, kernels=int((kernels["case_id"] != counters.CALIBRATION[2]).sum()))
+    meta.update(calibration=counters.calibration(kernels, l2),
+                kernels=int((kernels["case_id"] != counters.CALIBRATION[2]).sum()))
     return kernels
 
 
@@ -129,18 +127,16 @@ def _record(out: Path, kernels: pd.DataFrame | None, meta: dict) -> None:
     store = run_folder.RunStore.resume(out, (out / schema.SCENARIO).read_text())
     try:
         if kernels is not None:
-            table = run_folder.load(out)[0].drop_duplicates(list(run_folder.KEY))
-            labels = table.set_index(list(run_folder.KEY))["case"]
-            points = counters.per_point(kernels)
+            rows = {tuple(row[k] for k in run_folder.KEY): row for row in store.rows()}
+            keys = list(zip(kernels["case_id"], kernels["impl"], kernels["backend"]))
             run_folder.atomic_write(out / schema.COUNTERS, kernels.assign(
-                case=[labels.get(k, "") for k in zip(kernels["case_id"], kernels["impl"], kernels["backend"])]
-            ).to_csv(index=False))
-            sums = {tuple(r[k] for k in run_folder.KEY): r for r in points.to_dict("records")}
-            rows = [{**row, **{k: v for k, v in sums[key].items() if k not in run_folder.KEY}}
-                    for row in store.rows() if (key := tuple(row[k] for k in run_folder.KEY)) in sums]
-            store.extend(rows)
-            meta["points"] = len(rows)
-            meta["per_point_s"] = round(meta["wall_s"] / max(1, len(store.rows())), 2)
+                case=[rows[k].get("case", "") if k in rows else "" for k in keys]).to_csv(index=False))
+            sums = {tuple(r[k] for k in run_folder.KEY): r for r in counters.per_point(kernels).to_dict("records")}
+            counted = [{**rows[key], **{k: v for k, v in point.items() if k not in run_folder.KEY}}
+                       for key, point in sums.items() if key in rows]
+            store.extend(counted)
+            meta["points"] = len(counted)
+            meta["per_point_s"] = round(meta["wall_s"] / max(1, len(rows)), 2)
         store.finalize(derived.add_derived, counters=meta)
     finally:
         store.close()

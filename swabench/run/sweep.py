@@ -150,8 +150,14 @@ def count(runner, point: Point) -> str:
     try:
         counters.count_call(runner.run, counters.range_name(point.impl, point.backend, point.case.case_id))
     except Exception as e:
-        return f"not counted: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return f"not counted: {first_line(e)}"
     return ""
+
+
+def first_line(e: BaseException) -> str:
+    """'OutOfMemoryError: CUDA out of memory. ...': an exception's type and its message's first line."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:
@@ -253,7 +259,7 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
                 runner.run()
                 torch.cuda.synchronize(device)
             except (registry.ResourceError, torch.cuda.OutOfMemoryError) as e:
-                error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                error = first_line(e)
             except Exception:
                 pass
         return label, time.perf_counter() - t0, error

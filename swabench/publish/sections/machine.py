@@ -107,11 +107,15 @@ def timed_twin(runs: list[Run], counted_run: Run) -> pd.Series:
     return t.set_index(list(schema.KEY))["median_us"]
 
 
+def _correct_counted(run: Run) -> pd.DataFrame:
+    t = counted_points(run.table)
+    return t[t["kind"] == "correct"]
+
+
 def cliff(run: Run, times: pd.Series | None = None) -> str:
     """The worst read amplification of a correct path, in one sentence with its numbers: what it read, what its
     window needs, the whole table where it read that, and the other paths on the same step."""
-    t = counted_points(run.table)
-    t = t[t["kind"] == "correct"]
+    t = _correct_counted(run)
     if t.empty or t["read_amplification"].max() < CLIFF:
         return ""
     worst = t.loc[t["read_amplification"].idxmax()]
@@ -133,17 +137,13 @@ def cliff(run: Run, times: pd.Series | None = None) -> str:
                                                                  if others else "") + f" ({run.name}).")
 
 
-def _correct_counted(run: Run) -> pd.DataFrame:
-    t = counted_points(run.table)
-    return t[t["kind"] == "correct"]
-
-
 def worst_cliff(runs: list[Run]) -> str:
     """``cliff`` of the trusted counted run with the largest read amplification, with times from its timed twin."""
-    found = [r for r in runs if trusted(r) and len(_correct_counted(r))]
+    found = [(r, _correct_counted(r)["read_amplification"].max()) for r in runs if trusted(r)]
+    found = [(r, amp) for r, amp in found if amp == amp]  # NaN: the run counted no correct path
     if not found:
         return ""
-    worst = max(found, key=lambda r: _correct_counted(r)["read_amplification"].max())
+    worst = max(found, key=lambda f: f[1])[0]
     return cliff(worst, timed_twin(runs, worst))
 
 
@@ -222,8 +222,7 @@ def roofline_said(run: Run) -> list[str]:
     if t.empty:
         return []
     peaks = run.meta["peaks"]
-    memory, compute = derived.floor_parts(t, peaks)
-    bound = (memory >= compute).groupby(t["mode"]).agg(["sum", "size"])
+    bound = derived.memory_bound(t, peaks).groupby(t["mode"]).agg(["sum", "size"])
     steps = ", ".join(f"{m} {int(bound.loc[m, 'sum'])} of {int(bound.loc[m, 'size'])}" for m in MODES if m in bound.index)
     return [f"Floors at the node's {peaks['copy_tbps']:.2f} TB/s and {peaks['bf16_matmul_tflops']:.0f} TFLOP/s; "
             f"memory-bound points per step: {steps} ({run.name})."]
