@@ -10,6 +10,7 @@ import torch
 from swabench.spec import axes
 from swabench.core import semantics, workloads
 from swabench.impls import flashinfer_impls as fi
+from swabench.impls import flashinfer_workspace as ws
 from swabench.impls import registry
 
 
@@ -54,9 +55,9 @@ def fake_flashinfer(monkeypatch):
                                    BatchAttentionWithAttentionSinkWrapper=FakeWrapper,
                                    merge_state_in_place=lambda *args: None)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(fi, "_shared", {})
+    monkeypatch.setattr(ws, "_shared", {})
     # meta tensors have a size and no memory: a 4 GiB workspace costs nothing here
-    monkeypatch.setattr(fi, "_allocate", lambda device, nbytes: torch.empty(nbytes, dtype=torch.uint8,
+    monkeypatch.setattr(ws, "_allocate", lambda device, nbytes: torch.empty(nbytes, dtype=torch.uint8,
                                                                              device="meta"))
     monkeypatch.setattr(FakeWrapper, "need", 0)
     monkeypatch.setattr(FakeWrapper, "count", None)
@@ -194,11 +195,11 @@ def test_runners_share_the_largest_workspace_and_see_their_own_size():
     small.plan()
     assert (big.workspace_mib, small.workspace_mib) == (1024, 256)
     assert small.wrapper.workspace.numel() == 256 * MIB  # a view of the shared 1 GiB buffer
-    assert fi._shared["cpu"].numel() == 1024 * MIB
+    assert ws._shared["cpu"].numel() == 1024 * MIB
 
 
 def test_beyond_the_cap_is_a_resource_error_with_the_library_message(monkeypatch):
-    monkeypatch.setattr(fi, "WORKSPACE_CAP", 1024 * MIB)
+    monkeypatch.setattr(ws, "WORKSPACE_CAP", 1024 * MIB)
     FakeWrapper.need = 3000 * MIB
     runner = extend_runner()
     with pytest.raises(registry.ResourceError) as e:
@@ -233,7 +234,7 @@ def test_out_of_memory_while_making_is_a_resource_error(monkeypatch):
     def oom(device, nbytes):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB.\nmore detail")
 
-    monkeypatch.setattr(fi, "_allocate", oom)
+    monkeypatch.setattr(ws, "_allocate", oom)
     with pytest.raises(registry.ResourceError, match=r"^CUDA out of memory. Tried to allocate 256.00 MiB.$"):
         extend_runner()
 

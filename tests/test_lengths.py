@@ -80,8 +80,9 @@ def test_the_uniform_hint_goes_only_to_batches_of_one_query_count(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=Wrapper))
     from swabench.impls import flashinfer_impls as fi
-    monkeypatch.setattr(fi, "_allocate", lambda device, n: torch.empty(n, dtype=torch.uint8, device="meta"))
-    monkeypatch.setattr(fi, "_shared", {})
+    from swabench.impls import flashinfer_workspace as ws
+    monkeypatch.setattr(ws, "_allocate", lambda device, n: torch.empty(n, dtype=torch.uint8, device="meta"))
+    monkeypatch.setattr(ws, "_shared", {})
     for lengths, hint in ((dict(extend_len=(6, 8, 12), prefix_len=0), None), (dict(extend_len=2, prefix_len=(3, 4, 5)), 2)):
         runner = fi.FlashInferRunner(workloads.build(case(**lengths)), "fa2", fi.Variant("paged"))
         runner.plan()

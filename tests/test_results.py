@@ -151,7 +151,7 @@ def test_a_frozen_run_of_the_first_format_reads_with_every_column():
 
     from swabench.store import schema
     table, meta = derived.load(Path(__file__).parent / "fixtures" / "h200-run")
-    assert set(run_folder.COLUMNS) <= set(table.columns) and meta["format_version"] == schema.FORMAT_VERSION
+    assert set(schema.COLUMNS) <= set(table.columns) and meta["format_version"] == schema.FORMAT_VERSION
     assert meta["jit_warmups"] and table["upstream"].isna().all()  # before format 5: no upstream bug declared
     assert meta["libraries"] == {"flashinfer": "0.7.2.post1"} and "flashinfer" not in meta  # format 3 named it alone
     # format 2 kept how the wrapper was built in "wrapper"; the serving axes take the values every case had

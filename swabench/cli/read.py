@@ -15,10 +15,10 @@ force_option = opt("--force", is_flag=True, help="Overwrite a report or figures 
 
 def read_run(run):
     from swabench.analysis import derived
-    from swabench.store import run_folder
+    from swabench.store import tables
 
     table, meta = derived.load(run)
-    note = run_folder.completeness(meta, table)
+    note = tables.completeness(meta, table)
     if note:
         click.secho(f"{run}: {note}", fg="yellow", err=True)
     return table, meta

@@ -13,7 +13,6 @@ gate can be captured and timed.
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -21,7 +20,8 @@ from typing import Callable
 import torch
 
 from swabench.core import semantics, workloads
-from .registry import Implementation, Library, ResourceError, Unsupported, register, register_library
+from .flashinfer_workspace import MIB, WORKSPACE_BYTES, plan_in_workspace, resource_errors, workspace
+from .registry import Implementation, Library, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
 # the decode wrapper's backends beyond those that run on Hopper: cuDNN's paged decode graph (both releases; it
@@ -32,13 +32,6 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
 # the GQA groups the CUDA-core decode kernel is instantiated for (include/flashinfer/utils.cuh, 0.7.2 and 0.7.4)
 CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
-MIB = 1 << 20
-WORKSPACE_BYTES = 256 * MIB  # the smallest float workspace a runner gets (FlashInfer's examples use 128 MiB)
-WORKSPACE_CAP = 4096 * MIB  # the largest tried (less where the device has less free)
-# FlashInfer's messages: AlignedAllocator (include/flashinfer/allocator.h); run_ninja
-# (flashinfer/jit/cpp_ext.py) and MissingJITCacheError (flashinfer/jit/core.py).
-OVERFLOW = "Increase the workspace buffer size"
-BUILD_FAILED = ("Ninja build failed", "JIT compilation is disabled")
 
 
 @lru_cache(maxsize=1)
@@ -89,89 +82,6 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
                                    opt_in=(CUDNN,),
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
-_shared: dict[str, torch.Tensor] = {}
-
-
-def _allocate(device: torch.device, nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-
-def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
-    """The first ``nbytes`` of the device's float workspace, shared by every wrapper as serving
-    engines share theirs.  The shared buffer is the largest asked for so far; a wrapper keeps its
-    own reference, so growing it never pulls memory from under an older wrapper, and a wrapper sees
-    exactly the size it asked for (what ``workspace_mib`` records does not depend on run order)."""
-    key = str(device)
-    if key not in _shared or _shared[key].numel() < nbytes:
-        _shared.pop(key, None)  # free the smaller one first where no wrapper holds it
-        _shared[key] = _allocate(device, nbytes)
-    return _shared[key][:nbytes]
-
-
-def _workspace_cap(device: torch.device) -> int:
-    if torch.device(device).type != "cuda":
-        return WORKSPACE_CAP
-    return min(WORKSPACE_CAP, workloads.free_bytes(torch.device(device)) // MIB * MIB)
-
-
-def _estimate(wrapper, args, kwargs) -> int:
-    """FlashInfer's own count of the float workspace plan() takes (``workspace_size``: 0.7.2 has it
-    on the paged wrapper for fa2), else 0.  The count only saves retries: where it declines the
-    arguments, plan() has its say."""
-    count = getattr(wrapper, "workspace_size", None)
-    try:
-        return int(count(*args, **kwargs)[0]) if count else 0
-    except (NotImplementedError, TypeError, ValueError):
-        return 0
-
-
-def _brief(e: BaseException) -> str:
-    """A library error in a line: its first line, plus the first compiler error of a build log."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
-    first_error = next((line for line in lines[1:] if "error:" in line), None)
-    return " ... ".join(line[:300] for line in (lines[0], first_error) if line)
-
-
-@contextmanager
-def _resource_errors():
-    """Out of memory, or a JIT module that would not build: ResourceError (a skip, with the
-    library's message), not a failure of the implementation.  Anything else passes through."""
-    try:
-        yield
-    except torch.cuda.OutOfMemoryError as e:
-        raise ResourceError(_brief(e)) from e
-    except RuntimeError as e:
-        if not any(marker in str(e) for marker in BUILD_FAILED):
-            raise
-        raise ResourceError(_brief(e)) from e
-
-
-def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs):
-    """Plan with a float workspace that holds this workload: (the planned wrapper, its workspace bytes).
-
-    In CUDA-graph mode fa2's planner reserves split-kv partial outputs for the worst case: in 0.7.2,
-    num_qo_heads x head_dim_vo floats for each of padded_tiles x cta_tile_q / group_size rows (260 MiB
-    at GPT-OSS extend shapes).  Start from FlashInfer's own count where it has one and double on
-    overflow up to the cap; a CUDA-graph wrapper takes its buffers at construction, so each size gets
-    a new wrapper (``new_wrapper(workspace)``).  An overflow of the int workspace (fixed by FlashInfer)
-    is not retried."""
-    cap = _workspace_cap(device)
-    estimate = -(-_estimate(wrapper, args, kwargs) // MIB) * MIB
-    want = min(cap, max(WORKSPACE_BYTES, estimate))
-    while True:
-        if want != size:
-            wrapper, size = new_wrapper(_workspace(device, want)), want
-        try:
-            wrapper.plan(*args, **kwargs)
-            return wrapper, size
-        except RuntimeError as e:
-            if OVERFLOW not in str(e):
-                raise
-            if size >= cap or "tmp_" not in str(e):
-                raise ResourceError(f"{_brief(e)} at {size // MIB} MiB") from e
-            want = min(cap, 2 * size)
-
-
 @dataclass(frozen=True)
 class Variant:
     storage: str  # "paged" | "ragged"
@@ -280,7 +190,7 @@ class FlashInferRunner:
                         head_dim_vo=w.case.head_dim, window_left=w.case.window_left)
         self._new_wrapper = lambda workspace: cls(workspace, "NHD", backend=backend, **bufs)
         self._workspace_bytes = WORKSPACE_BYTES
-        self.wrapper = self._new_wrapper(_workspace(dev, WORKSPACE_BYTES))
+        self.wrapper = self._new_wrapper(workspace(dev, WORKSPACE_BYTES))
         self.workspace_mib: int | None = None  # set by the first successful plan()
         self.hint = uniform_hint and not variant.decode and len(set(w.qo_lens)) == 1 \
             and _accepts(self.wrapper.plan, "uniform_q_len")
@@ -315,7 +225,7 @@ class FlashInferRunner:
                 indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
             args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)
             shape["page_size"] = ps
-        with _resource_errors():
+        with resource_errors():
             if self.workspace_mib is None:
                 self.wrapper, size = plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
                                                        w.device, args, shape)
@@ -416,7 +326,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     def make(w, backend):
         if backend not in backends:
             raise Unsupported(f"{name} takes the FlashInfer backends {', '.join(backends)}, not {backend!r}")
-        with _resource_errors():
+        with resource_errors():
             return build(w, backend, variant)
 
     def check(case, backend: str) -> str | None:

@@ -10,8 +10,8 @@
 - ``flex-contiguous``: the same batch with each request's keys in a contiguous buffer of their own
   (refreshed outside the timed call): the best FlexAttention does on the shape with no paging at
   all.  flex-window / flex-contiguous is what the page table costs.
-- ``flex-flat``: every query of the batch in one sequence over the storage's rows, 128-row blocks:
-  the layout of FlexAttention's document masking, and swabench's first FlexAttention peer.
+- ``flex-flat`` (``flex_flat``): every query of the batch in one sequence over the storage's rows, 128-row
+  blocks: the layout of FlexAttention's document masking, and swabench's first FlexAttention peer.
 
 ``plan()`` builds the lookups and the block mask (its time is the plan cost); the first call,
 with Inductor's compile, is recorded apart as ``compile_s`` and never timed.
@@ -37,7 +37,7 @@ SMALLEST_BLOCK = 16  # Triton's smallest tile: a key block under 16 rows has no 
 _COMPILED = None
 
 
-def _compiled_flex(device: torch.device):
+def compiled_flex(device: torch.device):
     """flex_attention compiled once per process, every dimension symbolic from the first call, so that
     every case of a compile class runs one kernel whatever ran before it (by default the first shape
     compiles static and the second recompiles).  The batched peers mark batch and heads static
@@ -94,14 +94,14 @@ def kernel_options(rows: int, group: int, kv_block: int) -> dict:
     return {"BLOCK_N": kv_block} if not flex_decoding(rows, group) and kv_block < SPARSE_BLOCK else {}
 
 
-def _soft_cap(case, device):
+def soft_cap(case, device):
     # a tensor: a Python float would be lifted to a CPU scalar under dynamic shapes and read back with
     # .item() inside the kernel (Inductor: "unbacked_bindings")
     cap = torch.tensor(case.logits_soft_cap, dtype=torch.float32, device=device)
     return (lambda score, b, h, q, kv: cap * torch.tanh(score / cap)) if case.logits_soft_cap else None
 
 
-def _slot_owners(w, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_owners(w, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Request and position of every physical K/V row of the storage (-1: nobody's), in whole key blocks
     (the rows past the storage's end are nobody's)."""
     n_slots = w.k_store.shape[0] * (w.k_store.shape[1] if w.k_store.dim() == 4 else 1)
@@ -127,7 +127,7 @@ def _run_quietly(fn):
         return fn()
 
 
-class _Span:
+class Span:
     """What narrows a query's keys inside a mask_mod, as the case sets it: the window (a tensor, so a new W
     compiles nothing), causality and the chunk (a tensor too)."""
 
@@ -165,7 +165,7 @@ def _build_errors():
                             + " ... ".join(line[:300] for line in (lines[0], cause) if line)) from e
 
 
-class _FlexRunner:
+class FlexRunner:
     """What the FlexAttention peers share: the first plan() also makes the first call and records the
     whole as ``compile_s`` (Inductor's compile and the one-time set-up of a process's first block mask,
     measured apart from the plan times, which are later medians); eager flex on the CPU runs quietly."""
@@ -203,7 +203,7 @@ class _FlexRunner:
         raise NotImplementedError
 
 
-class BatchedFlex(_FlexRunner):
+class BatchedFlex(FlexRunner):
     """flex-window (``contiguous=False``) and flex-contiguous: batch = requests."""
 
     def __init__(self, w, contiguous: bool):
@@ -245,7 +245,7 @@ class BatchedFlex(_FlexRunner):
                                        device=dev)
             self.slot_request = self.slot_pos = None
         else:
-            self.slot_request, self.slot_pos = _slot_owners(w, self.kv_block)
+            self.slot_request, self.slot_pos = slot_owners(w, self.kv_block)
             # the block lists are worked out on the host, from one copy of the lookups
             self.host = {"slots": w.slots.cpu(), "request": self.slot_request.view(-1, self.kv_block).cpu(),
                          "pos": self.slot_pos.view(-1, self.kv_block).cpu(),
@@ -303,8 +303,8 @@ class BatchedFlex(_FlexRunner):
                                                    mask_mod=self._mask_mod(), seq_lengths=(self.rows, kv_rows),
                                                    **forward_only)
         _static(kv_num, kv_idx, full_num, full_idx)
-        self.score_mod = _soft_cap(c, dev)
-        self.flex = _compiled_flex(dev)
+        self.score_mod = soft_cap(c, dev)
+        self.flex = compiled_flex(dev)
 
     def _blocks(self, b: int, lo: int, hi: int, full_lo: int, full_hi: int):
         """The key blocks holding request b's positions lo..hi, split into partial ones and full ones (every
@@ -326,7 +326,7 @@ class BatchedFlex(_FlexRunner):
         return blocks[~is_full].tolist(), blocks[is_full].tolist()
 
     def _mask_mod(self):
-        span = _Span(self.w.case, self.w.device)
+        span = Span(self.w.case, self.w.device)
         q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
         if self.contiguous:
             def mask_mod(b, h, q, kv):
@@ -352,59 +352,6 @@ class BatchedFlex(_FlexRunner):
         self.queries.write_back(o, self.out)
 
 
-class FlatFlex(_FlexRunner):
-    """flex-flat: one flex_attention call over the whole batch as one sequence, the window and the
-    request boundaries a mask_mod over the storage's rows.  On a paged cache a key block of 128 rows
-    mixes pages of several requests, and a query block mixes requests: the block mask skips fewer
-    blocks than the window alone would allow."""
-
-    def __init__(self, w):
-        super().__init__(w)
-        group = w.case.gqa_group
-        self.wrapper_mode = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
-                             f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
-
-    def _prepare(self, first: bool) -> None:
-        """The slot lookups and the block mask, at every plan."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        w, c, dev = self.w, self.w.case, self.w.device
-        slot_request, slot_pos = _slot_owners(w)
-        q_request, q_pos = w.query_request.to(torch.int32), w.query_position.to(torch.int32)
-        span = _Span(c, dev)
-
-        def mask_mod(b, h, q, kv):
-            return span.narrow(slot_request[kv] == q_request[q], slot_pos[kv], q_pos[q])
-
-        self.score_mod = _soft_cap(c, dev)
-        block = (q_block_size(len(q_pos), c.gqa_group), SPARSE_BLOCK)
-        self.block_mask = create_block_mask(mask_mod, 1, None, len(q_pos), slot_request.numel(), device=dev,
-                                            BLOCK_SIZE=block)
-        self.flex = _compiled_flex(dev)
-
-    def _run(self) -> None:
-        w, c = self.w, self.w.case
-        k = w.k_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
-        v = w.v_store.view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)[None]
-        q = w.q.transpose(0, 1)[None]
-        o = self.flex(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask, scale=w.sm_scale,
-                      enable_gqa=True)
-        self.out.copy_(o[0].transpose(0, 1))
-
-
-def _flat_compile_class(case) -> tuple:
-    """Which kernel Inductor builds for a flex-flat case: under 128 queries in all, a flex-decoding
-    kernel per tile of next_pow2(queries x group) rows (b32 and b64 decode compiled apart on the
-    H200, 10 s and 29 s); else the flex-attention kernel.  Lengths do not recompile (dynamic
-    shapes).  Queries are counted at the most a case can have (some modes draw fewer per request)."""
-    queries, group = case.batch_size * case.largest()[0], case.gqa_group
-    heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
-             case.causal, bool(case.attention_chunk))  # each narrows the mask_mod differently
-    if flex_decoding(queries, group):
-        return ("flex-decoding", 1 << (queries * group - 1).bit_length(), *heads)
-    return ("flex-attention", *heads)
-
-
 def _batched_compile_class(case, contiguous: bool) -> tuple:
     """A batched case compiles per batch size (static, so flex-decoding can split the keys), query
     rows per request and block sizes; key lengths are dynamic."""
@@ -415,7 +362,7 @@ def _batched_compile_class(case, contiguous: bool) -> tuple:
     return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 
 
-def _unsupported(case, backend):
+def unsupported(case, backend):
     if case.num_qo_heads % case.num_kv_heads:
         return "FlexAttention GQA needs num_qo_heads divisible by num_kv_heads"
     if case.sinks:
@@ -428,7 +375,7 @@ def _unsupported(case, backend):
 def _register_batched(name: str, contiguous: bool, summary: str) -> None:
     register(Implementation(
         name, "flex", ("paged", "ragged"), summary, lambda w, backend: BatchedFlex(w, contiguous),
-        unsupported=_unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
+        unsupported=unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
         noncausal=True, chunked=True, peer=True), __name__)
 
 
@@ -437,11 +384,3 @@ _register_batched("flex-window", False, "PyTorch FlexAttention as its users batc
                   "and a power-of-two group (peer)")
 _register_batched("flex-contiguous", True, "PyTorch FlexAttention on the same batch with each request's keys "
                   "contiguous, no paging (the best FlexAttention does on the shape; peer)")
-
-register(Implementation(
-    "flex-flat", "flex", ("paged", "ragged"),
-    "PyTorch FlexAttention over one flattened sequence: every query of the batch, window and request "
-    "boundaries as a mask_mod over the storage's rows (peer)",
-    lambda w, backend: FlatFlex(w), unsupported=_unsupported, compile_class=_flat_compile_class, noncausal=True,
-    chunked=True, peer=True),
-    __name__)

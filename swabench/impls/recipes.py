@@ -39,6 +39,7 @@ import torch
 
 from swabench.core import semantics, workloads
 from . import flashinfer_impls as fi
+from . import flashinfer_workspace as ws
 from .registry import Implementation, register
 
 
@@ -77,8 +78,8 @@ class SGLangExtendRunner:
                                                                                  **ragged_bufs),
             "paged": lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend,
                                                                                **paged_bufs)}
-        self.wrappers = {part: make(fi._workspace(dev, fi.WORKSPACE_BYTES)) for part, make in self._new.items()}
-        self.sizes = dict.fromkeys(self.wrappers, fi.WORKSPACE_BYTES)
+        self.wrappers = {part: make(ws.workspace(dev, ws.WORKSPACE_BYTES)) for part, make in self._new.items()}
+        self.sizes = dict.fromkeys(self.wrappers, ws.WORKSPACE_BYTES)
         self.workspace_mib: int | None = None
         self.wrapper_mode = "cuda-graph"
 
@@ -104,14 +105,14 @@ class SGLangExtendRunner:
             paged["custom_mask"] = self.prefix_visibility_mask()
         plans = {"ragged": ((qo_indptr, qo_indptr), ragged),
                  "paged": ((qo_indptr, indptr.to(i32), indices.to(i32), last), paged)}
-        with fi._resource_errors():
+        with ws.resource_errors():
             for part, (args, kwargs) in plans.items():
                 if self.workspace_mib is None:
-                    self.wrappers[part], self.sizes[part] = fi.plan_in_workspace(
+                    self.wrappers[part], self.sizes[part] = ws.plan_in_workspace(
                         self._new[part], self.wrappers[part], self.sizes[part], w.device, args, kwargs)
                 else:
                     self.wrappers[part].plan(*args, **kwargs)
-        self.workspace_mib = max(self.sizes.values()) // fi.MIB
+        self.workspace_mib = max(self.sizes.values()) // ws.MIB
         if not self.ragged_window:  # what SGLang's forward_return_lse(..., window_left=W) sets before run()
             self.wrappers["ragged"]._window_left = c.window_left
         self.resolved_backend = getattr(self.wrappers["ragged"], "_backend", self.backend)
@@ -140,7 +141,7 @@ EXTEND_API = fi.missing_api([("BatchPrefillWithRaggedKVCacheWrapper", "plan", "w
 
 def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None):
     def make(w, backend):
-        with fi._resource_errors():
+        with ws.resource_errors():
             return SGLangExtendRunner(w, backend, prefix_mask, ragged_window)
 
     extra = {"visibility": visibility} if visibility else {}

@@ -25,25 +25,19 @@ import json
 import os
 import socket
 import tempfile
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.store import checks, schema
-from swabench.errors import UserError
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
+from swabench.store.tables import (RunFolderError, impl_renames, read_csv, read_meta, renamed, stored_version, to_samples,
+                                   to_table, with_columns)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
 
-COLUMNS = schema.COLUMNS
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-
-
-class RunFolderError(UserError):
-    """A run folder that cannot be written or read, said plainly (the CLI exits 2)."""
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -180,7 +174,7 @@ class RunStore:
             raise RunFolderError(f"{folder} is a merge of {len(meta['merged_from'])} shards and cannot be resumed: "
                                  f"resume the unfinished shards ({', '.join(map(str, meta['merged_from']))}), then "
                                  f"merge them again into a new folder")
-        version = _stored_version(store.folder)
+        version = stored_version(store.folder)
         renamed = sorted(set(schema.renamed_impls(version)) & {r.get("impl") for r in store.rows()})
         if renamed:
             raise RunFolderError(f"{folder} was written in result format {version}, where "
@@ -290,79 +284,16 @@ def write_meta(folder: Path, meta: dict) -> None:
     atomic_write(Path(folder) / META, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
-def to_table(rows: list[dict]) -> pd.DataFrame:
-    import pandas as pd
-    flat = [{k: v for k, v in r.items() if k != "samples"} for r in rows]
-    return with_columns(pd.DataFrame(flat))
-
-
-def with_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """Every schema column present (empty where no row has it), leading in schema order; a table of
-    an older format (from its CSV or its journal) read as the current one."""
-    df = schema.migrate_table(df)
-    lead = list(COLUMNS)
-    df = df.reindex(columns=lead + [c for c in df.columns if c not in lead])
-    if df["wrapper"].isna().any() and len(df):  # written before the column named the wrapper family
-        from swabench.impls import registry
-        family = {i.name: i.family for i in registry.all_implementations()}
-        df["wrapper"] = df["wrapper"].astype(object).fillna(df["impl"].map(family))
-    return df
-
-
-def to_samples(rows: list[dict]) -> pd.DataFrame:
-    import pandas as pd
-    records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
-               for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]
-    return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
-
-
-def _read_csv(path: Path, needed) -> pd.DataFrame:
-    import pandas as pd
-    try:
-        df = pd.read_csv(path, dtype={k: str for k in KEY})  # a case_id of digits stays text
-    except FileNotFoundError:
-        raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
-    missing = [c for c in needed if c not in df.columns]
-    if missing:
-        raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
-    try:
-        return checks.table(df)
-    except ValueError as e:
-        raise RunFolderError(f"{path}: {e}") from None
-
-
-def _stored_version(folder) -> int:
-    """The format version the folder was written in (before ``read_meta`` migrates it)."""
-    try:
-        return json.loads((Path(folder) / META).read_text()).get("format_version", 1)
-    except (OSError, ValueError, AttributeError):
-        return schema.FORMAT_VERSION
-
-
-def impl_renames(folder) -> dict[str, str]:
-    """The implementations the folder's stored tables name that are called otherwise now (old -> new)."""
-    return schema.renamed_impls(_stored_version(folder))
-
-
-def _renamed(rows: list[dict], folder) -> list[dict]:
-    names = impl_renames(folder)
-    for row in rows:
-        row["impl"] = names.get(row.get("impl"), row.get("impl"))
-    return rows
-
-
 def read_rows(folder) -> list[dict]:
     """A run's rows with their samples: from the journal, or rebuilt from results.csv and samples.csv.gz
     (published folders do not carry the journal); implementations by their current names."""
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
-        return _renamed(store.rows(), folder)
-    table = _read_csv(stored(store.folder, TABLE), (*KEY, "status"))
+        return renamed(store.rows(), folder)
+    table = read_csv(stored(store.folder, TABLE), (*KEY, "status"))
     grouped = {}
     if stored(store.folder, SAMPLES).exists():
-        samples = _read_csv(stored(store.folder, SAMPLES), (*KEY, "kind", "value_us"))
+        samples = read_csv(stored(store.folder, SAMPLES), (*KEY, "kind", "value_us"))
         grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
                    for key, rows in samples.groupby(list(KEY))}
     rows = []
@@ -370,7 +301,7 @@ def read_rows(folder) -> list[dict]:
         row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}
         row["samples"] = grouped.get(tuple(row[k] for k in KEY), {})
         rows.append(row)
-    return _renamed(rows, folder)
+    return renamed(rows, folder)
 
 
 def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
@@ -380,37 +311,11 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     meta = read_meta(folder)
     folder = Path(folder)
     if (folder / ROWS).exists():
-        table = to_table(_renamed(RunStore(folder).rows(), folder))
+        table = to_table(renamed(RunStore(folder).rows(), folder))
         return (derive(table, meta.get("peaks")) if derive else table), meta
-    table = with_columns(_read_csv(stored(folder, TABLE), (*KEY, "status")))
+    table = with_columns(read_csv(stored(folder, TABLE), (*KEY, "status")))
     table["impl"] = table["impl"].replace(impl_renames(folder))
     return table, meta
-
-
-def read_meta(folder) -> dict:
-    """A run's metadata, migrated to the current format."""
-    path = Path(folder) / META
-    if not path.is_file():
-        raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunFolderError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise RunFolderError(f"{path} does not hold a JSON object")
-    try:
-        return schema.migrate(meta)
-    except ValueError as e:
-        raise RunFolderError(f"{path}: {e}") from None
-
-
-def completeness(meta: dict, table: pd.DataFrame) -> str | None:
-    """What a reader should say about a run that did not finish (None when it did)."""
-    state = meta.get("state", "complete")
-    if state == "complete":
-        return None
-    planned = meta.get("points")
-    return f"this run is {state}: {len(table)}" + (f" of {planned}" if planned else "") + " points recorded"
 
 
 def _json_default(value):

@@ -8,7 +8,7 @@ import pandas as pd
 
 from swabench.publish.markdown import environment_line
 from swabench.publish.sections.base import FINDINGS, REPORT, Run, Section
-from swabench.store import run_folder
+from swabench.store import tables
 
 ENVIRONMENT = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "libraries", "swabench", "git_commit", "python",
                "cpu", "host", "time_utc", "command", "nvidia_smi.clocks.max.sm", "peaks"]
@@ -19,7 +19,7 @@ def run_lines(runs: list[Run]) -> list[str]:
     folder alone; a run that did not finish says so here."""
     lines = []
     for r in runs:
-        note = run_folder.completeness(r.meta, r.table)
+        note = tables.completeness(r.meta, r.table)
         lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`"
                      + (" made under a profiler" if r.profiled else "") + ", "
                      f"{len(r.table)} points over {r.table['case_id'].nunique()} cases"

@@ -1,0 +1,110 @@
+"""A run folder's stored files read as the current format: its table with every schema column (from the
+journal's rows or a CSV, plain or gzipped), its samples, its meta.json migrated, and the names older
+formats gave implementations.  ``run_folder`` writes the folder and reads it whole through these."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swabench.errors import UserError
+from swabench.store import checks, schema
+from swabench.store.schema import KEY, META, ROWS
+
+if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
+    import pandas as pd
+
+
+class RunFolderError(UserError):
+    """A run folder that cannot be written or read, said plainly (the CLI exits 2)."""
+
+
+def to_table(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
+    flat = [{k: v for k, v in r.items() if k != "samples"} for r in rows]
+    return with_columns(pd.DataFrame(flat))
+
+
+def with_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Every schema column present (empty where no row has it), leading in schema order; a table of
+    an older format (from its CSV or its journal) read as the current one."""
+    df = schema.migrate_table(df)
+    lead = list(schema.COLUMNS)
+    df = df.reindex(columns=lead + [c for c in df.columns if c not in lead])
+    if df["wrapper"].isna().any() and len(df):  # written before the column named the wrapper family
+        from swabench.impls import registry
+        family = {i.name: i.family for i in registry.all_implementations()}
+        df["wrapper"] = df["wrapper"].astype(object).fillna(df["impl"].map(family))
+    return df
+
+
+def to_samples(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
+    records = [(r["case_id"], r["impl"], r["backend"], kind, i, v)
+               for r in rows for kind, values in (r.get("samples") or {}).items() for i, v in enumerate(values)]
+    return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
+
+
+def read_csv(path: Path, needed) -> pd.DataFrame:
+    import pandas as pd
+    try:
+        df = pd.read_csv(path, dtype={k: str for k in KEY})  # a case_id of digits stays text
+    except FileNotFoundError:
+        raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
+    try:
+        return checks.table(df)
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
+
+
+def stored_version(folder) -> int:
+    """The format version the folder was written in (before ``read_meta`` migrates it)."""
+    try:
+        return json.loads((Path(folder) / META).read_text()).get("format_version", 1)
+    except (OSError, ValueError, AttributeError):
+        return schema.FORMAT_VERSION
+
+
+def impl_renames(folder) -> dict[str, str]:
+    """The implementations the folder's stored tables name that are called otherwise now (old -> new)."""
+    return schema.renamed_impls(stored_version(folder))
+
+
+def renamed(rows: list[dict], folder) -> list[dict]:
+    names = impl_renames(folder)
+    for row in rows:
+        row["impl"] = names.get(row.get("impl"), row.get("impl"))
+    return rows
+
+
+def read_meta(folder) -> dict:
+    """A run's metadata, migrated to the current format."""
+    path = Path(folder) / META
+    if not path.is_file():
+        raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunFolderError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{path} does not hold a JSON object")
+    try:
+        return schema.migrate(meta)
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
+
+
+def completeness(meta: dict, table: pd.DataFrame) -> str | None:
+    """What a reader should say about a run that did not finish (None when it did)."""
+    state = meta.get("state", "complete")
+    if state == "complete":
+        return None
+    planned = meta.get("points")
+    return f"this run is {state}: {len(table)}" + (f" of {planned}" if planned else "") + " points recorded"
