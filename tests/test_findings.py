@@ -247,3 +247,19 @@ def test_workspace_section_names_the_shapes_past_256_mib():
     assert lines[2].endswith("(`frozen`).") and "From `frozen`:" in lines
     small = by_key("workspace").for_runs([findings.Run("small", table.assign(workspace_mib=256.0), meta)])
     assert small[2] == "- every shape fitted in 256 MiB (`small`)." and len(small) == 3
+
+
+def test_a_command_is_printed_as_it_would_make_the_published_folder():
+    from swabench.publish.markdown import published_command, trace_name
+
+    trace = {"file": "/tmp/o/imported.jsonl", "sha256": "8b72869732cb13070fcc", "steps": 14}
+    meta = {"command": "swabench replay /tmp/o/imported.jsonl --out /tmp/o/h200-replay --costs-from /root/x/run1",
+            "trace": trace}
+    assert published_command(meta, "results/h200-replay") == \
+        "swabench replay <trace: 14 steps, sha256 8b72869732cb1307> --out results/h200-replay --costs-from <run1>"
+    node = {"command": "swabench run /work/main/scenarios/serving.toml --out=/tmp/x --case 'decode b32'"}
+    assert published_command(node, "results/s") == "swabench run serving --out=results/s --case 'decode b32'"
+    assert published_command({"command": "swabench replay /node/checkout/traces/example.jsonl"}) == \
+        "swabench replay traces/example.jsonl"
+    assert trace_name(trace) == "a trace not in the repository (sha256 8b72869732cb1307)"
+    assert trace_name({**trace, "file": "traces/example.jsonl"}) == "the trace `traces/example.jsonl`"

@@ -1,6 +1,8 @@
-"""The repository stays small enough to clone: the shipped runs and figures under a budget, no big file."""
+"""The repository stays small enough to clone: the shipped runs and figures under a budget, no big file;
+and the published pages name no machine's paths."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,3 +48,13 @@ def test_no_tracked_file_is_over_the_limit():
     assert sizes, "git lists no tracked file"
     big = {name: size for name, size in sizes.items() if size > FILE_LIMIT}
     assert not big, f"{len(big)} tracked files over {FILE_LIMIT / MB:.0f} MB:\n{largest(big, len(big))}"
+
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.\-/~])/(?:[\w.\-]+/)+[\w.\-]*")  # /tmp/o/x, not TB/s, h64/8 or 2/3
+
+
+def test_published_pages_name_no_machines_paths():
+    pages = [ROOT / "FINDINGS.md", *sorted((ROOT / "plots").glob("*/REPORT.md"))]
+    found = {page.relative_to(ROOT).as_posix(): ABSOLUTE_PATH.findall(page.read_text()) for page in pages}
+    assert len(pages) > 10 and not {page: hits for page, hits in found.items() if hits}
+    assert ABSOLUTE_PATH.findall("`swabench run x --out /tmp/o/run` at 1.4 TB/s, h64/8, 2/3") == ["/tmp/o/run"]

@@ -160,7 +160,8 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     from swabench.publish import findings
     page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
     replay = page.split("## Trace replay")[1].split("\n## ")[0]
-    assert f"Replay of {trace} (5 steps, 3 distinct) (`{tmp_path / 'run'}`)." in replay
+    assert (f"Replay of a trace not in the repository (sha256 {meta['trace']['sha256'][:16]}) (5 steps, 3 distinct) "
+            f"(`{tmp_path / 'run'}`).") in replay  # a trace outside the repository is named by its hash
     assert f"From `{tmp_path / 'run'}`:\n\n| impl | backend |" in replay
     per_model = page.split("## Per model")[1].split("\n## ")[0]
     assert f"From `{tmp_path / 'run'}`:" in per_model and "gemma-3-1b" in per_model  # the gemma-3-1b verify step

@@ -3,7 +3,13 @@ run metadata (no plotting library, so ``swabench compare`` starts without matplo
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path, PurePosixPath
+
 import pandas as pd
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout: scenarios/, traces/, results/ as published
+KEPT = ("scenarios", "traces", "tests", "results")  # folders of the repository a command may name a file in
 
 
 def markdown_table(df: pd.DataFrame) -> str:
@@ -20,12 +26,66 @@ def _cell(value) -> str:
     return str(value)
 
 
-def environment_line(meta: dict) -> str:
+def environment_line(meta: dict, folder: str | None = None) -> str:
     gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
     commit = (meta.get("git_commit") or "unknown")[:10]
     return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
             f"torch {meta.get('torch')}, {library_versions(meta)}, "
-            f"swabench {meta.get('swabench')} @ {commit}; `{meta.get('command')}`")
+            f"swabench {meta.get('swabench')} @ {commit}; `{published_command(meta, folder)}`")
+
+
+def published_command(meta: dict, folder: str | None = None) -> str:
+    """The run's command as it would be typed to make the folder as published, with no path of the machine
+    that ran it: ``--out`` the folder as given (``folder``), a shipped scenario by its name, a file of the
+    repository by its path in it, the replayed trace by its hash and steps where it is not in the repository
+    (``trace_name``), any other path by its last part in angle brackets."""
+    command = meta.get("command") or ""
+    try:
+        args = shlex.split(command)
+    except ValueError:  # a command recorded with an unbalanced quote
+        args = command.split()
+    words = []
+    for i, arg in enumerate(args):
+        if folder is not None and i and args[i - 1] == "--out":
+            words.append(shlex.quote(folder))
+        elif folder is not None and arg.startswith("--out="):
+            words.append(f"--out={shlex.quote(folder)}")
+        elif arg == (meta.get("trace") or {}).get("file") and not _in_repository(arg):
+            words.append(f"<trace: {meta['trace'].get('steps')} steps, sha256 {str(meta['trace'].get('sha256'))[:16]}>")
+        else:
+            words.append(_without_machine_path(arg))
+    return " ".join(words)
+
+
+def _in_repository(path: str) -> str | None:
+    """A path's place in the repository (a shipped scenario by its name), or None where it has none."""
+    p = PurePosixPath(path)
+    if not p.is_absolute():
+        return path
+    if p.parent.name == "scenarios" and p.suffix == ".toml" and (REPO / "scenarios" / p.name).is_file():
+        return p.stem
+    for folder in KEPT:
+        if folder in p.parts:
+            inside = PurePosixPath(*p.parts[p.parts.index(folder):])
+            if (REPO / inside).exists():
+                return str(inside)
+    return None
+
+
+def _without_machine_path(arg: str) -> str:
+    if not arg.startswith("/"):
+        return shlex.quote(arg)
+    inside = _in_repository(arg)
+    return shlex.quote(inside) if inside else f"<{PurePosixPath(arg).name}>"
+
+
+def trace_name(trace: dict) -> str:
+    """A replayed trace as a sentence names it: 'the trace `traces/example.jsonl`' (its path in the repository),
+    or 'a trace not in the repository (sha256 8b72869732cb1307)'."""
+    inside = _in_repository(str(trace.get("file", "")))
+    if inside:
+        return f"the trace `{inside}`"
+    return f"a trace not in the repository (sha256 {str(trace.get('sha256'))[:16]})"
 
 
 def console_summary(table: pd.DataFrame, shown: int = 10) -> str:

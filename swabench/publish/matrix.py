@@ -50,7 +50,7 @@ def timing_points(m: Matrix) -> pd.DataFrame:
 def to_markdown(m: Matrix, unbuilt: dict[str, str], threshold: float, alpha: float) -> str:
     parts = [f"# Release matrix: {m.scenario} on {m.library} "
              + ", ".join(r.version for r in m.releases), "",
-             f"Newest release: {environment_line(m.newest.meta)}", ""]
+             f"Newest release: {environment_line(m.newest.meta, str(m.newest.folder))}", ""]
     parts += [f"- **Warning:** {w}" for w in m.warnings] + ([""] if m.warnings else [])
     parts += ["## Releases", "", markdown_table(releases_table(m, unbuilt)), "",
               "## Points per status", "",

@@ -27,7 +27,7 @@ def write(run_dir: Path, out: Path) -> Path:
     presets = table["model"].dropna().unique() if "model" in table else []
     parts = [f"# swabench report: {meta.get('scenario')}" + (f", {presets[0]}" if len(presets) == 1 else ""),
              f"Run folder `{run_dir}`; {len(table)} points over {table['case_id'].nunique()} cases. "
-             f"{environment_line(meta)}"]
+             f"{environment_line(meta, str(run_dir))}"]
     parts += [part for s in sections.on(sections.REPORT) for part in s.for_run(run)]
     parts.append("## Figures")
     for name, paths in made.items():

@@ -9,7 +9,7 @@ import pandas as pd
 from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
-from swabench.publish.markdown import library_versions, markdown_table
+from swabench.publish.markdown import library_versions, markdown_table, trace_name
 from swabench.publish.sections import machine, neighbours, releases, speed
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio, run_for_step
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
@@ -88,13 +88,14 @@ def served_mixes(runs: list[Run]) -> list[str]:
         best = table[table["impl"] == replay.SERVED].iloc[0]
         single = table[table["impl"].str.startswith("best single ")]
         trace = r.meta["trace"]
+        name = trace_name(trace)[0].upper() + trace_name(trace)[1:]
         if best["all steps ms"] != best["all steps ms"]:
-            said.append(f"- The trace `{trace['file']}` ({trace['steps']} steps) cannot be served whole by correct "
+            said.append(f"- {name} ({trace['steps']} steps) cannot be served whole by correct "
                         f"paths: {best['backend']} ({r.name}).")
             continue
         ref = registry.reference_path("paged")
         alone = table[(table["impl"] == ref[0]) & (table["backend"] == ref[1])] if ref else table.iloc[0:0]
-        said.append(f"- The trace `{trace['file']}` ({trace['steps']} steps), served at its best (each step by the "
+        said.append(f"- {name} ({trace['steps']} steps), served at its best (each step by the "
                     f"fastest correct path that passed it): {best['all steps ms']:.3g} ms of attention per 1000 steps "
                     f"({best['backend']})" + "".join(
                         f"; with the {row['impl']} per mode: "

@@ -33,7 +33,7 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
 
 def _summary_line(run: Run) -> list[str]:
     return [f"**{run.meta.get('scenario')}**: {run.table['case_id'].nunique()} cases, {len(run.table)} points. "
-            f"{environment_line(run.meta)}"]
+            f"{environment_line(run.meta, run.folder)}"]
 
 
 def _failed(run: Run) -> pd.DataFrame:

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from swabench.publish.markdown import environment_line
+from swabench.publish.markdown import environment_line, published_command
 from swabench.publish.sections.base import FINDINGS, REPORT, Run, Section
 from swabench.store import tables
 
@@ -23,7 +23,7 @@ def run_lines(runs: list[Run]) -> list[str]:
         lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`"
                      + (" made under a profiler" if r.profiled else "") + ", "
                      f"{len(r.table)} points over {r.table['case_id'].nunique()} cases"
-                     + (f". **Incomplete run**: {note}" if note else "") + f". {environment_line(r.meta)}")
+                     + (f". **Incomplete run**: {note}" if note else "") + f". {environment_line(r.meta, r.folder)}")
     return ["\n".join(lines)] if lines else []
 
 
@@ -32,8 +32,8 @@ def _as_text(value) -> str:
 
 
 def environment(run: Run) -> pd.DataFrame:
-    return pd.DataFrame([{"": k, "value": _as_text(run.meta[k])} for k in ENVIRONMENT
-                         if run.meta.get(k) is not None])
+    shown = {**run.meta, "command": published_command(run.meta, run.folder)}
+    return pd.DataFrame([{"": k, "value": _as_text(shown[k])} for k in ENVIRONMENT if run.meta.get(k) is not None])
 
 
 def method(run: Run) -> pd.DataFrame:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from swabench.analysis import replay, versus
 from swabench.impls import registry
+from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
 from swabench.spec import models
 from swabench.store import run_folder, schema
@@ -92,7 +93,7 @@ def replay_table(run: Run) -> pd.DataFrame:
 
 def replay_said(run: Run) -> list[str]:
     trace = run.meta.get("trace")
-    return [f"Replay of {trace['file']} ({trace['steps']} steps, {trace['distinct']} distinct) ({run.name})."] \
+    return [f"Replay of {trace_name(trace)} ({trace['steps']} steps, {trace['distinct']} distinct) ({run.name})."] \
         if trace and not run.meta.get("price") else []
 
 
