@@ -46,6 +46,7 @@
 #            NCU_DEFAULT and NCU_SERVING (case filters), every path but the per-request PyTorch loops of NCU_LOOPS:
 #            OUTDIR/h200-ncu-SCENARIO-VERSION; then those loops (hundreds of kernels a call, ~0.1 s each under ncu)
 #            on the cases of NCU_LOOP_DEFAULT and NCU_LOOP_SERVING only: OUTDIR/h200-ncu-SCENARIO-loops-VERSION
+#            (NCU_SCENARIOS=default runs one of the two)
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
@@ -145,7 +146,7 @@ for step in $steps; do
     counters-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_counters.py \
                  2>&1 | tee "$out/gpu-counters-tests.log" | tail -8 ;;
     ncu)       v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
-               for s in default serving; do
+               for s in ${NCU_SCENARIOS:-default serving}; do
                  for part in main loops; do
                    filters="NCU_${s^^}"; [ $part = loops ] && filters="NCU_LOOP_${s^^}"
                    cases=(); IFS=';' read -ra picked <<< "${!filters:-}"
