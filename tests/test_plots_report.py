@@ -9,6 +9,7 @@ import pytest
 
 from swabench.publish.sections import Run, speed
 from swabench.analysis import derived, versus
+from swabench.impls import registry
 from swabench.publish import plots, report
 
 # seven whole cases of the published results/h200x2-default-2gpu run (default.toml with peers), cut by
@@ -57,8 +58,10 @@ def test_failed_and_skipped_points_are_drawn_not_dropped(h200):
     victim = table.index[(table["impl"] == "paged-window") & (table["mode"] == "verify") & (table["backend"] == "fa2")][0]
     table.loc[victim, "status"] = "fail"
     fig = plots.time_vs_window(table, meta)
-    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-    assert "failed gate (1)" in labels and any(label.startswith("skipped") for label in labels)
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "failed gate" in labels and "skipped" in labels
+    crosses = [c for ax in fig.axes for c in ax.collections if c.get_label() == "failed gate"]
+    assert len(crosses) == 1 and len(crosses[0].get_offsets()) == 1  # one panel, one point
 
 
 @pytest.mark.slow
@@ -152,11 +155,29 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
     assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label
 
 
-def test_a_figure_of_up_to_eight_implementations_gives_each_its_own_colour():
-    """By registry order alone chunk-trim and paged-mask share a colour (the chunked run's sawtooth); among
-    the implementations a figure draws, none does, and the order stays the registry's."""
-    from swabench.publish.style import colour
-    drawn = ["chunk-virtual", "chunk-trim", "paged-mask", "paged-window", "paged-trim", "decode-tc-trim"]
-    assert colour("chunk-trim") == colour("paged-mask")
-    assert len({colour(i, drawn) for i in drawn}) == len(drawn)
-    assert colour("paged-window", drawn) == colour("paged-window", drawn + ["paged-window"])
+@pytest.mark.parametrize("name", list(PANELS))
+def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(h200, name):
+    """A path's colour and marker are its own (style.look) in every figure, and no legend sits on a panel,
+    where it would hide points or the title."""
+    import matplotlib.colors as mcolors
+
+    from swabench.publish.style import look
+
+    fig = plots.FIGURES[name](*h200)
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    drawn = 0
+    for ax in fig.axes:
+        bars = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_xerr")]
+        for label, artist in [(a.get_label(), a) for a in [*ax.lines, *ax.collections]] + bars:
+            impl = label.split(" [")[0]
+            if impl not in {i.name for i in registry.all_implementations()}:
+                continue
+            want = look(impl)
+            if hasattr(artist, "get_marker"):
+                colour, marker = artist.get_color(), artist.get_marker()
+            else:
+                colour, marker = artist.get_edgecolor()[0], None
+            assert mcolors.to_hex(colour) == mcolors.to_hex(want["color"]), (name, label)
+            assert marker in (None, want["marker"]), (name, label)
+            drawn += 1
+    assert drawn or name in ("speedup_heatmap", "backends")  # a colour per window or per backend there

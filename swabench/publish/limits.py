@@ -13,7 +13,7 @@ from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.sections.machine import counted_points
-from swabench.publish.style import BACKEND_STYLE, figure, look
+from swabench.publish.style import BACKEND_STYLE, figure, legend_outside, look
 
 
 def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
@@ -23,15 +23,6 @@ def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
 def _correct_timed(table: pd.DataFrame) -> pd.DataFrame:
     t = table[(table["kind"] == "correct") & (table["status"] == "pass")]
     return t.dropna(subset=["median_us"]) if "median_us" in t else t.iloc[0:0]
-
-
-def _legend_outside(fig, axes) -> None:
-    """One legend for the figure, clear of its panels and its title: beside them, or under them when it is
-    long."""
-    handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
-    if handles:
-        fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right center",
-                   ncol=2 if len(handles) > 14 else 1)
 
 
 def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = None) -> None:
@@ -64,7 +55,7 @@ def roofline(table, meta):
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (useful flops / min_bytes)",
            ylabel="achieved TFLOP/s")
     ax.grid(alpha=0.3, which="both")
-    _legend_outside(fig, axes)
+    legend_outside(fig, axes)
     return fig
 
 
@@ -105,7 +96,7 @@ def rate_vs_context(table, meta):
                xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
         ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    _legend_outside(fig, axes)
+    legend_outside(fig, axes)
     return fig
 
 
@@ -131,7 +122,7 @@ def bytes_read(table, meta):
         ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top), aspect="equal", title=mode,
                xlabel="bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
         ax.grid(alpha=0.3, which="both")
-    _legend_outside(fig, axes)
+    legend_outside(fig, axes)
     return fig
 
 

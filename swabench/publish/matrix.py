@@ -97,11 +97,10 @@ def figure(m: Matrix, out: Path) -> Path | None:
     ax = axes[0][0]
     t = m.timings.assign(path=m.timings["impl"] + " [" + m.timings["backend"] + "] " +
                          m.timings["case"].str.split().str[0])
-    impls = list(dict.fromkeys(t["impl"]))  # a colour each, then a marker each past the palette's end
-    look = {impl: (style.OKABE_ITO[i % len(style.OKABE_ITO)], "os^D"[i // len(style.OKABE_ITO) % 4])
-            for i, impl in enumerate(impls)}
+    impls = list(dict.fromkeys(t["impl"]))
     for (path, case), g in t.groupby(["path", "case"], sort=False):
-        colour, marker = look[g["impl"].iloc[0]]
+        path_look = style.look(g["impl"].iloc[0])
+        colour, marker = path_look["color"], path_look["marker"]
         x = [order.index(v) for v in g["release"]] + [len(order) - 1]
         y = list(g["ratio"]) + [1.0]
         ax.plot(x, y, style.BACKEND_STYLE.get(g["backend"].iloc[0], "-"), color=colour, alpha=0.5, lw=1)
@@ -114,10 +113,12 @@ def figure(m: Matrix, out: Path) -> Path | None:
     ax.set_xticks(range(len(order)), order)
     ax.set_xlabel(f"{m.library} release")
     ax.set_ylabel(f"kernel time / {m.newest.version}")
-    handles = [ax.plot([], [], look[impl][1], color=look[impl][0], label=impl)[0] for impl in impls]
-    handles += [ax.plot([], [], style.BACKEND_STYLE[b], color="grey", label=b)[0]
-                for b in dict.fromkeys(t["backend"]) if b in style.BACKEND_STYLE]
-    ax.legend(handles=handles, fontsize=7, loc="best")
+    for impl in impls:
+        ax.plot([], [], ls="none", label=impl, **style.look(impl))
+    for b in dict.fromkeys(t["backend"]):
+        if b in style.BACKEND_STYLE:
+            ax.plot([], [], style.BACKEND_STYLE[b], color="grey", label=b)
+    style.legend_outside(fig, axes)
     return style.save(fig, out, "matrix")[0]
 
 

@@ -19,8 +19,7 @@ from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
 from swabench.publish import limits
-from swabench.publish.style import (BACKEND_COLOUR, BACKEND_STYLE, OKABE_ITO, colour, figure, log_x_ticks,
-                                    save)
+from swabench.publish.style import BACKEND_COLOUR, BACKEND_STYLE, figure, legend_outside, log_x_ticks, look, save
 from swabench.core.cases import MODES
 
 def _is_baseline(impl: str) -> bool:
@@ -63,7 +62,7 @@ def _mark_untimed(ax, rows: pd.DataFrame, x: str) -> None:
         xs = rows.loc[rows["status"] == status, x].dropna().unique()
         if len(xs):
             ax.scatter(xs, [y] * len(xs), marker=marker, color=col, s=30, transform=ax.get_xaxis_transform(),
-                       label=f"{label} ({int((rows['status'] == status).sum())})", zorder=5, clip_on=False)
+                       label=label, zorder=5, clip_on=False)
 
 
 def time_vs_window(table, meta):
@@ -88,15 +87,14 @@ def time_vs_window(table, meta):
             windows = sorted(rows["sliding_window"].unique())
             for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
                 line = g.groupby("sliding_window")["median_us"].median()
-                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
-                        color=colour(impl), label=f"{impl} [{backend}]")
+                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3, label=f"{impl} [{backend}]",
+                        **look(impl))
             _mark_untimed(ax, every[facet], "sliding_window")
             ax.set(yscale="log", title=f"{mode}, {storage}", xlabel="sliding window (keys)",
                    ylabel="kernel time (us)")
             log_x_ticks(ax, windows)
             ax.grid(alpha=0.3, which="both")
-            if len(ax.get_legend_handles_labels()[0]):
-                ax.legend(fontsize=6)
+    legend_outside(fig, axes)
     return fig
 
 
@@ -116,13 +114,13 @@ def speedup_by_mode(table, meta):
         med, q1, q3 = g.median(), g.quantile(0.25), g.quantile(0.75)
         xs = [i + (k - (len(series) - 1) / 2) * width for i, m in enumerate(modes) if m in med.index]
         ms = [m for m in modes if m in med.index]
-        ax.bar(xs, med[ms], width, yerr=[med[ms] - q1[ms], q3[ms] - med[ms]], color=colour(impl),
-               hatch="" if backend in ("fa2", "torch") else "//", edgecolor="white", label=f"{impl} [{backend}]",
-               error_kw={"lw": 0.8})
+        style = look(impl)
+        ax.errorbar(xs, med[ms], yerr=[med[ms] - q1[ms], q3[ms] - med[ms]], ls="none", ms=5, elinewidth=0.8,
+                    mfc="none" if backend == "fa3" else style["color"], label=f"{impl} [{backend}]", **style)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set(xticks=range(len(modes)), xticklabels=modes, ylabel="speedup (x)", yscale="log")
-    ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, axis="y", which="both")
+    legend_outside(fig, axes)
     return fig
 
 
@@ -174,8 +172,8 @@ def speculative(table, meta):
         pos = {c: i for i, c in enumerate(categories)}
         for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
             line = g.groupby(key)["median_us"].median()
-            ax.plot([pos[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), marker="o", ms=3,
-                    color=colour(impl), label=f"{impl} [{backend}]")
+            ax.plot([pos[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
+                    label=f"{impl} [{backend}]", **look(impl))
         rows["_x"] = rows[key].map(pos)
         _mark_untimed(ax, rows, "_x")
         ax.set(xticks=range(len(categories)), xticklabels=[str(c) for c in categories], yscale="log",
@@ -183,34 +181,33 @@ def speculative(table, meta):
                xlabel="draft tokens" if mode == "verify" else "acceptance distribution / draft block")
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6)
+    legend_outside(fig, axes)
     return fig
 
 
 def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
-    window-or-trim choice; dashed on fa3), one panel per window; squares for one-token pages.  Cases
+    window-or-trim choice; dashed on fa3), one panel per window; hollow marks for one-token pages.  Cases
     with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
     t = _timed(versus.plain(table[table["mode"] == "decode"]))  # chunked decode is the sawtooth figure's
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
-    impls = sorted(set(t["impl"]), key=registry.order)
-    palette = {impl: OKABE_ITO[i % len(OKABE_ITO)] for i, impl in enumerate(impls)}  # distinct within the figure
     fig, axes = figure(meta, "Decode: kernel time vs context (median over batches and shapes)", 1, len(windows),
                         size=(4.2, 4.0))
     for ax, window in zip(axes[0], windows):
         rows = t[t["sliding_window"] == window]
         for (impl, backend, page), g in rows.groupby(["impl", "backend", "page_size"], dropna=False):
             line = g.groupby("prefix_len")["median_us"].median()
-            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="s" if page == 1 else "o",
-                    ms=3, color=palette[impl], label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""))
+            style = look(impl)
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
+                    mfc="none" if page == 1 else style["color"],
+                    label=f"{impl} [{backend}]" + (f" ps{int(page)}" if page == page else ""), **style)
         ax.set(yscale="log", title=f"window {int(window)} keys", xlabel="context (keys before the query)",
                ylabel="kernel time (us)")
         log_x_ticks(ax, rows["prefix_len"])
         ax.grid(alpha=0.3, which="both")
-    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right upper")
+    legend_outside(fig, axes)
     return fig
 
 
@@ -230,8 +227,6 @@ def sawtooth(table, meta):
         return None
     chunks = sorted(int(c) for c in chunked["chunk"].unique())
     modes = [m for m in MODES if m in set(chunked["mode"])]
-    twins = (t["chunk"] == 0) & (t["window_left"] + 1).isin(chunks)
-    drawn = t.loc[(t["chunk"] > 0) | twins, "impl"]  # one colour each across the panels
     fig, axes = figure(meta, "Chunked attention against a sliding window of the same keys: kernel time vs context",
                        len(chunks), len(modes), size=(4.6, 3.8))
     for row, chunk in zip(axes, chunks):
@@ -242,15 +237,16 @@ def sawtooth(table, meta):
                 continue
             for (impl, backend, is_chunk), g in rows.groupby(["impl", "backend", rows["chunk"] > 0]):
                 line = g.groupby("context")["median_us"].median()
-                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), marker="o" if is_chunk else "x",
-                        ms=3, color=colour(impl, drawn), label=f"{impl} [{backend}]" +
-                        ("" if is_chunk else " (window)"))
+                style = look(impl)
+                ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
+                        mfc=style["color"] if is_chunk else "none",
+                        label=f"{impl} [{backend}]" + ("" if is_chunk else " (window)"), **style)
             for start in range(chunk, int(rows["context"].max()) + 1, chunk):
                 ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.set(title=f"{mode}, chunk {chunk}", xlabel="context (keys before the queries)",
                    ylabel="kernel time (us)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
+    legend_outside(fig, axes)
     return fig
 
 
@@ -288,13 +284,9 @@ def backends(table, meta):
         ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticklabels(_tick_labels(g, cases), rotation=30, ha="right", fontsize=6)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")
+    legend_outside(fig, axes)
     return fig
-
-
-PEER_MARKERS = "osD^vP*Xh"
 
 
 def peers(table, meta):
@@ -310,17 +302,18 @@ def peers(table, meta):
                         size=(8.0, 0.22 * len(cases) + 1.5))
     ax = axes[0][0]
     y = {c: i for i, c in enumerate(cases)}
-    for k, (impl, backend) in enumerate(paths):
+    for impl, backend in paths:
         g = r[(r["impl"] == impl) & (r["backend"] == backend)]
-        ax.scatter(g["ratio"], g["case_id"].map(y), s=18, marker=PEER_MARKERS[k % len(PEER_MARKERS)],
-                   color=OKABE_ITO[k % len(OKABE_ITO)], label=f"{impl} [{backend}]", alpha=0.85)
+        style = look(impl)
+        ax.scatter(g["ratio"], g["case_id"].map(y), s=18, marker=style["marker"], edgecolors=style["color"],
+                   facecolors="none" if backend == "fa3" else style["color"], label=f"{impl} [{backend}]", alpha=0.85)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(cases)), _tick_labels(r, cases), fontsize=6)
     ax.set_xlabel("time / reference-path time (below 1: faster)")
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_outside(fig, axes)
     return fig
 
 
@@ -332,12 +325,14 @@ def plan_vs_kernel(table, meta):
     fig, axes = figure(meta, "Plan cost (host) vs kernel time, per point")
     ax = axes[0][0]
     for impl, g in t.groupby("impl"):
-        ax.scatter(g["median_us"], g["plan_us"], s=8, alpha=0.7, color=colour(impl), label=impl)
+        style = look(impl)
+        ax.scatter(g["median_us"], g["plan_us"], s=10, alpha=0.7, marker=style["marker"], color=style["color"],
+                   label=impl)
     lo, hi = min(t["median_us"].min(), t["plan_us"].min()), max(t["median_us"].max(), t["plan_us"].max())
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="plan = kernel")
     ax.set(xscale="log", yscale="log", xlabel="kernel time (us)", ylabel="plan() host time (us)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    legend_outside(fig, axes)
     return fig
 
 

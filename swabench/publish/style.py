@@ -19,14 +19,6 @@ BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6], "cudnn": OKABE_ITO[2]}
 
 
-def colour(impl: str, among=None) -> str:
-    """One colour per implementation, by its place in the registry (the same in every figure); with ``among``
-    (the implementations a figure draws), by its place among them, so that up to eight never share one."""
-    if among is not None and len(set(among)) <= len(OKABE_ITO):
-        return OKABE_ITO[sorted(set(among), key=registry.order).index(impl)]
-    return OKABE_ITO[registry.order(impl) % len(OKABE_ITO)]
-
-
 MARKERS = "osD^"  # with the eight colours, a look of its own for each of 32 implementations
 
 
@@ -35,6 +27,15 @@ def look(impl: str) -> dict:
     by its place in the registry, then a marker per eight, so no two registered paths share both."""
     i = registry.order(impl)
     return {"color": OKABE_ITO[i % len(OKABE_ITO)], "marker": MARKERS[(i // len(OKABE_ITO)) % len(MARKERS)]}
+
+
+def legend_outside(fig, axes) -> None:
+    """One legend for the figure, clear of its panels and its title: beside them, in two columns when it is
+    long."""
+    handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        fig.legend(handles.values(), handles.keys(), fontsize=6, loc="outside right center",
+                   ncol=2 if len(handles) > 14 else 1)
 
 
 def caption(meta: dict) -> str:
