@@ -142,6 +142,8 @@ def rewrite(call: Path, change) -> None:
 @pytest.mark.parametrize("change,reason", [
     (lambda r: {**r, "input_metadata": {**r["input_metadata"], "kwarg_window_left": "abc"}},
      "its arguments do not read as a plan (ValueError: window_left: 'abc' is not an integer)"),
+    (lambda r: {**r, "input_metadata": {**r["input_metadata"], "kwarg_window_left": float("inf")}},
+     "its arguments do not read as a plan (ValueError: window_left: inf is not an integer)"),
     (lambda r: {**r, "input_metadata": {**r["input_metadata"], "arg_x": 3}},
      "its arguments do not read as a plan (ValueError: arg_x: not an argument position (arg_<i>))"),
     (lambda r: {**r, "versions": "0.7.4"}, "its metadata's versions is a str, not a JSON object"),

@@ -144,7 +144,7 @@ def _ints(a: dict, name: str) -> list[int]:
 def _int(a: dict, name: str, default=None) -> int:
     """An integer argument (a bool, a string or a float with a fraction is no integer)."""
     v = a.get(name, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, float) and not v.is_integer():
         raise ValueError(f"{name}: {v!r} is not an integer")
     return int(v)
 
