@@ -56,7 +56,7 @@ def test_a_line_can_ask_for_the_models_plain_twin(tmp_path):
     ({"mode": "extend", "requests": [[1, 2]]}, "line 1: give the layer"),
     ({"mode": "extend", **LAYER, "requests": [[1, 2]], "batch": 3}, "line 1: unknown key 'batch'"),
     ({"mode": "extend", **LAYER, "head_dim": 12, "requests": [[1, 2]]}, "line 1.head_dim: must be a positive multiple"),
-    ({"mode": "extend", **LAYER, "requests": [[1, 2]], "count": 0}, "line 1: count: must be an integer >= 1"),
+    ({"mode": "extend", **LAYER, "requests": [[1, 2]], "count": 0}, "line 1: count: must be an integer from 1 to"),
 ])
 def test_bad_lines_are_refused_by_number(tmp_path, line, message):
     with pytest.raises((traces.TraceError, axes.ScenarioError), match=message):
@@ -327,3 +327,66 @@ def test_a_replay_where_every_point_skips_prints_no_table(tmp_path):
     assert "||" not in r.output and not any(line.startswith("|") for line in r.output.splitlines())
     table, _ = derived.load(tmp_path / "run")
     assert set(table["status"]) == {"skip"}
+
+
+def test_a_line_with_both_spellings_of_the_window_is_refused(tmp_path):
+    both = {"mode": "decode", **LAYER, "window_left": 127, "sliding_window": 4096, "requests": [[40, 1]]}
+    with pytest.raises(traces.TraceError, match="line 2: give only one of window_left / sliding_window"):
+        traces.read(write(tmp_path, [STEPS[0], both]))
+    r = invoke("replay", tmp_path / "t.jsonl", "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "window_left 127, sliding_window 4096" in r.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("counts,message", [
+    ([2 ** 63], "line 1: count: must be an integer from 1 to 1000000000000, got 9223372036854775808"),
+    ([10 ** 12 + 1], "line 1: count: must be an integer from 1 to 1000000000000"),
+    ([2 ** 63 - 1, 2 ** 63 - 1], "line 1: count: must be an integer from 1 to"),
+    ([10 ** 12, 1], "line 2: count: the trace's counts add up to more than 1000000000000 steps")])
+def test_counts_are_bounded_so_no_sum_overflows(tmp_path, counts, message):
+    path = write(tmp_path, [{**STEPS[0], "count": c} for c in counts])
+    with pytest.raises(traces.TraceError, match=message):
+        traces.read(path)
+    r = invoke("replay", path, "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "count:" in r.output and not (tmp_path / "run").exists()
+    assert sum(traces.read(write(tmp_path, [{**STEPS[0], "count": 10 ** 12}])).values()) == 10 ** 12
+
+
+def test_non_causal_and_chunked_lines_become_such_cases(tmp_path):
+    extend = {"mode": "extend", **LAYER, "requests": [[0, 24], [30, 8]]}
+    chunk = {k: v for k, v in LAYER.items() if k != "sliding_window"}
+    steps = traces.read(write(tmp_path, [extend, {**extend, "causal": True}, {**extend, "causal": False},
+                                         {"mode": "decode", **chunk, "attention_chunk": 32, "requests": [[40, 1]]},
+                                         {"mode": "decode", **chunk, "attention_chunk": 0, "window_left": 15,
+                                          "requests": [[40, 1]]}]))
+    assert list(steps.values()) == [2, 1, 1, 1]  # causal true and attention_chunk 0 are the defaults
+    cases = traces.scenario(tmp_path / "t.jsonl", steps, ["torch-trim"]).cases
+    assert [(c.causal, c.attention_chunk, c.window_left) for c in cases] == \
+        [(True, 0, 15), (False, 0, 15), (True, 32, -1), (True, 0, 15)]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"causal": "no"}, r"line 1\.causal: must be true or false"),
+    ({"attention_chunk": -2}, r"line 1\.attention_chunk: must be an integer >= 0"),
+    ({"attention_chunk": 32}, r"line 1\.attention_chunk: 32 with window_left 15: a layer is chunked or sliding"),
+    ({"attention_chunk": 32, "window_left": -1, "causal": False}, r"line 1\.causal: chunked attention is causal")])
+def test_causal_and_attention_chunk_are_checked_as_the_scenario_axes(tmp_path, extra, message):
+    line = {"mode": "extend", **{k: v for k, v in LAYER.items() if k != "sliding_window"}, "window_left": 15,
+            "requests": [[0, 24]], **extra}
+    with pytest.raises(axes.ScenarioError, match=message):
+        traces.read(write(tmp_path, [line]))
+
+
+def test_a_trace_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(s) + "\n" for s in STEPS).encode())
+    assert sum(traces.read(path).values()) == 5
+
+
+def test_a_key_given_twice_on_a_line_is_refused(tmp_path):
+    path = write(tmp_path, [STEPS[0], '{"mode": "decode", "count": 2, "num_qo_heads": 4, "num_kv_heads": 2, '
+                                      '"head_dim": 64, "sliding_window": 16, "requests": [[1, 1]], "count": 3}'])
+    with pytest.raises(traces.TraceError, match="line 2: key 'count' given twice"):
+        traces.read(path)
+    r = invoke("replay", path, "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "line 2: key 'count' given twice" in r.output

@@ -13,6 +13,9 @@ from swabench.cli.options import (Bar, InputError, costs_option, device_of, impl
                                   scenario_file)
 from swabench.run import launch, lifecycle, shards
 from swabench.spec import scenarios
+from swabench.spec.plan_calls import VERIFY_MAX
+
+MAX_BUCKET = 1 << 16  # coarser than this merges steps a window apart: no longer the server's steps
 
 
 def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
@@ -153,25 +156,31 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
 @click.command("import")
 @click.argument("dump_dir", type=click.Path(exists=True, file_okay=False))
 @opt("--out", required=True, type=click.Path(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
-@opt("--bucket", type=click.IntRange(1), default=1, show_default=True,
-     help="Round each request's prefix up to a multiple of N, so that steps a few tokens apart share a line.")
+@opt("--bucket", type=click.IntRange(1, MAX_BUCKET), default=1, show_default=True,
+     help=f"Round each request's prefix up to a multiple of N (at most {MAX_BUCKET}), so that steps a few tokens "
+          f"apart share a line.")
+@opt("--verify-max", type=click.IntRange(2), default=VERIFY_MAX, show_default=True,
+     help="The most queries per request a verify step has: a step whose requests all have the same number of "
+          "queries, more than one and at most N, after a prefix is verify; more is chunked prefill (extend).")
 @opt("--force", is_flag=True, help="Overwrite TRACE.jsonl if it exists.")
-def import_cmd(dump_dir, out, bucket, force):
+def import_cmd(dump_dir, out, bucket, verify_max, force):
     """Make a trace for `swabench replay` from FlashInfer's own API log of a running server
     (FLASHINFER_LOGLEVEL=10, FLASHINFER_DUMP_INCLUDE='*Wrapper.plan', FLASHINFER_DUMP_DIR=DUMP_DIR): one line
     per distinct step of a layer with a window, with how often it ran."""
+    import shlex
+
     from swabench.spec import dumps
     from swabench.store import run_folder
 
     target = Path(out)
     if target.exists() and not force:
         raise InputError(f"--out: {target} exists (--force to overwrite it)")
-    imported = dumps.read(Path(dump_dir), bucket, Bar())
     run_folder.refuse_inside_a_run(target.parent, "--out")
     run_folder.make_folder(target.parent)
+    imported = dumps.read(Path(dump_dir), bucket, Bar(), verify_max)
     run_folder.atomic_write(target, dumps.to_jsonl(imported))
     click.echo(imported.summary())
-    click.echo(f"wrote {target}: swabench replay {target}")
+    click.echo(f"wrote {target}: swabench replay {shlex.quote(str(target))}")
 
 
 @click.command()

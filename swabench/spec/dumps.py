@@ -8,39 +8,33 @@ through, and ``execution_status``: ``inputs_saved``, then ``completed``); ``sess
 them repeats every record in call order.  ``FLASHINFER_DUMP_INCLUDE="*Wrapper.plan"`` keeps the log to
 the plan calls, whose tensors are index arrays, never the KV cache.
 
-Each plan with a window (``window_left >= 0``) becomes a trace line: the layer (heads, head_dim, page
-size, window, soft-cap, scale, dtypes; sinks for the sink wrapper), each request's [prefix, queries]
-from the indptrs and last-page lengths, and the mode (decode for the decode wrapper or one query per
-request; verify where every request has the same number of queries, more than one, after a prefix;
-extend otherwise).  Identical steps are merged into one line with a count.  Where the log holds the
-``run()`` calls too, a plan counts once per run (one per layer that shares it); where it does not,
-once per plan, and the summary says so.
+Each plan with a window (``window_left >= 0``) becomes a trace line (``spec.plan_calls``).  Identical
+steps are merged into one line with a count.  Where the log holds the ``run()`` calls too, a plan counts
+once per run (one per layer that shares it); where it does not, once per plan, and the summary says so.
+
+A server's log runs to a million calls: it is read as a stream (session.jsonl line by line, one call
+folder at a time), keeping a count per distinct step and the plan each wrapper object last made.  A log
+cut short by a stopped process (the last line of session.jsonl or of a call's metadata.jsonl cut) keeps
+its intact calls, and the summary names what was cut.
 """
 
 from __future__ import annotations
 
-import ast
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.errors import UserError
+from swabench.spec import plan_calls
+from swabench.spec.plan_calls import VERIFY_MAX, WRAPPERS
 
 CALL_FOLDER = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call(\d{4,})$")
-PREFILL_PAGED, PREFILL_RAGGED = "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"
-DECODE, SINK, DECODE_SINK = ("BatchDecodeWithPagedKVCacheWrapper", "BatchAttentionWithAttentionSinkWrapper",
-                             "BatchDecodeWithAttentionSinkWrapper")
-WRAPPERS = (PREFILL_PAGED, PREFILL_RAGGED, DECODE, SINK, DECODE_SINK)
-# The decode wrapper's plan takes its options as keywords; older callers passed them positionally after
-# page_size, in this order (flashinfer/decode.py, _BATCH_DECODE_PLAN_LEGACY_POS_ARGS), with these defaults.
-DECODE_LEGACY = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type", "o_data_type",
-                 "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking", "block_tables", "seq_lens",
-                 "fixed_split_size", "disable_split_kv", "q_len_per_req")
-DECODE_DEFAULTS = {"window_left": -1, "logits_soft_cap": None, "q_data_type": "float16", "kv_data_type": None,
-                   "data_type": None, "sm_scale": None}
 INCLUDE = "*Wrapper.plan"  # FLASHINFER_DUMP_INCLUDE: the plan calls alone (add *Wrapper.run to count layers)
+NEVER_RUN = "planned and never run (no run() call of its wrapper logged after it)"
+CUT = "its metadata.jsonl ends in a cut record (the process stopped while writing it)"
 
 
 class DumpError(UserError, ValueError):
@@ -57,81 +51,110 @@ class Imported:
     runs_logged: bool  # whether the log held run() calls (then counts weigh the layers that share a plan)
     left_out: Counter = field(default_factory=Counter)  # why -> plan calls not imported
     releases: set = field(default_factory=set)  # the FlashInfer releases that wrote the log
+    cut: list = field(default_factory=list)  # what a stopped process left cut short: session.jsonl's line, calls
 
     def summary(self) -> str:
         steps = sum(line["count"] for line in self.lines)
         said = [f"{self.plans} plan calls of FlashInfer {', '.join(sorted(self.releases)) or '(release unknown)'}: "
                 f"{len(self.lines)} trace lines, {steps} steps"]
         said += [f"  {n} not imported: {why}" for why, n in self.left_out.most_common()]
+        if self.cut:
+            shown = ", ".join(self.cut[:5]) + (f" and {len(self.cut) - 5} more" if len(self.cut) > 5 else "")
+            said.append(f"  cut short (a stopped process; the intact calls were imported): {shown}")
         said.append("  counts are run() calls (one per layer that shares a plan)" if self.runs_logged else
                     "  counts are plan calls: the log holds no run() calls, so the layers that share a plan are not "
                     "counted (log *Wrapper.run too to count them; that also writes the KV cache)")
         return "\n".join(said)
 
 
-@dataclass
-class _Call:
-    folder: Path
-    name: str  # Class.method
-    record: dict  # the last record of its metadata.jsonl
-
-
-def read(dump: Path, bucket: int = 1, progress=None) -> Imported:
+def read(dump: Path, bucket: int = 1, progress=None, verify_max: int = VERIFY_MAX) -> Imported:
     """The trace lines of a FlashInfer API log folder; DumpError naming the problem for a folder that is
-    no dump, a truncated or corrupt one, or one with no plan that has a window.  ``progress`` (start,
-    advance, finish: the CLI's bar) is told of each plan call read."""
+    no dump, a corrupt one, or one with no plan that has a window.  ``progress`` (start, advance, finish:
+    the CLI's bar) is told of each call read."""
     dump = Path(dump)
     if not dump.is_dir():
         raise DumpError(dump, "not a folder")
-    calls = _calls(dump)
-    plans = [i for i, c in enumerate(calls) if c.name.endswith(".plan") and c.name.split(".")[0] in WRAPPERS]
-    runs: Counter = Counter()
-    latest: dict[tuple, int] = {}  # (pid, self_id) -> index of its wrapper's latest plan
-    runs_logged = False
-    for i, c in enumerate(calls):
-        key = (c.record.get("process_id"), c.record.get("self_id"))
-        if c.name.endswith(".plan"):
-            latest[key] = i
-        elif c.name.endswith(".run") and c.name.split(".")[0] in WRAPPERS:
-            runs_logged = True
-            if key in latest:
-                runs[latest[key]] += 1
-    steps: Counter = Counter()
-    left_out: Counter = Counter()
+    total = sum(1 for _ in _folder_names(dump))
+    if not total:
+        raise DumpError(dump, "not a FlashInfer API log: no call folders (<time>_pid<PID>_<Class.method>_call<NNNN>); "
+                              "set FLASHINFER_LOGLEVEL=10 and FLASHINFER_DUMP_DIR to this folder on the server")
+    out = Imported([], 0, False)
+    planned, ran = Counter(), Counter()  # step -> plans, runs of it
+    pending: dict[tuple, list] = {}  # wrapper object -> [its latest plan's step (or None), runs since]
     refused: dict[str, str | None] = {}  # a distinct step -> why swabench cannot replay it
-    done = 0
     if progress:
-        progress.start(len(plans), "import", "plan calls")
-    for i in plans:
+        progress.start(total, "import", "calls")
+    for name, record in _calls(dump, out.cut):
         if progress:
             progress.advance(1)
-        c = calls[i]
-        if c.record.get("execution_status") != "completed":
-            left_out[f"the call did not complete ({c.record.get('execution_status')}: it raised, or the process "
-                     f"stopped)"] += 1
+        wrapper, _, method = CALL_FOLDER.match(name).group(3).partition(".")
+        if wrapper not in WRAPPERS or method not in ("plan", "run"):
             continue
-        done += 1
-        step, why = _step(c, bucket)
-        key = json.dumps(step, sort_keys=True)
-        if not why and key not in refused:
-            refused[key] = _refused(step)
-        why = why or refused[key] or ("planned and never run (no run() call of its wrapper logged after it)"
-                                      if runs_logged and not runs[i] else None)
+        key = tuple(v if isinstance(v, (int, str)) else repr(v) for v in
+                    (record.get("process_id"), record.get("self_id"))) if record else None
+        if method == "run":
+            out.runs_logged = True
+            if key in pending:
+                pending[key][1] += 1
+            continue
+        step, why = _plan(dump / name, wrapper, record, bucket, verify_max, out)
+        if step and step not in refused:
+            refused[step] = _refused(json.loads(step))
+        why = why or (refused[step] if step else None)
         if why:
-            left_out[why] += 1
-            continue
-        steps[key] += runs[i] if runs_logged else 1
+            out.left_out[why] += 1
+            step = None
+        else:
+            planned[step] += 1
+        if key is not None:
+            _settle(pending.get(key), ran, out.left_out)
+            pending[key] = [step, 0]
+    for plan in pending.values():
+        _settle(plan, ran, out.left_out)
     if progress:
         progress.finish()
-    releases = {str(calls[i].record.get("versions", {}).get("flashinfer")) for i in plans
-                if calls[i].record.get("versions", {}).get("flashinfer")}
-    lines = [{**json.loads(text), "count": n} for text, n in steps.items()]
-    if not lines:
-        found = f"{done} plans" + (f" (and {len(plans) - done} that did not complete)" if len(plans) > done else "")
-        why = "; ".join(f"{n} {reason}" for reason, n in left_out.most_common())
+    if not out.runs_logged:
+        del out.left_out[NEVER_RUN]
+    counts = ran if out.runs_logged else planned
+    out.lines = [{**json.loads(text), "count": counts[text]} for text in planned if counts[text]]
+    if not out.lines:
+        found = f"{out.plans} plans" + (f" (and {sum(n for why, n in out.left_out.items() if _unfinished(why))} "
+                                        f"that did not complete)" if any(map(_unfinished, out.left_out)) else "")
+        why = "; ".join(f"{n} {reason}" for reason, n in out.left_out.most_common() if not _unfinished(reason))
         raise DumpError(dump, f"{found}, none with a window" + (f" ({why})" if why else "") +
                         ": nothing to import (a layer with a window plans with window_left >= 0)")
-    return Imported(lines, done, runs_logged, left_out, releases)
+    return out
+
+
+def _unfinished(why: str) -> bool:
+    return why.startswith("the call did not complete")
+
+
+def _plan(folder: Path, wrapper: str, record: dict | None, bucket: int, verify_max: int,
+          out: Imported) -> tuple[str | None, str | None]:
+    """A plan call's step (its trace line as JSON, sorted) or why it is left out; counts the completed
+    plans and the releases that wrote them into ``out``."""
+    if record is None:
+        return None, CUT
+    status = record.get("execution_status")
+    if status != "completed":
+        return None, (f"the call did not complete ({status}: it raised, or the process stopped)"
+                      if not out.cut or out.cut[-1] != folder.name else CUT)
+    out.plans += 1
+    versions = record.get("versions")
+    if isinstance(versions, dict) and versions.get("flashinfer"):
+        out.releases.add(str(versions["flashinfer"]))
+    line, why = plan_calls.step(folder, wrapper, record, bucket, verify_max)
+    return (json.dumps(line, sort_keys=True) if line else None), why
+
+
+def _settle(plan: list | None, ran: Counter, left_out: Counter) -> None:
+    """A wrapper's plan, superseded (or the log over): its runs count for its step, or it never ran."""
+    if plan and plan[0] is not None:
+        if plan[1]:
+            ran[plan[0]] += plan[1]
+        else:
+            left_out[NEVER_RUN] += 1
 
 
 def _refused(step: dict) -> str | None:
@@ -141,193 +164,75 @@ def _refused(step: dict) -> str | None:
     try:
         traces.parse(json.dumps(step).encode(), "<plan>")
     except (traces.TraceError, axes.ScenarioError) as e:
-        return f"a step swabench does not take ({str(e).removeprefix('<plan>: ')})"
+        return f"a step swabench does not take ({re.sub(r'^<plan>: line 1[:.] ?', '', str(e))})"
     return None
 
 
-def _calls(dump: Path) -> list[_Call]:
-    """Every logged call, in call order (session.jsonl's, else the folders' names)."""
-    folders = {p.name: p for p in dump.iterdir() if p.is_dir() and CALL_FOLDER.match(p.name)}
+def _folder_names(dump: Path):
+    """The names of the call folders, unordered, one at a time."""
+    with os.scandir(dump) as entries:
+        for e in entries:
+            if CALL_FOLDER.match(e.name) and e.is_dir():
+                yield e.name
+
+
+def _calls(dump: Path, cut: list):
+    """(folder name, its last intact metadata record or None) of every logged call, in call order
+    (session.jsonl's, then the folders it does not name, by name); what was cut short goes into ``cut``."""
     session = dump / "session.jsonl"
-    if not folders:
-        raise DumpError(dump, "not a FlashInfer API log: no call folders (<time>_pid<PID>_<Class.method>_call<NNNN>); "
-                              "set FLASHINFER_LOGLEVEL=10 and FLASHINFER_DUMP_DIR to this folder on the server")
-    order = list(folders)
+    seen: set[str] = set()
     if session.is_file():
-        seen = []
-        for n, record in enumerate(_jsonl(session), 1):
+        for n, record in _jsonl(session, cut):
             name = Path(str(record.get("dump_dir", ""))).name
-            if name not in folders and not record.get("graph_capture_flushed"):
-                raise DumpError(session, f"line {n} names a call folder that is not here ({name}): a dump copied "
-                                         f"in part?")
-            seen.append(name)
-        order = list(dict.fromkeys(seen)) + sorted(set(folders) - set(seen))
-    else:
-        order.sort()
-    calls = []
-    for name in order:
-        folder = folders[name]
-        meta = folder / "metadata.jsonl"
-        if not meta.is_file():
-            raise DumpError(folder, "no metadata.jsonl: a truncated dump (the process stopped while writing this call)")
-        records = _jsonl(meta)
-        if not records:
-            raise DumpError(meta, "empty: a truncated dump")
-        calls.append(_Call(folder, CALL_FOLDER.match(name).group(3), records[-1]))
-    return calls
+            if name in seen:
+                continue
+            if not CALL_FOLDER.match(name) or not (dump / name).is_dir():
+                if record.get("graph_capture_flushed"):
+                    continue
+                raise DumpError(session, f"line {n} names a call folder that is not here ({name or 'none'}): a dump "
+                                         f"copied in part?")
+            seen.add(name)
+            yield name, _last_record(dump / name, cut)
+    for name in sorted(n for n in _folder_names(dump) if n not in seen):
+        yield name, _last_record(dump / name, cut)
 
 
-def _jsonl(path: Path) -> list[dict]:
-    records = []
+def _last_record(folder: Path, cut: list) -> dict | None:
+    """The call's last intact metadata record (None where its only one was cut short, and said)."""
+    meta = folder / "metadata.jsonl"
+    if not meta.is_file():
+        raise DumpError(folder, "no metadata.jsonl: a truncated dump (the process stopped while writing this call)")
+    records = [r for _, r in _jsonl(meta, cut, folder.name)]
+    if not records and not (cut and cut[-1] == folder.name):
+        raise DumpError(meta, "empty: a truncated dump")
+    return records[-1] if records else None
+
+
+def _jsonl(path: Path, cut: list, name: str | None = None):
+    """(line number, record) of a JSON Lines log, read line by line; a last line cut short is noted in
+    ``cut`` (as ``name``, or the file's line) and skipped, any other bad line is a DumpError."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DumpError(path, f"cannot be read ({e})") from None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DumpError(path, f"line {n} is not JSON ({e.msg}): a truncated or corrupt log") from None
-        if not isinstance(record, dict):
-            raise DumpError(path, f"line {n} is not a JSON object: not a FlashInfer API log")
-        records.append(record)
-    return records
-
-
-def _arguments(c: _Call) -> dict:
-    """The plan's arguments by name: positional ones bound through the signature it was called with,
-    keywords as given, and the defaults of the ones not passed; tensors loaded from inputs.pt."""
-    import torch
-
-    wrapper = c.name.split(".")[0]
-    meta = c.record.get("input_metadata") or {}
-    try:
-        tensors = torch.load(c.folder / "inputs.pt", map_location="cpu", weights_only=True) \
-            if (c.folder / "inputs.pt").exists() else {}
-    except Exception as e:  # a truncated zip, a pickle torch will not load
-        raise DumpError(c.folder / "inputs.pt", f"cannot be loaded ({type(e).__name__}: {e}): a truncated or "
-                                                 f"corrupt dump") from None
-    params = _signature(c.record.get("function_signature", ""))
-    names = [p for p, _ in params if not p.startswith("*")]
-    star = next((i for i, (p, _) in enumerate(params) if p.startswith("*") and not p.startswith("**")), None)
-    args = {**{k: v for k, v in params if not k.startswith("*")}}
-    if wrapper in (DECODE, DECODE_SINK):
-        args.update(DECODE_DEFAULTS)
-    values = {**{k: _value(v) for k, v in meta.items()}, **tensors}
-    for key, value in values.items():
-        if key.startswith("kwarg_"):
-            args[key.removeprefix("kwarg_")] = value
-        elif key.startswith("arg_") and "__" not in key:
-            i = int(key.removeprefix("arg_"))
-            if star is not None and i >= star:  # the decode plan's legacy positional options
-                legacy = i - star
-                if legacy < len(DECODE_LEGACY):
-                    args[DECODE_LEGACY[legacy]] = value
-            elif i < len(names):
-                args[names[i]] = value
-    return args
-
-
-def _signature(text: str) -> list[tuple[str, object]]:
-    """(name, default) of each parameter of ``str(inspect.signature(f))`` (annotations dropped; a default
-    that is no Python literal reads as None)."""
-    inner = text.strip()[1:text.strip().rfind(")")] if text.strip().startswith("(") else ""
-    parts, depth, current = [], 0, ""
-    for ch in inner:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    parts.append(current)
-    out = []
-    for part in (p.strip() for p in parts if p.strip()):
-        if part == "/" or part == "*":
-            continue
-        name, _, default = part.partition("=")
-        name = name.split(":")[0].strip()
-        try:
-            value = ast.literal_eval(default.strip()) if default else None
-        except (ValueError, SyntaxError):
-            value = None
-        out.append((name, value))
-    return out
-
-
-def _value(v):
-    """A scalar of the log as Python: a dtype record as its name ('bfloat16')."""
-    if isinstance(v, dict) and v.get("type") == "torch.dtype":
-        return str(v.get("value", "")).removeprefix("torch.")
-    return v
-
-
-def _dtype(v) -> str | None:
-    return None if v is None else str(v).removeprefix("torch.")
-
-
-def _ints(t) -> list[int]:
-    return [int(x) for x in t.tolist()]
-
-
-def _step(c: _Call, bucket: int) -> tuple[dict | None, str | None]:
-    """A plan's trace line (without its count), or why it is not imported."""
-    wrapper = c.name.split(".")[0]
-    a = _arguments(c)
-    window = a.get("window_left")
-    window = -1 if window is None else int(window)
-    if a.get("custom_mask") is not None or a.get("packed_custom_mask") is not None:
-        return None, "planned with a custom mask (any window is in the mask)"
-    if window < 0:
-        return None, "no window (window_left = -1): a global layer, or a window the caller applies itself"
-    decode = wrapper in (DECODE, DECODE_SINK)
-    if not decode and not a.get("causal", False):
-        return None, "not causal (swabench times causal windows)"
-    try:
-        if wrapper == PREFILL_RAGGED:
-            qo = _ints(a["qo_indptr"])
-            kv = _ints(a["kv_indptr"])
-            kv_lens = [kv[i + 1] - kv[i] for i in range(len(kv) - 1)]
-            page = {"storage": "ragged"}
-        else:
-            indptr = _ints(a["indptr" if decode else "paged_kv_indptr"])
-            last = _ints(a["last_page_len" if decode else "paged_kv_last_page_len"])
-            size = int(a["page_size"])
-            kv_lens = [(indptr[i + 1] - indptr[i] - 1) * size + last[i] if indptr[i + 1] > indptr[i] else 0
-                       for i in range(len(indptr) - 1)]
-            qo = list(range(len(kv_lens) + 1)) if decode else _ints(a["qo_indptr"])
-            page = {"page_size": size}
-        head_dim = int(a["head_dim"] if decode else a["head_dim_qk"])
-        layer = {"num_qo_heads": int(a["num_qo_heads"]), "num_kv_heads": int(a["num_kv_heads"]), "head_dim": head_dim,
-                 "window_left": window, **page}
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        return None, f"its arguments do not read as a plan ({type(e).__name__}: {e})"
-    q_lens = [qo[i + 1] - qo[i] for i in range(len(qo) - 1)]
-    if len(q_lens) != len(kv_lens) or any(q < 1 or k < q for q, k in zip(q_lens, kv_lens)):
-        return None, "requests with no query or fewer keys than queries"
-    prefixes = [k - q for q, k in zip(q_lens, kv_lens)]
-    if bucket > 1:
-        prefixes = [-(-p // bucket) * bucket for p in prefixes]
-    mode = "decode" if decode or all(q == 1 for q in q_lens) else \
-        "verify" if len(set(q_lens)) == 1 and all(p > 0 for p in prefixes) else "extend"
-    dtype = _dtype(a.get("q_data_type")) or "float16"
-    kv_dtype = _dtype(a.get("kv_data_type") or a.get("data_type"))
-    layer["dtype"] = dtype
-    if kv_dtype and kv_dtype != dtype:
-        layer["kv_dtype"] = kv_dtype
-    if a.get("logits_soft_cap"):
-        layer["logits_soft_cap"] = float(a["logits_soft_cap"])
-    scale = a.get("sm_scale")
-    if scale is not None and abs(float(scale) - head_dim ** -0.5) > 1e-6 * head_dim ** -0.5:
-        layer["sm_scale"] = float(scale)
-    if wrapper in (SINK, DECODE_SINK):
-        layer["sinks"] = True
-    return {"mode": mode, **layer, "requests": [[p, q] for p, q in zip(prefixes, q_lens)]}, None
+        with open(path, "rb") as f:
+            held = None  # a line that did not parse: fatal unless it is the last
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                if held:
+                    raise DumpError(path, f"line {held[0]} is not JSON ({held[1]}): a corrupt log")
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    held = (n, getattr(e, "msg", None) or str(e))
+                    continue
+                except RecursionError:
+                    raise DumpError(path, f"line {n} is nested too deeply: not a FlashInfer API log") from None
+                if not isinstance(record, dict):
+                    raise DumpError(path, f"line {n} is not a JSON object: not a FlashInfer API log")
+                yield n, record
+    except OSError as e:
+        raise DumpError(path, f"cannot be read ({e.strerror or e})") from None
+    if held:
+        cut.append(name or f"{path.name} line {held[0]}")
 
 
 def to_jsonl(imported: Imported) -> str:

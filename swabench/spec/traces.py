@@ -11,7 +11,7 @@ A trace is JSON Lines, one serving step a line::
 ``mode`` is extend (prefill, chunked prefill, draft extend), verify or decode; the layer is a
 ``model`` preset (``"model_features": false`` drops its sinks and soft-cap) or its shape (any
 scenario axis but the lengths, the batch and the mode);
-``count`` (default 1) says how many such steps the line stands for.  A trace becomes a scenario
+``count`` (default 1, at most MAX_COUNT, as is the trace's sum) says how many such steps the line stands for.  A trace becomes a scenario
 with one sweep group per distinct step, so replay runs through the same gate, timers and run
 folder as any scenario, and the folder's meta.json keeps each case's weight.
 """
@@ -30,8 +30,12 @@ from swabench.errors import UserError
 
 MODES = ("extend", "verify", "decode")
 LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left",
-         "sinks", "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed")
+         "sinks", "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed",
+         "causal", "attention_chunk")
 KEYS = ("mode", "requests", "count", *LAYER)
+
+
+MAX_COUNT = 10 ** 12  # a line's count and the trace's sum: far past any server's steps, far from int64's end
 
 
 class TraceError(UserError, ValueError):
@@ -88,25 +92,44 @@ def read(path) -> Counter:
 def parse(data: bytes, path="<trace>") -> Counter:
     """``read`` on bytes already in hand."""
     try:
-        lines = data.decode().splitlines()
+        lines = data.decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as e:
         raise TraceError(path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    steps = Counter()
+    steps, total = Counter(), 0
     for n, text in enumerate(lines, 1):
         if not text.strip():
             continue
         try:
-            line = json.loads(text)
+            line = json.loads(text, object_pairs_hook=_no_repeats)
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not JSON ({e.msg})") from None
         except RecursionError:
             raise TraceError(path, n, "nested too deeply to be a trace line") from None
+        except _Repeated as e:
+            raise TraceError(path, n, f"key {e.args[0]!r} given twice: give each key once") from None
         step, count = _step(path, n, line)
         axes.make_case(step.axes(), path, f"line {n}")
         steps[step] += count
+        total += count
+        if total > MAX_COUNT:
+            raise TraceError(path, n, f"count: the trace's counts add up to more than {MAX_COUNT} steps")
     if not steps:
         raise TraceError(path, None, "no steps: one JSON object a line, see `swabench replay --help`")
     return steps
+
+
+class _Repeated(Exception):
+    pass
+
+
+def _no_repeats(pairs: list) -> dict:
+    """A JSON object whose keys are each given once (json.loads would keep the last silently)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Repeated(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _step(path, n: int, line) -> tuple[Step, int]:
@@ -126,8 +149,8 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     if line["mode"] == "decode" and any(q != 1 for _, q in requests):
         raise TraceError(path, n, "requests: a decode step has one query per request")
     count = line.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise TraceError(path, n, f"count: must be an integer >= 1, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise TraceError(path, n, f"count: must be an integer from 1 to {MAX_COUNT}, got {count!r}")
     layer = {k: v for k, v in line.items() if k in LAYER}
     if any(isinstance(v, list) for v in layer.values()):
         raise TraceError(path, n, "one value per layer key (a trace line is one step, not a sweep)")
@@ -139,10 +162,17 @@ def _step(path, n: int, line) -> tuple[Step, int]:
     clash = [k for k in axes.MODEL_SETS if k in layer] if "model" in layer else []
     if clash:
         raise TraceError(path, n, f"the model preset sets {clash[0]}: give the model or the shape, not both")
+    if "sliding_window" in layer and "window_left" in layer:
+        raise TraceError(path, n, "give only one of window_left / sliding_window, not both (window_left "
+                                  f"{layer['window_left']}, sliding_window {layer['sliding_window']})")
     if "sliding_window" in layer:  # one spelling of the window, so equal steps are one step
         layer["window_left"] = semantics.window_left_from(sliding_window=layer.pop("sliding_window"))
-    if "model" not in layer and "window_left" not in layer:
-        raise TraceError(path, n, "give the layer: a model preset, or its shape with window_left or sliding_window")
+    for key in ("causal", "attention_chunk"):  # at their defaults: the same step as without them
+        if key in layer and layer[key] == axes.DEFAULTS[key]:
+            del layer[key]
+    if "model" not in layer and "window_left" not in layer and "attention_chunk" not in layer:
+        raise TraceError(path, n, "give the layer: a model preset, or its shape with window_left or sliding_window "
+                                  "(or attention_chunk)")
     return Step(line["mode"], tuple(sorted(layer.items())), tuple(tuple(r) for r in requests)), count
 
 
