@@ -160,15 +160,14 @@ def import_cmd(dump_dir, out, bucket, force):
     """Make a trace for `swabench replay` from FlashInfer's own API log of a running server
     (FLASHINFER_LOGLEVEL=10, FLASHINFER_DUMP_INCLUDE='*Wrapper.plan', FLASHINFER_DUMP_DIR=DUMP_DIR): one line
     per distinct step of a layer with a window, with how often it ran."""
+    from swabench.publish import outputs
     from swabench.spec import dumps
     from swabench.store import run_folder
 
-    target = Path(out)
+    target = outputs.file_path(out, [dump_dir])
     if target.exists() and not force:
         raise InputError(f"--out: {target} exists (--force to overwrite it)")
     imported = dumps.read(Path(dump_dir), bucket, Bar())
-    run_folder.refuse_inside_a_run(target.parent, "--out")
-    run_folder.make_folder(target.parent)
     run_folder.atomic_write(target, dumps.to_jsonl(imported))
     click.echo(imported.summary())
     click.echo(f"wrote {target}: swabench replay {target}")
