@@ -70,7 +70,7 @@ def findings(run_dirs, out):
         runs = page.load(run_dirs)
         click.echo(page.page(runs, f"swabench findings {' '.join(r.folder for r in runs)}"), nl=False)
         return
-    click.echo(page.write([Path(r) for r in run_dirs], outputs.page_path(out)))
+    click.echo(page.write([Path(r) for r in run_dirs], outputs.file_path(out, run_dirs)))
 
 
 @click.command("compare")
@@ -104,7 +104,8 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 @opt("--threshold", type=float, default=0.05, show_default=True,
      help="Smallest relative change of a point's median that counts (as in compare).")
 @opt("--alpha", type=float, default=0.01, show_default=True, help="Significance level of the U test, in (0, 1).")
-def matrix(run_dirs, out, library, unbuilt, threshold, alpha):
+@opt("--force", is_flag=True, help="Overwrite a matrix made from other run folders.")
+def matrix(run_dirs, out, library, unbuilt, threshold, alpha, force):
     """One scenario run on several releases of a library, side by side: points per status of each
     implementation, the declared upstream bugs each release shows, and each timed point against the
     newest release (compare's rule)."""
@@ -120,7 +121,7 @@ def matrix(run_dirs, out, library, unbuilt, threshold, alpha):
     m = release_matrix.build(run_dirs, library, threshold, alpha)
     for warning in m.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    for path in page.write(m, outputs.matrix_folder(out, m.scenario), why, threshold, alpha):
+    for path in page.write(m, outputs.matrix_folder(out, m.scenario, run_dirs, force), why, threshold, alpha):
         click.echo(path)
 
 

@@ -9,7 +9,7 @@ import click
 
 from swabench.cli.options import case_option, costs_option, impl_option, l2_option, load, opt, summary
 from swabench.run import launch, lifecycle, shards
-from swabench.store import run_folder
+from swabench.store import paths, run_folder
 
 
 @click.command()
@@ -18,7 +18,8 @@ from swabench.store import run_folder
 @opt("--partial", is_flag=True, help="Merge even when shards are missing (the merged run says it is incomplete).")
 def merge(out, folders, partial):
     """Merge the shards of one sweep (several GPUs or nodes) into OUT."""
-    run_folder.refuse_inside_a_run(out, "OUT")
+    run_folder.check_new_run(out, "OUT")
+    paths.refuse_inside(out, folders, "OUT")
     summary(shards.merge(Path(out), [Path(f) for f in folders], partial)[1], Path(out))
 
 

@@ -169,14 +169,13 @@ def import_cmd(dump_dir, out, bucket, verify_max, force):
     per distinct step of a layer with a window, with how often it ran."""
     import shlex
 
+    from swabench.publish import outputs
     from swabench.spec import dumps
     from swabench.store import run_folder
 
-    target = Path(out)
+    target = outputs.file_path(out, [dump_dir])
     if target.exists() and not force:
         raise InputError(f"--out: {target} exists (--force to overwrite it)")
-    run_folder.refuse_inside_a_run(target.parent, "--out")
-    run_folder.make_folder(target.parent)
     imported = dumps.read(Path(dump_dir), bucket, Bar(), verify_max)
     run_folder.atomic_write(target, dumps.to_jsonl(imported))
     click.echo(imported.summary())

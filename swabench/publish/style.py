@@ -11,6 +11,7 @@ import matplotlib.ticker
 
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions
+from swabench.store import run_folder
 
 matplotlib.use("Agg")
 
@@ -87,6 +88,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
     fig.savefig(rendered, format="png", dpi=dpi, bbox_inches="tight")
     pyplot().close(fig)
     image = Image.open(rendered).convert("RGB")
-    path = out / f"{name}.png"
-    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(path, optimize=True)
+    path, png = out / f"{name}.png", io.BytesIO()
+    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(png, "PNG", optimize=True)
+    run_folder.atomic_write(path, png.getvalue())  # by rename, and only over a regular file
     return [path]

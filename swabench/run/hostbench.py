@@ -23,7 +23,7 @@ class HostBenchError(UserError):
 
 
 def default_out() -> Path:
-    return Path("results") / f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return run_folder.new_folder(Path("results"), f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
 def bench(out: Path, quick: bool = False) -> list[Path]:
@@ -32,8 +32,7 @@ def bench(out: Path, quick: bool = False) -> list[Path]:
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")
-    run_folder.refuse_a_run(out)
-    run_folder.make_folder(out)
+    run_folder.make_folder(run_folder.check_new_run(out))
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
     run_folder.write_meta(out, schema.check_meta(meta))
     env = {**os.environ, "SWABENCH_BENCH_QUICK": "1" if quick else "0"}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from swabench.errors import RunFailed, UserError
-from swabench.store.run_folder import make_folder, refuse_a_run, refuse_inside_a_run
+from swabench.store.run_folder import check_new_run, make_folder
 from swabench.store.schema import META, ROWS
 
 
@@ -198,8 +198,7 @@ class Workers:
 def check_out(out: Path) -> None:
     """RunFolderError unless ``out`` can hold the merged run: not a run already, not inside one, and
     its shards' folder beside it can be written (before anything is submitted)."""
-    refuse_a_run(out)
-    refuse_inside_a_run(out)
+    check_new_run(out)
     make_folder(work_dir(out))
 
 

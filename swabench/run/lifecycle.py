@@ -25,8 +25,8 @@ from swabench import STARTED
 from swabench.analysis import derived
 from swabench.run import launch
 from swabench.spec import scenarios
-from swabench.store import schema
-from swabench.store.run_folder import RunFolderError, RunStore, refuse_a_run, text_hash
+from swabench.store import run_folder, schema
+from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,12 +118,13 @@ def since_start() -> float:
 
 
 def default_out(scenario_name: str, device_type: str, what: str, root: Path = RESULTS_ROOT) -> Path:
-    """``results/NAME-WHAT-DEVICE-TIME``; the name is a slug (scenarios.check_name), so the folder
-    stays under the results root."""
+    """``results/NAME-WHAT-DEVICE-TIME``, created empty now (with a suffix, -2 ..., when a run started
+    in the same second took the name); the name is a slug (scenarios.check_name), so the folder stays
+    under the results root."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = root / f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
-    assert folder.resolve().parent == root.resolve(), folder
-    return folder
+    name = f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
+    assert (root / name).resolve().parent == root.resolve(), name
+    return run_folder.new_folder(root, name)
 
 
 @contextlib.contextmanager
@@ -163,6 +164,7 @@ def open_store(request: Request) -> RunStore:
             store.close()
             raise
         return store
+    run_folder.check_new_run(request.out, hint=run_folder.NOTHING_WRITTEN, resumable=True)  # before collecting
     meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
             "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),
@@ -288,7 +290,7 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
     from swabench.run import shards
 
     r = launch_request
-    refuse_a_run(r.out, "choose another --out (the shards resume on their own)")
+    run_folder.check_new_run(r.out, hint="choose another --out (the shards resume on their own)")
     workers = launch.Workers([str(r.scenario_path), "--device", "cuda", *r.child_args], r.gpus, r.out, r.visible)
     spawned_s = since_start()
     try:

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import checks, schema
+from swabench.store import checks, paths, schema
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
 from swabench.store.tables import (RunFolderError, impl_renames, read_csv, read_meta, renamed, stored_version, to_samples,
                                    to_table, with_columns)
@@ -41,7 +41,9 @@ os.umask(_UMASK)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write to a temporary file beside ``path``, fsync, then rename over it."""
+    """Write to a temporary file beside ``path``, fsync, then rename over it: only over a regular file
+    (OutputError for a link, a device, a FIFO, a folder)."""
+    paths.file_out(path, "the output")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
@@ -85,12 +87,45 @@ def make_folder(folder: Path) -> Path:
     return folder
 
 
-def refuse_a_run(folder: Path, hint: str = "choose another --out") -> None:
+def refuse_a_run(folder: Path, hint: str = "choose another --out", what: str = "--out", resumable: bool = False) -> None:
     """RunFolderError when ``folder`` already holds something: a run folder holds one run.  Dot
-    files (the lock, write probes, atomic-write temporaries) are not a run."""
+    files (the lock, write probes, atomic-write temporaries) are not a run; ``resumable``: say that
+    --resume continues it, where it can (the folder has its journal)."""
     folder = Path(folder)
-    if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
-        raise RunFolderError(f"{folder} already holds a run; {hint}")
+    if not (folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir())):
+        return
+    if not (folder / META).is_file():
+        raise RunFolderError(f"{what} {folder} is not a run folder and is not empty: pick an empty or new folder")
+    if resumable and (folder / ROWS).is_file():
+        hint = f"pass --resume to continue it, or {hint}"
+    elif resumable:
+        hint = f"it has no {ROWS} journal to resume (a published run folder); {hint}"
+    raise RunFolderError(f"{folder} already holds a run; {hint}")
+
+
+def check_new_run(folder, what: str = "--out", hint: str = "choose another --out", resumable: bool = False) -> Path:
+    """``folder`` as the path of a new run folder: a folder or nothing, not inside another run folder,
+    holding no run (RunFolderError, OutputError); checked before any work."""
+    folder = paths.folder_out(folder, what)
+    refuse_inside_a_run(folder.resolve().parent, what, folder)
+    refuse_a_run(folder, hint, what, resumable)
+    return folder
+
+
+def new_folder(root: Path, name: str) -> Path:
+    """``root``/``name``, created here and now, or ``name``-2, -3 ... when another process took it."""
+    refuse_inside_a_run(root, "the default --out", Path(root) / name)
+    make_folder(root)
+    for n in range(1, 1000):
+        folder = Path(root) / (name if n == 1 else f"{name}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise RunFolderError(f"cannot create {folder}: {e.strerror or e}") from None
+    raise RunFolderError(f"{root}/{name}-2 to -999 are all taken: pass --out")
 
 
 def run_folder_above(path) -> Path | None:
@@ -99,13 +134,14 @@ def run_folder_above(path) -> Path | None:
     return next((folder for folder in (path, *path.parents) if (folder / META).is_file()), None)
 
 
-def refuse_inside_a_run(path, what: str = "--out") -> None:
+def refuse_inside_a_run(path, what: str = "--out", named=None) -> None:
     """RunFolderError when writing ``path`` would write into a run folder: a run folder holds the
-    files its run wrote, which readers trust, and nothing else."""
+    files its run wrote, which readers trust, and nothing else (``named``: the path as given, when
+    ``path`` is the folder it would be made in)."""
     run = run_folder_above(path)
     if run is not None:
-        raise RunFolderError(f"{what} {path} is inside the run folder {run}: a run folder keeps only what its "
-                             f"run wrote; write outside it")
+        raise RunFolderError(f"{what} {named or path} is inside the run folder {run}: a run folder keeps only what "
+                             f"its run wrote; write outside it")
 
 
 class FolderLock:
@@ -141,6 +177,9 @@ class FolderLock:
             self.fd = None
 
 
+NOTHING_WRITTEN = "choose another --out (nothing was written)"
+
+
 class RunStore:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -149,12 +188,11 @@ class RunStore:
     # ------------------------------------------------------------ opening
     @classmethod
     def create(cls, folder, meta: dict, scenario_text: str) -> "RunStore":
-        store = cls(make_folder(folder))
-        refuse_a_run(store.folder, "pass --resume to continue it, or choose another --out (nothing was written)")
+        store = cls(make_folder(check_new_run(folder, hint=NOTHING_WRITTEN, resumable=True)))
         store._acquire()
         try:
             # again under the lock: another process may have just written one
-            refuse_a_run(store.folder, "pass --resume to continue it, or choose another --out (nothing was written)")
+            refuse_a_run(store.folder, NOTHING_WRITTEN, resumable=True)
             atomic_write(store.folder / SCENARIO, scenario_text)
             write_meta(store.folder, schema.check_meta({**meta, "scenario_sha256": text_hash(scenario_text),
                                                         "state": "running"}))
@@ -166,9 +204,12 @@ class RunStore:
 
     @classmethod
     def resume(cls, folder, scenario_text: str) -> "RunStore":
-        store = cls(folder)
-        if not (store.folder / META).exists() or not (store.folder / ROWS).exists():
-            raise RunFolderError(f"{folder} is not a swabench run folder (no {META} / {ROWS}); nothing to resume")
+        store = cls(paths.folder_out(folder))
+        if not (store.folder / META).exists():
+            raise RunFolderError(f"{folder} is not a swabench run folder (no {META}); nothing to resume")
+        if not (store.folder / ROWS).exists():
+            raise RunFolderError(f"{folder} has its {META} but no {ROWS}, the journal a resume continues (a published "
+                                 f"run folder does not carry it); nothing to resume: start a new --out")
         meta = store.meta()
         if meta.get("merged_from"):
             raise RunFolderError(f"{folder} is a merge of {len(meta['merged_from'])} shards and cannot be resumed: "

@@ -1,0 +1,91 @@
+"""Where a command may write, checked on the path as typed before any work: a file goes only where
+nothing is or over a regular file (by rename, so never through a link, a device or a FIFO), a folder
+only where nothing is or a folder is, and never inside what the command reads."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from swabench.errors import UserError
+
+NAME_MAX = 255  # bytes in one name of a path (Linux, macOS)
+
+
+class OutputError(UserError):
+    pass
+
+
+def _kind(mode: int) -> str:
+    kinds = [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a regular file")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _checked(value, what: str) -> Path:
+    """``value`` as a path, unless it is ``-`` (stdout) or has a name too long to create."""
+    text = os.fspath(value)
+    if text == "-":
+        raise OutputError(f"{what} -: writing to stdout is not supported; give a path")
+    if not text:
+        raise OutputError(f"{what}: the path is empty; give a path")
+    long = next((part for part in text.split(os.sep) if len(os.fsencode(part)) > NAME_MAX), None)
+    if long is not None:
+        raise OutputError(f"{what}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a name in a path "
+                          f"may be at most {NAME_MAX} bytes")
+    return Path(text)
+
+
+def _lstat(path: Path, what: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        reason = "the path is too long" if e.errno == errno.ENAMETOOLONG else e.strerror or str(e)
+        raise OutputError(f"{what} {path}: {reason}") from None
+
+
+def file_out(value, what: str = "--out") -> Path:
+    """The path of a file to write: not ``-``, not ending in ``/``, and either absent or a regular file
+    (never a link, which the rename would replace, nor a device, a FIFO or a folder)."""
+    path = _checked(value, what)
+    if os.fspath(value).endswith(os.sep):
+        raise OutputError(f"{what} {os.fspath(value)}: ends with {os.sep}, so names a folder; give the path of the "
+                          f"file to write")
+    st = _lstat(path, what)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise OutputError(f"{what} {path} is a symbolic link (to {os.readlink(path)}): swabench writes a file by "
+                          f"renaming over it, which would replace the link; give the file itself or another path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{what} {path} exists and is {_kind(st.st_mode)}, not a regular file; give another path")
+    return path
+
+
+def folder_out(value, what: str = "--out") -> Path:
+    """The path of a folder to write into: not ``-``, and either absent or a folder (a link to one is
+    written through, never replaced)."""
+    path = _checked(value, what)
+    st = _lstat(path, what)
+    if st is None:
+        return path
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise OutputError(f"{what} {path} is a broken symbolic link (to {os.readlink(path)}); give another path") \
+            from None
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{what} {path} exists and is {_kind(mode)}, not a folder; give a folder or a new path")
+    return path
+
+
+def refuse_inside(out, inputs, what: str = "--out") -> None:
+    """OutputError when ``out`` is one of ``inputs`` or lies inside one: a command never writes over
+    what it reads."""
+    target = Path(out).resolve()
+    for source in inputs:
+        folder = Path(source).resolve()
+        if target == folder or folder in target.parents:
+            raise OutputError(f"{what} {out} is inside {source}, which this command reads; write outside it")
