@@ -1,6 +1,7 @@
 """The command line as a user meets it: end-to-end runs on the embedded backend, bad input, resume."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -74,6 +75,10 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
     monkeypatch.setattr(sweep, "measure_point", real)
     r = invoke("run", tiny, "--out", out, "--device", "cpu", "--resume")
     assert r.exit_code == 0, r.output
+    said = re.search(r"sweep wall time ([\d.]+) s in this session \(([\d.]+) s since swabench started\), ([\d.]+) s "
+                     r"over every session of this run folder", r.output)
+    session, process, every = map(float, said.groups())
+    assert session <= process and session <= every == json.loads((out / run_folder.META).read_text())["wall_s"]
     table = pd.read_csv(out / run_folder.TABLE)
     full = invoke("run", tiny, "--out", tmp_path / "full", "--device", "cpu")
     assert full.exit_code == 0
@@ -86,7 +91,7 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
 
 @pytest.mark.parametrize("edit,words", [
     (("window_left = [3, 15]", "windw_left = [3, 15]"), ["windw_left", "unknown axis", "did you mean 'window_left'"]),
-    (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", ">= -1"]),
+    (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", "from -1 to 2147483647"]),
     (("storage = [", "page_size = 0\nstorage = ["), ["page_size", ">= 1"]),
     (("prefix_len = 40", "seq_len = 2"), ["draft_tokens", "larger than seq_len 2"]),
     (('"torch-mask"', '"torch-msak"'), ["unknown implementation 'torch-msak'", "did you mean 'torch-mask'"]),

@@ -117,6 +117,17 @@ def read_csv(path: Path, needed) -> pd.DataFrame:
         raise RunFolderError(f"{path}: {e}") from None
 
 
+def each_once(folders) -> None:
+    """RunFolderError when two of ``folders`` are one folder (the same path once resolved): a run given
+    twice would count every point twice."""
+    seen: dict[Path, str] = {}
+    for folder in map(str, folders):
+        real = Path(folder).resolve()
+        if real in seen:
+            raise RunFolderError(f"{seen[real]} and {folder} are the same run folder: give each run folder once")
+        seen[real] = folder
+
+
 def stored_version(folder) -> int:
     """The format version the folder was written in (before ``read_meta`` migrates it)."""
     try:
