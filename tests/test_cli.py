@@ -144,6 +144,14 @@ def test_warmup_lists_what_a_gpu_node_would_build_without_a_gpu():
     assert not any(line.split()[0].startswith(("torch-", "flex-")) for line in lines)  # nothing to build
 
 
+def test_warmup_of_a_scenario_with_nothing_to_build_says_so_without_a_gpu(tiny):
+    """The cpu scenario runs plain PyTorch alone: nothing to build is no error, GPU or none."""
+    for args in (["cpu"], ["cpu", "--list"], [tiny, "--impl", "torch-trim"]):
+        r = invoke("warmup", *args)
+        assert r.exit_code == 0 and r.output.startswith("nothing to build: no point of ") and \
+            "needs a JIT-compiled module" in r.output, r.output
+
+
 def test_warmup_checks_every_scenario_before_building():
     r = invoke("warmup", "default", "defualt")
     assert r.exit_code == 2 and "did you mean 'default'" in r.output
@@ -281,3 +289,22 @@ def test_the_command_line_starts_without_torch_pandas_or_pyplot():
             "if m in sys.modules]; sys.exit(', '.join(heavy) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, f"imported at start: {done.stderr}"
+
+
+def test_a_case_whose_every_point_skips_builds_no_workload(tiny, tmp_path, monkeypatch):
+    """On the CPU a FlashInfer path skips whatever the data: its case's workload is never built, and its
+    rows hold the same counts as those of a case that was built."""
+    from swabench.core import workloads
+    built, real = [], workloads.build
+    monkeypatch.setattr(workloads, "build", lambda case, device: built.append(case) or real(case, device))
+    r = invoke("check", tiny, "--out", tmp_path / "c", "--device", "cpu", "--impl", "paged-window")
+    assert r.exit_code == 0, r.output
+    skipped = pd.read_csv(tmp_path / "c" / run_folder.TABLE)
+    assert built == [] and len(skipped) == 4 and skipped["reason"].str.contains("needs CUDA").all()
+    r = invoke("check", tiny, "--out", tmp_path / "both", "--device", "cpu", "--impl", "paged-window",
+               "--impl", "torch-trim")
+    assert r.exit_code == 0 and len(built) == 8  # a point that runs needs the data: every case built
+    both = pd.read_csv(tmp_path / "both" / run_folder.TABLE)
+    counts = ["case_id", "status", "reason", "total_qo", "total_kv", "pairs", "flops", "min_bytes", "min_read_bytes",
+              "must_fail"]
+    assert skipped[counts].equals(both[both["impl"] == "paged-window"][counts].reset_index(drop=True))
