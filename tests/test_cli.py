@@ -1,6 +1,7 @@
 """The command line as a user meets it: end-to-end runs on the embedded backend, bad input, resume."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -74,6 +75,10 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
     monkeypatch.setattr(sweep, "measure_point", real)
     r = invoke("run", tiny, "--out", out, "--device", "cpu", "--resume")
     assert r.exit_code == 0, r.output
+    said = re.search(r"sweep wall time ([\d.]+) s in this session \(([\d.]+) s since swabench started\), ([\d.]+) s "
+                     r"over every session of this run folder", r.output)
+    session, process, every = map(float, said.groups())
+    assert session <= process and session <= every == json.loads((out / run_folder.META).read_text())["wall_s"]
     table = pd.read_csv(out / run_folder.TABLE)
     full = invoke("run", tiny, "--out", tmp_path / "full", "--device", "cpu")
     assert full.exit_code == 0
@@ -86,7 +91,7 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
 
 @pytest.mark.parametrize("edit,words", [
     (("window_left = [3, 15]", "windw_left = [3, 15]"), ["windw_left", "unknown axis", "did you mean 'window_left'"]),
-    (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", ">= -1"]),
+    (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", "from -1 to 2147483647"]),
     (("storage = [", "page_size = 0\nstorage = ["), ["page_size", ">= 1"]),
     (("prefix_len = 40", "seq_len = 2"), ["draft_tokens", "larger than seq_len 2"]),
     (('"torch-mask"', '"torch-msak"'), ["unknown implementation 'torch-msak'", "did you mean 'torch-mask'"]),
@@ -137,6 +142,14 @@ def test_warmup_lists_what_a_gpu_node_would_build_without_a_gpu():
     assert "  sink-window fa2 bfloat16 d128 window sinks" in lines  # the second head_dim, fa2 only
     assert "  sink-window fa3 bfloat16 d128 window sinks" not in lines
     assert not any(line.split()[0].startswith(("torch-", "flex-")) for line in lines)  # nothing to build
+
+
+def test_warmup_of_a_scenario_with_nothing_to_build_says_so_without_a_gpu(tiny):
+    """The cpu scenario runs plain PyTorch alone: nothing to build is no error, GPU or none."""
+    for args in (["cpu"], ["cpu", "--list"], [tiny, "--impl", "torch-trim"]):
+        r = invoke("warmup", *args)
+        assert r.exit_code == 0 and r.output.startswith("nothing to build: no point of ") and \
+            "needs a JIT-compiled module" in r.output, r.output
 
 
 def test_warmup_checks_every_scenario_before_building():
@@ -276,3 +289,22 @@ def test_the_command_line_starts_without_torch_pandas_or_pyplot():
             "if m in sys.modules]; sys.exit(', '.join(heavy) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, f"imported at start: {done.stderr}"
+
+
+def test_a_case_whose_every_point_skips_builds_no_workload(tiny, tmp_path, monkeypatch):
+    """On the CPU a FlashInfer path skips whatever the data: its case's workload is never built, and its
+    rows hold the same counts as those of a case that was built."""
+    from swabench.core import workloads
+    built, real = [], workloads.build
+    monkeypatch.setattr(workloads, "build", lambda case, device: built.append(case) or real(case, device))
+    r = invoke("check", tiny, "--out", tmp_path / "c", "--device", "cpu", "--impl", "paged-window")
+    assert r.exit_code == 0, r.output
+    skipped = pd.read_csv(tmp_path / "c" / run_folder.TABLE)
+    assert built == [] and len(skipped) == 4 and skipped["reason"].str.contains("needs CUDA").all()
+    r = invoke("check", tiny, "--out", tmp_path / "both", "--device", "cpu", "--impl", "paged-window",
+               "--impl", "torch-trim")
+    assert r.exit_code == 0 and len(built) == 8  # a point that runs needs the data: every case built
+    both = pd.read_csv(tmp_path / "both" / run_folder.TABLE)
+    counts = ["case_id", "status", "reason", "total_qo", "total_kv", "pairs", "flops", "min_bytes", "min_read_bytes",
+              "must_fail"]
+    assert skipped[counts].equals(both[both["impl"] == "paged-window"][counts].reset_index(drop=True))

@@ -364,3 +364,15 @@ def test_the_cli_exits_2_on_a_compare_error_and_1_on_a_regression(tmp_path):
     assert invoke("compare", base, new).exit_code == 1
     assert invoke("compare", base, base).exit_code == 0
 
+
+
+def test_a_folder_whose_copies_disagree_is_refused(good, tmp_path):
+    bad = shutil.copytree(good, tmp_path / "bad")
+    table = (bad / run_folder.TABLE).read_text()
+    (bad / run_folder.TABLE).write_text(table.replace(",pass,", ",fail,", 1))
+    r = invoke("compare", good, bad)
+    assert r.exit_code == 2 and "rows.jsonl and results.csv disagree" in r.output and str(bad) in r.output
+    published = published_copy(good, tmp_path / "published")
+    (published / "results.csv.gz").write_bytes(run_folder.gzipped(table.replace(",pass,", ",fail,", 1)))
+    with pytest.raises(compare.CompareError, match=r"has both results\.csv and results\.csv\.gz and they differ"):
+        compare.compare(good, published)

@@ -236,6 +236,15 @@ def test_cli_writes_the_page_and_refuses_a_folder_that_is_not_a_run(cpu_run, tmp
     assert not (tmp_path / "other.md").exists()
 
 
+def test_a_run_folder_given_twice_is_refused(tmp_path, monkeypatch):
+    """The same folder twice (here once by a path through its parent) would count every point twice."""
+    monkeypatch.chdir(H200_RUN.parent)
+    for args in (["h200-run", "../fixtures/h200-run"], ["h200-run", "h200-run", "--out", tmp_path / "F.md"]):
+        r = invoke("findings", *args)
+        assert r.exit_code == 2 and "h200-run are the same run folder: give each run folder once" in r.output
+    assert not (tmp_path / "F.md").exists()
+
+
 def test_workspace_section_names_the_shapes_past_256_mib():
     table, meta = derived.load(H200_RUN)
     table = table.assign(workspace_mib=[512.0 if q == 64 else 256.0 for q in table["batch_size"]])

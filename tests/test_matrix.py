@@ -96,6 +96,20 @@ def test_one_folder_and_a_bad_unbuilt_exit_2(tmp_path):
     assert r.exit_code == 2 and "--unbuilt: give RELEASE=WHY" in r.output
 
 
+def test_matrix_refuses_an_unbuilt_release_that_ran_a_library_not_under_test_and_a_repeat(tmp_path):
+    a = release_run(tmp_path / "a", "0.7.4", {("window", "correct", "pass", None): 20.0})
+    b = release_run(tmp_path / "b", "0.7.2.post1", {("window", "correct", "pass", None): 20.0})
+    r = invoke("matrix", a, b, "--unbuilt", "0.7.4=no wheel", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and f"--unbuilt 0.7.4: {a} ran flashinfer 0.7.4" in r.output
+    r = invoke("matrix", a, b, "--unbuilt", "0.6.0=x", "--unbuilt", "0.6.0=y", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "--unbuilt: 0.6.0 is given twice" in r.output
+    r = invoke("matrix", a, b, "--library", "torch", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "--library torch: not a library under test" in r.output and "allowed: flashinfer" in r.output
+    r = invoke("matrix", a, b, tmp_path / "a" / ".." / "a", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "are the same run folder" in r.output
+    assert not (tmp_path / "m").exists()
+
+
 def test_the_findings_page_says_which_release_has_which_bug(tmp_path):
     from swabench.publish import findings
 

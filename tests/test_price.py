@@ -2,6 +2,8 @@
 global layer (the same heads and features, no window), weighted by the layer counts of the preset's schedule;
 each layer step at its fastest correct path; the KV bytes a request holds with and without eviction."""
 
+import re
+
 import pandas as pd
 import torch
 import pytest
@@ -136,6 +138,7 @@ def test_a_price_runs_the_engines_correct_paths_unless_told(monkeypatch):
     from swabench.run import price as pricing
     cpu = torch.device("cpu")
     assert pricing.engine_paths(cpu) == ["torch-trim", "torch-mask"]  # no GPU: the embedded paths stand in
+    monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))  # the steps of a GPU: refused on the CPU otherwise
     request = pricing.request("gemma-3-1b", None, (), (), None, cpu)
     assert set(request.scenario.implementations) == {"torch-trim", "torch-mask"}
     monkeypatch.setattr(registry.Implementation, "availability",  # a GPU node with FlashInfer
@@ -143,6 +146,28 @@ def test_a_price_runs_the_engines_correct_paths_unless_told(monkeypatch):
     names = pricing.engine_paths(torch.device("cuda"))
     assert {"paged-window", "paged-mask", "decode-window", "sink-window", "chunk-virtual"} <= set(names)
     assert not {"flex-window", "torch-trim", "torch-batch", "paged-plan-no-window", "chunk-as-window"} & set(names)
+
+
+def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estimate(tmp_path, monkeypatch):
+    """The template steps are a GPU's: gating and timing them on the CPU takes half an hour and more."""
+    from swabench.core import footprint
+    from swabench.run import price as pricing
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    r = invoke("price", "--model", "gemma-3-1b", "--device", "cpu", "--out", tmp_path / "p")
+    assert r.exit_code == 2 and not (tmp_path / "p").exists()
+    said = re.search(r"price on the CPU: gemma-3-1b's template steps in models\.toml, sized for a GPU \(up to 32769 keys, "
+                     r"batches of up to 32\) need up to ([\d.]+) T multiply-adds to gate and time \(8 layer steps\), "
+                     r"about (\d+) min on 2 CPU threads, past the 10 min", r.output)
+    assert said, r.output
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)  # a trace's few short steps take seconds
+    assert pricing.request("gemma-3-1b", trace, (), (), None, torch.device("cpu"))
+    monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))
+    scenario = pricing.request("gemma-3-1b", None, (), (), None, torch.device("cpu")).scenario
+    work = pricing.cpu_work(scenario, torch.device("cpu"))
+    assert float(said[1]) == round(work / 1e12, 1) and int(said[2]) == round(work / 2 / pricing.CPU_MULTIPLY_ADDS_PER_S / 60)
+    one = next(c for c in scenario.cases if c.mode == "decode")  # 32 requests, one query on 32769 keys, 4 heads x 256
+    assert footprint.dense_multiply_adds(one) == 2 * 32 * 32769 * 4 * 256
 
 
 def test_bad_input_names_the_problem_before_anything_runs(tmp_path):

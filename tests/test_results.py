@@ -76,6 +76,93 @@ def test_a_damaged_gzipped_table_is_refused_by_name(tmp_path):
         run_folder.load(folder)
 
 
+def test_two_copies_of_a_table_are_read_when_they_agree_and_refused_when_they_differ(tmp_path):
+    folder = shutil.copytree(H200_RUN, tmp_path / "both")
+    (folder / "results.csv.gz").write_bytes(run_folder.gzipped((folder / "results.csv").read_text()))
+    assert run_folder.load(folder)[0].equals(run_folder.load(H200_RUN)[0])
+    lines = (folder / "results.csv").read_text().splitlines(keepends=True)
+    (folder / "results.csv").write_text("".join(lines[:-1]))  # the plain copy lost a point
+    with pytest.raises(RunFolderError, match=rf"{folder} has both results\.csv and results\.csv\.gz and they differ"):
+        run_folder.load(folder)
+    (folder / "samples.csv.gz").write_bytes(run_folder.gzipped("case_id,impl,backend,kind,index,value_us\n"))
+    (folder / "results.csv.gz").unlink()
+    with pytest.raises(RunFolderError, match=r"has both samples\.csv and samples\.csv\.gz and they differ"):
+        run_folder.read_rows(folder)
+
+
+def test_finalize_drops_a_gzipped_table_it_replaces(tmp_path):
+    store = RunStore.create(tmp_path / "run", {"gpu": None}, "name = 'x'\n")
+    store.append(row(1))
+    (tmp_path / "run" / "results.csv.gz").write_bytes(run_folder.gzipped("case_id,impl,backend,status\n"))
+    store.finalize(state="complete")
+    assert not (tmp_path / "run" / "results.csv.gz").exists() and len(run_folder.load(tmp_path / "run")[0]) == 1
+
+
+def finished(folder, n=3):
+    store = RunStore.create(folder, {"gpu": None}, "name = 'x'\n")
+    store.extend([row(i) for i in range(n)])
+    store.finalize(state="complete")
+    return store
+
+
+def test_a_journal_and_a_table_that_disagree_are_refused(tmp_path):
+    store = finished(tmp_path / "run")
+    table = (tmp_path / "run" / "results.csv").read_text()
+    (tmp_path / "run" / "results.csv").write_text(table.replace(",2.0,", ",20.0,"))  # c2's median edited
+    for read in (run_folder.load, run_folder.read_rows):
+        with pytest.raises(RunFolderError, match=r"run: rows\.jsonl and results\.csv disagree \(1 points a different "
+                                                 r"status or median_us, e\.g\. c2, torch-trim, torch\)"):
+            read(tmp_path / "run")
+    (tmp_path / "run" / "results.csv").write_text(table)
+    store.append(row(7))  # a point after the table was written, in a run said complete
+    with pytest.raises(RunFolderError, match=r"1 points in rows\.jsonl only, e\.g\. c7"):
+        run_folder.load(tmp_path / "run")
+    store.update_meta(state="running")  # a resumed sweep's journal runs ahead of its last table
+    assert len(run_folder.load(tmp_path / "run")[0]) == 4
+    (tmp_path / "run" / "rows.jsonl").write_text("")
+    with pytest.raises(RunFolderError, match=r"3 points in results\.csv only"):
+        run_folder.read_rows(tmp_path / "run")
+
+
+@pytest.mark.parametrize("value, timer, match", [
+    ("", "cuda-graph", r"line 2, column value_us: nan is not allowed \(a finite number\)"),
+    ("nan", "cuda-graph", r"line 2, column value_us: nan is not allowed \(a finite number\)"),
+    ("-3.5", "host", r"point case_id c0, impl torch-trim, backend torch: kernel sample 0: -3.5 is not allowed "
+                     r"\(a number >= 0"),
+])
+def test_a_sample_that_is_no_time_is_refused_by_file_and_point(tmp_path, value, timer, match):
+    finished(tmp_path / "run", n=1)
+    import pandas as pd
+    published = tmp_path / "run"
+    (published / "rows.jsonl").unlink()
+    df = pd.read_csv(published / "results.csv")
+    df["timer"], df["l2"] = timer, "cold"
+    df.to_csv(published / "results.csv", index=False)
+    samples = pd.read_csv(published / "samples.csv.gz")
+    samples["value_us"] = samples["value_us"].astype(object)
+    samples.loc[0, "value_us"] = value
+    (published / "samples.csv.gz").write_bytes(run_folder.gzipped(samples.to_csv(index=False)))
+    with pytest.raises(RunFolderError, match=rf"samples\.csv\.gz: {match}"):
+        run_folder.read_rows(published)
+
+
+def test_only_a_cold_graph_kernel_sample_may_be_negative(tmp_path):
+    """A cold-L2 replay less the flush's replay is a difference: noise can take one sample below zero."""
+    store = RunStore.create(tmp_path / "run", {"gpu": None}, "name = 'x'\n")
+    store.append(row(1, timer="cuda-graph", l2="cold", samples={"kernel": [-4.0, 9.0, 10.0], "plan": [3.0]}))
+    store.append(row(2, timer="cuda-graph", l2="warm", samples={"kernel": [-4.0, 9.0, 10.0]}))
+    with pytest.raises(RunFolderError, match=r"rows\.jsonl: point case_id c2.*kernel sample 0: -4\.0"):
+        run_folder.read_rows(tmp_path / "run")
+    store.append(row(2, timer="cuda-graph", l2="cold", samples={"kernel": [1.0], "plan": [-1.0]}))
+    with pytest.raises(RunFolderError, match=r"point case_id c2.*plan sample 0: -1\.0"):
+        run_folder.read_rows(tmp_path / "run")
+    store.append(row(2, timer="cuda-graph", l2="cold", samples={"kernel": [float("nan")]}))
+    with pytest.raises(RunFolderError, match=r"kernel sample 0: nan is not allowed \(a finite number\)"):
+        run_folder.read_rows(tmp_path / "run")
+    store.append(row(2, timer="cuda-graph", l2="cold"))
+    assert [r["samples"]["kernel"][0] for r in run_folder.read_rows(tmp_path / "run")] == [-4.0, 1.0]
+
+
 def test_create_refuses_an_existing_run(tmp_path):
     RunStore.create(tmp_path / "run", {}, "a")
     before = sorted(p.name for p in (tmp_path / "run").iterdir())

@@ -81,7 +81,7 @@ def test_case_id_is_stable_and_distinguishes_shapes(tmp_path):
 
 @pytest.mark.parametrize("edit,field,words", [
     (("window_left = 16", "windw_left = 16"), "sweep[0].windw_left", ["unknown axis", "did you mean 'window_left'", "allowed:"]),
-    (("window_left = 16", "window_left = -2"), "sweep[0].window_left", ["integer >= -1", "-2"]),
+    (("window_left = 16", "window_left = -2"), "sweep[0].window_left", ["integer from -1 to", "-2"]),
     (("window_left = 16", "window_left = 16\npage_size = 0"), "sweep[0].page_size", ["integer >= 1", "got 0"]),
     (("prefix_len = 100", "seq_len = 3"), "sweep[0].draft_tokens", ["larger than seq_len 3"]),
     (('["torch-trim"]', '["torch-trimm"]'), "implementations", ["unknown implementation 'torch-trimm'", "did you mean 'torch-trim'", "allowed:"]),
@@ -93,6 +93,12 @@ def test_case_id_is_stable_and_distinguishes_shapes(tmp_path):
     (("implementations", "window_left = 3\nimplementations"), "window_left", ["sweep axes go under [fixed] or [[sweep]]"]),
     (("window_left = 16", "window_left = 16\nbatch_size = []"), "sweep[0].batch_size", ["empty list"]),
     (("window_left = 16", "window_left = 16\nhead_dim = 100"), "sweep[0].head_dim", ["multiple of 8"]),
+    (("window_left = 16", "window_left = 9223372036854775807"), "sweep[0].window_left", ["from -1 to 2147483647"]),
+    (("window_left = 16", "window_left = 4294967296"), "sweep[0].window_left", ["from -1 to 2147483647"]),
+    (("window_left = 16", "sliding_window = 2147483649"), "sweep[0].sliding_window", ["from 1 to 2147483648"]),
+    (("window_left = 16", "window_left = 5000\nhead_dim = 24"), "sweep[0].window_left",
+     ["5000 is larger than the context (104 keys)", "give at most 3884, or -1"]),
+    (("window_left = 16", "sliding_window = 5000\nhead_dim = 24"), "sweep[0].sliding_window", ["give at most 3885, or -1"]),
 ])
 def test_validation_errors_name_file_field_and_allowed_values(tmp_path, edit, field, words):
     with pytest.raises(ScenarioError) as err:
@@ -101,6 +107,14 @@ def test_validation_errors_name_file_field_and_allowed_values(tmp_path, edit, fi
     assert err.value.field == field and str(tmp_path / "s.toml") in message
     for w in words:
         assert w in message, message
+
+
+def test_largest_window_named_fits_the_probes(tmp_path):
+    """The window the message offers is one the probes take; one more is refused again."""
+    assert parse(BASE.replace("window_left = 16", "window_left = 3884\nhead_dim = 24"), tmp_path).cases
+    with pytest.raises(ScenarioError, match="give at most 3884"):
+        parse(BASE.replace("window_left = 16", "window_left = 3885\nhead_dim = 24"), tmp_path)
+    assert parse(BASE.replace("window_left = 16", "window_left = 2147483647"), tmp_path).cases[0].window_left == 2 ** 31 - 1
 
 
 def test_bad_skip_rule_names_the_rule(tmp_path):
@@ -179,3 +193,12 @@ def test_a_case_knows_its_gqa_group(heads, group):
     case = axes.make_case({"mode": "decode", "batch_size": 2, "prefix_len": 64, "window_left": 15, "page_size": 16,
                            "num_qo_heads": heads[0], "num_kv_heads": heads[1]})
     assert case.gqa_group == group
+
+
+def test_trace_window_past_int32_is_refused():
+    """JSON takes any integer: a trace's window is held to the same bound as a scenario's."""
+    from swabench.spec import traces
+    from swabench.errors import UserError
+    line = b'{"mode": "decode", "requests": [[10, 1]], "head_dim": 64, "window_left": ' + b"1" + b"0" * 30 + b"}"
+    with pytest.raises(UserError, match=r"line 1\.window_left: must be an integer from -1 to 2147483647"):
+        traces.parse(line, "t.jsonl")

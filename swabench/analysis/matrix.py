@@ -16,7 +16,7 @@ import pandas as pd
 
 from swabench.analysis import compare
 from swabench.errors import UserError
-from swabench.store import run_folder
+from swabench.store import run_folder, tables
 
 
 class MatrixError(UserError, ValueError):
@@ -57,10 +57,22 @@ def version_key(version: str):
         return (1, None, version)
 
 
-def build(folders, library: str = "flashinfer", threshold: float = 0.05, alpha: float = 0.01) -> Matrix:
+def build(folders, library: str = "flashinfer", threshold: float = 0.05, alpha: float = 0.01,
+          unbuilt=()) -> Matrix:
     """The matrix of ``folders`` (one scenario, one release of ``library`` each); MatrixError, before
-    anything is written, where they do not make one."""
+    anything is written, where they do not make one (``unbuilt``: the releases said not to have been
+    built, which no folder may have run)."""
+    from swabench.impls import registry
+
     compare.validate(threshold, alpha)
+    under_test = [lib.name for lib in registry.libraries()]
+    if library not in under_test:
+        raise MatrixError(f"--library {library}: not a library under test (a run records the release of those "
+                          f"alone); allowed: {', '.join(under_test)}")
+    try:
+        tables.each_once(folders)
+    except tables.RunFolderError as e:
+        raise MatrixError(str(e)) from None
     releases = [_release(Path(f), library) for f in folders]
     if len(releases) < 2:
         raise MatrixError("give two run folders or more: one scenario run on different releases")
@@ -74,6 +86,12 @@ def build(folders, library: str = "flashinfer", threshold: float = 0.05, alpha: 
             raise MatrixError(f"{seen[r.version]} and {r.folder} both ran {library} {r.version}: one folder per "
                               f"release")
         seen[r.version] = r.folder
+    ran = {version_key(r.version): r for r in releases}
+    for version in unbuilt:
+        r = ran.get(version_key(version))
+        if r:
+            raise MatrixError(f"--unbuilt {version}: {r.folder} ran {library} {r.version}, so it was built; a release "
+                              f"is run or not built, not both")
     releases.sort(key=lambda r: version_key(r.version))
     warnings = []
     gpus = {r.meta.get("gpu") for r in releases}

@@ -97,7 +97,8 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @opt("--out", type=click.Path(file_okay=False),
      help="Folder for MATRIX.md, matrix.csv and matrix.png (default: plots/matrix-SCENARIO).")
-@opt("--library", default="flashinfer", show_default=True, help="The library whose releases the runs differ in.")
+@opt("--library", default="flashinfer", show_default=True,
+     help="The library under test whose releases the runs differ in (meta.json records its release).")
 @opt("--unbuilt", multiple=True, metavar="RELEASE=WHY",
      help="A release that could not be built or installed where the runs were made, and why (repeatable): a row "
           "of the matrix says so.")
@@ -117,8 +118,10 @@ def matrix(run_dirs, out, library, unbuilt, threshold, alpha, force):
         release, sep, reason = item.partition("=")
         if not sep or not release.strip() or not reason.strip():
             raise InputError(f"--unbuilt: give RELEASE=WHY (e.g. 0.6.0=no wheel for Python 3.12), got {item!r}")
+        if release.strip() in why:
+            raise InputError(f"--unbuilt: {release.strip()} is given twice: give each release once")
         why[release.strip()] = reason.strip()
-    m = release_matrix.build(run_dirs, library, threshold, alpha)
+    m = release_matrix.build(run_dirs, library, threshold, alpha, unbuilt=why)
     for warning in m.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     for path in page.write(m, outputs.matrix_folder(out, m.scenario, run_dirs, force), why, threshold, alpha):

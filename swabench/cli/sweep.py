@@ -195,8 +195,11 @@ def warmup(scenarios, jobs, impls, list_only):
     from swabench.run import sweep
 
     points = [p for name in scenarios for p in load(name, impls).points]  # every file checked before any build
+    needed = sweep.modules_needed(points, None)
+    if not needed:  # nothing a GPU would build either: not an error without one
+        click.echo(f"nothing to build: no point of {', '.join(scenarios)} needs a JIT-compiled module")
+        return
     if list_only:
-        needed = sweep.modules_needed(points, None)
         click.echo(f"{len(needed)} module signatures (implementation, backend, dtype, head_dim, window, features):")
         click.echo("\n".join(f"  {s}" for s in sorted(needed)))
         return

@@ -61,9 +61,21 @@ def _totals(case: Case) -> tuple[int, int, int]:
     b, (qo, kv), ps = case.batch_size, _worst_lengths(case), case.page_size or 1
     if case.uniform_lengths or b > DRAW_LIMIT:
         return b * qo, b * kv, b * -(-kv // ps)
-    q = case.drawn("qo_len")
-    k = case.drawn("seq_len") if case.seq_len is not None else [p + x for p, x in zip(case.drawn("prefix_len"), q)]
+    q, k = _drawn(case)
     return sum(q), sum(k), sum(-(-n // ps) for n in k)
+
+
+def _drawn(case: Case) -> tuple[list[int], list[int]]:
+    q = case.drawn("qo_len")
+    return q, case.drawn("seq_len") if case.seq_len is not None else [p + x for p, x in zip(case.drawn("prefix_len"), q)]
+
+
+def dense_multiply_adds(case: Case) -> int:
+    """Multiply-adds of one attention call of a case over every query's keys, QK^T then PV: a bound on
+    the reference's and a path's (a masked path reads every key); what the CPU's time goes to."""
+    b, (qo, kv) = case.batch_size, _worst_lengths(case)
+    pairs = b * qo * kv if case.uniform_lengths or b > DRAW_LIMIT else sum(x * y for x, y in zip(*_drawn(case)))
+    return 2 * pairs * case.num_qo_heads * case.head_dim
 
 
 def _reference_chunk(case: Case, qo: int, kv: int, acc: int) -> int:

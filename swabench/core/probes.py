@@ -53,6 +53,11 @@ def required_head_dim(max_kv_len: int, window_left: int) -> int:
     return 2 * frequencies_needed(max_kv_len, window_left)
 
 
+def largest_window(max_kv_len: int, head_dim: int) -> int:
+    """The largest window_left whose edges the probes still tell apart at this head_dim."""
+    return 2 ** (head_dim // 2) - 2 * max_kv_len - 4
+
+
 def features(x: torch.Tensor, n_freq: int, head_dim: int) -> torch.Tensor:
     """[cos(pi x / 2^i), sin(pi x / 2^i)] for i < n_freq, zero-padded to head_dim (float64).
 

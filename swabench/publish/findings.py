@@ -11,11 +11,12 @@ from pathlib import Path
 from swabench.analysis import derived
 from swabench.publish import sections
 from swabench.publish.sections import Run
-from swabench.store import run_folder
+from swabench.store import run_folder, tables
 
 
 def load(run_dirs) -> list[Run]:
-    """The runs, each named as given (RunFolderError for a folder that is not a run)."""
+    """The runs, each named as given (RunFolderError for a folder that is not a run, or one given twice)."""
+    tables.each_once(run_dirs)
     return [Run(str(Path(d)), *derived.load(d)) for d in run_dirs]
 
 

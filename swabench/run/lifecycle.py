@@ -80,8 +80,9 @@ class Outcome:
     folder: Path
     state: str  # complete | interrupted | incomplete (a merge that misses shards)
     table: pd.DataFrame
-    wall_s: float
-    total_s: float
+    wall_s: float  # the sweep's, summed over every start of the folder
+    total_s: float  # this process's, from importing swabench
+    session_s: float | None = None  # this start's sweep, where earlier starts swept too (a resume)
 
     def count(self, status: str) -> int:
         return int((self.table["status"] == status).sum()) if len(self.table) else 0
@@ -89,7 +90,11 @@ class Outcome:
     def messages(self, strict: bool, resume_with: str) -> list[tuple[str, str | None]]:
         """(text, colour) lines that close a sweep: its time, and what to do about what happened."""
         xpass, fail = self.count("xpass"), self.count("fail")
-        lines = [(f"sweep wall time {self.wall_s:.1f} s ({self.total_s:.1f} s since swabench started)", None)]
+        said = f"sweep wall time {self.wall_s:.1f} s ({self.total_s:.1f} s since swabench started)"
+        if self.session_s is not None:
+            said = (f"sweep wall time {self.session_s:.1f} s in this session ({self.total_s:.1f} s since swabench "
+                    f"started), {self.wall_s:.1f} s over every session of this run folder")
+        lines = [(said, None)]
         if self.state == "interrupted":
             return lines + [(f"interrupted: the finished rows are kept in {self.folder}; continue with "
                              f"`{resume_with}`", "yellow")]
@@ -212,8 +217,9 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
     earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
 
     def finalize(state: str):
-        wall = earlier_s + time.perf_counter() - started
-        return wall, store.finalize(derived.add_derived, state=state, wall_s=round(wall, 1), total_s=since_start())
+        session = time.perf_counter() - started
+        return session, store.finalize(derived.add_derived, state=state, wall_s=round(earlier_s + session, 1),
+                                       total_s=since_start())
 
     try:
         try:
@@ -245,8 +251,9 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
         except BaseException:
             finalize("crashed")
             raise
-        wall, table = finalize(state)
-        return Outcome(Path(request.out), state, table, wall, since_start())
+        session, table = finalize(state)
+        return Outcome(Path(request.out), state, table, earlier_s + session, since_start(),
+                       session if request.resume else None)
     finally:
         store.close()
 

@@ -15,6 +15,10 @@ from swabench.errors import UserError
 from swabench.spec import models, traces
 
 KV_BYTES = 2  # bf16 or fp16 cache elements
+# per CPU thread, the gate's float64 reference and PyTorch's bf16 attention alike (an extend step of gemma-3-1b,
+# 4 x 2048 queries on 10240 keys, gated by torch-trim on 2 threads: 687 G multiply-adds in 164 s)
+CPU_MULTIPLY_ADDS_PER_S = 2e9
+CPU_LIMIT_S = 600  # a price on the CPU longer than this is refused before it starts
 
 
 def preset(name: str) -> models.Model:
@@ -93,7 +97,44 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
                       "model_steps": sum(steps.values()),
                       "layers": {axes.make_case(s.axes()).case_id: kind[s] for s in layered},
                       "kv": kv_bytes(model, steps)}}
-    return replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
+    request = replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
+    if device.type == "cpu":
+        _refuse_hours_on_the_cpu(model, trace, request.scenario, device)
+    return request
+
+
+def cpu_work(scenario, device) -> int:
+    """Multiply-adds the CPU spends on ``scenario``: per case, each gate pass through the reference and every
+    path that runs here, and each such path's timed calls (warm-up and least repeats); a dense bound."""
+    from swabench.core import footprint, probes
+    from swabench.impls import registry
+    from swabench.measure import timing
+
+    host = timing.HostTimerOptions()
+    runners = Counter(p.case for p in scenario.points if not registry.get(p.impl).availability(device))
+    work = 0
+    for case, n in runners.items():
+        passes = 1 + probes.passes(case.num_qo_heads, case.window_left, case.attention_chunk)
+        work += footprint.dense_multiply_adds(case) * (passes * (1 + n) + n * (host.warmup + host.min_repeats))
+    return work
+
+
+def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> None:
+    import torch
+
+    work = cpu_work(scenario, device)
+    threads = torch.get_num_threads()
+    minutes = work / (CPU_MULTIPLY_ADDS_PER_S * threads) / 60
+    if minutes * 60 <= CPU_LIMIT_S:
+        return
+    cases = scenario.cases
+    steps = f"{trace}'s steps of {model.name}" if trace else \
+        (f"{model.name}'s template steps in models.toml, sized for a GPU (up to {max(c.largest()[1] for c in cases)} "
+         f"keys, batches of up to {max(c.batch_size for c in cases)})")
+    raise UserError(f"price on the CPU: {steps} need up to {work / 1e12:.1f} T multiply-adds to gate and time "
+                    f"({len(cases)} layer steps), about {minutes:.0f} min on {threads} CPU threads, past the "
+                    f"{CPU_LIMIT_S // 60} min a price may take on the CPU; give a TRACE of shorter steps of "
+                    f"{model.name}, or run it on a GPU (--device cuda)")
 
 
 def engine_paths(device) -> list[str]:

@@ -55,22 +55,24 @@ def timer_method(options: SweepOptions) -> dict:
             "tolerances": {k: vars(v) for k, v in gate.TOLERANCES.items()}}
 
 
-def base_row(point: Point, w: workloads.Workload | None, device: torch.device) -> dict:
-    """Every axis of the point, and the counts that do not depend on timing."""
+def base_row(point: Point, w: workloads.Workload | None, device: torch.device, lengths=None) -> dict:
+    """Every axis of the point, and the counts that do not depend on timing (from the workload, or from
+    the case's ``lengths`` where none was built)."""
     impl, c = registry.get(point.impl), point.case
     row = {"case_id": c.case_id, "case": c.label, "impl": point.impl, "kind": impl.kind, "library": impl.library,
            "wrapper": impl.family, "backend": point.backend, "device": str(device), "host": HOST,
            "gpu_id": gpu_identity(device), **c.axes()}
-    if w is not None:
+    if w is not None or lengths is not None:
+        qo_lens, kv_lens = (w.qo_lens, w.kv_lens) if w is not None else lengths
         pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk)
-                    for q, k in zip(w.qo_lens, w.kv_lens))
+                    for q, k in zip(qo_lens, kv_lens))
         page = c.page_size if c.storage == "paged" and c.page_size else 1
-        read, written = semantics.minimum_traffic(w.qo_lens, w.kv_lens, c.window_left, c.num_qo_heads,
-                                                  c.num_kv_heads, c.head_dim, w.dtype.itemsize,
-                                                  w.kv_dtype.itemsize, c.attention_chunk, page)
-        row.update(total_qo=sum(w.qo_lens), total_kv=sum(w.kv_lens), pairs=pairs,
+        read, written = semantics.minimum_traffic(qo_lens, kv_lens, c.window_left, c.num_qo_heads, c.num_kv_heads,
+                                                  c.head_dim, footprint.ELEMENT_BYTES[c.dtype],
+                                                  footprint.ELEMENT_BYTES[c.cache_dtype], c.attention_chunk, page)
+        row.update(total_qo=sum(qo_lens), total_kv=sum(kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
-                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, w.qo_lens, w.kv_lens))
+                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, qo_lens, kv_lens))
     return row
 
 
@@ -97,12 +99,18 @@ def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream
         ("fail", "failed where its known bug should not show")
 
 
+def skip_reason(point: Point, options: SweepOptions) -> str | None:
+    """Why the point skips whatever its data (the device, the library, a module the warm-up could not
+    build), or None: known before its case's workload is built."""
+    skip = registry.get(point.impl).skip_reason(point.case, point.backend, options.device)
+    failed = options.unbuildable.get(module_signature(point))
+    return skip or (f"resource: the module could not be built in the warm-up ({failed})" if failed else None)
+
+
 def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) -> dict:
     impl = registry.get(point.impl)
     row = base_row(point, w, options.device)
-    skip = impl.skip_reason(point.case, point.backend, options.device)
-    failed = options.unbuildable.get(module_signature(point))
-    skip = skip or (f"resource: the module could not be built in the warm-up ({failed})" if failed else None)
+    skip = skip_reason(point, options)
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
@@ -317,16 +325,21 @@ def run(points: list[Point], store, options: SweepOptions, name: str = "") -> It
         for case_index, (case, points) in enumerate(todo.items()):
             with nvtx_range(f"case {case.label}", payload=case_index):
                 started, w = time.perf_counter(), None
+                known = {p: skip_reason(p, options) for p in points}
                 skip = too_big(case, points, options.device)
-                if not skip:
+                if not skip and not all(known.values()):  # no workload where every point skips anyway
                     try:
                         w = workloads.build(case, options.device)
                     except torch.cuda.OutOfMemoryError as e:
                         skip = f"resource: out of memory building the workload ({str(e).splitlines()[0]})"
                 workload_s = time.perf_counter() - started
+                lengths = workloads.request_lengths(case) if w is None and not skip else None
                 for point in points:
                     started = time.perf_counter()
-                    if w is None:
+                    if lengths is not None:
+                        row = {**base_row(point, None, options.device, lengths), "status": "skip",
+                               "reason": known[point]}
+                    elif w is None:
                         row = {**base_row(point, None, options.device), "status": "skip", "reason": skip}
                     else:
                         with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):

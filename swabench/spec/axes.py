@@ -28,9 +28,9 @@ class ScenarioError(UserError, ValueError):
 
 # ---------------------------------------------------------------- field checks
 
-def _int(lo: int, what: str):
+def _int(lo: int, what: str, hi: int | None = None):
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
             raise ValueError(f"must be {what}, got {value!r}")
         return value
     return check
@@ -59,10 +59,14 @@ def _head_dim(value):
     return value
 
 
+WINDOW_MAX = 2 ** 31 - 1  # FlashInfer takes window_left as a C int32
+
+
 def _sliding_window(value):
     if value == -1:
         return value
-    return _int(1, "an integer >= 1 (HF convention: W + 1 keys), or -1 for no window")(value)
+    return _int(1, f"an integer from 1 to {WINDOW_MAX + 1} (HF convention: W + 1 keys), or -1 for no window",
+                WINDOW_MAX + 1)(value)
 
 
 def _length(lo: int):
@@ -105,7 +109,7 @@ AXES = {
     "extend_len": _length(1),
     "draft_tokens": _length(1),
     "accept": _accept,
-    "window_left": _int(-1, "an integer >= -1 (-1 = no window)"),
+    "window_left": _int(-1, f"an integer from -1 to {WINDOW_MAX} (-1 = no window; FlashInfer's int32)", WINDOW_MAX),
     "sliding_window": _sliding_window,
     "page_size": _int(1, "an integer >= 1"),
     "page_layout": _choice(PAGE_LAYOUTS),
@@ -229,7 +233,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
-    _check_probe_fits(case, path, where)
+    _check_probe_fits(case, path, where, "sliding_window" if "sliding_window" in p else "window_left")
     return case
 
 
@@ -292,13 +296,22 @@ def _kv_dtype(p: dict, path, where) -> str | None:
     return kv
 
 
-def _check_probe_fits(case: Case, path, where) -> None:
+def _check_probe_fits(case: Case, path, where, window_field: str = "window_left") -> None:
     """The gate's probe pass encodes key positions in the head dimension: a head_dim too small for
-    the context cannot be checked, so it is refused here rather than failed by the gate."""
+    the context cannot be checked, so it is refused here rather than failed by the gate.  Where only
+    a window far past the context makes it too small, the window is what to change."""
     from swabench.core import probes
 
     keys = case.largest()[1]
     need = probes.required_head_dim(keys, case.window_left)
+    if case.head_dim < need and case.window_left >= keys and case.head_dim >= probes.required_head_dim(keys, keys):
+        most = min(WINDOW_MAX, probes.largest_window(keys, case.head_dim))
+        given, most = ((case.sliding_window, most + 1) if window_field == "sliding_window" else
+                       (case.window_left, most))
+        raise ScenarioError(path, f"{where}.{window_field}", f"{given} is larger than the context ({keys} keys) "
+                                                             f"by more than the gate's probes at head_dim "
+                                                             f"{case.head_dim} can check: give at most {most}, or "
+                                                             f"-1 for no window")
     if case.head_dim < need:
         raise ScenarioError(path, f"{where}.head_dim", f"{case.head_dim} is too small for the gate's probe inputs "
                                                        f"at {keys} keys: give head_dim >= {need}")

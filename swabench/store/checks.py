@@ -47,7 +47,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
             raise refuse(twice.idxmax(), ", ".join(KEY), point, "each point once: this one is on an earlier line too")
     for column in [c for c in (*NON_NEGATIVE, *FINITE) if c in df.columns]:
         values = pd.to_numeric(df[column], errors="coerce")
-        bad = (df[column].notna() & values.isna()) | values.isin([math.inf, -math.inf])
+        bad = (values.isna() if column in FINITE else df[column].notna() & values.isna()) \
+            | values.isin([math.inf, -math.inf])
         bad |= (values < 0) if column in NON_NEGATIVE else False
         if bad.any():
             allowed = "a finite number >= 0, or empty" if column in NON_NEGATIVE else "a finite number"
@@ -58,6 +59,22 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
             raise refuse(untimed.idxmax(), "median_us", "",
                          f"a number: the row was timed, {_plain(df.at[untimed.idxmax(), 'repeats']):g} repeats")
     return df
+
+
+def samples(rows: list[dict]) -> None:
+    """ValueError naming the point when a row's timing sample is not a finite number, or is negative
+    where it is no difference: only a kernel sample of the CUDA-graph timer with a cold L2 (a replay
+    less the flush's replay) may fall below zero."""
+    for row in rows:
+        for kind, values in (row.get("samples") or {}).items():
+            difference = kind == "kernel" and row.get("timer") == "cuda-graph" and row.get("l2") == "cold"
+            for i, v in enumerate(values):
+                number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                if not number or (v < 0 and not difference):
+                    allowed = "a finite number" if not number or difference else \
+                        "a number >= 0: only a cold-L2 CUDA-graph kernel sample is a difference that may be negative"
+                    point = ", ".join(f"{k} {row.get(k)}" for k in KEY)
+                    raise ValueError(f"point {point}: {kind} sample {i}: {_plain(v)!r} is not allowed ({allowed})")
 
 
 def _plain(value):

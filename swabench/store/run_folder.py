@@ -9,7 +9,8 @@ read back whatever state it was left in.
     replay.csv     a replay's steps x paths, weighted (analysis.replay.steps)
 
 Readers take either table plain or gzipped (``stored``): folders before samples.csv.gz have
-samples.csv, and a published folder may carry a large results.csv as results.csv.gz.
+samples.csv, and a published folder may carry a large results.csv as results.csv.gz.  A folder with
+two copies that disagree (a table plain and gzipped, or rows.jsonl and results.csv) is refused.
 
 One process writes a folder at a time (a lock file it holds; a dead holder's lock is taken over).
 ``--resume`` reopens a folder, drops a half-written last line, and skips the points already there.
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from swabench.store import checks, paths, schema
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
-from swabench.store.tables import (RunFolderError, impl_renames, read_csv, read_meta, renamed, stored_version, to_samples,
-                                   to_table, with_columns)
+from swabench.store.tables import (RunFolderError, impl_renames, read_csv, read_meta, refuse_stale_table,  # noqa: F401
+                                   renamed, stored, stored_version, to_samples, to_table, with_columns)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -61,14 +62,6 @@ def gzipped(text: str) -> bytes:
     """``text`` gzipped with no name and no time in the header (``gzip -9n``): the same rows give
     the same bytes."""
     return gzip.compress(text.encode(), compresslevel=9, mtime=0)
-
-
-def stored(folder, name: str) -> Path:
-    """Where ``folder`` keeps the table ``name``: gzipped or plain, whichever it has (the gzipped
-    one when both are there); the plain name when it has neither."""
-    plain = Path(folder) / name.removesuffix(".gz")
-    packed = plain.with_name(plain.name + ".gz")
-    return packed if packed.exists() else plain
 
 
 def text_hash(text: str) -> str:
@@ -312,6 +305,7 @@ class RunStore:
         table = to_table(rows)
         table = derive(table, self.meta().get("peaks")) if derive else table
         atomic_write(self.folder / TABLE, table.to_csv(index=False))
+        (self.folder / (TABLE + ".gz")).unlink(missing_ok=True)  # a copy of an older table: this one replaces it
         atomic_write(self.folder / SAMPLES, gzipped(to_samples(rows).to_csv(index=False)))
         (self.folder / SAMPLES.removesuffix(".gz")).unlink(missing_ok=True)  # an older version's, on resume
         counts = table["status"].value_counts().to_dict() if len(table) else {}
@@ -330,11 +324,14 @@ def read_rows(folder) -> list[dict]:
     (published folders do not carry the journal); implementations by their current names."""
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
-        return renamed(store.rows(), folder)
+        rows = _journal(store.folder)
+        _check_samples(rows, store.folder / ROWS)
+        return renamed(rows, folder)
     table = read_csv(stored(store.folder, TABLE), (*KEY, "status"))
     grouped = {}
-    if stored(store.folder, SAMPLES).exists():
-        samples = read_csv(stored(store.folder, SAMPLES), (*KEY, "kind", "value_us"))
+    samples_file = stored(store.folder, SAMPLES)
+    if samples_file.exists():
+        samples = read_csv(samples_file, (*KEY, "kind", "value_us"))
         grouped = {key: {kind: g["value_us"].tolist() for kind, g in rows.groupby("kind")}
                    for key, rows in samples.groupby(list(KEY))}
     rows = []
@@ -342,7 +339,26 @@ def read_rows(folder) -> list[dict]:
         row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}
         row["samples"] = grouped.get(tuple(row[k] for k in KEY), {})
         rows.append(row)
+    _check_samples(rows, samples_file)
     return renamed(rows, folder)
+
+
+def _journal(folder: Path) -> list[dict]:
+    """The journal's rows, once the folder's table (where it has one) agrees with them."""
+    rows = RunStore(folder).rows()
+    try:
+        state = json.loads((folder / META).read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        state = None
+    refuse_stale_table(folder, rows, state)
+    return rows
+
+
+def _check_samples(rows: list[dict], path: Path) -> None:
+    try:
+        checks.samples(rows)
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
 
 
 def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
@@ -352,7 +368,7 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     meta = read_meta(folder)
     folder = Path(folder)
     if (folder / ROWS).exists():
-        table = to_table(renamed(RunStore(folder).rows(), folder))
+        table = to_table(renamed(_journal(folder), folder))
         return (derive(table, meta.get("peaks")) if derive else table), meta
     table = with_columns(read_csv(stored(folder, TABLE), (*KEY, "status")))
     table["impl"] = table["impl"].replace(impl_renames(folder))

@@ -4,14 +4,16 @@ formats gave implementations.  ``run_folder`` writes the folder and reads it who
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.errors import UserError
 from swabench.store import checks, schema
-from swabench.store.schema import KEY, META, ROWS
+from swabench.store.schema import KEY, META, ROWS, TABLE
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -47,6 +49,57 @@ def to_samples(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(records, columns=[*KEY, "kind", "index", "value_us"])
 
 
+def stored(folder, name: str) -> Path:
+    """Where ``folder`` keeps the table ``name``: gzipped or plain, whichever it has; the plain name when
+    it has neither.  Both are read only when they hold the same text (which one is current cannot be
+    told otherwise): RunFolderError naming the folder and both files when they differ."""
+    plain = Path(folder) / name.removesuffix(".gz")
+    packed = plain.with_name(plain.name + ".gz")
+    if not packed.exists():
+        return plain
+    if plain.exists():
+        try:
+            same = plain.read_bytes() == gzip.decompress(packed.read_bytes())
+        except (OSError, EOFError, zlib.error) as e:
+            raise RunFolderError(f"{packed} cannot be read ({type(e).__name__}: {e})") from None
+        if not same:
+            raise RunFolderError(f"{folder} has both {plain.name} and {packed.name} and they differ: remove the one "
+                                 f"that is not current")
+    return packed
+
+
+def refuse_stale_table(folder, rows: list[dict], state) -> None:
+    """RunFolderError when the folder's table and its journal (``rows``, the journal's rows as stored)
+    disagree: a point one has and the other lacks, or a different status or median.  A running sweep's
+    journal may be ahead of the table its last session wrote, no more."""
+    path = stored(folder, TABLE)
+    if not path.exists():
+        return
+    journal = {tuple(str(r.get(k)) for k in KEY): r for r in rows}
+    table = {tuple(str(r[k]) for k in KEY): r for r in read_csv(path, (*KEY, "status")).to_dict("records")}
+    only_table = [k for k in table if k not in journal]
+    only_journal = [k for k in journal if k not in table] if state != "running" else []
+    differ = [k for k in table if k in journal and not _same_result(table[k], journal[k])]
+    for keys, what in ((only_table, f"in {path.name} only"), (only_journal, f"in {ROWS} only"),
+                       (differ, "a different status or median_us")):
+        if keys:
+            raise RunFolderError(f"{folder}: {ROWS} and {path.name} disagree ({len(keys)} points {what}, e.g. "
+                                 f"{', '.join(keys[0])}): remove the one that is not current")
+
+
+def _same_result(listed: dict, recorded: dict) -> bool:
+    def number(v):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            return None
+        return None if v != v else v
+
+    a, b = number(listed.get("median_us")), number(recorded.get("median_us"))
+    close = a == b if a is None or b is None else math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return str(listed.get("status")) == str(recorded.get("status")) and close
+
+
 def read_csv(path: Path, needed) -> pd.DataFrame:
     import pandas as pd
     try:
@@ -62,6 +115,17 @@ def read_csv(path: Path, needed) -> pd.DataFrame:
         return checks.table(df)
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
+
+
+def each_once(folders) -> None:
+    """RunFolderError when two of ``folders`` are one folder (the same path once resolved): a run given
+    twice would count every point twice."""
+    seen: dict[Path, str] = {}
+    for folder in map(str, folders):
+        real = Path(folder).resolve()
+        if real in seen:
+            raise RunFolderError(f"{seen[real]} and {folder} are the same run folder: give each run folder once")
+        seen[real] = folder
 
 
 def stored_version(folder) -> int:
