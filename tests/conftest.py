@@ -1,7 +1,11 @@
+import os
 import textwrap
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one worker a core: torch's own threads would only contend with the other workers
 
 
 # two modes, two storages, a planted mistake and a GPU-only path: the CLI tests' scenario

@@ -88,6 +88,7 @@ def test_the_probes_sit_on_each_rows_own_chunk_start():
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 40), st.integers(0, 60), st.integers(1, 24), st.sampled_from(["paged", "ragged"]),
        st.sampled_from(CPU_PATHS))
+@pytest.mark.slow
 def test_every_cpu_path_passes_chunked_attention_on_random_shapes(qo, prefix, chunk, storage, name):
     result = gated(name, workloads.build(case(qo_len=qo, prefix_len=prefix, attention_chunk=chunk, storage=storage)))
     assert result.passed, result.reason
@@ -220,6 +221,7 @@ seq_len = [8, 31, 32, 33, 63, 64, 65]
 """
 
 
+@pytest.mark.slow
 def test_a_chunked_run_draws_its_sawtooth_beside_the_window_and_the_known_mistake_is_caught(tmp_path):
     from conftest import invoke
     from swabench.analysis import derived

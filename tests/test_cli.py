@@ -20,6 +20,7 @@ def tiny(write_scenario):
     return write_scenario(TINY)
 
 
+@pytest.mark.slow
 def test_run_end_to_end_on_the_cpu(tiny, tmp_path):
     out = tmp_path / "run"
     r = invoke("run", tiny, "--out", out, "--device", "cpu")
@@ -57,6 +58,7 @@ def test_check_is_gate_only(tiny, tmp_path):
     assert set(table["status"]) == {"pass", "xfail"}
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_path, monkeypatch):
     out = tmp_path / "run"
     real, calls = sweep.measure_point, []
@@ -208,6 +210,7 @@ def test_exit_status_fail_is_fatal_xpass_only_with_strict(tiny, tmp_path, monkey
         assert summary.exit_code == 0 and f"| {impl} |" in summary.output
 
 
+@pytest.mark.slow
 def test_summary_of_a_timed_run(tiny, tmp_path):
     out = tmp_path / "run"
     assert invoke("run", tiny, "--out", out, "--device", "cpu", "--impl", "torch-trim", "--impl", "torch-mask").exit_code == 0
@@ -218,6 +221,7 @@ def test_summary_of_a_timed_run(tiny, tmp_path):
     assert "JIT warm-up not measured;" in r.output and "None" not in r.output  # a CPU run builds no JIT module
 
 
+@pytest.mark.slow
 def test_without_a_terminal_progress_is_a_plain_line_every_5_percent(tiny, tmp_path):
     import re
 
@@ -256,6 +260,7 @@ def test_compare_flags_exactly_the_slowed_implementation(tiny, tmp_path, monkeyp
     assert same.exit_code == 0 and "No significant differences" in same.output
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_finished_rows_and_resume_completes(tmp_path):
     """A scheduler's SIGTERM (Slurm, timeout) ends the run like Ctrl-C: rows kept, table written."""
     import signal

@@ -103,6 +103,7 @@ def noisy_run(folder, medians: dict, spread: float, seed=0):
     return folder
 
 
+@pytest.mark.slow
 def test_two_cpu_runs_of_one_scenario_show_no_regression(cpu_run, tmp_path):
     again = tmp_path / "again"
     r = invoke("run", cpu_run / run_folder.SCENARIO, "--out", again, "--device", "cpu")

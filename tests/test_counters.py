@@ -243,6 +243,7 @@ def test_without_ncu_nothing_is_written(tmp_path, monkeypatch):
     assert "ncu not found" in result.skipped and not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
 def test_the_count_run_is_for_a_gpu(tmp_path):
     done = subprocess.run([sys.executable, "-m", "swabench", "run", "cpu", "--device", "cpu", "--count", "--out",
                            str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)

@@ -41,6 +41,7 @@ def test_reused_pages_are_pages_other_requests_still_hold():
 @pytest.mark.parametrize("name,passes,reads", [("torch-trim", True, False), ("torch-mask", True, True),
                                                ("flex-window", True, True),  # eager flex scores every row
                                                ("planted-wide", False, None)])
+@pytest.mark.slow
 def test_correct_paths_pass_and_the_diagnostic_sees_who_reads(layout, name, passes, reads):
     w = build(layout)
     runner = registry.get(name).make(w, "torch")

@@ -171,6 +171,7 @@ def test_a_failed_correct_path_is_named(tmp_path):
     assert "Every correct implementation passed" not in text
 
 
+@pytest.mark.slow
 def test_several_gpus_against_the_same_scenario_on_one(tmp_path):
     one = tmp_path / "one-gpu"
     shutil.copytree(H200_RUN, one)

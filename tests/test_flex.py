@@ -28,6 +28,30 @@ def edge_cases(step: int):
     return [pytest.param(c, id=c.label) for c in EDGES[::step]]
 
 
+def _geometry(c) -> tuple:
+    """What a FlexAttention peer computes from: every field but the seed, and but the mode outside decode
+    (verify and extend of the same lengths build the same tensors)."""
+    return tuple(sorted((k, str(v)) for k, v in vars(c).items() if k != "seed" and (k != "mode" or v == "decode")))
+
+
+def _edge_groups() -> dict[str, list]:
+    """The edge scenario's distinct shapes, by what changes a block mask: step, storage, page size, causal
+    or not, chunked or not."""
+    groups, seen = {}, set()
+    for c in EDGES:
+        if _geometry(c) not in seen:
+            seen.add(_geometry(c))
+            key = (f"{'decode' if c.mode == 'decode' else 'prefill'} {c.storage} ps{c.page_size} "
+                   f"{'causal' if c.causal else 'non-causal'}{' chunked' if c.attention_chunk else ''}")
+            groups.setdefault(key, []).append(c)
+    return groups
+
+
+def _failures(name: str, cases, step: int = 1) -> list[str]:
+    return [f"{c.label}: {result.reason}" for c in cases[::step]
+            if not (result := gated(name, workloads.build(c))[1]).passed]
+
+
 @pytest.mark.parametrize("case", edge_cases(50))
 @pytest.mark.parametrize("name", PEERS)
 def test_the_peers_pass_the_gate_on_edge_shapes(name, case):
@@ -36,18 +60,25 @@ def test_the_peers_pass_the_gate_on_edge_shapes(name, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [p for i, p in enumerate(edge_cases(1)) if i % 50])
-def test_flex_window_passes_the_gate_on_every_edge_shape(case):
-    _, result = gated("flex-window", workloads.build(case))
-    assert result.passed, result.reason
+@pytest.mark.parametrize("group", list(_edge_groups()))
+def test_flex_window_passes_the_gate_on_every_edge_shape(group):
+    failed = _failures("flex-window", _edge_groups()[group])
+    assert not failed, f"{len(failed)} shapes fail:\n" + "\n".join(failed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", edge_cases(7))
+@pytest.mark.parametrize("group", list(_edge_groups()))
 @pytest.mark.parametrize("name", PEERS[1:])
-def test_the_other_peers_pass_the_gate_on_edge_shapes(name, case):
-    _, result = gated(name, workloads.build(case))
-    assert result.passed, result.reason
+def test_the_other_peers_pass_the_gate_on_edge_shapes(name, group):
+    failed = _failures(name, _edge_groups()[group], step=4)
+    assert not failed, f"{len(failed)} shapes fail:\n" + "\n".join(failed)
+
+
+def test_the_edge_groups_hold_every_distinct_shape_once():
+    groups = _edge_groups()
+    shapes = [_geometry(c) for cases in groups.values() for c in cases]
+    assert len(shapes) == len(set(shapes)) == len({_geometry(c) for c in EDGES}) < len(EDGES)
+    assert len(groups) >= 10
 
 
 def case(**kw):

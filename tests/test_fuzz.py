@@ -4,6 +4,8 @@ a traceback (a traceback is what a user must never see, whatever they type)."""
 import json
 import string
 
+import pytest
+
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,6 +99,7 @@ def fuzz(examples: int):
     return settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
+@pytest.mark.slow
 @fuzz(300)
 @given(text=scenario_text(), extra=st.lists(st.sampled_from(["--impl", "torch-trim", "torch-mask", "x"]), max_size=2))
 def test_show_never_tracebacks(tmp_path_factory, text, extra):
@@ -109,6 +112,7 @@ def test_show_never_tracebacks(tmp_path_factory, text, extra):
 @given(text=scenario_text(), command=st.sampled_from(["run", "check"]),
        extra=st.lists(st.sampled_from(["--strict", "--l2", "warm", "--shard", "1/2", "0/0", "--case", "verify",
                                        "--resume", "--impl", "planted-wide"]), max_size=3))
+@pytest.mark.slow
 def test_runs_on_the_cpu_never_traceback(tmp_path_factory, text, command, extra):
     """The same files through a real sweep on the embedded backend (sizes here stay tiny, or absurd
     enough to be refused or skipped before anything is allocated)."""
@@ -128,6 +132,7 @@ TOKENS = st.sampled_from(["run", "check", "show", "list", "merge", "compare", "s
                           "/nonexistent", ".", "tests", "--tool", "torch", "--jobs", "--peaks", "--case"])
 
 
+@pytest.mark.slow
 @fuzz(150)
 @given(first=FIRST, rest=st.lists(st.one_of(TOKENS, JUNK), max_size=5))
 def test_command_lines_never_traceback(tmp_path_factory, monkeypatch, first, rest):

@@ -94,6 +94,7 @@ def runs_in_every_state(tmp_path):
     return folders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["summary", "plot", "report"])
 def test_readers_handle_runs_with_nothing_to_time(runs_in_every_state, tmp_path, command):
     for state, folder in runs_in_every_state.items():
@@ -266,6 +267,7 @@ def test_a_resource_error_is_a_skip(tmp_path, monkeypatch):
     assert table["reason"].str.startswith("resource: Buffer overflow").all()
 
 
+@pytest.mark.slow
 def test_the_sweep_loads_no_library_module():
     code = ("import sys, swabench.run.sweep, swabench.run.lifecycle, swabench.store.run_folder; "
             "bad = [m for m in sys.modules if 'flashinfer' in m or m.endswith(('.flex', '.embedded'))]; "

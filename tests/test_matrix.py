@@ -139,6 +139,7 @@ def test_older_releases_show_only_where_releases_are_compared(tmp_path):
 PUBLISHED = sorted((Path(__file__).resolve().parent.parent / "results").glob("h200-release-[0-9]*"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(PUBLISHED) < 4, reason="the published release runs are not in this checkout")
 def test_the_release_matrix_published_from_the_h200():
     """The committed runs of release.toml on four FlashInfer releases, read as frozen fixtures."""

@@ -84,6 +84,7 @@ def test_models_lists_every_preset_with_its_source():
     assert "attn_logit_softcapping" in r.output and "checked against" in r.output
 
 
+@pytest.mark.slow
 def test_run_with_a_model_runs_its_cpu_template(tmp_path):
     r = invoke("run", "--model", "gemma-2-27b", "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
@@ -102,6 +103,7 @@ def test_bad_model_input_exits_2(args, message):
     assert r.exit_code == 2 and message in r.output, r.output
 
 
+@pytest.mark.slow
 def test_every_preset_passes_on_the_embedded_paths(tmp_path):
     r = invoke("check", "models-cpu", "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output

@@ -31,6 +31,7 @@ def gated(name, w):
 @settings(max_examples=12, deadline=None)
 @given(st.integers(1, 40), st.integers(0, 60), st.integers(-1, 50), st.sampled_from(["paged", "ragged"]),
        st.sampled_from(CPU_PATHS))
+@pytest.mark.slow
 def test_every_cpu_path_passes_non_causal_windows_on_random_shapes(qo, prefix, window, storage, name):
     c = case(qo_len=qo, prefix_len=prefix, window_left=window, storage=storage)
     result = gated(name, workloads.build(c))

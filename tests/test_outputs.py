@@ -183,6 +183,7 @@ def test_no_run_is_made_inside_a_run_folder(tmp_path, published):
 
 
 # 2. a matrix over another one only when asked
+@pytest.mark.slow
 def test_a_matrix_of_other_runs_needs_force(tmp_path, monkeypatch):
     from test_matrix import three_releases
 
@@ -198,6 +199,7 @@ def test_a_matrix_of_other_runs_needs_force(tmp_path, monkeypatch):
     assert "0.7.2.post1" not in (tmp_path / "plots" / "matrix-release" / "MATRIX.md").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_a_committed_matrix_names_its_runs_in_its_table(tmp_path, monkeypatch):
     """A published matrix has no marker (it is not committed): its Releases table says what it was made from."""
     from test_matrix import three_releases

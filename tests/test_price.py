@@ -106,6 +106,7 @@ def test_a_blank_slower_choice_says_why():
     assert set(weighing.blanks(two, meta)) == {weighing.NAIVE, weighing.FULL_TABLE_DECODE}  # w still has none
 
 
+@pytest.mark.slow
 def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)

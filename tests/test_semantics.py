@@ -1,3 +1,4 @@
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ def brute_mask(qo_len, kv_len, w):
     return m
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(shapes)
 def test_pair_count_matches_brute_force(shape):
@@ -95,6 +97,7 @@ def test_trim_keeps_every_visible_key_on_a_page_boundary(shape, page_size):
         assert m[0, start], "page_size 1 trims exactly to the first query's window"
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(shapes)
 def test_request_granular_trim_is_wrong_exactly_where_the_issue_says(shape):

@@ -171,6 +171,7 @@ BUGS = [  # (known bug, case axes where it must fail at a small window and at W 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,axes", BUGS)
 def test_each_serving_bug_is_caught_by_the_probe_alone(name, axes):
     w = build(**{k: v for k, v in axes.items()})
@@ -247,6 +248,7 @@ kv_dtype = ["bfloat16", "fp8"]
 """
 
 
+@pytest.mark.slow
 def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_twin(write_scenario, tmp_path):
     from conftest import invoke
 

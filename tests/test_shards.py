@@ -79,6 +79,7 @@ def test_visible_gpus_read_cuda_visible_devices_as_cuda_does(monkeypatch, spec, 
     assert launch.visible_gpus() == expect
 
 
+@pytest.mark.slow
 def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
     for i in range(2):
         assert invoke("run", tiny, "--device", "cpu", "--shard", f"{i}/2", "--out", tmp_path / f"s{i}").exit_code == 0
@@ -103,6 +104,7 @@ def test_sharded_runs_merge_into_the_single_run(tiny, tmp_path):
     assert len(pd.read_csv(tmp_path / "again" / run_folder.SAMPLES)) == len(samples)
 
 
+@pytest.mark.slow
 def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
     assert invoke("run", tiny, "--device", "cpu", "--shard", "0/2", "--out", tmp_path / "a").exit_code == 0
     r = invoke("merge", tmp_path / "m", tmp_path / "a", tmp_path / "a")
@@ -205,6 +207,7 @@ def test_local_array_runs_at_most_one_shard_per_core_at_once(tmp_path, monkeypat
     assert launch.batches(5, local=False) == [range(0, 5)]  # a scheduler queues the whole array itself
 
 
+@pytest.mark.slow
 def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
     """The --gpus launch path with CPU workers: every worker is shown its own device (the launcher's
     visible GPU it stands for) and its share of the CPU threads, works its own shard, and the
@@ -306,6 +309,7 @@ def test_measured_costs_balance_the_shards(write_scenario):
     assert [p for p in s.points if where[p.key] == where[heavy.key]] == [heavy]
 
 
+@pytest.mark.slow
 def test_costs_come_from_an_earlier_run(tiny, tmp_path):
     assert invoke("run", tiny, "--device", "cpu", "--out", tmp_path / "first").exit_code == 0
     table = pd.read_csv(tmp_path / "first" / run_folder.TABLE)

@@ -146,6 +146,7 @@ def test_model_features_in_a_trace_line_is_one_step_where_it_changes_nothing(tmp
         traces.read(write(tmp_path, [{"mode": "decode", **LAYER, "model_features": False, "requests": [[4, 1]]}]))
 
 
+@pytest.mark.slow
 def test_replay_runs_end_to_end_and_reports(tmp_path):
     trace = write(tmp_path, STEPS)
     r = invoke("replay", trace, "--impl", "torch-trim", "--impl", "paged-window", "--device", "cpu",
@@ -167,6 +168,7 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
     assert f"From `{tmp_path / 'run'}`:" in per_model and "gemma-3-1b" in per_model  # the gemma-3-1b verify step
 
 
+@pytest.mark.slow
 def test_a_mixed_trace_replays_on_the_cpu_served_step_by_step(tmp_path, monkeypatch):
     """A decode line of a model with sinks beside decode and verify lines without: FlexAttention has no
     sink term and a sinks-only path (as FlashInfer's sink wrapper) runs nothing else, so neither runs
