@@ -40,6 +40,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def one_figure(monkeypatch):
+    """Commands that draw every figure draw the first only: for tests whose subject is what a command reads
+    or refuses, not its figures (tests/test_plots_report.py draws and checks them all)."""
+    from swabench.publish import plots
+
+    first = next(iter(plots.FIGURES))
+    monkeypatch.setattr(plots, "FIGURES", {first: plots.FIGURES[first]})
+
+
 def invoke(*args):
     """The CLI as a user types it (arguments stringified), exceptions not swallowed."""
     from click.testing import CliRunner

@@ -96,7 +96,7 @@ def runs_in_every_state(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["summary", "plot", "report"])
-def test_readers_handle_runs_with_nothing_to_time(runs_in_every_state, tmp_path, command):
+def test_readers_handle_runs_with_nothing_to_time(runs_in_every_state, tmp_path, command, one_figure):
     for state, folder in runs_in_every_state.items():
         extra = ["--out", tmp_path / f"{command}-{state}"] if command != "summary" else []
         r = invoke(command, folder, *extra)
@@ -308,7 +308,7 @@ def test_findings_without_out_prints_the_page_and_writes_nothing(tmp_path, good_
 
 
 @pytest.mark.slow
-def test_a_report_of_another_run_with_the_same_name_needs_force(tmp_path, good_run, monkeypatch):
+def test_a_report_of_another_run_with_the_same_name_needs_force(tmp_path, good_run, monkeypatch, one_figure):
     monkeypatch.chdir(tmp_path)
     twin = shutil.copytree(good_run, tmp_path / "elsewhere" / good_run.name)
     assert invoke("report", good_run).exit_code == 0

@@ -107,7 +107,7 @@ def test_a_blank_slower_choice_says_why():
 
 
 @pytest.mark.slow
-def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path):
+def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path, one_figure):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)
     r = invoke("price", "--model", "gemma-3-1b", trace, "--impl", "torch-trim", "--impl", "torch-mask",

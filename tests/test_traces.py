@@ -147,7 +147,7 @@ def test_model_features_in_a_trace_line_is_one_step_where_it_changes_nothing(tmp
 
 
 @pytest.mark.slow
-def test_replay_runs_end_to_end_and_reports(tmp_path):
+def test_replay_runs_end_to_end_and_reports(tmp_path, one_figure):
     trace = write(tmp_path, STEPS)
     r = invoke("replay", trace, "--impl", "torch-trim", "--impl", "paged-window", "--device", "cpu",
                "--out", tmp_path / "run")
@@ -169,7 +169,7 @@ def test_replay_runs_end_to_end_and_reports(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_mixed_trace_replays_on_the_cpu_served_step_by_step(tmp_path, monkeypatch):
+def test_a_mixed_trace_replays_on_the_cpu_served_step_by_step(tmp_path, monkeypatch, one_figure):
     """A decode line of a model with sinks beside decode and verify lines without: FlexAttention has no
     sink term and a sinks-only path (as FlashInfer's sink wrapper) runs nothing else, so neither runs
     every decode step; served at its best takes each step from the path that passed it."""
@@ -237,7 +237,10 @@ H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
 
 
 @pytest.mark.slow
-def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path):
+def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path, monkeypatch):
+    from swabench.publish import plots
+
+    monkeypatch.setattr(plots, "FIGURES", {"backends": plots.backends})  # the one figure this test reads
     text = report.write(H200_REPLAY, tmp_path).read_text()
     assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
     replay = text.split("## Trace replay")[1].split("\n## ")[0]
