@@ -96,6 +96,7 @@ def test_a_key_block_is_a_page_where_a_page_can_be_one(storage, page_size, block
 
 @pytest.mark.parametrize("qo_len,page_size,options", [(1, 16, {}), (127, 16, {}), (128, 16, {"BLOCK_N": 16}),
                                                      (300, 32, {"BLOCK_N": 32}), (300, 128, {})])
+@pytest.mark.slow
 def test_the_general_kernel_reads_a_small_page_a_page_at_a_time(qo_len, page_size, options):
     """Under 128 queries a request flex-decoding picks its own tile; from 128 the flex-attention kernel's
     BLOCK_N must divide the key block, and its default does not divide a page of 16 or 32."""
@@ -111,6 +112,7 @@ def test_the_general_kernel_reads_a_small_page_a_page_at_a_time(qo_len, page_siz
 @pytest.mark.parametrize("mode,heads,kernel,options", [("decode", (8, 2), "flex-decoding", {}),
                                                        ("decode", (10, 2), "flex-attention", {"BLOCK_N": 16}),
                                                        ("verify", (40, 8), "flex-attention", {"BLOCK_N": 16})])
+@pytest.mark.slow
 def test_a_group_that_is_not_a_power_of_two_runs_the_general_kernel_a_page_at_a_time(mode, heads, kernel, options):
     """Inductor runs flex-decoding only for a power-of-two GQA group; Llama 4's 40/8 heads (a group of 5)
     decode and verify on the general kernel, whose BLOCK_N must then be the page (a 128-row query block)."""
@@ -168,6 +170,7 @@ def test_flex_window_reads_only_the_pages_of_the_window():
     assert "flex-decoding" in runner.wrapper_mode
 
 
+@pytest.mark.slow
 def test_uneven_queries_are_padded_and_padding_is_never_written_back():
     c = axes.make_case(dict(mode="extend", batch_size=3, prefix_len=40, qo_len=(5, 17, 1), window_left=9,
                             num_qo_heads=4, num_kv_heads=2, head_dim=32, dtype="float32", page_size=16))
