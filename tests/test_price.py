@@ -133,14 +133,14 @@ def test_price_runs_a_models_lines_of_a_trace_on_the_cpu(tmp_path, one_figure):
     assert "## Whole-model price" in page and "22 windowed of 26 layers" in page and "## Trace replay" not in page
 
 
-def test_a_price_runs_the_engines_correct_paths_unless_told(monkeypatch):
+def test_a_price_runs_the_engines_correct_paths_unless_told(tmp_path, monkeypatch):
     """The peers and the known bugs are for the sweeps: a price weighs what engines serve layers with."""
     from swabench.impls import registry
     from swabench.run import price as pricing
     cpu = torch.device("cpu")
     assert pricing.engine_paths(cpu) == ["torch-trim", "torch-mask"]  # no GPU: the embedded paths stand in
     monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))  # the steps of a GPU: refused on the CPU otherwise
-    request = pricing.request("gemma-3-1b", None, (), (), None, cpu)
+    request = pricing.request("gemma-3-1b", None, (), (), tmp_path / "a", cpu)
     assert set(request.scenario.implementations) == {"torch-trim", "torch-mask"}
     monkeypatch.setattr(registry.Implementation, "availability",  # a GPU node with FlashInfer
                         lambda impl, device: None if impl.library in ("flashinfer", "torch", "flex") else "not here")
@@ -162,9 +162,10 @@ def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estim
     assert said, r.output
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)  # a trace's few short steps take seconds
-    assert pricing.request("gemma-3-1b", trace, (), (), None, torch.device("cpu"))
+    assert pricing.request("gemma-3-1b", trace, (), (), tmp_path / "b", torch.device("cpu"))
+    assert pricing.request("gemma-3-1b", None, (), (), tmp_path / "r", torch.device("cpu"), resume=True)  # chosen
     monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))
-    scenario = pricing.request("gemma-3-1b", None, (), (), None, torch.device("cpu")).scenario
+    scenario = pricing.request("gemma-3-1b", None, (), (), tmp_path / "c", torch.device("cpu")).scenario
     work = pricing.cpu_work(scenario, torch.device("cpu"))
     assert float(said[1]) == round(work / 1e12, 1) and int(said[2]) == round(work / 2 / pricing.CPU_MULTIPLY_ADDS_PER_S / 60)
     one = next(c for c in scenario.cases if c.mode == "decode")  # 32 requests, one query on 32769 keys, 4 heads x 256

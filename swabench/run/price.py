@@ -98,7 +98,7 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
                       "layers": {axes.make_case(s.axes()).case_id: kind[s] for s in layered},
                       "kv": kv_bytes(model, steps)}}
     request = replay.steps_request(source, digest, layered, implementations, backends, out, device, resume, l2, meta)
-    if device.type == "cpu":
+    if device.type == "cpu" and not resume:  # a resume has timed some of it already: the user chose to go on
         _refuse_hours_on_the_cpu(model, trace, request.scenario, device)
     return request
 
