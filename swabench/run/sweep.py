@@ -107,10 +107,10 @@ def skip_reason(point: Point, options: SweepOptions) -> str | None:
     return skip or (f"resource: the module could not be built in the warm-up ({failed})" if failed else None)
 
 
-def measure_point(point: Point, w: workloads.Workload, options: SweepOptions) -> dict:
+def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, skip: str | None) -> dict:
+    """One point's row: ``skip`` (its skip_reason, known before the workload was built), or gated and timed."""
     impl = registry.get(point.impl)
     row = base_row(point, w, options.device)
-    skip = skip_reason(point, options)
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
@@ -343,7 +343,7 @@ def run(points: list[Point], store, options: SweepOptions, name: str = "") -> It
                         row = {**base_row(point, None, options.device), "status": "skip", "reason": skip}
                     else:
                         with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):
-                            row = measure_point(point, w, options)
+                            row = measure_point(point, w, options, known[point])
                     # where the sweep's time goes (plan, gate, timing and compiles), for the next run's shards
                     row.update(point_s=time.perf_counter() - started, workload_s=workload_s)
                     store.append(row)
