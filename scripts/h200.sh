@@ -43,10 +43,10 @@
 #            OUTDIR/h200-release-VERSION, one folder per release for `swabench matrix`
 #   counters-tests  the Nsight Compute and clock GPU tests alone (a copy of N bytes reads N bytes; the decode cliff)
 #   ncu      `swabench profile --tool ncu` over default's and serving's decode, verify and extend steps named in
-#            NCU_DEFAULT and NCU_SERVING (case filters), every path but the per-request PyTorch loops of NCU_LOOPS:
-#            OUTDIR/h200-ncu-SCENARIO-VERSION; then those loops (hundreds of kernels a call, ~0.1 s each under ncu)
-#            on the cases of NCU_LOOP_DEFAULT and NCU_LOOP_SERVING only: OUTDIR/h200-ncu-SCENARIO-loops-VERSION
-#            (NCU_SCENARIOS=default runs one of the two)
+#            NCU_DEFAULT and NCU_SERVING (case filters), every path but the per-request PyTorch loops of NCU_LOOPS,
+#            kernel by kernel: OUTDIR/h200-ncu-SCENARIO-VERSION; then those loops (hundreds of kernels a call) on
+#            the same cases, each call counted as one workload (--ncu-unit call): OUTDIR/h200-ncu-SCENARIO-loops-VERSION
+#            (NCU_SCENARIOS=default runs one of the two; NCU_PARTS=loops the loops alone)
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
@@ -58,8 +58,6 @@ out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
 : "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
 : "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
 : "${NCU_LOOPS=torch-trim torch-mask}"
-: "${NCU_LOOP_DEFAULT=decode b32 p8192 q1 W127;verify b32 p8192 q16 W127 ps16;extend b32 p8192 q512 W127 ps16}"
-: "${NCU_LOOP_SERVING=verify b32 p8192 q8 W4095 ps16 h16/8;extend b4 p8192 q2048 W4095 ps16 h16/8}"
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -147,8 +145,8 @@ for step in $steps; do
                  2>&1 | tee "$out/gpu-counters-tests.log" | tail -8 ;;
     ncu)       v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                for s in ${NCU_SCENARIOS:-default serving}; do
-                 for part in main loops; do
-                   filters="NCU_${s^^}"; [ $part = loops ] && filters="NCU_LOOP_${s^^}"
+                 for part in ${NCU_PARTS:-main loops}; do
+                   filters="NCU_${s^^}"; unit=kernel; [ $part = loops ] && unit=call
                    cases=(); IFS=';' read -ra picked <<< "${!filters:-}"
                    for c in "${picked[@]}"; do cases+=(--case "$c"); done
                    impls=$(python3 -c "import sys; from swabench.spec import scenarios as sc
@@ -157,7 +155,7 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                      "$s" "$part" "$NCU_LOOPS" "${picked[@]}")
                    [ -n "$impls" ] || continue
                    name="h200-ncu-$s-$v"; [ $part = loops ] && name="h200-ncu-$s-loops-$v"
-                   ( time sb profile "$s" --tool ncu "${cases[@]}" $impls --out "$out/$name" ) 2>&1 | tail -45
+                   ( time sb profile "$s" --tool ncu --ncu-unit $unit "${cases[@]}" $impls --out "$out/$name" ) 2>&1 | tail -45
                  done
                done ;;
     noncausal) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)

@@ -130,6 +130,8 @@ def test_the_command_counts_only_the_count_ranges_with_the_clocks_as_found():
     assert cold[-3:] == ["python", "-m", "swabench"]
     warm = counters.command("ncu", "r", "r.log", [], "warm")
     assert warm[warm.index("--cache-control") + 1] == "none"
+    whole = counters.command("ncu", "r", "r.log", [], "cold", "call")
+    assert whole[whole.index("--graph-profiling") + 1] == "graph" and whole[whole.index("--cache-control") + 1] == "all"
     assert counters.range_name("decode-window", "fa2", "206beedd0021") == "count decode-window [fa2] #206beedd0021"
 
 
@@ -225,6 +227,13 @@ def test_the_command_line_and_an_untrusted_counter(fake_ncu, tmp_path, monkeypat
     assert good.exit_code == 0 and "| decode | torch-trim [torch] |" in good.output
     assert invoke("profile", "cpu", "--tool", "ncu", "--against", tmp_path / "good", "--out",
                   tmp_path / "x").exit_code == 2
+    refused = invoke("profile", "cpu", "--tool", "nsys", "--ncu-unit", "call", "--out", tmp_path / "y")
+    assert refused.exit_code == 2 and "--ncu-unit call: ncu only" in refused.output and not (tmp_path / "y").exists()
+    whole = invoke("profile", "cpu", "--tool", "ncu", "--ncu-unit", "call", "--impl", "torch-trim", "--case", "decode",
+                   "--out", tmp_path / "whole")
+    assert whole.exit_code == 0 and f"| {machine.WHOLE} |" in whole.output
+    _, meta = derived.load(tmp_path / "whole")
+    assert meta["counters"]["unit"] == "call" and "--graph-profiling graph" in meta["counters"]["options"]
     monkeypatch.setenv("FAKE_NCU_CALIBRATION", "1.05")
     monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-trim=50")
     bad = invoke("profile", "cpu", "--tool", "ncu", "--impl", "torch-trim", "--case", "decode", "--out", tmp_path / "bad")

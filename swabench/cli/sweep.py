@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import (Bar, InputError, costs_option, device_of, impl_option, l2_option, load,
+from swabench.cli.options import (Bar, InputError, case_option, costs_option, device_of, impl_option, l2_option, load,
                                   model_option, model_scenario, opt, out_option, report_outcome, run_options,
                                   scenario_file)
 from swabench.run import launch, lifecycle, shards
@@ -186,15 +186,16 @@ def import_cmd(dump_dir, out, bucket, verify_max, force):
 @click.argument("scenarios", nargs=-1, required=True)
 @opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
 @impl_option
+@case_option
 @opt("--list", "list_only", is_flag=True, help="Only list the module signatures the scenarios need (no GPU needed, "
                                                "nothing built).")
-def warmup(scenarios, jobs, impls, list_only):
+def warmup(scenarios, jobs, impls, cases, list_only):
     """Build every JIT module the SCENARIOS need (in parallel, all of them at once) and say what it built
     and how long it took; `swabench run` does the same before timing, so no compile lands in a timed
     region."""
     from swabench.run import sweep
 
-    points = [p for name in scenarios for p in load(name, impls).points]  # every file checked before any build
+    points = [p for name in scenarios for p in load(name, impls, cases).points]  # every file checked before any build
     needed = sweep.modules_needed(points, None)
     if not needed:  # nothing a GPU would build either: not an error without one
         click.echo(f"nothing to build: no point of {', '.join(scenarios)} needs a JIT-compiled module")

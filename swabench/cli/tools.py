@@ -22,19 +22,25 @@ from swabench.run import launch, lifecycle
           "bytes each kernel of a point's call moves); torch: torch.profiler in this process.")
 @opt("--against", type=click.Path(exists=True, file_okay=False), default=None,
      help="nsys: a run of the same points without the profiler, whose graph times to hold nsys's against.")
+@opt("--ncu-unit", "unit", type=click.Choice(["kernel", "call"]), default="kernel", show_default=True,
+     help="ncu: count each kernel of a point's call on its own, L2 flushed before each (kernel), or the whole call "
+          "as one workload, L2 flushed once before it (call: for calls of hundreds of small kernels, such as the "
+          "per-request PyTorch loops, faster and without re-reading what one kernel leaves in L2 for the next).")
 @l2_option
-def profile(scenario, out, impls, cases, tool, against, l2):
+def profile(scenario, out, impls, cases, tool, against, unit, l2):
     """Run SCENARIO under a profiler; tie the kernels it saw to each row of the run folder."""
     from swabench.run import profiling
 
+    if against and tool != "nsys":
+        raise InputError("--against: nsys only (ncu and torch.profiler have no graph times to hold against)")
+    if unit != "kernel" and tool != "ncu":
+        raise InputError(f"--ncu-unit {unit}: ncu only (--tool ncu)")
     device = device_of("cuda", "profile")
     s = load(scenario, impls, cases, device.type)
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, "profile")
     if tool == "ncu":
-        if against:
-            raise InputError("--against: nsys only (ncu replays kernels, so it has no times to hold against)")
         try:
-            result = profiling.run_under_ncu(s.path, out, launch.worker_args(impls, cases), l2)
+            result = profiling.run_under_ncu(s.path, out, launch.worker_args(impls, cases), l2, unit)
         except profiling.ProfileError as e:
             raise click.ClickException(str(e)) from None
         sys.exit(0 if print_counted(result, out) else 1)

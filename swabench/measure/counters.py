@@ -37,6 +37,11 @@ CALIBRATION_TOLERANCE = 0.01
 SEARCHED = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu")
 IMPORT_S = 600  # reading back a report of thousands of kernels takes seconds; more means ncu hangs
 STARTED_RANGES = "Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  # ncu's raw-page column
+# What ncu counts as one workload: each kernel node of a point's graph on its own (a cold L2 before each, so
+# what one kernel leaves for the next is read again), or the whole graph at once (a cold L2 before the call
+# only): the honest count for a call of hundreds of small kernels passing intermediates through L2, such as
+# the per-request PyTorch loops, and far fewer replays.
+COUNT_UNITS = {"kernel": "node", "call": "graph"}
 UNREADABLE = ("ERR_NVGPUCTRPERM", "LibraryNotLoaded", "Failed to initialize the profiler", "not supported on this device",
               "Profiling is not supported")
 
@@ -67,18 +72,18 @@ def version(ncu: str) -> str | None:
     return found.group(1) if found else (done.stdout.strip().splitlines() or [None])[-1]
 
 
-def options(l2: str) -> list[str]:
-    """ncu's options for a run: clocks as found, caches flushed before each kernel for a cold L2 (left
-    alone for a warm one), every kernel node of a graph, only the count ranges, four metrics."""
+def options(l2: str, unit: str = "kernel") -> list[str]:
+    """ncu's options for a run: clocks as found, caches flushed before each workload for a cold L2 (left
+    alone for a warm one), the workload (``COUNT_UNITS``), only the count ranges, four metrics."""
     return ["--clock-control", "none", "--cache-control", "all" if l2 == "cold" else "none",
-            "--graph-profiling", "node", "--nvtx", "--nvtx-include", f"regex:{DOMAIN}@{RANGE}.*",
+            "--graph-profiling", COUNT_UNITS[unit], "--nvtx", "--nvtx-include", f"regex:{DOMAIN}@{RANGE}.*",
             "--metrics", ",".join(METRICS)]
 
 
-def command(ncu: str, report: str, log: str, child: list[str], l2: str) -> list[str]:
+def command(ncu: str, report: str, log: str, child: list[str], l2: str, unit: str = "kernel") -> list[str]:
     """The whole profiled command: ncu's options, its report and its log (ncu's own messages, apart from
     the child's), then the child."""
-    return [ncu, *options(l2), "--force-overwrite", "--export", report, "--log-file", log, *child]
+    return [ncu, *options(l2, unit), "--force-overwrite", "--export", report, "--log-file", log, *child]
 
 
 def range_name(impl: str, backend: str, case_id: str) -> str:

@@ -65,7 +65,7 @@ class Counted:
         return self.meta.get("skipped")
 
 
-def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str) -> Counted:
+def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str, unit: str = "kernel") -> Counted:
     """``swabench run --count`` again under ncu into ``out``: the gate on every point, one counted call per
     gated point.  Writes ncu.csv (every counted kernel), joins each point's sums to its row (``dram_read_bytes``
     and the rest) and records the method and the calibration in meta.json's ``counters``.  Where there is no
@@ -81,7 +81,7 @@ def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str)
              "--count", "--l2", l2, *child_args]
     started = time.perf_counter()
     try:
-        code = subprocess.run(counters.command(ncu, str(stem), str(log), child, l2)).returncode
+        code = subprocess.run(counters.command(ncu, str(stem), str(log), child, l2, unit)).returncode
         said = log.read_text(errors="replace") if log.exists() else ""
         why = counters.unreadable(said)
         if code == 130:
@@ -89,7 +89,8 @@ def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str)
         if not (out / run_folder.META).exists() or (code not in (0, 1) and not why):  # ncu's own failure is a skip
             raise ProfileError(f"the run under ncu failed (exit {code})" + (f": {why}" if why else "")
                                + (f"; ncu's log is {log}" if log.exists() else ""))
-        meta = {"tool": f"ncu {counters.version(ncu)}", "options": shlex.join(counters.options(l2)), "l2": l2,
+        meta = {"tool": f"ncu {counters.version(ncu)}", "options": shlex.join(counters.options(l2, unit)), "l2": l2,
+                "unit": unit,
                 "metrics": counters.METRICS, "wall_s": round(time.perf_counter() - started, 1)}
         if log.exists():
             log.rename(out / "ncu.log")

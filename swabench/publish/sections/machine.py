@@ -19,6 +19,7 @@ from swabench.store import run_folder, schema
 
 MB = 1e6
 AMPLIFIED = 1.25  # a path reading more than this times what its window needs reads bytes it does not need
+WHOLE = "the whole call, as one workload"
 CLIFF = 10  # a read amplification this large is a finding of its own: the page table's keys read whole
 
 
@@ -76,6 +77,7 @@ def bytes_table(run: Run) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame()
     names = kernel_names(run)
+    whole = counted_whole(run)
     rows = []
     for (mode, path), g in t.groupby(["mode", "path"]):
         amp = g["read_amplification"]
@@ -87,10 +89,15 @@ def bytes_table(run: Run) -> pd.DataFrame:
                      "DRAM read MB (median)": _mb(g["dram_read_bytes"].median()),
                      "needed MB (median)": _mb(g["min_read_bytes"].median()),
                      "DRAM written / output": f"{ratio((g['dram_write_bytes'] / output).median())}x",
-                     "kernels of a call": kernels.index[0] if len(kernels) else ""})
+                     "kernels of a call": WHOLE if whole else kernels.index[0] if len(kernels) else ""})
     out = pd.DataFrame(rows)
     out = out.assign(order=out["path"].map(path_order)).sort_values(["step", "order"], key=mode_order)
     return out.drop(columns="order").reset_index(drop=True)
+
+
+def counted_whole(run: Run) -> bool:
+    """Whether ncu counted each call as one workload (``--ncu-unit call``), not kernel by kernel."""
+    return (run.meta.get("counters") or {}).get("unit") == "call"
 
 
 def timed_twin(runs: list[Run], counted_run: Run) -> pd.Series:
@@ -158,7 +165,8 @@ def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
             f"JIT warm-up" if sweep else f"{c.get('per_point_s')} s a point")
     copy = (f"the calibration copy of {_mb(cal['bytes'])} MB read {cal['read_ratio']:.4f}x its bytes"
             if cal.get("read_ratio") is not None else "the calibration copy was not counted")
-    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {cost}); {copy}"
+    unit = "each call as one workload" if counted_whole(run) else "kernel by kernel"
+    said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {unit}, {cost}); {copy}"
             + ("" if trusted(run) else ": outside 1%, so none of this run's counts is to be trusted") + f" ({run.name})."]
     return said + ([cliff(run, times)] if trusted(run) else [])
 
