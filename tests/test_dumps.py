@@ -119,6 +119,16 @@ def test_a_log_cut_short_by_a_killed_server_keeps_its_intact_calls(tmp_path):
     assert imported.cut == [last.name, "session.jsonl line 46"] and last.name in imported.summary()
 
 
+def test_only_a_processs_last_call_may_be_cut(tmp_path):
+    """A cut record in any other call is a corrupt log, not a stop: its wrapper's later runs would be counted
+    for the plan before it."""
+    dump = copy_dump(tmp_path)
+    earlier = sorted(p for p in dump.iterdir() if p.is_dir() and p != last_call(dump))[5]
+    cut_last_line(earlier / "metadata.jsonl")
+    said = import_error(dump, tmp_path)
+    assert f"{earlier.name}/metadata.jsonl: line" in said and "is not its last" in said
+
+
 def test_a_call_without_its_tensors_is_dropped_with_a_plain_reason(tmp_path):
     dump = copy_dump(tmp_path)
     (last_call(dump) / "inputs.pt").unlink()

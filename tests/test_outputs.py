@@ -168,6 +168,28 @@ def test_default_folders_started_in_the_same_second_differ(tmp_path):
     assert run_folder.new_folder(tmp_path, "x") != run_folder.new_folder(tmp_path, "x")
 
 
+@pytest.mark.slow
+def test_a_default_folder_the_command_wrote_nothing_in_is_gone_at_exit(tmp_path, monkeypatch):
+    """A command refused after its default folder was made (the CPU price estimate here) leaves nothing
+    behind; a folder something was written in is kept."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "swabench", "price", "--model", "gemma-3-27b"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "--out" not in done.stderr.split("Error")[0], done.stderr
+    assert not [p for p in (tmp_path / "results").iterdir()], "an empty default folder was left behind"
+    kept, empty = tmp_path / "kept", tmp_path / "empty"
+    for folder in (kept, empty):
+        folder.mkdir()
+        (folder / run_folder.LOCK).write_text("")
+    (kept / "meta.json").write_text("{}")
+    for folder in (kept, empty, tmp_path / "never-made"):
+        run_folder.remove_if_empty(folder)
+    assert kept.is_dir() and (kept / run_folder.LOCK).exists() and not empty.exists()
+
+
 # 13. a run folder never inside another one
 def test_no_run_is_made_inside_a_run_folder(tmp_path, published):
     path, trace = scenario(tmp_path), Path(__file__).resolve().parent.parent / "traces" / "example.jsonl"
@@ -212,3 +234,20 @@ def test_a_committed_matrix_names_its_runs_in_its_table(tmp_path, monkeypatch):
     (tmp_path / "m" / ".swabench-made-from").unlink()
     r = invoke("matrix", *runs[1:], "--out", "m")
     assert r.exit_code == 2 and str(runs[0]) in r.output
+
+
+def test_a_files_folder_is_checked_first_and_made_only_by_the_write(tmp_path):
+    """`findings --out a/b/F.md` and `import --out` check the folder before any work and make it only when
+    they write, so a command that fails between leaves no folder behind."""
+    from swabench.publish import outputs
+
+    target = outputs.file_path(tmp_path / "new" / "deeper" / "FINDINGS.md")
+    assert not (tmp_path / "new").exists()
+    run_folder.atomic_write(target, "page\n")
+    assert target.read_text() == "page\n"
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(paths.OutputError, match="plain is a regular file, not a folder"):
+        outputs.file_path(tmp_path / "plain" / "sub" / "F.md")
+    (tmp_path / "no-run").mkdir()
+    failed = invoke("findings", str(tmp_path / "no-run"), "--out", str(tmp_path / "made" / "F.md"))
+    assert failed.exit_code == 2 and "no-run" in failed.output and not (tmp_path / "made").exists()

@@ -187,3 +187,23 @@ def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(h200, 
             assert marker in (None, want["marker"]), (name, label)
             drawn += 1
     assert drawn or name in ("speedup_heatmap", "backends")  # a colour per window or per backend there
+
+
+def test_a_paths_backends_are_told_apart_by_fill():
+    """One look per path; its fa2 points solid, fa3 hollow and auto pale, so three backends of one path do not
+    read as one."""
+    import matplotlib.colors as mcolors
+
+    from swabench.publish import limits, style
+
+    ax = style.pyplot().figure().add_subplot()
+    for k, backend in enumerate(("fa2", "fa3", "auto")):
+        limits._points(ax, None, [1.0], [1.0], "paged-window", backend, k)
+    faces = [tuple(c.get_facecolor()[0]) if len(c.get_facecolor()) else None for c in ax.collections]
+    edges = {mcolors.to_hex(c.get_edgecolor()[0]) for c in ax.collections}
+    assert edges == {mcolors.to_hex(style.look("paged-window")["color"])}
+    assert faces[1] is None or faces[1][3] == 0  # hollow
+    solid, pale = mcolors.to_rgb(faces[0]), mcolors.to_rgb(faces[2])
+    assert solid == pytest.approx(mcolors.to_rgb(style.look("paged-window")["color"]))
+    assert all(p > s for p, s in zip(pale, solid) if s < 1) and faces[2][3] > 0  # lighter, not hollow
+    style.pyplot().close("all")

@@ -26,12 +26,16 @@ def _correct_timed(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = None) -> None:
-    """One path's points: its look, hollow on fa3; with ``k`` (its place among the paths drawn), a size a step
-    smaller than the path drawn before it, so that points several paths share show as rings."""
+    """One path's points: its look, hollow on fa3 and pale on auto (the library's pick between the two); with
+    ``k`` (its place among the paths drawn), a size a step smaller than the path drawn before it, so that points
+    several paths share show as rings."""
+    from matplotlib.colors import to_rgb
+
     style = look(impl)
+    pale = tuple(0.35 * c + 0.65 for c in to_rgb(style["color"]))  # the colour on white
+    face = {"fa3": "none", "auto": pale}.get(backend, style["color"])
     ax.scatter(x, y, s=14 if k is None else max(6.0, 120 * 0.72 ** k), alpha=0.85, label=f"{impl} [{backend}]",
-               marker=style["marker"], edgecolors=style["color"],
-               facecolors=style["color"] if backend != "fa3" else "none", linewidths=0.8)
+               marker=style["marker"], edgecolors=style["color"], facecolors=face, linewidths=0.8)
 
 
 def roofline(table, meta):

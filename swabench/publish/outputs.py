@@ -66,9 +66,9 @@ def matrix_folder(out, scenario: str, runs, force: bool = False) -> Path:
 
 def file_path(out, inputs=(), what: str = "--out") -> Path:
     """A file's path (a findings page, a trace): a regular file or nothing (store.paths.file_out),
-    outside every run folder and ``inputs``, in a folder that exists (made if missing) and can be written."""
+    outside every run folder and ``inputs``, in a folder that exists or can be made (by the write)."""
     path = paths.file_out(out, what)
     run_folder.refuse_inside_a_run(path, what)
     paths.refuse_inside(path, inputs, what)
-    run_folder.make_folder(path.parent)
+    paths.makeable_folder(path.parent, what)
     return path

@@ -181,8 +181,9 @@ def _calls(dump: Path, cut: list):
     (session.jsonl's, then the folders it does not name, by name); what was cut short goes into ``cut``."""
     session = dump / "session.jsonl"
     seen: set[str] = set()
+    last = _last_calls(dump)
     if session.is_file():
-        for n, record in _jsonl(session, cut):
+        for n, record in _jsonl(session, cut, may_be_cut=True):
             name = Path(str(record.get("dump_dir", ""))).name
             if name in seen:
                 continue
@@ -192,25 +193,38 @@ def _calls(dump: Path, cut: list):
                 raise DumpError(session, f"line {n} names a call folder that is not here ({name or 'none'}): a dump "
                                          f"copied in part?")
             seen.add(name)
-            yield name, _last_record(dump / name, cut)
+            yield name, _last_record(dump / name, cut, name in last)
     for name in sorted(n for n in _folder_names(dump) if n not in seen):
-        yield name, _last_record(dump / name, cut)
+        yield name, _last_record(dump / name, cut, name in last)
 
 
-def _last_record(folder: Path, cut: list) -> dict | None:
-    """The call's last intact metadata record (None where its only one was cut short, and said)."""
+def _last_calls(dump: Path) -> set[str]:
+    """Each process's last call folder (by the time in its name, to the millisecond, then its number): the
+    only call a stopped process can leave cut."""
+    last: dict[str, tuple] = {}
+    for name in _folder_names(dump):
+        found = CALL_FOLDER.match(name)
+        pid, order = found.group(2), (found.group(1), int(found.group(4)), name)
+        last[pid] = max(last.get(pid, order), order)
+    return {order[-1] for order in last.values()}
+
+
+def _last_record(folder: Path, cut: list, may_be_cut: bool) -> dict | None:
+    """The call's last intact metadata record (None where its only one was cut short, and said: only a
+    process's last call may be)."""
     meta = folder / "metadata.jsonl"
     if not meta.is_file():
         raise DumpError(folder, "no metadata.jsonl: a truncated dump (the process stopped while writing this call)")
-    records = [r for _, r in _jsonl(meta, cut, folder.name)]
+    records = [r for _, r in _jsonl(meta, cut, may_be_cut, folder.name)]
     if not records and not (cut and cut[-1] == folder.name):
         raise DumpError(meta, "empty: a truncated dump")
     return records[-1] if records else None
 
 
-def _jsonl(path: Path, cut: list, name: str | None = None):
-    """(line number, record) of a JSON Lines log, read line by line; a last line cut short is noted in
-    ``cut`` (as ``name``, or the file's line) and skipped, any other bad line is a DumpError."""
+def _jsonl(path: Path, cut: list, may_be_cut: bool, name: str | None = None):
+    """(line number, record) of a JSON Lines log, read line by line; where the log ``may_be_cut`` (the
+    session's, a process's last call's), a last line cut short is noted in ``cut`` (as ``name``, or the
+    file's line) and skipped; any other bad line is a DumpError."""
     try:
         with open(path, "rb") as f:
             held = None  # a line that did not parse: fatal unless it is the last
@@ -231,6 +245,9 @@ def _jsonl(path: Path, cut: list, name: str | None = None):
                 yield n, record
     except OSError as e:
         raise DumpError(path, f"cannot be read ({e.strerror or e})") from None
+    if held and not may_be_cut:
+        raise DumpError(path, f"line {held[0]} is not JSON ({held[1]}): a corrupt log (a stopped process leaves "
+                              f"only its last call cut short, and this call is not its last)")
     if held:
         cut.append(name or f"{path.name} line {held[0]}")
 

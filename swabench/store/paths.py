@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from swabench.errors import UserError
@@ -79,6 +80,22 @@ def folder_out(value, what: str = "--out") -> Path:
     if not stat.S_ISDIR(mode):
         raise OutputError(f"{what} {path} exists and is {_kind(mode)}, not a folder; give a folder or a new path")
     return path
+
+
+def makeable_folder(folder, what: str = "--out") -> Path:
+    """``folder`` checked, not made: a folder, or one that its nearest existing ancestor can hold (probed with
+    a folder made and removed there).  The writer makes it when it writes, so a command that fails first
+    leaves nothing behind."""
+    folder = Path(folder)
+    above = next(p for p in (folder, *folder.parents) if _lstat(p, what) is not None or p == p.parent)
+    if not above.is_dir():
+        kind = _kind(os.stat(above).st_mode) if above.exists() else "a broken symbolic link"
+        raise OutputError(f"{what}: cannot write to {folder}: {above} is {kind}, not a folder; give another path")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=above, prefix=".write-test."))
+    except OSError as e:
+        raise OutputError(f"{what}: cannot write to {folder}: {e.strerror or e}") from None
+    return folder
 
 
 def refuse_inside(out, inputs, what: str = "--out") -> None:

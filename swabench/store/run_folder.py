@@ -18,6 +18,7 @@ One process writes a folder at a time (a lock file it holds; a dead holder's loc
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import fcntl
 import gzip
@@ -43,8 +44,9 @@ os.umask(_UMASK)
 
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it: only over a regular file
-    (OutputError for a link, a device, a FIFO, a folder)."""
+    (OutputError for a link, a device, a FIFO, a folder); its folder made if missing."""
     paths.file_out(path, "the output")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
@@ -106,19 +108,34 @@ def check_new_run(folder, what: str = "--out", hint: str = "choose another --out
 
 
 def new_folder(root: Path, name: str) -> Path:
-    """``root``/``name``, created here and now, or ``name``-2, -3 ... when another process took it."""
+    """``root``/``name``, created here and now, or ``name``-2, -3 ... when another process took it (made now,
+    so two commands started in the same second never share one); removed at exit if the command wrote nothing
+    in it, so a refused command leaves no empty folder behind."""
     refuse_inside_a_run(root, "the default --out", Path(root) / name)
     make_folder(root)
     for n in range(1, 1000):
         folder = Path(root) / (name if n == 1 else f"{name}-{n}")
         try:
             folder.mkdir()
+            atexit.register(remove_if_empty, folder)
             return folder
         except FileExistsError:
             continue
         except OSError as e:
             raise RunFolderError(f"cannot create {folder}: {e.strerror or e}") from None
     raise RunFolderError(f"{root}/{name}-2 to -999 are all taken: pass --out")
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` when it holds nothing but its lock: a folder made for a command that wrote nothing."""
+    try:
+        left = list(Path(folder).iterdir())
+        if all(p.name == LOCK for p in left):
+            for p in left:
+                p.unlink()
+            Path(folder).rmdir()
+    except OSError:  # gone already, or written to since: either way not an empty folder of ours
+        pass
 
 
 def run_folder_above(path) -> Path | None:
@@ -324,7 +341,7 @@ def read_rows(folder) -> list[dict]:
     (published folders do not carry the journal); implementations by their current names."""
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
-        rows = _journal(store.folder)
+        rows = _journal(store.folder, read_meta(folder) if (store.folder / META).is_file() else {})
         _check_samples(rows, store.folder / ROWS)
         return renamed(rows, folder)
     table = read_csv(stored(store.folder, TABLE), (*KEY, "status"))
@@ -343,14 +360,10 @@ def read_rows(folder) -> list[dict]:
     return renamed(rows, folder)
 
 
-def _journal(folder: Path) -> list[dict]:
+def _journal(folder: Path, meta: dict) -> list[dict]:
     """The journal's rows, once the folder's table (where it has one) agrees with them."""
     rows = RunStore(folder).rows()
-    try:
-        state = json.loads((folder / META).read_text()).get("state")
-    except (OSError, ValueError, AttributeError):
-        state = None
-    refuse_stale_table(folder, rows, state)
+    refuse_stale_table(folder, rows, meta.get("state"))
     return rows
 
 
@@ -368,7 +381,7 @@ def load(folder, derive=None) -> tuple[pd.DataFrame, dict]:
     meta = read_meta(folder)
     folder = Path(folder)
     if (folder / ROWS).exists():
-        table = to_table(renamed(_journal(folder), folder))
+        table = to_table(renamed(_journal(folder, meta), folder))
         return (derive(table, meta.get("peaks")) if derive else table), meta
     table = with_columns(read_csv(stored(folder, TABLE), (*KEY, "status")))
     table["impl"] = table["impl"].replace(impl_renames(folder))
