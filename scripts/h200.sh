@@ -149,7 +149,7 @@ for step in $steps; do
                    filters="NCU_${s^^}"; unit=kernel; [ $part = loops ] && unit=call
                    cases=(); IFS=';' read -ra picked <<< "${!filters:-}"
                    for c in "${picked[@]}"; do cases+=(--case "$c"); done
-                   impls=$(python3 -c "import sys; from swabench.spec import scenarios as sc
+                   impls=$(python3 -c "import sys; from swabench.inputs import scenarios as sc
 s = sc.select(sc.load(sc.find(sys.argv[1])), sys.argv[4:]); loops = set(sys.argv[3].split())
 print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i in loops) == (sys.argv[2] == 'loops')))" \
                      "$s" "$part" "$NCU_LOOPS" "${picked[@]}")

@@ -7,7 +7,7 @@
 OUT/dump/       FlashInfer's own log (FLASHINFER_LOGLEVEL=10, FLASHINFER_DUMP_INCLUDE='*Wrapper.plan', plus
                 '*Wrapper.run' with --runs: then counts weigh the layers that share a plan)
 OUT/expected.jsonl  the trace lines this script knows it played (from its own lengths, not from the log)
-OUT/imported.jsonl  what swabench.spec.dumps read from OUT/dump
+OUT/imported.jsonl  what swabench.inputs.dumps read from OUT/dump
 OUT/play.json   the forward steps, the plan calls, the log's bytes (and per 1000 steps), each plan's median
                 host time, and whether the import matched
 --no-log        the same steps without the log (the plan times to hold the logged ones against)
@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import flashinfer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from swabench.spec import dumps  # noqa: E402
+from swabench.inputs import dumps  # noqa: E402
 
 DEV, BF16, I32 = torch.device("cuda"), torch.bfloat16, torch.int32
 PAGE, W = 16, 255  # page size; window_left (a 256-token sliding window)

@@ -6,7 +6,7 @@ mismatch the registry now refuses as a skip).  Kept as the check that settles su
 Usage on the GPU node: python scripts/ragged_sm_scale.py"""
 
 from swabench.core import gate, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.impls import flashinfer_impls as fi
 
 BASE = dict(mode="verify", draft_tokens=8, batch_size=4, prefix_len=5000, sliding_window=4096, head_dim=128,

@@ -7,7 +7,7 @@ Usage on the GPU node: python scripts/sink_head_dims.py 64 128"""
 import sys
 
 from swabench.core import gate, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.impls import registry
 
 for head_dim in map(int, sys.argv[1:]):

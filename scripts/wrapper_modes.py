@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 
 from swabench.core import gate, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.measure import timing
 from swabench.impls import flashinfer_impls as fi
 

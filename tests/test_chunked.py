@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from swabench.core import gate, probes, reference, semantics, workloads
 from swabench.impls import registry
-from swabench.spec import axes, scenarios
-from swabench.spec.axes import ScenarioError
+from swabench.inputs import axes, scenarios
+from swabench.inputs.axes import ScenarioError
 
 CPU_PATHS = ["torch-trim", "torch-mask", "torch-batch", "flex-window", "flex-contiguous", "flex-flat"]
 MISTAKES = ["planted-chunk-window", "planted-chunk-long"]

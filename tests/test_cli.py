@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY, cpu_only, invoke
 
 from swabench.store import run_folder
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 from swabench.run import sweep
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import invoke
 
-from swabench.spec import dumps, plan_calls, traces
+from swabench.inputs import dumps, plan_calls, traces
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RELEASES = ["0.7.2.post1", "0.7.4"]

@@ -8,7 +8,7 @@ import torch
 from swabench.publish.sections import Run, serving
 from swabench.analysis import versus
 from swabench.core import gate, workloads
-from swabench.spec import axes, scenarios
+from swabench.inputs import axes, scenarios
 from swabench.impls import registry
 
 

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.core import semantics, workloads
 from swabench.impls import flashinfer_impls as fi
 from swabench.impls import flashinfer_workspace as ws

@@ -11,7 +11,7 @@ import pytest
 from swabench.core import gate, workloads
 from swabench.impls import registry
 from swabench.impls.flex import key_block_size
-from swabench.spec import axes, scenarios
+from swabench.inputs import axes, scenarios
 from swabench.store import schema
 
 PEERS = ["flex-window", "flex-contiguous", "flex-flat"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from swabench import cli
 from swabench.errors import UserError
-from swabench.spec import axes, traces
+from swabench.inputs import axes, traces
 
 AXES = list(axes.AXES)
 JUNK = st.text(alphabet=string.printable, max_size=12)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from swabench.core import gate, probes, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.impls import registry
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swabench.core import gate, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.impls import registry
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,7 @@ from conftest import invoke
 
 from swabench.core import footprint, workloads
 from swabench.store import run_folder
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 from swabench.impls import registry
 
 TINY = textwrap.dedent("""

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from swabench.core import gate, workloads
-from swabench.spec import axes, scenarios
+from swabench.inputs import axes, scenarios
 from swabench.core.cases import draw_lengths, length_bound, parse_length
 from swabench.impls import registry
 

@@ -6,7 +6,7 @@ from conftest import invoke
 
 from swabench.publish.sections import Run, serving
 from swabench.analysis import derived
-from swabench.spec import axes, models, scenarios
+from swabench.inputs import axes, models, scenarios
 from swabench.impls import registry
 
 STEPS = [dict(mode="extend", extend_len=2048, prefix_len=8192), dict(mode="verify", draft_tokens=16, prefix_len=16384),

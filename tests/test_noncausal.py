@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from swabench.core import gate, workloads
 from swabench.impls import registry
-from swabench.spec import axes
+from swabench.inputs import axes
 
 CPU_PATHS = ["torch-trim", "torch-mask", "torch-batch", "flex-window", "flex-contiguous", "flex-flat"]
 

@@ -11,7 +11,7 @@ from conftest import invoke
 
 from swabench.analysis import price as weighing
 from swabench.run import price
-from swabench.spec import models
+from swabench.inputs import models
 
 TRACE = ('{"mode": "decode", "model": "gemma-3-1b", "requests": [[700, 1], [900, 1]], "count": 3}\n'
          '{"mode": "verify", "model": "gemma-3-1b", "requests": [[600, 4]]}\n'

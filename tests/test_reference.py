@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from swabench.core import reference, workloads
-from swabench.spec import axes
+from swabench.inputs import axes
 
 
 def naive(w):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swabench.spec import rules
-from swabench.spec.rules import RuleError, compile_rule
+from swabench.inputs import rules
+from swabench.inputs.rules import RuleError, compile_rule
 
 NAMES = ("group", "mode", "impl", "backend", "prefix_len", "seq_len", "qo_len", "kv_len", "window_left", "sinks",
          "attention_chunk")
@@ -346,14 +346,14 @@ window_left = 16
 
 
 def load(tmp_path, text):
-    from swabench.spec import scenarios
+    from swabench.inputs import scenarios
     path = tmp_path / "s.toml"
     path.write_text(text)
     return scenarios.load(path)
 
 
 def test_scenario_rule_errors_name_the_rule(tmp_path):
-    from swabench.spec.axes import ScenarioError
+    from swabench.inputs.axes import ScenarioError
     with pytest.raises(ScenarioError, match=r"s.toml: skip\[0\].when: must be a comparison"):
         load(tmp_path, BASE + 'prefix_len = 8\n[[skip]]\nwhen = "prefix_len"\nreason = "x"\n')
     rules_text = ('[[skip]]\nwhen = "mode == \'decode\'"\nreason = "a"\n'

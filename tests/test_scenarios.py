@@ -2,9 +2,9 @@ import textwrap
 
 import pytest
 
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 from swabench.core.cases import MODES
-from swabench.spec.axes import ScenarioError
+from swabench.inputs.axes import ScenarioError
 
 SHIPPED = ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"]
 
@@ -188,7 +188,7 @@ def test_the_commands_refuse_an_endless_or_deep_file_with_exit_2(tmp_path, comma
 
 @pytest.mark.parametrize("heads,group", [((8, 8), 1), ((64, 8), 8), ((40, 8), 5)])
 def test_a_case_knows_its_gqa_group(heads, group):
-    from swabench.spec import axes
+    from swabench.inputs import axes
 
     case = axes.make_case({"mode": "decode", "batch_size": 2, "prefix_len": 64, "window_left": 15, "page_size": 16,
                            "num_qo_heads": heads[0], "num_kv_heads": heads[1]})
@@ -197,7 +197,7 @@ def test_a_case_knows_its_gqa_group(heads, group):
 
 def test_trace_window_past_int32_is_refused():
     """JSON takes any integer: a trace's window is held to the same bound as a scenario's."""
-    from swabench.spec import traces
+    from swabench.inputs import traces
     from swabench.errors import UserError
     line = b'{"mode": "decode", "requests": [[10, 1]], "head_dim": 64, "window_left": ' + b"1" + b"0" * 30 + b"}"
     with pytest.raises(UserError, match=r"line 1\.window_left: must be an integer from -1 to 2147483647"):

@@ -10,7 +10,7 @@ import torch
 from swabench.publish.sections import Run, serving, speed
 from swabench.analysis import derived, versus
 from swabench.core import gate, reference, semantics, workloads
-from swabench.spec import axes, scenarios
+from swabench.inputs import axes, scenarios
 from swabench.impls import embedded, registry
 
 CASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=7, num_qo_heads=4, num_kv_heads=2,

@@ -9,7 +9,7 @@ from conftest import cpu_only, invoke
 
 from swabench.run import launch, shards
 from swabench.store import run_folder
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 
 TINY = """
 implementations = ["torch-trim", "torch-mask", "planted-wide"]

@@ -11,7 +11,7 @@ from conftest import invoke
 from swabench.publish.sections import Run, serving
 from swabench.analysis import derived, replay
 from swabench.publish import report
-from swabench.spec import axes, traces
+from swabench.inputs import axes, traces
 
 LAYER = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64, "sliding_window": 16, "page_size": 16}
 STEPS = [{"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]]},

@@ -9,7 +9,7 @@ from conftest import TINY, invoke
 from swabench.core import semantics
 from swabench.impls import embedded, flashinfer_impls, registry, upstream
 from swabench.run.sweep import verdict
-from swabench.spec import axes
+from swabench.inputs import axes
 from swabench.store import run_folder
 
 
@@ -110,7 +110,7 @@ def test_the_release_recorded_is_the_one_that_runs(monkeypatch):
 def test_the_warm_up_builds_the_sink_wrappers_head_dims_one_after_another():
     """Before 0.7.4 both head_dims build one file: built at once, one process loads what the other replaces."""
     from swabench.run.sweep import build_groups, module_signature
-    from swabench.spec import scenarios
+    from swabench.inputs import scenarios
 
     s = scenarios.load(scenarios.find("release"))
     todo = {module_signature(p): p for p in s.points if registry.get(p.impl).needs_cuda}

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from swabench.core import footprint, workloads
-from swabench.spec import axes, scenarios
+from swabench.inputs import axes, scenarios
 
 
 def case(**kw):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from swabench.spec.traces import MODES
+from swabench.inputs.traces import MODES
 
 if TYPE_CHECKING:
     import pandas as pd

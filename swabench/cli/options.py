@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from swabench.errors import RunFailed, UserError
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 
 
 class InputError(click.ClickException):
@@ -140,7 +140,7 @@ def model_scenario(scenario, model, device_type: str) -> str | None:
     models-cpu.toml without one); the name is checked here, before any work."""
     if not model:
         return scenario
-    from swabench.spec import models
+    from swabench.inputs import models
     try:
         models.get(model)
     except ValueError as e:

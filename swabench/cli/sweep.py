@@ -12,8 +12,8 @@ from swabench.cli.options import (Bar, InputError, case_option, costs_option, de
                                   model_option, model_scenario, opt, out_option, report_outcome, run_options,
                                   scenario_file)
 from swabench.run import launch, lifecycle, shards
-from swabench.spec import scenarios
-from swabench.spec.plan_calls import VERIFY_MAX
+from swabench.inputs import scenarios
+from swabench.inputs.plan_calls import VERIFY_MAX
 
 MAX_BUCKET = 1 << 16  # coarser than this merges steps a window apart: no longer the server's steps
 
@@ -170,7 +170,7 @@ def import_cmd(dump_dir, out, bucket, verify_max, force):
     import shlex
 
     from swabench.publish import outputs
-    from swabench.spec import dumps
+    from swabench.inputs import dumps
     from swabench.store import run_folder
 
     target = outputs.file_path(out, [dump_dir])
@@ -234,7 +234,7 @@ def show(scenario, impls, model, device, each):
 @click.command("models")
 def models_cmd():
     """The model presets: each one's sliding-window layer shape and where it was checked."""
-    from swabench.spec import models
+    from swabench.inputs import models
 
     click.echo(models.listing())
 

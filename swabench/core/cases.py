@@ -137,7 +137,7 @@ class Case:
     logits_soft_cap: float = 0.0  # l = cap * tanh(l / cap) when > 0 (Gemma 2)
     sm_scale: float | None = None  # None: head_dim ** -0.5
     kv_dtype: str | None = None  # None: the same as dtype
-    model: str | None = None  # the preset (swabench.spec.models) that set the head shape, window and features
+    model: str | None = None  # the preset (swabench.inputs.models) that set the head shape, window and features
     causal: bool = True  # False: a query sees every key of its request from p - W on, future ones too
     attention_chunk: int = 0  # C > 0: chunked local attention, a query sees its own chunk up to itself (no window)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from swabench import STARTED
 from swabench.analysis import derived
 from swabench.run import launch
-from swabench.spec import scenarios
+from swabench.inputs import scenarios
 from swabench.store import run_folder, schema
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from swabench.core import semantics
 from swabench.errors import UserError
-from swabench.spec import models, traces
+from swabench.inputs import models, traces
 
 KV_BYTES = 2  # bf16 or fp16 cache elements
 # per CPU thread, the gate's float64 reference and PyTorch's bf16 attention alike (an extend step of gemma-3-1b,
@@ -31,7 +31,7 @@ def preset(name: str) -> models.Model:
 def template_steps(model: models.Model) -> Counter:
     """The model's steps in ``models.toml`` (paged, as served), one each: draft extend counts as extend."""
     from swabench.core import workloads
-    from swabench.spec import scenarios
+    from swabench.inputs import scenarios
 
     s = scenarios.select_model(scenarios.load(scenarios.find("models")), model.name)
     steps = Counter()
@@ -84,7 +84,7 @@ def layer_steps(model: models.Model, steps: Counter) -> tuple[Counter, dict]:
 
 def request(model_name: str, trace, implementations, backends, out: Path | None, device, resume=False, l2="cold"):
     """The run request of ``swabench price``; UserError (exit 2) before anything runs for bad input."""
-    from swabench.spec import axes
+    from swabench.inputs import axes
     from swabench.run import replay
 
     model = preset(model_name)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.run import lifecycle
-from swabench.spec import axes, traces
+from swabench.inputs import axes, traces
 from swabench.store import schema
 
 if TYPE_CHECKING:

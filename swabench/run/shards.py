@@ -18,7 +18,7 @@ from swabench.analysis import derived
 from swabench.store import run_folder, schema
 from swabench.errors import UserError
 from swabench.impls import registry
-from swabench.spec.scenarios import Scenario
+from swabench.inputs.scenarios import Scenario
 
 if TYPE_CHECKING:
     import pandas as pd

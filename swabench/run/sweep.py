@@ -20,7 +20,7 @@ from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
-from swabench.spec.axes import make_case
+from swabench.inputs.axes import make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)

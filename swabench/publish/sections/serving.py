@@ -10,7 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.impls import registry
 from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
-from swabench.spec import models
+from swabench.inputs import models
 from swabench.store import run_folder, schema
 
 

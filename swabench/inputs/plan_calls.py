@@ -1,4 +1,4 @@
-"""One logged ``plan()`` call of FlashInfer's API log read as a trace line (``spec.dumps`` walks the log).
+"""One logged ``plan()`` call of FlashInfer's API log read as a trace line (``inputs.dumps`` walks the log).
 
 The call's arguments are bound by name through the signature it was called with, so the reader does not
 depend on one release's argument order.  Anything in a call that does not read as a plan of that wrapper

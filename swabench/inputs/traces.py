@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from swabench.spec import axes, models, scenarios
+from swabench.inputs import axes, models, scenarios
 from swabench.core import semantics
 from swabench.core.cases import QO_FIELD
 from swabench.errors import UserError

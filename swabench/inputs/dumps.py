@@ -8,7 +8,7 @@ through, and ``execution_status``: ``inputs_saved``, then ``completed``); ``sess
 them repeats every record in call order.  ``FLASHINFER_DUMP_INCLUDE="*Wrapper.plan"`` keeps the log to
 the plan calls, whose tensors are index arrays, never the KV cache.
 
-Each plan with a window (``window_left >= 0``) becomes a trace line (``spec.plan_calls``).  Identical
+Each plan with a window (``window_left >= 0``) becomes a trace line (``inputs.plan_calls``).  Identical
 steps are merged into one line with a count.  Where the log holds the ``run()`` calls too, a plan counts
 once per run (one per layer that shares it); where it does not, once per plan, and the summary says so.
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.errors import UserError
-from swabench.spec import plan_calls
-from swabench.spec.plan_calls import VERIFY_MAX, WRAPPERS
+from swabench.inputs import plan_calls
+from swabench.inputs.plan_calls import VERIFY_MAX, WRAPPERS
 
 CALL_FOLDER = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call(\d{4,})$")
 INCLUDE = "*Wrapper.plan"  # FLASHINFER_DUMP_INCLUDE: the plan calls alone (add *Wrapper.run to count layers)
@@ -159,7 +159,7 @@ def _settle(plan: list | None, ran: Counter, left_out: Counter) -> None:
 
 def _refused(step: dict) -> str | None:
     """Why swabench cannot replay this step (a shape or dtype no scenario takes), or None."""
-    from swabench.spec import axes, traces
+    from swabench.inputs import axes, traces
 
     try:
         traces.parse(json.dumps(step).encode(), "<plan>")

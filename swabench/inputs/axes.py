@@ -10,7 +10,7 @@ from swabench.core import footprint, semantics
 from swabench.core.cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, parse_accept, parse_length
 from swabench.errors import UserError
 from swabench.impls import registry
-from swabench.spec import models
+from swabench.inputs import models
 
 
 PAGE_LAYOUTS = ("scattered", "contiguous", "evicted-reused", "evicted-null")

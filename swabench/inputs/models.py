@@ -132,7 +132,7 @@ MODELS = {m.name: m for m in (
 def get(name: str) -> Model:
     """The preset, or ValueError naming the known ones."""
     if not isinstance(name, str) or name not in MODELS:
-        from swabench.spec.axes import did_you_mean  # axes imports this module
+        from swabench.inputs.axes import did_you_mean  # axes imports this module
         raise ValueError(f"unknown model {name!r}{did_you_mean(name, MODELS)}; known: {', '.join(MODELS)}")
     return MODELS[name]
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from swabench.core import footprint, semantics
 from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
 from swabench.impls import registry
-from swabench.spec.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, did_you_mean, make_case,
+from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, did_you_mean, make_case,
                                  with_model)
-from swabench.spec.rules import Rule, RuleError, compile_rule
+from swabench.inputs.rules import Rule, RuleError, compile_rule
 
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
 

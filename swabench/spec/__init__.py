@@ -1,1 +1,0 @@
-"""What to measure: scenario files and their axes, skip rules, model presets, server traces."""
