@@ -229,11 +229,16 @@ def test_the_command_line_and_an_untrusted_counter(fake_ncu, tmp_path, monkeypat
                   tmp_path / "x").exit_code == 2
     refused = invoke("profile", "cpu", "--tool", "nsys", "--ncu-unit", "call", "--out", tmp_path / "y")
     assert refused.exit_code == 2 and "--ncu-unit call: ncu only" in refused.output and not (tmp_path / "y").exists()
+    monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-trim=500")  # a loop counted whole: its intermediates too
     whole = invoke("profile", "cpu", "--tool", "ncu", "--ncu-unit", "call", "--impl", "torch-trim", "--case", "decode",
                    "--out", tmp_path / "whole")
     assert whole.exit_code == 0 and f"| {machine.WHOLE} |" in whole.output
-    _, meta = derived.load(tmp_path / "whole")
-    assert meta["counters"]["unit"] == "call" and "--graph-profiling graph" in meta["counters"]["options"]
+    counted_whole = Run(str(tmp_path / "whole"), *derived.load(tmp_path / "whole"))
+    assert counted_whole.meta["counters"]["unit"] == "call"
+    assert "--graph-profiling graph" in counted_whole.meta["counters"]["options"]
+    assert machine.cliff(counted_whole) == "" and "counted as one workload" in machine.bytes_said(counted_whole)[1]
+    assert machine.worst_cliff([counted_whole]) == ""  # the cliff names a kernel: kernel-by-kernel runs only
+    assert "`torch-trim [torch]` 500x counted a call at a time" in machine.amplified([counted_whole], "decode")
     monkeypatch.setenv("FAKE_NCU_CALIBRATION", "1.05")
     monkeypatch.setenv("FAKE_NCU_AMPLIFY", "torch-trim=50")
     bad = invoke("profile", "cpu", "--tool", "ncu", "--impl", "torch-trim", "--case", "decode", "--out", tmp_path / "bad")

@@ -121,9 +121,10 @@ def _correct_counted(run: Run) -> pd.DataFrame:
 
 def cliff(run: Run, times: pd.Series | None = None) -> str:
     """The worst read amplification of a correct path, in one sentence with its numbers: what it read, what its
-    window needs, the whole table where it read that, and the other paths on the same step."""
+    window needs, the whole table where it read that, and the other paths on the same step; none for a run
+    counted a call at a time, whose sums name no kernel and hold the call's own intermediates."""
     t = _correct_counted(run)
-    if t.empty or t["read_amplification"].max() < CLIFF:
+    if t.empty or t["read_amplification"].max() < CLIFF or counted_whole(run):  # no kernel to name
         return ""
     worst = t.loc[t["read_amplification"].idxmax()]
     same = t[t["case_id"] == worst["case_id"]].sort_values("read_amplification")
@@ -145,8 +146,9 @@ def cliff(run: Run, times: pd.Series | None = None) -> str:
 
 
 def worst_cliff(runs: list[Run]) -> str:
-    """``cliff`` of the trusted counted run with the largest read amplification, with times from its timed twin."""
-    found = [(r, _correct_counted(r)["read_amplification"].max()) for r in runs if trusted(r)]
+    """``cliff`` of the trusted run counted kernel by kernel with the largest read amplification, with times from
+    its timed twin."""
+    found = [(r, _correct_counted(r)["read_amplification"].max()) for r in runs if trusted(r) and not counted_whole(r)]
     found = [(r, amp) for r, amp in found if amp == amp]  # NaN: the run counted no correct path
     if not found:
         return ""
@@ -168,6 +170,10 @@ def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
     unit = "each call as one workload" if counted_whole(run) else "kernel by kernel"
     said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {unit}, {cost}); {copy}"
             + ("" if trusted(run) else ": outside 1%, so none of this run's counts is to be trusted") + f" ({run.name})."]
+    if counted_whole(run):
+        written = (t["dram_write_bytes"] / (t["min_bytes"] - t["min_read_bytes"])).max()
+        said.append(f"Each call was counted as one workload, so its bytes include the intermediates it writes and "
+                    f"reads back (DRAM written up to {ratio(written)}x the output), and no kernel is named.")
     return said + ([cliff(run, times)] if trusted(run) else [])
 
 
@@ -185,17 +191,18 @@ def bytes_across(runs: list[Run]) -> list[str]:
 def amplified(runs: list[Run], mode: str) -> str:
     """The paths that read more than AMPLIFIED times what their window needs on a step (median (least-most) over
     their counted points of every trusted run), worst first, and how many read within it; '' where none was
-    counted."""
-    found = [counted_points(r.table).assign(run=r.name) for r in runs if trusted(r)]
+    counted; a path counted only a call at a time is marked so (its intermediates are in its bytes)."""
+    found = [counted_points(r.table).assign(run=r.name, whole=counted_whole(r)) for r in runs if trusted(r)]
     found = [f[f["mode"] == mode] for f in found]
     found = [f for f in found if len(f)]
     if not found:
         return ""
-    amp = pd.concat(found).groupby("path")["read_amplification"]
+    rows = pd.concat(found)
+    amp, whole = rows.groupby("path")["read_amplification"], rows.groupby("path")["whole"].all()
     per_path, low, high_end = amp.median().sort_values(ascending=False), amp.min(), amp.max()
     high = per_path[per_path > AMPLIFIED]
     words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
-             for p, a in high.items()]
+             + (" counted a call at a time" if whole[p] else "") for p, a in high.items()]
     within = len(per_path) - len(high)
     if within:
         words.append(f"the other {within} within {AMPLIFIED}x" if len(high) else f"all {within} within {AMPLIFIED}x")
