@@ -102,7 +102,7 @@ def mask_mismatches(name: str, cases) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("case", edge_cases(50))
+@pytest.mark.parametrize("case", edge_cases(100))
 @pytest.mark.parametrize("name", PEERS)
 def test_the_peers_pass_the_gate_on_edge_shapes(name, case):
     _, result = gated(name, workloads.build(case))
