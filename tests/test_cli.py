@@ -91,6 +91,7 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
     assert json.loads((out / run_folder.META).read_text())["state"] == "complete"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit,words", [
     (("window_left = [3, 15]", "windw_left = [3, 15]"), ["windw_left", "unknown axis", "did you mean 'window_left'"]),
     (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", "from -1 to 2147483647"]),

@@ -122,6 +122,7 @@ def test_flex_query_block_holds_what_the_decoding_kernel_packs(queries, group, b
     assert q_block_size(queries, group) == block
 
 
+@pytest.mark.slow
 def test_flex_runs_a_decode_batch_with_a_grown_query_block():
     c = axes.make_case(dict(mode="decode", batch_size=40, prefix_len=30, window_left=7, num_qo_heads=8,
                                  num_kv_heads=2, head_dim=64, dtype="float32", page_size=4))

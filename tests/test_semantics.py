@@ -85,6 +85,7 @@ def test_a_page_table_starts_on_a_page_boundary():
     assert semantics.window_keys(1, 100, 9, page_size=16) == 20
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(shapes, st.integers(1, 32))
 def test_trim_keeps_every_visible_key_on_a_page_boundary(shape, page_size):
