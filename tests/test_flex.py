@@ -132,15 +132,15 @@ def test_the_mask_check_sees_a_window_one_key_short(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("group", list(_edge_groups()))
 def test_flex_window_passes_the_gate_on_the_edge_shapes(group):
-    failed = _failures("flex-window", _edge_groups()[group], step=3)
+    failed = _failures("flex-window", _edge_groups()[group], step=6)
     assert not failed, f"{len(failed)} shapes fail:\n" + "\n".join(failed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", list(_edge_groups()))
-@pytest.mark.parametrize("name", PEERS[1:])
-def test_the_other_peers_pass_the_gate_on_edge_shapes(name, group):
-    failed = _failures(name, _edge_groups()[group], step=4)
+@pytest.mark.parametrize("name,step", [("flex-contiguous", 8), ("flex-flat", 4)])  # flex-contiguous's masks: above
+def test_the_other_peers_pass_the_gate_on_edge_shapes(name, step, group):
+    failed = _failures(name, _edge_groups()[group], step=step)
     assert not failed, f"{len(failed)} shapes fail:\n" + "\n".join(failed)
 
 
