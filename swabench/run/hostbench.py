@@ -38,8 +38,9 @@ def bench(out: Path, quick: bool = False) -> list[Path]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # its own session:
            "SWABENCH_BENCH_QUICK": "1" if quick else "0"}  # a worker's variables would turn the benchmarks off
     raw = out / "host_benchmarks.json"
+    brief = ["--benchmark-max-time=0.1", "--benchmark-min-rounds=3"] if quick else []  # a smoke test's rounds
     code = subprocess.run([sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider",
-                           f"--benchmark-json={raw}"], env=env).returncode
+                           f"--benchmark-json={raw}", *brief], env=env).returncode
     if code != 0 or not raw.is_file():
         raise RunFailed(f"the benchmarks failed (pytest exit {code})" if code else
                         "pytest-benchmark timed nothing (benchmarks disabled in this environment)")
