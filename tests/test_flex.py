@@ -1,6 +1,7 @@
 """The FlexAttention peers: batched by request through the page table (flex-window), the same batch
-with contiguous keys (flex-contiguous) and the flattened form (flex-flat) pass the gate on the edge
-scenario's shapes, read only the key blocks of the window, and say how they were laid out."""
+with contiguous keys (flex-contiguous) and the flattened form (flex-flat) let through exactly the visible keys
+on every shape of the edge scenario, pass the gate on a sample of them, read only the key blocks of the window,
+and say how they were laid out."""
 
 import json
 from pathlib import Path
@@ -54,20 +55,31 @@ def _failures(name: str, cases, step: int = 1) -> list[str]:
 
 
 def admitted_keys(runner) -> dict[tuple[int, int], set[int]]:
-    """(request, query row) -> the key rows (storage slots, or positions in the contiguous copy) that a
-    batched peer's block mask lets through: every row of its full blocks, the rows of its partial blocks
-    that its mask_mod keeps."""
-    bm, kvb, qb, w = runner.block_mask, runner.kv_block, runner.q_block, runner.w
-    mask_mod, seen = runner._mask_mod(), {}
-    for b, (prefix, rows) in enumerate(zip(w.prefix_lens, w.qo_lens)):
-        for j in range(-(-rows // qb)):
-            q = torch.arange(j * qb, min(rows, (j + 1) * qb))
-            blocks = {kind: ix[b, 0, j, :int(num[b, 0, j])] for kind, num, ix in
-                      (("partial", bm.kv_num_blocks, bm.kv_indices), ("full", bm.full_kv_num_blocks, bm.full_kv_indices))}
+    """(request, query row) -> the key rows (storage slots, or positions in the contiguous copy) that a peer's
+    block mask lets through: every row of its full blocks, the rows of its partial blocks that its mask_mod
+    keeps.  The batched peers put a request in each batch entry; flex-flat puts the whole batch in one
+    sequence, whose query i is request ``query_request[i]``'s row ``query_position[i] - prefix``."""
+    bm, w = runner.block_mask, runner.w
+    qb, kvb = bm.BLOCK_SIZE
+    if hasattr(runner, "contiguous"):
+        entries = [(b, torch.arange(rows), torch.full((rows,), b), torch.arange(rows))
+                   for b, rows in enumerate(w.qo_lens)]
+    else:
+        request = w.query_request.long()
+        row = w.query_position.long() - torch.as_tensor(w.prefix_lens)[request]
+        entries = [(0, torch.arange(len(request)), request, row)]
+    seen = {}
+    for b, queries, request, row in entries:
+        for j in range(-(-len(queries) // qb)):
+            q = queries[j * qb:(j + 1) * qb]
+            kinds = (("partial", bm.kv_num_blocks, bm.kv_indices), ("full", bm.full_kv_num_blocks, bm.full_kv_indices))
+            blocks = {kind: ix[b, 0, j, :int(num[b, 0, j])] for kind, num, ix in kinds}
             rows_of = {k: (v[:, None] * kvb + torch.arange(kvb)).reshape(-1) for k, v in blocks.items()}
-            kept = mask_mod(torch.tensor(b), torch.tensor(0), q[:, None], rows_of["partial"][None, :])
-            for i, row in enumerate(q.tolist()):
-                seen[b, row] = set(rows_of["partial"][kept[i]].tolist()) | set(rows_of["full"].tolist())
+            rows_of = {k: v[v < bm.seq_lengths[1]] for k, v in rows_of.items()}  # a last block past the keys
+            kept = bm.mask_mod(torch.tensor(b), torch.tensor(0), q[:, None], rows_of["partial"][None, :])
+            for i, at in enumerate(q.tolist()):
+                seen[int(request[at]), int(row[at])] = set(rows_of["partial"][kept[i]].tolist()) | \
+                    set(rows_of["full"].tolist())
     return seen
 
 
@@ -94,7 +106,7 @@ def mask_mismatches(name: str, cases) -> list[str]:
     for c in cases:
         runner = registry.get(name).make(workloads.build(c), "flex")
         runner._prepare(first=True)
-        got, want = admitted_keys(runner), visible_keys(runner.w, runner.contiguous)
+        got, want = admitted_keys(runner), visible_keys(runner.w, getattr(runner, "contiguous", False))
         bad = [key for key in want if got.get(key) != want[key]]
         if bad:
             wrong.append(f"{c.label}: request {bad[0][0]} row {bad[0][1]} admits "
@@ -110,10 +122,11 @@ def test_the_peers_pass_the_gate_on_edge_shapes(name, case):
 
 
 @pytest.mark.parametrize("group", list(_edge_groups()))
-@pytest.mark.parametrize("name", ["flex-window", "flex-contiguous"])
+@pytest.mark.parametrize("name", PEERS)
 def test_the_block_masks_let_through_exactly_the_visible_keys_on_every_edge_shape(name, group):
     """The block mask is what changes from shape to shape (the kernel is the same), so every edge shape's is
-    held to the definition key by key; the gate's numerics run on a sample of each group (below)."""
+    held to the definition key by key, for each peer; the gate's numerics run on a sample of each group
+    (below)."""
     wrong = mask_mismatches(name, _edge_groups()[group])
     assert not wrong, f"{len(wrong)} shapes:\n" + "\n".join(wrong)
 
@@ -124,7 +137,7 @@ def test_the_mask_check_sees_a_window_one_key_short(monkeypatch):
     cases = _edge_groups()["prefill paged ps16 causal"][:6]
     narrow = flex.Span.narrow
     monkeypatch.setattr(flex.Span, "narrow", lambda self, seen, key, p: narrow(self, seen, key, p) & (p - key != 0))
-    assert len(mask_mismatches("flex-window", cases)) == len(cases)
+    assert all(len(mask_mismatches(name, cases)) == len(cases) for name in PEERS)
     monkeypatch.setattr(flex.BatchedFlex, "_blocks", lambda self, b, lo, hi, full_lo, full_hi: ([], []))
     assert "admits" in mask_mismatches("flex-window", cases)[0]
 
@@ -138,9 +151,9 @@ def test_flex_window_passes_the_gate_on_the_edge_shapes(group):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", list(_edge_groups()))
-@pytest.mark.parametrize("name,step", [("flex-contiguous", 8), ("flex-flat", 4)])  # flex-contiguous's masks: above
-def test_the_other_peers_pass_the_gate_on_edge_shapes(name, step, group):
-    failed = _failures(name, _edge_groups()[group], step=step)
+@pytest.mark.parametrize("name", PEERS[1:])
+def test_the_other_peers_pass_the_gate_on_edge_shapes(name, group):
+    failed = _failures(name, _edge_groups()[group], step=8)
     assert not failed, f"{len(failed)} shapes fail:\n" + "\n".join(failed)
 
 
