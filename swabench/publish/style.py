@@ -82,8 +82,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
 
     from PIL import Image
 
-    fig.draw_without_rendering()  # lay the figure out, so its tight box is the one savefig keeps
-    dpi = min(200.0, max(90.0, PNG_WIDTH_PX / fig.get_tightbbox().width))
+    dpi = min(200.0, max(90.0, PNG_WIDTH_PX / fig.get_size_inches()[0]))  # the tight box is a little narrower
     rendered = io.BytesIO()
     fig.savefig(rendered, format="png", dpi=dpi, bbox_inches="tight")
     pyplot().close(fig)
