@@ -6,9 +6,11 @@
 #   scripts/gpu-bundle.sh [RELEASE] [DEST]          RELEASE: flashinfer-python version (default 0.7.4)
 #                                                   DEST: the bundle's folder (default .gpu)
 #   JIT_CACHE=path/to/jitcache.tar.xz scripts/gpu-bundle.sh 0.7.4 .gpu   also copies a prebuilt JIT cache
+#   NO_CUPTI=1 ...   leaves out cupti-python (6 MB; FlashInfer's autotuner uses it only when it is there), so
+#                    that a large JIT cache (default + serving on 0.7.4: 20 MB) still fits a 64 MiB transfer
 #
 # The bundle holds:
-#   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python, pyelftools
+#   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
 #   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed
 #                      (its prefill/decode JIT sources are kept whole)
 #   deb/               libdw1 and libelf1, which the Nsight Systems report importer needs (when apt can fetch them)
@@ -35,7 +37,8 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
 download() {  # pip download, without the warnings some pip configurations print for every package
     python3 -m pip download -q --no-deps "$@" 2>&1 | { grep -v '^WARNING' || true; }
 }
-download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx cupti-python pyelftools
+download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx pyelftools
+if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$DEST/whl" cupti-python; else rm -f "$DEST"/whl/cupti_python-*.whl; fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 download --only-binary=:all: -d "$TMP" "flashinfer-python==$RELEASE"
