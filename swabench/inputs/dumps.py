@@ -74,7 +74,7 @@ def read(dump: Path, bucket: int = 1, progress=None, verify_max: int = VERIFY_MA
     dump = Path(dump)
     if not dump.is_dir():
         raise DumpError(dump, "not a folder")
-    total = sum(1 for _ in _folder_names(dump))
+    total, last = _survey(dump)
     if not total:
         raise DumpError(dump, "not a FlashInfer API log: no call folders (<time>_pid<PID>_<Class.method>_call<NNNN>); "
                               "set FLASHINFER_LOGLEVEL=10 and FLASHINFER_DUMP_DIR to this folder on the server")
@@ -84,7 +84,7 @@ def read(dump: Path, bucket: int = 1, progress=None, verify_max: int = VERIFY_MA
     refused: dict[str, str | None] = {}  # a distinct step -> why swabench cannot replay it
     if progress:
         progress.start(total, "import", "calls")
-    for name, record in _calls(dump, out.cut):
+    for name, record in _calls(dump, out.cut, last):
         if progress:
             progress.advance(1)
         wrapper, _, method = CALL_FOLDER.match(name).group(3).partition(".")
@@ -176,12 +176,12 @@ def _folder_names(dump: Path):
                 yield e.name
 
 
-def _calls(dump: Path, cut: list):
+def _calls(dump: Path, cut: list, last: set[str]):
     """(folder name, its last intact metadata record or None) of every logged call, in call order
-    (session.jsonl's, then the folders it does not name, by name); what was cut short goes into ``cut``."""
+    (session.jsonl's, then the folders it does not name, by name); what was cut short goes into ``cut``
+    (only the ``last`` calls of their processes may be)."""
     session = dump / "session.jsonl"
     seen: set[str] = set()
-    last = _last_calls(dump)
     if session.is_file():
         for n, record in _jsonl(session, cut, may_be_cut=True):
             name = Path(str(record.get("dump_dir", ""))).name
@@ -198,15 +198,16 @@ def _calls(dump: Path, cut: list):
         yield name, _last_record(dump / name, cut, name in last)
 
 
-def _last_calls(dump: Path) -> set[str]:
-    """Each process's last call folder (by the time in its name, to the millisecond, then its number): the
-    only call a stopped process can leave cut."""
-    last: dict[str, tuple] = {}
+def _survey(dump: Path) -> tuple[int, set[str]]:
+    """In one pass over the folder: how many call folders it holds, and each process's last one (by the
+    time in its name, to the millisecond, then its number), the only call a stopped process can leave cut."""
+    total, last = 0, {}
     for name in _folder_names(dump):
         found = CALL_FOLDER.match(name)
         pid, order = found.group(2), (found.group(1), int(found.group(4)), name)
         last[pid] = max(last.get(pid, order), order)
-    return {order[-1] for order in last.values()}
+        total += 1
+    return total, {order[-1] for order in last.values()}
 
 
 def _last_record(folder: Path, cut: list, may_be_cut: bool) -> dict | None:

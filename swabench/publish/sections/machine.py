@@ -167,10 +167,11 @@ def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
             f"JIT warm-up" if sweep else f"{c.get('per_point_s')} s a point")
     copy = (f"the calibration copy of {_mb(cal['bytes'])} MB read {cal['read_ratio']:.4f}x its bytes"
             if cal.get("read_ratio") is not None else "the calibration copy was not counted")
-    unit = "each call as one workload" if counted_whole(run) else "kernel by kernel"
+    whole = counted_whole(run)
+    unit = "each call as one workload" if whole else "kernel by kernel"
     said = [f"{points(len(t))} counted under {c.get('tool', 'ncu')} ({c.get('l2', 'cold')} L2, {unit}, {cost}); {copy}"
             + ("" if trusted(run) else ": outside 1%, so none of this run's counts is to be trusted") + f" ({run.name})."]
-    if counted_whole(run):
+    if whole:
         written = (t["dram_write_bytes"] / (t["min_bytes"] - t["min_read_bytes"])).max()
         said.append(f"Each call was counted as one workload, so its bytes include the intermediates it writes and "
                     f"reads back (DRAM written up to {ratio(written)}x the output), and no kernel is named.")
