@@ -1,0 +1,333 @@
+"""Trace one suite path into script lines: the path's own ``make``, ``plan()`` and ``run()`` run on the CPU
+against the FlashInfer stand-in, with every torch call of ``run()`` seen through a TorchFunctionMode.
+Each library call and each torch call becomes a line; each tensor it takes is named by where it came
+from: an input of the case, a buffer the path allocated, or a value the path computed on the host,
+written as the script's helper call that gives the same value (checked on the spot) or as a literal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from swabench.core import semantics
+from swabench.repro import kit, standin
+
+INPUTS = ("q", "k_cache", "v_cache", "sinks", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "slots")
+LITERAL_LIMIT = 4096  # the most elements a computed index is written out as a literal
+OPERATORS = {"__mul__": "{} * {}", "__rmul__": "{1} * {0}", "__truediv__": "{} / {}", "__add__": "{} + {}",
+             "__radd__": "{1} + {0}", "__sub__": "{} - {}", "__rsub__": "{1} - {0}", "__and__": "{} & {}",
+             "__or__": "{} | {}", "__ge__": "{} >= {}", "__le__": "{} <= {}", "__gt__": "{} > {}",
+             "__lt__": "{} < {}", "__eq__": "{} == {}", "__ne__": "{} != {}", "__invert__": "~{}",
+             "__neg__": "-{}", "__floordiv__": "{} // {}", "__mod__": "{} % {}"}
+DTYPES = {getattr(torch, n): f"torch.{n}" for n in ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
+                                                     "int32", "int64", "uint8", "bool")}
+
+
+class Unrenderable(Exception):
+    """A path makes a call whose arguments have no faithful form in a script (a FlexAttention block mask)."""
+
+
+class Tracer(TorchFunctionMode):
+    """Lines for one path on one case: ``setup`` (construction and plan) and ``step`` (what ``run()`` does).
+    ``case``: the script's CASE dict; ``x``: its inputs built on the CPU (``kit.make_inputs``); ``names``:
+    the suite workload's own tensors by the names the script gives them."""
+
+    def __init__(self, case: dict, x: dict, names: dict, impl, suite_case, suffix: str = ""):
+        super().__init__()
+        self.case, self.x, self.impl, self.suite_case, self.suffix = case, x, impl, suite_case, suffix
+        self.names: dict[int, str] = {}
+        self.alive: list = []  # tensors named here stay alive, so their ids are not reused
+        self.used: set[str] = set()  # the case's inputs the lines read
+        self.setup: list[str] = []
+        self.step: list[str] = []
+        self.phase = "setup"
+        self.quiet = 0
+        self.count = 0
+        self.owner_attrs: dict[int, str] = {}
+        self.tables: list[tuple[list, list]] = []  # (starts, ends) of the tables this path planned
+        for name, t in names.items():
+            self._name(t, name + suffix)
+
+    # ---------------------------------------------------------------- names
+
+    def _name(self, t, name: str) -> str:
+        self.names[id(t)] = name
+        self.alive.append(t)
+        return name
+
+    def _fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count}{self.suffix}" if stem == "t" else f"{stem}_{self.count}{self.suffix}"
+
+    def _emit(self, line: str) -> None:
+        (self.setup if self.phase == "setup" else self.step).append(line)
+
+    def _declare(self, line: str) -> None:
+        self.setup.append(line)
+
+    def owned(self, runner) -> None:
+        """Name the runner's own tensors by its attributes (``prefix_out``, ``lse_new``)."""
+        for attr, value in vars(runner).items():
+            if isinstance(value, torch.Tensor):
+                self.owner_attrs[id(value)] = attr
+
+    @contextmanager
+    def paused(self):
+        self.quiet += 1
+        try:
+            yield
+        finally:
+            self.quiet -= 1
+
+    # ---------------------------------------------------------------- values
+
+    def value(self, v, *, buffer: bool = False) -> str:
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, buffer=buffer)
+        if isinstance(v, tuple):
+            return "(" + ", ".join(self.value(e, buffer=buffer) for e in v) + ("," if len(v) == 1 else "") + ")"
+        if isinstance(v, list):
+            return "[" + ", ".join(self.value(e, buffer=buffer) for e in v) + "]"
+        if isinstance(v, torch.dtype):
+            return DTYPES[v]
+        if isinstance(v, torch.device):
+            return "dev"
+        if v is Ellipsis:
+            return "..."
+        if isinstance(v, slice):
+            return ":".join("" if e is None else self.value(e) for e in (v.start, v.stop)) + \
+                ("" if v.step is None else f":{self.value(v.step)}")
+        if isinstance(v, str) and '"' not in v:
+            return f'"{v}"'
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return repr(v)
+        raise Unrenderable(f"{self.impl.name} passes a {type(v).__name__}, which a script cannot write out")
+
+    def tensor(self, t: torch.Tensor, buffer: bool = False) -> str:
+        if id(t) in self.names:
+            name = self.names[id(t)]
+            self.used.add(name.removesuffix(self.suffix))
+            return name
+        for other in self.alive:  # a new view of a named tensor (the shared workspace)
+            if isinstance(other, torch.Tensor) and other.data_ptr() == t.data_ptr() and other.shape == t.shape \
+                    and other.stride() == t.stride() and other.dtype == t.dtype:
+                return self.tensor(other)
+        if buffer:
+            return self._buffer(t)
+        with self.paused():
+            return self._computed(t)
+
+    def _buffer(self, t: torch.Tensor) -> str:
+        """A buffer the path allocated (its contents are written before they are read)."""
+        stem = self.owner_attrs.get(id(t)) or ("workspace" if t.dtype == torch.uint8 and t.dim() == 1 else "buf")
+        name = stem + self.suffix if stem not in {n.removesuffix(self.suffix) for n in self.names.values()} \
+            else self._fresh(stem)
+        fill = "empty" if stem == "workspace" else "zeros"
+        self._declare(f"{name} = torch.{fill}({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)")
+        return self._name(t, name)
+
+    def _computed(self, t: torch.Tensor) -> str:
+        """A tensor the path computed on the host: an input of the case, a slice of one, a table or mask
+        the script's helpers rebuild (checked equal here), or a literal."""
+        host = t.dtype != torch.bool and self.phase == "setup"
+        for name in INPUTS:
+            ref = self.x.get(name)
+            if isinstance(ref, torch.Tensor) and ref.shape == t.shape and ref.dtype == t.dtype and torch.equal(ref, t):
+                self.used.add(name)
+                return name + self.suffix
+        if t.dtype in (torch.int32, torch.int64) and t.dim() == 1:
+            span = _slice_of(self.x["slots"], t)
+            if span is not None:
+                self.used.add("slots")
+                return self._assign(f"slots{self.suffix}[{span[0]}:{span[1]}]" + ("" if host else ".to(dev)"), t)
+        if t.dtype == torch.bool:
+            expr = self._mask(t)
+            if expr:
+                return self._assign(expr, t)
+        if t.dtype in (torch.int32, torch.int64, torch.bool) and t.numel() <= LITERAL_LIMIT:
+            device = "" if host else ", device=dev"
+            return self._assign(f"torch.tensor({t.tolist()}, dtype={DTYPES[t.dtype]}{device})", t)
+        raise Unrenderable(f"{self.impl.name}: a {tuple(t.shape)} {t.dtype} tensor computed by the path has no "
+                           f"form a script can rebuild")
+
+    def _assign(self, expr: str, t: torch.Tensor) -> str:
+        name = self._fresh("m" if t.dtype == torch.bool else "idx")
+        self._declare(f"{name} = {expr}")
+        return self._name(t, name)
+
+    def _mask(self, t: torch.Tensor) -> str | None:
+        """A custom mask: every request's rows of the exact visibility over the keys [start, end) its
+        table holds (flattened), or one request's mask under the path's own visibility (2-D)."""
+        c, device = self.case, ", device=dev"
+        if t.dim() == 1:
+            for starts, ends in self.tables + [([0] * len(c["kv_lens"]), list(c["kv_lens"]))]:
+                if len(starts) == len(c["kv_lens"]):
+                    m = kit.window_mask(c, starts, ends)
+                    if m.shape == t.shape and torch.equal(m, t):
+                        return f"window_mask(CASE{self.suffix}, starts={starts}, ends={ends}{device})"
+            return None
+        if t.dim() != 2:
+            return None
+        n, m = t.shape
+        for qo, kv in zip(c["qo_lens"], c["kv_lens"]):
+            if qo != n or kv < m:
+                continue
+            for vis in (self.impl.computes(self.suite_case, kv - qo), semantics.of_case(self.suite_case)):
+                args = {f.name: getattr(vis, f.name) for f in dataclasses.fields(vis)
+                        if getattr(vis, f.name) != f.default}
+                got = kit.visible(qo, kv, key_offset=kv - m, **args)
+                if torch.equal(got, t):
+                    kwargs = "".join(f", {k}={v!r}" for k, v in args.items())
+                    return f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{device})"
+        return None
+
+    def table(self, indptr, indices, last) -> str | None:
+        """A paged table that is not the case's whole one: named as the slice of it that gives it."""
+        x, ps = self.x, self.case["page_size"]
+        if indptr.shape == x["kv_indptr"].shape and torch.equal(indptr, x["kv_indptr"]) and \
+                indices.shape == x["kv_indices"].shape and torch.equal(indices, x["kv_indices"]) and \
+                torch.equal(last, x["kv_last_page_len"]):
+            for name, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), (indptr, indices, last)):
+                self._name(t, name + self.suffix)
+            return None
+        requests, starts, ends, request = [], [], [], 0
+        full = [x["kv_indices"][int(x["kv_indptr"][b]):int(x["kv_indptr"][b + 1])].tolist()
+                for b in range(len(x["kv_indptr"]) - 1)]
+        for e in range(len(indptr) - 1):
+            pages = indices[int(indptr[e]):int(indptr[e + 1])].tolist()
+            found = next(((b, f) for b in range(request, len(full)) for f in range(len(full[b]) - len(pages) + 1)
+                          if full[b][f:f + len(pages)] == pages), None)
+            if found is None:
+                return None
+            request = found[0]
+            requests.append(request)
+            starts.append(found[1] * ps)
+            ends.append((found[1] + len(pages) - 1) * ps + int(last[e]))
+        identity = requests == list(range(len(full)))
+        got = kit.table_slice(self.case, x, starts, ends, None if identity else requests)
+        if not all(g.shape == t.shape and torch.equal(g, t.to(torch.int32)) for g, t in zip(got, (indptr, indices, last))):
+            return None
+        self.tables.append((starts, ends)) if identity else None
+        names = [self._fresh(stem) for stem in ("kv_indptr", "kv_indices", "kv_last_page_len")]
+        for name, t in zip(names, (indptr, indices, last)):
+            self._name(t, name)
+        self.used.add("kv_indptr")
+        self._declare(f"{', '.join(names)} = table_slice(CASE{self.suffix}, x{self.suffix}, starts={starts}, "
+                      f"ends={ends}" + ("" if identity else f", requests={requests}") + ")")
+        return names[0]
+
+    # ---------------------------------------------------------------- calls
+
+    def library_call(self, obj, cls_name, method, args, kwargs):
+        """The stand-in's callback: one line per wrapper call."""
+        with self.paused():
+            if method == "__init__":
+                name = standin.WRAPPERS[cls_name] + self.suffix
+                if name in self.names.values():
+                    name = self._fresh(standin.WRAPPERS[cls_name])
+                first, rest = args[0], args[1:]
+                call = _call(f"flashinfer.{cls_name}", [self.tensor(first, buffer=True)]
+                             + [self.value(a, buffer=True) for a in rest],
+                             {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
+                              else _empty(v) for k, v in kwargs.items()})
+                self._emit(f"{name} = {call}")
+                self._name(obj, name)
+                return None
+            target = "flashinfer" if obj is None else self.names[id(obj)]
+            if method == "__setattr__":
+                self._emit(f"{target}.{args[0]} = {self.value(args[1])}")
+                return None
+            if method == "plan" and obj is not None:
+                tables = [i for i in range(len(args) - 2) if all(isinstance(a, torch.Tensor) and a.dtype != torch.bool
+                                                                 for a in args[i:i + 3])]
+                if tables and cls_name != "BatchPrefillWithRaggedKVCacheWrapper":
+                    i = tables[-1]
+                    self.table(*args[i:i + 3])
+            optional = {k: kwargs.pop(k) for k in standin.OPTIONAL_PLAN_KEYWORDS if k in kwargs} \
+                if method == "plan" else {}
+            rendered = {k: self.value(v, buffer=k in ("out", "lse")) for k, v in kwargs.items()}
+            if optional:  # the suite passes these only where the release takes them
+                rendered["**taken_by"] = f"{target}.plan, " + ", ".join(f"{k}={self.value(v)}"
+                                                                          for k, v in optional.items())
+            call = _call(f"{target}.{method}", [self.value(a) for a in args], rendered)
+            if method == "forward":
+                result = torch.empty_like(args[0])
+                self._emit(f"{self._name(result, self._fresh('t'))} = {call}")
+                return result
+            self._emit(call)
+            return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.quiet or self.phase != "step":
+            return result
+        with self.paused():
+            name = getattr(func, "__name__", "")
+            if not isinstance(result, torch.Tensor) and name != "__setitem__":
+                return result  # shapes, dtypes, Python numbers: the script reads them the same way
+            if name in ("__get__", "__set__"):
+                return result
+            line = self._render(func, name, args, kwargs)
+            if result is None or any(result is a for a in (*args, *kwargs.values())):
+                self._emit(line)
+            else:
+                self._emit(f"{self._name(result, self._fresh('t'))} = {line}")
+        return result
+
+    def _render(self, func, name: str, args, kwargs) -> str:
+        out_kw = {k: self.value(v, buffer=k == "out") for k, v in kwargs.items()}
+        if getattr(torch.Tensor, name, None) is func or name in OPERATORS:
+            receiver = self.value(args[0], buffer=name == "__setitem__")
+            rest = [self.value(a) for a in args[1:]]
+            if name == "__getitem__":
+                return f"{receiver}[{_index(rest, args[1])}]"
+            if name == "__setitem__":
+                return f"{receiver}[{_index(rest[:1], args[1])}] = {rest[1]}"
+            if name in OPERATORS:
+                return OPERATORS[name].format(receiver, *rest)
+            return _call(f"{receiver}.{name}", rest, out_kw)
+        for prefix, namespace in (("F", torch.nn.functional), ("torch", torch)):
+            if getattr(namespace, name, None) is func:
+                return _call(f"{prefix}.{name}", [self.value(a) for a in args], out_kw)
+        raise Unrenderable(f"{self.impl.name} calls {func!r}, which a script cannot name")
+
+
+def _index(rendered: list[str], raw) -> str:
+    """A subscript: a tuple index written without its parentheses."""
+    text = rendered[0]
+    return text[1:-1].rstrip(",") if isinstance(raw, tuple) else text
+
+
+def _empty(t: torch.Tensor) -> str:
+    return f"torch.empty({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)"
+
+
+def _call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
+    """``fn(args, kwargs)``, wrapped at 110 columns with the arguments packed four spaces in."""
+    parts = args + [f"**taken_by({v})" if k == "**taken_by" else f"{k}={v}" for k, v in kwargs.items()]
+    one = f"{fn}({', '.join(parts)})"
+    if len(one) <= 110:
+        return one
+    lines = [f"{fn}("]
+    for i, part in enumerate(parts):
+        piece = part + ("," if i < len(parts) - 1 else ")")
+        if len(lines) > 1 and len(lines[-1]) + 1 + len(piece) <= 110:
+            lines[-1] += " " + piece
+        else:
+            lines.append("    " + piece)
+    return "\n".join(lines)
+
+
+def _slice_of(base: torch.Tensor, t: torch.Tensor) -> tuple[int, int] | None:
+    """(lo, hi) where base[lo:hi] equals t, or None."""
+    if t.numel() == 0 or t.numel() > base.numel():
+        return None
+    for lo in (base == t[0]).nonzero().flatten().tolist():
+        if lo + t.numel() <= base.numel() and torch.equal(base[lo:lo + t.numel()], t.to(base.dtype)):
+            return lo, lo + t.numel()
+    return None

@@ -1,0 +1,100 @@
+"""A rendered script makes the suite's calls: both run on the CPU against the FlashInfer stand-in, and
+every construction, ``plan()``, ``run()`` and merge must match in order, argument by argument (index
+tensors, masks and inputs by value, buffers by shape and dtype).  A PyTorch path has no stand-in: its
+script's output must equal the suite's bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import torch
+
+from swabench.core import workloads
+from swabench.impls import registry
+from swabench.repro import standin
+from swabench.repro.script import Part
+
+BUFFERS = ("out", "lse")  # run() keywords that take an output buffer
+
+
+class Drift(Exception):
+    """The script's calls are not the suite's."""
+
+
+def _recorder(calls: list):
+    def on_call(obj, cls_name, method, args, kwargs):
+        buffers = method in ("__init__", "merge_state_in_place")
+        calls.append((cls_name, method, _snap(args, buffers), {k: _snap(v, buffers or k in BUFFERS)
+                                                                 for k, v in kwargs.items()}))
+        return torch.zeros_like(args[0]) if method == "forward" else None
+    return on_call
+
+
+def _snap(v, buffer: bool):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v.dtype, tuple(v.shape), None if buffer else v.detach().cpu().clone())
+    if isinstance(v, (tuple, list)):
+        return type(v)(_snap(e, buffer) for e in v)
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and a and a[0] == "tensor":
+        return isinstance(b, tuple) and b[:3] == a[:3] and (a[3] is None or b[3] is not None and torch.equal(a[3], b[3]))
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
+    """The suite's own calls for the parts, in the script's order (each part built and planned in turn, a
+    part run ``first`` run at once, the others after every part is planned), and their outputs."""
+    calls, outputs, later = [], [], []
+    with standin.installed(_recorder(calls)):
+        for p in parts:
+            w = workloads.build(p.case, "cpu")
+            runner = registry.get(p.impl).make(w, p.backend)
+            runner.plan()
+            if p.role == "first":
+                runner.run()
+            else:
+                later.append(runner)
+        for runner in later:
+            runner.run()
+            outputs.append(runner.out.clone())
+    return calls, outputs
+
+
+def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
+    """The script's calls on the CPU, and the outputs it checks (its reference, report and timing left out)."""
+    calls, outputs = [], []
+    ns = {"__name__": "swabench_repro_script"}
+    with standin.installed(_recorder(calls)), contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(text, "<repro script>", "exec"), ns)
+        ns.update(DEVICE="cpu", reference=lambda case, x: None, time_us=lambda step: 1.0,
+                  report=lambda case, out, ref, tol: outputs.append(out.clone()) or 0)
+        ns["main"]()
+    return calls, outputs
+
+
+def check(parts: list[Part], text: str) -> None:
+    """Drift where the script's calls (or, for a PyTorch path, its output) differ from the suite's."""
+    (want, want_out), (got, got_out) = suite_calls(parts), script_calls(text)
+    for i, (a, b) in enumerate(zip(want, got)):
+        if not _same(a, b):
+            raise Drift(f"call {i + 1}: the suite makes {_describe(a)}, the script {_describe(b)}")
+    if len(want) != len(got):
+        raise Drift(f"the suite makes {len(want)} library calls, the script {len(got)}")
+    torch_paths = [registry.get(p.impl).library == "torch" for p in parts if p.role != "first"]
+    for i, (a, b, is_torch) in enumerate(zip(want_out, got_out, torch_paths)):
+        if is_torch and not torch.equal(a, b):
+            raise Drift(f"part {i + 1}: the script's output differs from the suite's")
+
+
+def _describe(call) -> str:
+    cls_name, method, args, kwargs = call
+    return f"{cls_name or 'flashinfer'}.{method} with {len(args)} arguments and keywords {sorted(kwargs)}"
