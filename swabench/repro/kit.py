@@ -45,8 +45,9 @@ def make_inputs(case, device):
         x["kv_indptr"] = torch.tensor(indptr, dtype=torch.int32)
         x["kv_indices"] = torch.tensor(indices, dtype=torch.int32)
         x["kv_last_page_len"] = torch.tensor([k - (p - 1) * ps for k, p in zip(kv_lens, pages)], dtype=torch.int32)
-        x["slots"] = torch.tensor([indices[indptr[b] + j // ps] * ps + j % ps
-                                   for b in range(n) for j in range(kv_lens[b])], dtype=torch.int64)
+        request = torch.repeat_interleave(torch.arange(n), torch.tensor(kv_lens))
+        j = torch.arange(slot_start[-1]) - torch.tensor(slot_start[:-1])[request]  # each key's position
+        x["slots"] = torch.tensor(indices)[torch.tensor(indptr[:-1])[request] + j // ps] * ps + j % ps
         shape = (num_pages, ps, hkv, d)
     else:
         x["kv_indptr"] = torch.tensor(slot_start, dtype=torch.int32)

@@ -7,7 +7,7 @@ under test only.
 from __future__ import annotations
 
 import inspect
-import pprint
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -84,7 +84,7 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
            "import torch"]
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
-    out += [""] + [f"CASE{p.label} = " + pprint.pformat(case_literals(p.case), width=110, sort_dicts=False)
+    out += [""] + [trace.call(f"CASE{p.label} = dict", [], {k: repr(v) for k, v in case_literals(p.case).items()})
                    for p in parts]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")
@@ -120,8 +120,8 @@ def _part(p: Part, t: trace.Tracer) -> list[str]:
     s = p.label
     impl = registry.get(p.impl)
     used = [n for n in trace.INPUTS if n in t.used]
-    lines = [f"# {impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "") + f": {impl.summary}",
-             f"x{s} = make_inputs(CASE{s}, dev)"]
+    said = f"{impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "") + f": {impl.summary}"
+    lines = textwrap.wrap(said, 106, initial_indent="# ", subsequent_indent="# ") + [f"x{s} = make_inputs(CASE{s}, dev)"]
     lines += [f'{n}{s} = x{s}["{n}"]' for n in used]
     lines.append(f'out{s} = torch.empty_like(x{s}["q"])')
     lines += t.setup

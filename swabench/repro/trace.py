@@ -23,6 +23,7 @@ OPERATORS = {"__mul__": "{} * {}", "__rmul__": "{1} * {0}", "__truediv__": "{} /
              "__or__": "{} | {}", "__ge__": "{} >= {}", "__le__": "{} <= {}", "__gt__": "{} > {}",
              "__lt__": "{} < {}", "__eq__": "{} == {}", "__ne__": "{} != {}", "__invert__": "~{}",
              "__neg__": "-{}", "__floordiv__": "{} // {}", "__mod__": "{} % {}"}
+NO_OPS = ("to", "contiguous", "float", "view_as")  # calls that may hand back their receiver unchanged
 DTYPES = {getattr(torch, n): f"torch.{n}" for n in ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
                                                      "int32", "int64", "uint8", "bool")}
 
@@ -46,7 +47,7 @@ class Tracer(TorchFunctionMode):
         self.step: list[str] = []
         self.phase = "setup"
         self.quiet = 0
-        self.count = 0
+        self.counts: dict[str, int] = {}
         self.owner_attrs: dict[int, str] = {}
         self.tables: list[tuple[list, list]] = []  # (starts, ends) of the tables this path planned
         for name, t in names.items():
@@ -60,8 +61,9 @@ class Tracer(TorchFunctionMode):
         return name
 
     def _fresh(self, stem: str) -> str:
-        self.count += 1
-        return f"{stem}{self.count}{self.suffix}" if stem == "t" else f"{stem}_{self.count}{self.suffix}"
+        self.counts[stem] = self.counts.get(stem, 0) + 1
+        return f"{stem}{self.counts[stem]}{self.suffix}" if stem in ("t", "m", "idx") else \
+            f"{stem}_{self.counts[stem]}{self.suffix}"
 
     def _emit(self, line: str) -> None:
         (self.setup if self.phase == "setup" else self.step).append(line)
@@ -230,11 +232,11 @@ class Tracer(TorchFunctionMode):
                 if name in self.names.values():
                     name = self._fresh(standin.WRAPPERS[cls_name])
                 first, rest = args[0], args[1:]
-                call = _call(f"flashinfer.{cls_name}", [self.tensor(first, buffer=True)]
-                             + [self.value(a, buffer=True) for a in rest],
-                             {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
-                              else _empty(v) for k, v in kwargs.items()})
-                self._emit(f"{name} = {call}")
+                line = call(f"flashinfer.{cls_name}", [self.tensor(first, buffer=True)]
+                            + [self.value(a, buffer=True) for a in rest],
+                            {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
+                             else _empty(v) for k, v in kwargs.items()})
+                self._emit(f"{name} = {line}")
                 self._name(obj, name)
                 return None
             target = "flashinfer" if obj is None else self.names[id(obj)]
@@ -253,12 +255,12 @@ class Tracer(TorchFunctionMode):
             if optional:  # the suite passes these only where the release takes them
                 rendered["**taken_by"] = f"{target}.plan, " + ", ".join(f"{k}={self.value(v)}"
                                                                           for k, v in optional.items())
-            call = _call(f"{target}.{method}", [self.value(a) for a in args], rendered)
+            line = call(f"{target}.{method}", [self.value(a) for a in args], rendered)
             if method == "forward":
                 result = torch.empty_like(args[0])
-                self._emit(f"{self._name(result, self._fresh('t'))} = {call}")
+                self._emit(f"{self._name(result, self._fresh('t'))} = {line}")
                 return result
-            self._emit(call)
+            self._emit(line)
             return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -271,6 +273,8 @@ class Tracer(TorchFunctionMode):
             if not isinstance(result, torch.Tensor) and name != "__setitem__":
                 return result  # shapes, dtypes, Python numbers: the script reads them the same way
             if name in ("__get__", "__set__"):
+                return result
+            if result is args[0] and name in NO_OPS:
                 return result
             line = self._render(func, name, args, kwargs)
             if result is None or any(result is a for a in (*args, *kwargs.values())):
@@ -290,10 +294,10 @@ class Tracer(TorchFunctionMode):
                 return f"{receiver}[{_index(rest[:1], args[1])}] = {rest[1]}"
             if name in OPERATORS:
                 return OPERATORS[name].format(receiver, *rest)
-            return _call(f"{receiver}.{name}", rest, out_kw)
+            return call(f"{receiver}.{name}", rest, out_kw)
         for prefix, namespace in (("F", torch.nn.functional), ("torch", torch)):
             if getattr(namespace, name, None) is func:
-                return _call(f"{prefix}.{name}", [self.value(a) for a in args], out_kw)
+                return call(f"{prefix}.{name}", [self.value(a) for a in args], out_kw)
         raise Unrenderable(f"{self.impl.name} calls {func!r}, which a script cannot name")
 
 
@@ -307,7 +311,7 @@ def _empty(t: torch.Tensor) -> str:
     return f"torch.empty({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)"
 
 
-def _call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
+def call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
     """``fn(args, kwargs)``, wrapped at 110 columns with the arguments packed four spaces in."""
     parts = args + [f"**taken_by({v})" if k == "**taken_by" else f"{k}={v}" for k, v in kwargs.items()]
     one = f"{fn}({', '.join(parts)})"

@@ -1,0 +1,46 @@
+"""``swabench repro``: a standalone script for a point or a known bug, to file upstream."""
+
+from __future__ import annotations
+
+import click
+
+from swabench.cli.options import InputError, opt
+
+
+@click.command()
+@click.argument("source", required=False, metavar="[RUN | SCENARIO]")
+@opt("--case", "case_id", metavar="ID", help="The case (a case_id or a unique prefix of one).")
+@opt("--impl", metavar="NAME", help="The implementation.")
+@opt("--backend", metavar="B", help="Its backend (default: fa2 where it runs there, else the scenario's first).")
+@opt("--bug", metavar="REF", help="A known bug instead: an upstream issue (flashinfer#4972), a known-bug or planted "
+                                  "implementation, or decode-cliff; on the smallest shipped case where it shows.")
+@opt("--out", type=click.Path(dir_okay=False), help="Write the script here (default: print it).")
+@opt("--force", is_flag=True, help="Replace an existing --out file.")
+def repro(source, case_id, impl, backend, bug, out, force):
+    """Write a script that reproduces one point, or a known bug, with torch and the library only.
+
+    The script builds the case's inputs as the suite does, makes the path's own calls (traced from the
+    suite's code and checked call by call against it on a stand-in before it is written), compares with
+    a reference written out in it, and exits 1 where the output is wrong."""
+    from swabench.publish import outputs
+    from swabench.repro import make
+    from swabench.store import run_folder
+
+    if bug and (source or case_id or impl or backend):
+        raise InputError("--bug takes no RUN, SCENARIO, --case, --impl or --backend")
+    if not bug and not (source and case_id and impl):
+        raise InputError("give RUN or SCENARIO with --case and --impl, or --bug REF "
+                         "(`swabench repro --help` lists the forms)")
+    if out:
+        out = outputs.file_path(out, [source] if source else [])
+        if out.exists() and not force:
+            raise InputError(f"--out {out} exists; give --force to replace it")
+    text, _ = make.for_bug(bug) if bug else make.for_point(source, case_id, impl, backend)
+    if not out:
+        click.echo(text, nl=False)
+        return
+    run_folder.atomic_write(out, text)
+    click.echo(f"wrote {out}: run it with `python3 {out}`", err=True)
+
+
+COMMANDS = [repro]
