@@ -18,7 +18,7 @@ from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
 from swabench.repro.script import Part
 
-SEARCHED = ("edges", "serving", "chunked", "noncausal", "evicted", "default")  # the shipped scenarios searched
+SEARCHED = ("edges", "release", "serving", "chunked", "noncausal", "evicted", "default")  # the shipped scenarios searched
 H200_SMS = 132  # flashinfer#4972's rows hang on the SM count: the H200's where no GPU is here
 CLIFF_AMPLIFICATION = 32  # the cliff case reads at least this many times the keys its window needs
 CLIFF_THRESHOLD = 3.0

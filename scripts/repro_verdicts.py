@@ -1,0 +1,84 @@
+"""Each committed reproducer beside the suite's own verdict on the same parts, on this GPU and release.
+
+    python3 scripts/repro_verdicts.py OUT [REF ...]        (default: every script under repro/)
+
+For each bug: run ``repro/REF.py`` on its own (its output and exit status), then, in a fresh process,
+the suite's code on the script's parts: a ``first`` part built and run, a checked part gated
+(``core.gate.check``: random and probe inputs), two timed parts gated and timed with the suite's
+CUDA-graph timer.  The two verdicts must agree: the script exits 1 exactly where the suite's gate
+fails (or, timed, where the first path takes more than the script's threshold times its twin).
+Writes OUT/verdicts.json and OUT/REF.log; prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def suite_verdict(ref: str) -> dict:
+    """The suite's verdict on the bug's parts, in this process."""
+    import torch
+
+    from swabench.core import gate, workloads
+    from swabench.impls import registry
+    from swabench.measure import timing
+    from swabench.repro import bugs
+
+    parts, where = bugs.parts(bugs.get(ref), torch.cuda.get_device_properties(0).multi_processor_count)
+    said = {"where": where, "parts": []}
+    times = []
+    for p in parts:
+        w = workloads.build(p.case, "cuda")
+        runner = registry.get(p.impl).make(w, p.backend)
+        runner.plan()
+        if p.role == "first":
+            runner.run()
+            torch.cuda.synchronize()
+            continue
+        result = gate.check(runner, w)
+        said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": result.passed, "reason": result.reason})
+        if p.role == "timed":
+            kernel, _ = timing.cuda_graph_time(runner.run)
+            times.append(kernel.median_us)
+    wrong = not all(part["passed"] for part in said["parts"])
+    if times:
+        said["times_us"] = times
+        said["ratio"] = times[0] / times[1]
+        said["slow"] = said["ratio"] > bugs.CLIFF_THRESHOLD
+    said["exit"] = 1 if wrong or said.get("slow") else 0
+    return said
+
+
+def main(out: Path, refs: list[str]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
+    rows, disagree = [], 0
+    for ref in refs:
+        path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
+        ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
+        (out / f"{path.stem}.log").write_text(ran.stdout + ran.stderr)
+        judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
+                                timeout=600, cwd=ROOT)
+        suite = json.loads(judged.stdout.strip().splitlines()[-1]) if judged.returncode == 0 else \
+            {"exit": None, "error": judged.stderr[-2000:]}
+        agree = suite.get("exit") == ran.returncode
+        disagree += not agree
+        rows.append({"ref": ref, "script_exit": ran.returncode, "suite": suite, "agree": agree,
+                     "script_said": ran.stdout.strip().splitlines()[-3:]})
+        print(f"{ref:32s} script exit {ran.returncode}  suite {suite.get('exit')}  {'agree' if agree else 'DISAGREE'}"
+              + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else ""), flush=True)
+    (out / "verdicts.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 1 if disagree else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--suite"]:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(suite_verdict(sys.argv[2])))
+    else:
+        sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))

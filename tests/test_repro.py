@@ -1,0 +1,222 @@
+"""swabench repro: scripts that make the suite's own calls, tested where there is no GPU.
+
+Every implementation's script is run against the FlashInfer stand-in and must make the suite's calls
+argument by argument (a PyTorch path's must give the suite's output bit for bit); the inputs it builds
+are the suite's; an embedded path's script runs on its own and says right or wrong as the gate does."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from swabench.core import reference, workloads
+from swabench.impls import registry, upstream
+from swabench.inputs import scenarios
+from swabench.repro import bugs, kit, make, script, trace, verify
+from tests.conftest import invoke
+
+# one small point for every implementation: each group is what its paths model
+EVERY_PATH = textwrap.dedent("""
+    name = "repro-cpu"
+    description = "a small case for every implementation"
+    [fixed]
+    num_qo_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    dtype = "bfloat16"
+    batch_size = 2
+    backend = "fa2"
+    [[sweep]]
+    group = "verify"
+    implementations = ["paged-window", "paged-trim", "ragged-window", "paged-mask", "ragged-mask",
+                       "paged-plan-no-window", "paged-trim-causal", "torch-trim", "torch-mask", "torch-batch",
+                       "planted-wide", "planted-narrow", "planted-future", "eagle-verify-untrimmed",
+                       "flex-window", "flex-contiguous", "flex-flat"]
+    mode = "verify"
+    draft_tokens = 4
+    prefix_len = [37, 21]
+    window_left = 7
+    storage = ["paged", "ragged"]
+    page_size = 4
+    page_layout = "evicted-reused"
+    [[sweep]]
+    group = "decode"
+    implementations = ["decode-window", "decode-trim", "decode-trim-nowindow", "decode-tc-window", "decode-tc-trim"]
+    mode = "decode"
+    prefix_len = [30, 45]
+    window_left = 9
+    page_size = 4
+    [[sweep]]
+    group = "sinks"
+    implementations = ["sink-window", "paged-sinks-dropped"]
+    mode = "verify"
+    draft_tokens = 3
+    prefix_len = 20
+    window_left = 5
+    page_size = 4
+    sinks = true
+    [[sweep]]
+    group = "extend"
+    implementations = ["sglang-extend", "sglang-extend-nomask", "sglang-extend-ragged-nowindow"]
+    mode = "extend"
+    extend_len = 6
+    prefix_len = [25, 18]
+    window_left = 7
+    page_size = 1
+    [[sweep]]
+    group = "chunked"
+    implementations = ["chunk-virtual", "chunk-trim", "chunk-as-window", "planted-chunk-window", "planted-chunk-long"]
+    mode = "verify"
+    draft_tokens = 2
+    prefix_len = [5, 14]
+    attention_chunk = 8
+    page_size = 4
+    """)
+FLEX = ("flex-window", "flex-contiguous", "flex-flat")
+
+
+@pytest.fixture(scope="module")
+def every_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("repro") / "repro-cpu.toml"
+    path.write_text(EVERY_PATH)
+    return {p.impl: p for p in scenarios.load(path).points}
+
+
+def test_every_implementation_has_a_small_point_here(every_path):
+    assert set(every_path) == set(registry.names())
+
+
+@pytest.mark.parametrize("impl", [n for n in registry.names() if n not in FLEX])
+def test_each_script_makes_the_suites_calls(every_path, impl):
+    p = every_path[impl]
+    parts = [script.Part(p.case, impl, p.backend)]
+    text = script.render(parts, script.Header(impl))
+    verify.check(parts, text)
+    compile(text, impl, "exec")
+    assert not re.search(r"^\s*(import|from) swabench", text, re.M)
+    if registry.get(impl).library == "flashinfer":
+        assert "import flashinfer" in text and ".plan(" in text and (".run(" in text or ".forward(" in text)
+
+
+def test_a_script_that_drifts_from_the_suite_is_caught(every_path):
+    p = every_path["paged-trim"]
+    parts = [script.Part(p.case, "paged-trim", p.backend)]
+    text = script.render(parts, script.Header("paged-trim"))
+    planned = "causal=True, window_left=7"
+    assert planned in text
+    with pytest.raises(verify.Drift, match="call 2"):
+        verify.check(parts, text.replace(planned, "causal=True, window_left=8"))
+    planned_table = next(line for line in text.splitlines() if "table_slice(CASE" in line)
+    with pytest.raises(verify.Drift):
+        verify.check(parts, text.replace(planned_table, planned_table.replace("starts=[", "starts=[4 + ", 1)))
+
+
+@pytest.mark.parametrize("impl", FLEX)
+def test_flexattention_says_why_it_has_no_script(every_path, impl):
+    p = every_path[impl]
+    with pytest.raises(trace.Unrenderable, match="block mask"):
+        script.render([script.Part(p.case, impl, p.backend)], script.Header(impl))
+
+
+FEATURES = ["", "sinks = true", "logits_soft_cap = 30.0", 'kv_dtype = "float8_e4m3"', "attention_chunk = 8",
+            "causal = false"]
+LAYOUTS = ["scattered", "contiguous", "evicted-null", "evicted-reused"]
+
+
+@pytest.mark.parametrize("layout, features", [(layout, f) for f in FEATURES for layout in LAYOUTS
+                                              if not ("chunk" in f and layout.startswith("evicted"))])
+def test_the_script_builds_the_suites_inputs_and_reference(write_scenario, layout, features):
+    path = write_scenario(textwrap.dedent(f"""
+        name = "inputs"
+        description = "inputs"
+        implementations = ["torch-trim"]
+        [fixed]
+        num_qo_heads = 4
+        num_kv_heads = 2
+        head_dim = 64
+        dtype = "bfloat16"
+        batch_size = 3
+        [[sweep]]
+        mode = "verify"
+        draft_tokens = 3
+        prefix_len = [9, 30, 17]
+        {"" if "chunk" in features else "window_left = 6"}
+        storage = ["paged", "ragged"]
+        page_size = 4
+        page_layout = "{layout}"
+        {features}
+        """))
+    for case in scenarios.load(path).cases:
+        w, x = workloads.build(case, "cpu"), kit.make_inputs(script.case_literals(case), "cpu")
+        for ours, theirs in ((w.q, x["q"]), (w.k_store, x["k_cache"]), (w.v_store, x["v_cache"]), (w.slots, x["slots"])):
+            assert ours.dtype == theirs.dtype and torch.equal(ours.float(), theirs.float())
+        assert (w.sinks is None) == (x["sinks"] is None) and (w.sinks is None or torch.equal(w.sinks, x["sinks"]))
+        if case.storage == "paged":
+            assert torch.equal(w.kv_indices_host.int(), x["kv_indices"])
+            assert torch.equal(w.kv_last_page_len, x["kv_last_page_len"])
+        ours = reference.attention(w)
+        assert (kit.reference(script.case_literals(case), x).double() - ours).abs().max() < 2e-5 * ours.abs().max()
+
+
+def run_script(path):
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_an_embedded_script_runs_on_its_own_and_says_right_or_wrong(every_path, tmp_path):
+    p = every_path["torch-trim"]
+    right = tmp_path / "right.py"
+    right.write_text(script.render([script.Part(p.case, "torch-trim", p.backend)], script.Header("torch-trim")))
+    ran = run_script(right)
+    assert ran.returncode == 0 and "RIGHT" in ran.stdout and "torch " in ran.stdout, ran.stdout + ran.stderr
+    p = every_path["planted-wide"]
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(script.render([script.Part(p.case, "planted-wide", p.backend)], script.Header("planted-wide")))
+    ran = run_script(wrong)
+    assert ran.returncode == 1 and "WRONG" in ran.stdout and "request 0: rows" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_every_declared_and_known_bug_has_a_script():
+    refs = {b.ref for b in bugs.catalogue()}
+    assert {b.ref for b in upstream.declared()} <= refs
+    assert {i.name for i in registry.all_implementations() if i.expected_to_fail} <= refs
+    assert "decode-cliff" in refs
+
+
+def test_repro_bug_writes_the_smallest_case_where_it_shows(tmp_path):
+    out = tmp_path / "bug.py"
+    r = invoke("repro", "--bug", "planted-future", "--out", out)
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "Made by: swabench repro --bug planted-future" in text and "What is wrong:" in text
+    ran = run_script(out)
+    assert ran.returncode == 1 and "WRONG" in ran.stdout, ran.stdout + ran.stderr
+    assert invoke("repro", "--bug", "planted-future", "--out", out).exit_code == 2  # exists: --force replaces it
+
+
+def test_the_non_causal_bug_names_its_rows():
+    parts, where = bugs.parts(bugs.get("flashinfer#4972"), num_sms=132)
+    assert parts[0].case.causal is False and "rows" in where and "132 SMs" in where
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bug", "flashinfer#9999"], "known: flashinfer#1679"),
+    (["edges", "--case", "zzz", "--impl", "paged-window"], "--case: 'zzz' matches none"),
+    (["edges", "--case", "0", "--impl", "paged-window"], "matches"),
+    (["edges", "--case", "00399bdba598", "--impl", "nope"], "known: paged-window"),
+    (["edges", "--case", "00399bdba598", "--impl", "decode-window"], "no point of decode-window"),
+    (["edges", "--case", "00399bdba598", "--impl", "paged-window", "--backend", "cudnn"], "--backend"),
+    (["--bug", "decode-cliff", "--impl", "paged-window"], "--bug takes no"),
+    (["edges"], "give RUN or SCENARIO"),
+    (["nope", "--case", "1", "--impl", "paged-window"], "nope"),
+])
+def test_bad_input_exits_2_naming_what_is_known(args, says):
+    r = invoke("repro", *args)
+    assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_a_failed_points_line_prints_its_repro_command():
+    assert make.command("results/run", "abc123", "paged-window", "fa2") == \
+        "swabench repro results/run --case abc123 --impl paged-window --backend fa2"
