@@ -16,9 +16,9 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[1, 1, 1, 1], kv_lens=[301, 301, 301, 301], num_qo_heads=32, num_kv_heads=8, head_dim=128,
-    storage='paged', page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0,
-    soft_cap=0.0, sinks=False, sm_scale=0.08838834764831845, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
+    qo_lens=[1] * 4, kv_lens=[301] * 4, num_qo_heads=32, num_kv_heads=8, head_dim=128, storage='paged',
+    page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0, soft_cap=0.0, sinks=False,
+    sm_scale=0.08838834764831845, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 DEVICE = "cuda"
 
@@ -191,7 +191,7 @@ def main():
         paged_kv_indptr_buffer=torch.empty((5,), dtype=torch.int32, device=dev),
         paged_kv_indices_buffer=torch.empty((76,), dtype=torch.int32, device=dev),
         paged_kv_last_page_len_buffer=torch.empty((4,), dtype=torch.int32, device=dev))
-    kv_indptr_1, kv_indices_1, kv_last_page_len_1 = table_slice(CASE, x, starts=[160, 160, 160, 160], ends=[301, 301, 301, 301])
+    kv_indptr_1, kv_indices_1, kv_last_page_len_1 = table_slice(CASE, x, starts=[160] * 4, ends=[301] * 4)
     decode_wrapper.plan(
         kv_indptr_1, kv_indices_1, kv_last_page_len_1, num_qo_heads=32, num_kv_heads=8,
         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.08838834764831845, head_dim=128,

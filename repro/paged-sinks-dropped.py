@@ -15,9 +15,9 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[8, 8, 8, 8], kv_lens=[308, 308, 308, 308], num_qo_heads=64, num_kv_heads=8, head_dim=64,
-    storage='paged', page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0,
-    soft_cap=0.0, sinks=True, sm_scale=0.125, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
+    qo_lens=[8] * 4, kv_lens=[308] * 4, num_qo_heads=64, num_kv_heads=8, head_dim=64, storage='paged',
+    page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0, soft_cap=0.0, sinks=True,
+    sm_scale=0.125, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 DEVICE = "cuda"
 

@@ -84,7 +84,7 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
            "import torch"]
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
-    out += [""] + [trace.call(f"CASE{p.label} = dict", [], {k: repr(v) for k, v in case_literals(p.case).items()})
+    out += [""] + [trace.call(f"CASE{p.label} = dict", [], {k: trace.literal(v) for k, v in case_literals(p.case).items()})
                    for p in parts]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")

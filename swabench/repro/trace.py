@@ -93,7 +93,8 @@ class Tracer(TorchFunctionMode):
         if isinstance(v, tuple):
             return "(" + ", ".join(self.value(e, buffer=buffer) for e in v) + ("," if len(v) == 1 else "") + ")"
         if isinstance(v, list):
-            return "[" + ", ".join(self.value(e, buffer=buffer) for e in v) + "]"
+            return literal(v) if all(isinstance(e, (int, float)) for e in v) else \
+                "[" + ", ".join(self.value(e, buffer=buffer) for e in v) + "]"
         if isinstance(v, torch.dtype):
             return DTYPES[v]
         if isinstance(v, torch.device):
@@ -170,7 +171,7 @@ class Tracer(TorchFunctionMode):
                 if len(starts) == len(c["kv_lens"]):
                     m = kit.window_mask(c, starts, ends)
                     if m.shape == t.shape and torch.equal(m, t):
-                        return f"window_mask(CASE{self.suffix}, starts={starts}, ends={ends}{device})"
+                        return f"window_mask(CASE{self.suffix}, starts={literal(starts)}, ends={literal(ends)}{device})"
             return None
         if t.dim() != 2:
             return None
@@ -218,8 +219,9 @@ class Tracer(TorchFunctionMode):
         for name, t in zip(names, (indptr, indices, last)):
             self._name(t, name)
         self.used.add("kv_indptr")
-        self._declare(f"{', '.join(names)} = table_slice(CASE{self.suffix}, x{self.suffix}, starts={starts}, "
-                      f"ends={ends}" + ("" if identity else f", requests={requests}") + ")")
+        self._declare(call(f"{', '.join(names)} = table_slice", [f"CASE{self.suffix}", f"x{self.suffix}"],
+                           {"starts": literal(starts), "ends": literal(ends),
+                            **({} if identity else {"requests": literal(requests)})}))
         return names[0]
 
     # ---------------------------------------------------------------- calls
@@ -299,6 +301,13 @@ class Tracer(TorchFunctionMode):
             if getattr(namespace, name, None) is func:
                 return call(f"{prefix}.{name}", [self.value(a) for a in args], out_kw)
         raise Unrenderable(f"{self.impl.name} calls {func!r}, which a script cannot name")
+
+
+def literal(v) -> str:
+    """A Python literal, with a list of one repeated number written ``[n] * count``."""
+    if isinstance(v, list) and len(v) > 3 and len(set(v)) == 1:
+        return f"[{v[0]!r}] * {len(v)}"
+    return repr(v)
 
 
 def _index(rendered: list[str], raw) -> str:
