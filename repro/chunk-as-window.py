@@ -3,7 +3,7 @@
 
 What is wrong: the chunk planned as a sliding window, window_left = C - 1: a query sees the previous chunk's
     last keys
-Where it shows: verify b3 p4 q1 C4 ps1 h4/2 d128 bfloat16 s0
+Where it shows: decode b32 s8193 q1 C8192 ps16 h40/8 d128 bfloat16 s0
 Made by: swabench repro --bug chunk-as-window
 Run it with python3 on a machine with torch, flashinfer and a CUDA GPU. It prints the versions and the GPU,
     the errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right.
@@ -16,8 +16,8 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[1, 1, 1], kv_lens=[5, 5, 5], num_qo_heads=4, num_kv_heads=2, head_dim=128, storage='paged',
-    page_size=1, page_layout='scattered', window_left=-1, causal=True, chunk=4, soft_cap=0.0, sinks=False,
+    qo_lens=[1] * 32, kv_lens=[8193] * 32, num_qo_heads=40, num_kv_heads=8, head_dim=128, storage='paged',
+    page_size=16, page_layout='scattered', window_left=-1, causal=True, chunk=8192, soft_cap=0.0, sinks=False,
     sm_scale=0.08838834764831845, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 DEVICE = "cuda"
@@ -185,14 +185,14 @@ def main():
     workspace = torch.empty((268435456,), dtype=torch.uint8, device=dev)
     paged_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         workspace, "NHD", backend="fa2", use_cuda_graph=True,
-        qo_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indices_buf=torch.empty((15,), dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buf=torch.empty((3,), dtype=torch.int32, device=dev))
+        qo_indptr_buf=torch.empty((33,), dtype=torch.int32, device=dev),
+        paged_kv_indptr_buf=torch.empty((33,), dtype=torch.int32, device=dev),
+        paged_kv_indices_buf=torch.empty((16416,), dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buf=torch.empty((32,), dtype=torch.int32, device=dev))
     paged_wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=4, num_kv_heads=2,
+        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=40, num_kv_heads=8,
         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.08838834764831845, causal=True,
-        window_left=3, head_dim_qk=128, page_size=1, **taken_by(paged_wrapper.plan, uniform_q_len=1))
+        window_left=8191, head_dim_qk=128, page_size=16, **taken_by(paged_wrapper.plan, uniform_q_len=1))
 
     def step():
         paged_wrapper.run(q, (k_cache, v_cache), out=out)

@@ -3,7 +3,7 @@
 
 What is wrong: plan() without window_left, then deprecated forward(window_left=W): the kernel without the
     window mask is chosen at plan time
-Where it shows: verify b3 s2 q1 W0 ps1 h4/1 d128 bfloat16 s0
+Where it shows: verify b4 p300 q8 W127 ps16 h32/8 d128 bfloat16 s0
 Made by: swabench repro --bug paged-plan-no-window
 Run it with python3 on a machine with torch, flashinfer and a CUDA GPU. It prints the versions and the GPU,
     the errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right.
@@ -16,8 +16,8 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[1, 1, 1], kv_lens=[2, 2, 2], num_qo_heads=4, num_kv_heads=1, head_dim=128, storage='paged',
-    page_size=1, page_layout='scattered', window_left=0, causal=True, chunk=0, soft_cap=0.0, sinks=False,
+    qo_lens=[8] * 4, kv_lens=[308] * 4, num_qo_heads=32, num_kv_heads=8, head_dim=128, storage='paged',
+    page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0, soft_cap=0.0, sinks=False,
     sm_scale=0.08838834764831845, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 DEVICE = "cuda"
@@ -185,18 +185,18 @@ def main():
     workspace = torch.empty((268435456,), dtype=torch.uint8, device=dev)
     paged_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         workspace, "NHD", backend="fa2", use_cuda_graph=True,
-        qo_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indices_buf=torch.empty((6,), dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buf=torch.empty((3,), dtype=torch.int32, device=dev))
+        qo_indptr_buf=torch.empty((5,), dtype=torch.int32, device=dev),
+        paged_kv_indptr_buf=torch.empty((5,), dtype=torch.int32, device=dev),
+        paged_kv_indices_buf=torch.empty((80,), dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buf=torch.empty((4,), dtype=torch.int32, device=dev))
     paged_wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=4, num_kv_heads=1,
+        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=32, num_kv_heads=8,
         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.08838834764831845, causal=True,
-        window_left=-1, head_dim_qk=128, page_size=1, **taken_by(paged_wrapper.plan, uniform_q_len=1))
+        window_left=-1, head_dim_qk=128, page_size=16, **taken_by(paged_wrapper.plan, uniform_q_len=8))
 
     def step():
         t1 = paged_wrapper.forward(
-            q, (k_cache, v_cache), causal=True, window_left=0, sm_scale=0.08838834764831845, logits_soft_cap=None)
+            q, (k_cache, v_cache), causal=True, window_left=127, sm_scale=0.08838834764831845, logits_soft_cap=None)
         out.copy_(t1)
 
     out.fill_(float("nan"))  # a row the call never writes reads as wrong

@@ -3,7 +3,7 @@
 
 What is wrong: trim at prefix - W per request, causal, no window at plan: query j of the block sees j keys too
     many
-Where it shows: verify b3 s2 q1 W0 ps16 h4/1 d128 bfloat16 s0
+Where it shows: verify b4 p300 q8 W127 ps16 h32/8 d128 bfloat16 s0
 Made by: swabench repro --bug paged-trim-causal
 Run it with python3 on a machine with torch, flashinfer and a CUDA GPU. It prints the versions and the GPU,
     the errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right.
@@ -16,8 +16,8 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[1, 1, 1], kv_lens=[2, 2, 2], num_qo_heads=4, num_kv_heads=1, head_dim=128, storage='paged',
-    page_size=16, page_layout='scattered', window_left=0, causal=True, chunk=0, soft_cap=0.0, sinks=False,
+    qo_lens=[8] * 4, kv_lens=[308] * 4, num_qo_heads=32, num_kv_heads=8, head_dim=128, storage='paged',
+    page_size=16, page_layout='scattered', window_left=127, causal=True, chunk=0, soft_cap=0.0, sinks=False,
     sm_scale=0.08838834764831845, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 DEVICE = "cuda"
@@ -95,6 +95,19 @@ def taken_by(fn, **keywords):
     import inspect
 
     return {k: v for k, v in keywords.items() if k in inspect.signature(fn).parameters}
+
+
+def table_slice(case, x, starts, ends, requests=None):
+    """The page table of keys [start, end) of each entry's request (entry b is request b unless
+    ``requests`` says otherwise): (indptr, indices, last_page_len), int32 on the host."""
+    ps, requests = case["page_size"], requests or list(range(len(starts)))
+    indptr, indices, last = [0], [], []
+    for b, s, e in zip(requests, starts, ends):
+        first = int(x["kv_indptr"][b])
+        indices += x["kv_indices"][first + s // ps:first - (-e // ps)].tolist()
+        indptr.append(len(indices))
+        last.append(e - (-(-e // ps) - 1) * ps)
+    return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
 
 
 def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, future=0, latest_start=None,
@@ -179,20 +192,19 @@ def main():
     v_cache = x["v_cache"]
     qo_indptr = x["qo_indptr"]
     kv_indptr = x["kv_indptr"]
-    kv_indices = x["kv_indices"]
-    kv_last_page_len = x["kv_last_page_len"]
     out = torch.empty_like(x["q"])
     workspace = torch.empty((268435456,), dtype=torch.uint8, device=dev)
     paged_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         workspace, "NHD", backend="fa2", use_cuda_graph=True,
-        qo_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indptr_buf=torch.empty((4,), dtype=torch.int32, device=dev),
-        paged_kv_indices_buf=torch.empty((3,), dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buf=torch.empty((3,), dtype=torch.int32, device=dev))
+        qo_indptr_buf=torch.empty((5,), dtype=torch.int32, device=dev),
+        paged_kv_indptr_buf=torch.empty((5,), dtype=torch.int32, device=dev),
+        paged_kv_indices_buf=torch.empty((80,), dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buf=torch.empty((4,), dtype=torch.int32, device=dev))
+    kv_indptr_1, kv_indices_1, kv_last_page_len_1 = table_slice(CASE, x, starts=[160] * 4, ends=[308] * 4)
     paged_wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=4, num_kv_heads=1,
+        qo_indptr, kv_indptr_1, kv_indices_1, kv_last_page_len_1, num_qo_heads=32, num_kv_heads=8,
         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.08838834764831845, causal=True,
-        window_left=-1, head_dim_qk=128, page_size=16, **taken_by(paged_wrapper.plan, uniform_q_len=1))
+        window_left=-1, head_dim_qk=128, page_size=16, **taken_by(paged_wrapper.plan, uniform_q_len=8))
 
     def step():
         paged_wrapper.run(q, (k_cache, v_cache), out=out)

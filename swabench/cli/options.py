@@ -166,5 +166,5 @@ def summary(table, out: Path) -> None:
 
     colours = {"  FAIL": "red", "  XPASS": "yellow"}
     click.echo(f"\nresults: {out}" if len(table) else "no rows")
-    for line in console_summary(table).splitlines():
+    for line in console_summary(table, folder=str(out)).splitlines():
         click.secho(line, fg=next((c for k, c in colours.items() if line.startswith(k)), None))

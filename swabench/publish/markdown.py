@@ -88,9 +88,12 @@ def trace_name(trace: dict) -> str:
     return f"a trace not in the repository (sha256 {str(trace.get('sha256'))[:16]})"
 
 
-def console_summary(table: pd.DataFrame, shown: int = 10) -> str:
+def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = None) -> str:
     """What a finished sweep prints: points per implementation and status, the median kernel time,
-    and the first failed and xpass points (lines starting '  FAIL' / '  XPASS')."""
+    and the first failed and xpass points (lines starting '  FAIL' / '  XPASS'), each followed, where the
+    run's ``folder`` is given, by the command that writes its standalone script."""
+    from swabench.repro.make import command
+
     if not len(table):
         return ""
     counts = table.groupby("impl", sort=False)["status"].value_counts().unstack(fill_value=0)
@@ -98,8 +101,10 @@ def console_summary(table: pd.DataFrame, shown: int = 10) -> str:
     lines = [counts.to_string()]
     for status in ("fail", "xpass"):
         rows = table[table["status"] == status]
-        lines += [f"  {status.upper()} {r['impl']} [{r['backend']}] {r['case']}: {r['reason']}"
-                  for _, r in rows.head(shown).iterrows()]
+        for _, r in rows.head(shown).iterrows():
+            lines.append(f"  {status.upper()} {r['impl']} [{r['backend']}] {r['case']}: {r['reason']}")
+            if folder:
+                lines.append(f"      reproduce: {command(folder, r['case_id'], r['impl'], r['backend'])}")
         if len(rows) > shown:
             lines.append(f"  {status.upper()} ... and {len(rows) - shown} more (results.csv has them all)")
     return "\n".join(lines)

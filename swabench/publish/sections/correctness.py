@@ -37,8 +37,12 @@ def _summary_line(run: Run) -> list[str]:
 
 
 def _failed(run: Run) -> pd.DataFrame:
-    bad = run.table[run.table["status"].isin(["fail", "xpass"])]
-    return bad[["status", "impl", "backend", "case", "reason"]].head(50)
+    """The failed and xpass points, each with the command that writes its standalone script."""
+    from swabench.repro.make import command
+
+    bad = run.table[run.table["status"].isin(["fail", "xpass"])].head(50)
+    repro = [f"`{command(run.folder, r.case_id, r.impl, r.backend)}`" for r in bad.itertuples()]
+    return bad[["status", "impl", "backend", "case", "reason"]].assign(repro=repro)
 
 
 def _failed_count(run: Run) -> list[str]:
