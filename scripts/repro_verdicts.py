@@ -7,7 +7,8 @@ the suite's code on the script's parts: a ``first`` part built and run, a checke
 (``core.gate.check``: random and probe inputs), two timed parts gated and timed with the suite's
 CUDA-graph timer.  The two verdicts must agree: the script exits 1 exactly where the suite's gate
 fails (or, timed, where the first path takes more than the script's threshold times its twin).
-Writes OUT/verdicts.json and OUT/REF.log; prints a table.
+Writes OUT/verdicts.json (rows of bugs run again replace their old ones) and OUT/REF.log; prints a table.
+A call that crashes the process's CUDA context counts as a failed gate, as in the sweep.
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ def suite_verdict(ref: str) -> dict:
             runner.run()
             torch.cuda.synchronize()
             continue
-        result = gate.check(runner, w)
-        said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": result.passed, "reason": result.reason})
+        try:
+            result = gate.check(runner, w)
+            passed, reason = result.passed, result.reason
+        except Exception as e:  # as the sweep records it: a call that crashes is a failed point
+            passed, reason = False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": passed, "reason": reason})
+            break
+        said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": passed, "reason": reason})
         if p.role == "timed":
             kernel, _ = timing.cuda_graph_time(runner.run)
             times.append(kernel.median_us)
@@ -72,7 +79,9 @@ def main(out: Path, refs: list[str]) -> int:
                      "script_said": ran.stdout.strip().splitlines()[-3:]})
         print(f"{ref:32s} script exit {ran.returncode}  suite {suite.get('exit')}  {'agree' if agree else 'DISAGREE'}"
               + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else ""), flush=True)
-    (out / "verdicts.json").write_text(json.dumps(rows, indent=1) + "\n")
+    path = out / "verdicts.json"  # a later call for some bugs replaces their rows and keeps the rest
+    kept = [r for r in json.loads(path.read_text()) if r["ref"] not in refs] if path.exists() else []
+    path.write_text(json.dumps(sorted(kept + rows, key=lambda r: r["ref"]), indent=1) + "\n")
     return 1 if disagree else 0
 
 
