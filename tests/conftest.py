@@ -1,4 +1,5 @@
 import dataclasses
+import functools
 import os
 import textwrap
 
@@ -59,6 +60,15 @@ def brief_host_timing():
         patch.setattr(lifecycle, "sweep_options", lambda *a, **kw: dataclasses.replace(
             options(*a, **kw), host_timer=timing.HostTimerOptions(**BRIEF_KERNEL_TIMER)))
         yield
+
+
+@functools.cache
+def shipped(name: str):
+    """A shipped scenario, loaded once a process for the tests that only read it (edges.toml expands to some
+    ten thousand points in a second or two, and five test modules read it)."""
+    from swabench.inputs import scenarios
+
+    return scenarios.load(scenarios.find(name))
 
 
 @pytest.fixture
