@@ -1,5 +1,6 @@
 """Figures and the report, made from a committed H200 run folder and from a CPU run."""
 
+import functools
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -22,10 +23,15 @@ def h200():
     return derived.load(H200_RUN)
 
 
+@pytest.fixture(scope="module")
+def drawn(h200):
+    """Each figure of the H200 fixture, drawn once for the tests that read it (none draws on it or saves it)."""
+    return functools.cache(lambda name: plots.FIGURES[name](*h200))
+
+
 @pytest.mark.parametrize("name", list(PANELS))
-def test_each_figure_has_its_panels_and_a_caption(h200, name):
-    table, meta = h200
-    fig = plots.FIGURES[name](table, meta)
+def test_each_figure_has_its_panels_and_a_caption(drawn, name):
+    fig = drawn(name)
     assert len(fig.axes) == PANELS[name]
     texts = [t.get_text() for t in fig.texts]
     assert any("NVIDIA H200" in t and "flashinfer 0.7.2.post1" in t for t in texts)
@@ -153,14 +159,14 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
 
 
 @pytest.mark.parametrize("name", list(PANELS))
-def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(h200, name):
+def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(drawn, name):
     """A path's colour and marker are its own (style.look) in every figure, and no legend sits on a panel,
     where it would hide points or the title."""
     import matplotlib.colors as mcolors
 
     from swabench.publish.style import look
 
-    fig = plots.FIGURES[name](*h200)
+    fig = drawn(name)
     assert all(ax.get_legend() is None for ax in fig.axes)
     drawn = 0
     for ax in fig.axes:
