@@ -1,3 +1,5 @@
+import dataclasses
+import functools
 import os
 import textwrap
 
@@ -38,6 +40,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+BRIEF_KERNEL_TIMER = dict(warmup=1, min_repeats=5, max_repeats=5, budget_s=0.0)
+BRIEF_PLAN_TIMER = dict(warmup=1, min_repeats=3, max_repeats=3, budget_s=0.0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def brief_host_timing():
+    """A run inside a test (or a module's fixture) times each CPU point over a few calls, not 0.2 s of them: every
+    point is still planned, gated and timed, and no test reads how precise a CPU time is (the timer itself:
+    test_timing.py).  Commands run in a process of their own keep the full timer."""
+    from swabench.measure import timing
+    from swabench.run import lifecycle, sweep
+
+    options = lifecycle.sweep_options
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sweep, "PLAN_TIMER", timing.HostTimerOptions(**BRIEF_PLAN_TIMER))
+        patch.setattr(lifecycle, "sweep_options", lambda *a, **kw: dataclasses.replace(
+            options(*a, **kw), host_timer=timing.HostTimerOptions(**BRIEF_KERNEL_TIMER)))
+        yield
+
+
+@functools.cache
+def shipped(name: str):
+    """A shipped scenario, loaded once a process for the tests that only read it (edges.toml expands to some
+    ten thousand points in a second or two, and five test modules read it)."""
+    from swabench.inputs import scenarios
+
+    return scenarios.load(scenarios.find(name))
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ keys) and a chunk one key too long are caught exactly where they change what som
 large chunks; the paths that do not take chunks skip and say so."""
 
 import pytest
+from conftest import shipped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swabench.core import gate, probes, reference, semantics, workloads
 from swabench.impls import registry
-from swabench.inputs import axes, scenarios
+from swabench.inputs import axes
 from swabench.inputs.axes import ScenarioError
 
 CPU_PATHS = ["torch-trim", "torch-mask", "torch-batch", "flex-window", "flex-contiguous", "flex-flat"]
@@ -94,7 +95,7 @@ def test_every_cpu_path_passes_chunked_attention_on_random_shapes(qo, prefix, ch
     assert result.passed, result.reason
 
 
-CHUNK_EDGES = [c for c in scenarios.load(scenarios.find("edges")).cases if c.attention_chunk]
+CHUNK_EDGES = [c for c in shipped("edges").cases if c.attention_chunk]
 
 
 def test_edges_holds_chunk_edges_for_every_step():

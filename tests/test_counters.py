@@ -2,8 +2,10 @@
 node), the calibration, the reasons it can give for reading nothing, and the whole `profile --tool ncu`
 flow against a stand-in ncu on the CPU: ncu.csv, the rows' columns, the findings' section and figure."""
 
+import contextlib
 import csv
 import gzip
+import importlib.util
 import io
 import os
 import stat
@@ -153,14 +155,33 @@ def test_short_kernel_names():
 
 @pytest.fixture
 def fake_ncu(tmp_path, monkeypatch):
-    """`ncu` on PATH is tests/fixtures/ncu/fake_ncu.py, run by this Python."""
+    """`ncu` on PATH is tests/fixtures/ncu/fake_ncu.py.  Its calls, and the `python -m swabench` command it profiles,
+    run inside this process, as the command line each was given (as processes, each would pay seconds of
+    start-up); every other command runs as a process."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ncu = bin_dir / "ncu"
     ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {FIXTURES / 'fake_ncu.py'} \"$@\"\n")
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")  # where counters.find() looks
+    spec = importlib.util.spec_from_file_location("fake_ncu", FIXTURES / "fake_ncu.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    real = subprocess.run
+
+    def run(args, *rest, **kw):
+        args = [str(a) for a in args]
+        if args[0] == str(ncu):
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                code = fake.main(args[1:])
+            return subprocess.CompletedProcess(args, code, printed.getvalue() if kw.get("capture_output") else None)
+        if args[:3] == [sys.executable, "-m", "swabench"]:
+            from conftest import invoke
+            return subprocess.CompletedProcess(args, invoke(*args[3:]).exit_code)
+        return real(args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess, "run", run)
     return ncu
 
 
@@ -254,8 +275,8 @@ def test_without_ncu_nothing_is_written(tmp_path, monkeypatch):
     assert "ncu not found" in result.skipped and not (tmp_path / "never").exists()
 
 
-@pytest.mark.slow
 def test_the_count_run_is_for_a_gpu(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "swabench", "run", "cpu", "--device", "cpu", "--count", "--out",
-                           str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2 and "--count" in done.stderr and not (tmp_path / "x").exists()
+    from conftest import invoke
+
+    done = invoke("run", "cpu", "--device", "cpu", "--count", "--out", tmp_path / "x")
+    assert done.exit_code == 2 and "--count" in done.stderr and not (tmp_path / "x").exists()

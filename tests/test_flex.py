@@ -4,20 +4,20 @@ on every shape of the edge scenario, pass the gate on a sample of them, read onl
 and say how they were laid out."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from conftest import shipped
 
 from swabench.core import gate, semantics, workloads
 from swabench.impls import registry
 from swabench.impls.flex import key_block_size
-from swabench.inputs import axes, scenarios
+from swabench.inputs import axes
 from swabench.store import schema
 
 PEERS = ["flex-window", "flex-contiguous", "flex-flat"]
-EDGES = scenarios.load(Path(__file__).resolve().parent.parent / "scenarios" / "edges.toml").cases
+EDGES = shipped("edges").cases
 
 
 def gated(name, w):

@@ -3,9 +3,10 @@ same way in every process, checked before any work, and carried through workload
 
 import pytest
 import torch
+from conftest import shipped
 
 from swabench.core import gate, workloads
-from swabench.inputs import axes, scenarios
+from swabench.inputs import axes
 from swabench.core.cases import draw_lengths, length_bound, parse_length
 from swabench.impls import registry
 
@@ -102,7 +103,7 @@ def test_per_request_mistakes_name_the_field(shape, message):
 
 
 def test_sglang_regression_batches_are_in_edges():
-    s = scenarios.load(scenarios.find("edges"))
+    s = shipped("edges")
     labels = {c.label for c in s.cases}
     assert any("p0 q[6,8,12] W4" in label for label in labels) and any("p[3,4,5] q2 W4" in label for label in labels)
 

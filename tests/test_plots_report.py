@@ -1,7 +1,6 @@
 """Figures and the report, made from a committed H200 run folder and from a CPU run."""
 
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -25,15 +24,14 @@ def h200():
 
 
 @pytest.fixture(scope="module")
-def reported(tmp_path_factory):
-    """The report of the H200 fixture, every figure with it: drawn once for the tests that read them."""
-    return report.write(H200_RUN, tmp_path_factory.mktemp("report"))
+def drawn(h200):
+    """Each figure of the H200 fixture, drawn once for the tests that read it (none draws on it or saves it)."""
+    return functools.cache(lambda name: plots.FIGURES[name](*h200))
 
 
 @pytest.mark.parametrize("name", list(PANELS))
-def test_each_figure_has_its_panels_and_a_caption(h200, name):
-    table, meta = h200
-    fig = plots.FIGURES[name](table, meta)
+def test_each_figure_has_its_panels_and_a_caption(drawn, name):
+    fig = drawn(name)
     assert len(fig.axes) == PANELS[name]
     texts = [t.get_text() for t in fig.texts]
     assert any("NVIDIA H200" in t and "flashinfer 0.7.2.post1" in t for t in texts)
@@ -41,9 +39,17 @@ def test_each_figure_has_its_panels_and_a_caption(h200, name):
 
 
 @pytest.mark.slow
-def test_files_are_real_images(h200, reported, tmp_path):
+def test_the_report_has_its_tables_and_every_figure_as_a_real_image(h200, tmp_path):
+    """The report of the H200 fixture with every figure: drawn once, for its text and its images."""
     from swabench.publish.style import save
 
+    reported = report.write(H200_RUN, tmp_path / "report")
+    text = reported.read_text()
+    assert "| impl | kind | backend | pass | fail | xfail | xpass | skip |" in text
+    assert "| paged-trim-causal | known-bug | fa2 | 0 | 0 | 3 | 0 | 0 |" in text  # 12 | 0 | 120 on the whole run
+    assert "## Headline: speedup over the custom-mask path" in text and "| verify | 1024 |" in text
+    for name in PANELS:
+        assert f"![{name}]({name}.png)" in text and (reported.parent / f"{name}.png").exists()
     folder = reported.parent
     made = {name: folder / f"{name}.png" for name in plots.FIGURES if (folder / f"{name}.png").exists()}
     assert set(plots.FIGURES) - set(made) == {"sawtooth", "bytes_read"}  # no chunked layer, no counters in the run
@@ -67,16 +73,6 @@ def test_failed_and_skipped_points_are_drawn_not_dropped(h200):
     assert "failed gate" in labels and "skipped" in labels
     crosses = [c for ax in fig.axes for c in ax.collections if c.get_label() == "failed gate"]
     assert len(crosses) == 1 and len(crosses[0].get_offsets()) == 1  # one panel, one point
-
-
-@pytest.mark.slow
-def test_report_has_the_correctness_matrix_and_headline(reported):
-    text = reported.read_text()
-    assert "| impl | kind | backend | pass | fail | xfail | xpass | skip |" in text
-    assert "| paged-trim-causal | known-bug | fa2 | 0 | 0 | 3 | 0 | 0 |" in text  # 12 | 0 | 120 on the whole run
-    assert "## Headline: speedup over the custom-mask path" in text and "| verify | 1024 |" in text
-    for name in PANELS:
-        assert f"![{name}]({name}.png)" in text and (reported.parent / f"{name}.png").exists()
 
 
 def test_headline_is_computed_from_the_table(h200):
@@ -139,10 +135,11 @@ def test_cpu_run_plots_without_the_gpu_only_figures(tmp_path):
 
 @pytest.mark.slow
 def test_bench_host_saves_json_and_plots(tmp_path):
+    from conftest import invoke
+
     out = tmp_path / "hb"
-    done = subprocess.run([sys.executable, "-m", "swabench", "bench-host", "--quick", "--out", str(out)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = invoke("bench-host", "--quick", "--out", out)  # its benchmarks run in a pytest process of their own
+    assert done.exit_code == 0, done.output
     import gzip
     import json
     data = json.load(gzip.open(out / "host_benchmarks.json.gz", "rt"))
@@ -162,14 +159,14 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
 
 
 @pytest.mark.parametrize("name", list(PANELS))
-def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(h200, name):
+def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(drawn, name):
     """A path's colour and marker are its own (style.look) in every figure, and no legend sits on a panel,
     where it would hide points or the title."""
     import matplotlib.colors as mcolors
 
     from swabench.publish.style import look
 
-    fig = plots.FIGURES[name](*h200)
+    fig = drawn(name)
     assert all(ax.get_legend() is None for ax in fig.axes)
     drawn = 0
     for ax in fig.axes:

@@ -1,6 +1,7 @@
 import textwrap
 
 import pytest
+from conftest import shipped
 
 from swabench.inputs import scenarios
 from swabench.core.cases import MODES
@@ -40,7 +41,7 @@ def test_cpu_scenario_runs_only_correct_embedded_implementations():
 
 
 def test_edges_scenario_sits_on_the_boundaries():
-    s = scenarios.load(scenarios.find("edges"))
+    s = shipped("edges")
     kv_minus_w = {c.seq_len - c.window_left for c in s.cases if c.seq_len is not None and not c.attention_chunk}
     assert kv_minus_w == {0, 1, 2}
     assert {c.page_size for c in s.cases} == {1, 16, None}

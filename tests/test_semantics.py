@@ -12,12 +12,8 @@ shapes = st.tuples(st.integers(1, 40), st.integers(0, 60), st.integers(-1, 50)).
 
 def brute_mask(qo_len, kv_len, w):
     """The definition, element by element: query p sees key j iff j <= p and (no window or j >= p - w)."""
-    m = torch.zeros(qo_len, kv_len, dtype=torch.bool)
-    for i in range(qo_len):
-        p = kv_len - qo_len + i
-        for j in range(kv_len):
-            m[i, j] = j <= p and (w < 0 or j >= p - w)
-    return m
+    return torch.tensor([[j <= p and (w < 0 or j >= p - w) for j in range(kv_len)]
+                         for p in range(kv_len - qo_len, kv_len)])
 
 
 @pytest.mark.slow
@@ -147,12 +143,8 @@ def test_non_causal_and_chunked_visibility_match_their_definitions(shape, causal
     """Non-causal (FlashInfer's plan(causal=False, window_left=W)): query p sees every key j of its request
     with j >= p - W.  Chunked (chunk C > 0, causal): query p sees keys floor(p / C) * C .. p."""
     qo, kv, w = shape
-    want = torch.zeros(qo, kv, dtype=torch.bool)
-    for i in range(qo):
-        p = kv - qo + i
-        for j in range(kv):
-            seen = (j <= p or not causal) and (w < 0 or j >= p - w)
-            want[i, j] = seen and (chunk == 0 or j >= p // chunk * chunk)
+    want = torch.tensor([[(j <= p or not causal) and (w < 0 or j >= p - w) and (chunk == 0 or j >= p // chunk * chunk)
+                          for j in range(kv)] for p in range(kv - qo, kv)])
     assert torch.equal(Visibility(w, causal=causal, chunk=chunk).mask(qo, kv), want)
     if not chunk:
         assert semantics.useful_pairs(qo, kv, w, causal) == int(want.sum())

@@ -31,6 +31,12 @@ def tiny(write_scenario):
     return write_scenario(TINY)
 
 
+@pytest.fixture
+def small(write_scenario):
+    """Six cases: for the tests whose subject is the worker processes, each of which imports torch."""
+    return write_scenario(TINY.replace("prefix_len = [40, 90]", "prefix_len = 40"), "small.toml")
+
+
 def keys(folder):
     t = pd.read_csv(folder / run_folder.TABLE)
     return sorted(map(tuple, t[KEY].values)), t
@@ -161,13 +167,13 @@ def test_the_launcher_stops_its_workers_on_bad_input_and_keeps_nothing(tiny, tmp
 
 
 @pytest.mark.slow
-def test_job_array_through_submitit_local_executor(tiny, tmp_path):
+def test_job_array_through_submitit_local_executor(small, tmp_path):
     pytest.importorskip("submitit")
-    r = invoke("submit", tiny, "--shards", "2", "--executor", "local", "--out", tmp_path / "array",
+    r = invoke("submit", small, "--shards", "2", "--executor", "local", "--out", tmp_path / "array",
                "--impl", "torch-trim")
     assert r.exit_code == 0, r.output
     merged_keys, merged = keys(tmp_path / "array")
-    expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    expect = sorted(p.key for p in scenarios.load(small, impl_filter=["torch-trim"]).points)
     assert merged_keys == expect and (merged["status"] == "pass").all()
     assert len(json.loads((tmp_path / "array" / run_folder.META).read_text())["shards"]) == 2
 
@@ -208,17 +214,17 @@ def test_local_array_runs_at_most_one_shard_per_core_at_once(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_one_worker_per_device_each_sees_only_its_own(tiny, tmp_path, monkeypatch):
+def test_one_worker_per_device_each_sees_only_its_own(small, tmp_path, monkeypatch):
     """The --gpus launch path with CPU workers: every worker is shown its own device (the launcher's
     visible GPU it stands for) and its share of the CPU threads, works its own shard, and the
     progress callback ends at the scenario's point count."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     heard = []
-    workers = launch.Workers([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0, 1], tmp_path / "run",
+    workers = launch.Workers([str(small), "--device", "cpu", "--impl", "torch-trim"], [0, 1], tmp_path / "run",
                              visible=["3", "5"])
     folders = workers.wait(on_progress=heard.append, poll_s=0.05)
     assert all(0 < t < 120 for t in workers.ended_s)
-    expect = sorted(p.key for p in scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    expect = sorted(p.key for p in scenarios.load(small, impl_filter=["torch-trim"]).points)
     tables = [keys(f)[1] for f in folders]
     assert sorted(k for t in tables for k in map(tuple, t[KEY].values)) == expect
     assert heard[-1] == len(expect) and heard == sorted(heard)
@@ -337,7 +343,7 @@ def test_costs_come_from_an_earlier_run(tiny, tmp_path):
 def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_scenario, tmp_path):
     """Ctrl-C (or a scheduler's SIGTERM) in the launching process reaches the workers as SIGTERM:
     each keeps what it finished, marks its folder interrupted, and the same launch resumes it."""
-    many = write_scenario(TINY.replace("window_left = [3, 15, 31]", "window_left = " + str(list(range(1, 31)))))
+    many = write_scenario(TINY.replace("window_left = [3, 15, 31]", "window_left = " + str(list(range(1, 16)))))
     work = launch.work_dir(tmp_path / "run")
 
     def stop_once_rows_arrive(rows):  # once every worker is under way
@@ -358,14 +364,14 @@ def test_interrupting_the_launch_stops_every_worker_and_keeps_their_rows(write_s
 
 
 @pytest.mark.slow
-def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(tiny, tmp_path):
+def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(small, tmp_path):
     """A worker that exits with an error (here: CUDA asked for on a machine without it, exit 2) is a
     failed launch (exit 1 from the CLI), not a merge of what the others left."""
     from swabench.errors import RunFailed
-    workers = launch.Workers([str(tiny), "--device", "cpu", "--impl", "torch-trim"], [0], tmp_path / "run",
+    workers = launch.Workers([str(small), "--device", "cpu", "--impl", "torch-trim"], [0], tmp_path / "run",
                              visible=["0"])
     assert workers.wait(poll_s=0.05)
-    broken = launch.Workers([str(tiny), "--device", "cuda"], [0], tmp_path / "other", visible=["0"])
+    broken = launch.Workers([str(small), "--device", "cuda"], [0], tmp_path / "other", visible=["0"])
     with pytest.raises(RunFailed, match="did not finish"):
         broken.wait(poll_s=0.05)
     crashed = tmp_path / "crashed"

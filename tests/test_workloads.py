@@ -1,8 +1,9 @@
 import pytest
 import torch
+from conftest import shipped
 
 from swabench.core import footprint, workloads
-from swabench.inputs import axes, scenarios
+from swabench.inputs import axes
 
 
 def case(**kw):
@@ -163,7 +164,7 @@ def test_human_bytes_and_describe():
 
 @pytest.mark.parametrize("name", ["cpu", "quick", "edges", "default", "peers", "workspace", "serving"])
 def test_shipped_cases_are_possible(name):
-    for c in scenarios.load(scenarios.find(name)).cases:
+    for c in shipped(name).cases:
         assert footprint.impossible(c) is None, (c.label, footprint.impossible(c))
 
 
