@@ -73,13 +73,24 @@ def test_the_page_says_how_it_was_made(page, cpu_run):
 
 
 def test_every_section_with_data_is_there(page):
-    assert list(sections(page)) == ["Answers", "Runs", "Correctness", "Headline: speedup over the custom-mask path",
+    assert list(sections(page)) == ["Answers", "Runs", "Correctness",
+                                    "Reproducers: each bug caught, as a script to file upstream",
+                                    "Headline: speedup over the custom-mask path",
                                     "Against the reference path (paged-window / ragged-window on fa2)",
                                     "Decode: each wrapper against paged-window / ragged-window on fa2",
                                     "Peers: how each is built, and what it costs",
                                     "The machine's limit: each path against its roofline floor",
                                     "Compile cost: what a path pays before its first timed call",
                                     "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
+
+
+def test_each_bug_caught_has_its_repro_command_and_script(page):
+    rows = [line for line in section(page, "Reproducers") if line.startswith("| `")]
+    said = {line.split("`")[1]: line for line in rows}
+    assert "`swabench repro --bug planted-wide`" in said["planted-wide"]  # caught on the CPU run
+    assert "[`repro/paged-trim-causal.py`](repro/paged-trim-causal.py)" in said["paged-trim-causal"]
+    assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # repro/h200-*/verdicts.json
+    assert "flashinfer#1679" not in said  # nothing in these runs shows it
 
 
 def test_runs_section_names_each_folder_once_with_its_environment(page, cpu_run):

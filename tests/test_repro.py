@@ -218,5 +218,18 @@ def test_bad_input_exits_2_naming_what_is_known(args, says):
 
 
 def test_a_failed_points_line_prints_its_repro_command():
-    assert make.command("results/run", "abc123", "paged-window", "fa2") == \
-        "swabench repro results/run --case abc123 --impl paged-window --backend fa2"
+    import pandas as pd
+
+    from swabench.publish.markdown import console_summary
+    from swabench.publish.sections import Run, correctness
+
+    table = pd.DataFrame([
+        {"impl": "paged-window", "backend": "fa2", "status": "fail", "case": "verify b2", "case_id": "abc123",
+         "reason": "random: rel-L2 0.5 > 0.01", "median_us": None},
+        {"impl": "paged-trim", "backend": "fa2", "status": "pass", "case": "verify b2", "case_id": "abc123",
+         "reason": "", "median_us": 3.0}])
+    line = "swabench repro results/run --case abc123 --impl paged-window --backend fa2"
+    assert f"      reproduce: {line}" in console_summary(table, folder="results/run").splitlines()
+    assert "reproduce" not in console_summary(table)
+    rows = correctness._failed(Run("results/run", table, {}))  # the report's failed points
+    assert list(rows["repro"]) == [f"`{line}`"]
