@@ -15,7 +15,7 @@ import torch
 from swabench.core import reference, workloads
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, kit, make, script, trace, verify
+from swabench.repro import bugs, kit, script, trace, verify
 from tests.conftest import invoke
 
 # one small point for every implementation: each group is what its paths model

@@ -40,7 +40,7 @@ def _on_the_node(ref: str) -> str:
         if row:
             release = path.parent.name.removeprefix("h200-")
             ratio = row["suite"].get("ratio")
-            said.append(f"{release}: exit {row['script_exit']}" + (f" ({ratio:.1f}x)" if ratio else "")
+            said.append(f"{release}: exit {row['script_exit']}" + (f" (the suite's graph timer: {ratio:.1f}x)" if ratio else "")
                         + ("" if row["agree"] else " (the suite disagrees)"))
     return "; ".join(said)
 
