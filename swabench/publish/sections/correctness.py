@@ -125,5 +125,5 @@ SECTIONS = [
     Section("correctness-matrix", "Correctness", "Points per status for each implementation and backend, the worst "
             "error of a passing point, and the smallest error of a caught known bug.",
             lambda run: correctness_matrix(run.table), _summary_line, pages=frozenset({REPORT, SUMMARY})),
-    Section("failed", "Failed points", "", _failed, _failed_count, pages=frozenset({REPORT})),
+    Section("failed", "Failed points", "", _failed, _failed_count, pages=frozenset({REPORT, SUMMARY})),
 ]
