@@ -199,6 +199,36 @@ def test_a_mixed_trace_replays_on_the_cpu_served_step_by_step(tmp_path, monkeypa
     assert served in text  # the report's table is made from replay.csv
 
 
+def test_one_path_per_layer_type_serves_a_mix_that_no_one_path_serves(tmp_path, monkeypatch, one_figure):
+    """GPT-OSS's sink layer and a plain layer, both decoding: the batched SDPA path has no sink term and the
+    sinks-only path runs nothing else, so no one path of the library passes every decode step; one path per
+    layer type does, and the picks serve the whole mix."""
+    import dataclasses
+
+    from swabench.impls import registry
+
+    sinks_only = dataclasses.replace(registry.get("torch-trim"), name="torch-sinks-only", requires=frozenset({"sinks"}))
+    monkeypatch.setitem(registry._REGISTRY, "torch-sinks-only", sinks_only)
+    trace = write(tmp_path, [{"mode": "decode", "model": "gpt-oss-20b", "requests": [[40, 1], [200, 1]], "count": 2},
+                             {"mode": "decode", **LAYER, "requests": [[40, 1], [70, 1]], "count": 5}])
+    r = invoke("replay", trace, "--impl", "torch-batch", "--impl", "torch-sinks-only", "--device", "cpu",
+               "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    per_step = pd.read_csv(tmp_path / "run" / "replay.csv")
+    layers = sorted(per_step["layer"].unique())
+    assert len(layers) == 2 and any(layer.endswith("sinks bfloat16") for layer in layers), layers
+    by_impl = replay.per_thousand_steps(per_step, ("torch",)).set_index("impl")
+    for layer in layers:
+        row = by_impl.loc[f"best single torch path, {layer}"]
+        path = "torch-sinks-only" if "sinks" in layer else "torch-batch"
+        assert row["backend"] == f"decode: {path} [torch]" and row["all steps ms"] == row["decode ms"]
+    picks, best = by_impl.loc["torch's picks, one path per layer type"], by_impl.loc[replay.SERVED]
+    assert picks["steps covered"] == best["steps covered"] == "7/7"
+    assert picks["all steps ms"] == pytest.approx(best["all steps ms"])  # each layer type has one path only
+    assert picks["decode ms"] == pytest.approx(sum(by_impl.loc[f"best single torch path, {x}", "decode ms"]
+                                                   for x in layers))
+
+
 def test_a_bad_trace_exits_2(tmp_path):
     r = invoke("replay", write(tmp_path, [{"mode": "decode", "requests": [[1, 1]]}]), "--device", "cpu")
     assert r.exit_code == 2 and "line 1: give the layer" in r.output

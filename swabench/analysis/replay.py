@@ -14,9 +14,24 @@ from swabench.inputs.traces import MODES
 if TYPE_CHECKING:
     import pandas as pd
 
-STEP_COLUMNS = ["case_id", "case", "mode", "count", "impl", "kind", "library", "backend", "status", "median_us",
-                "ms_per_1000"]
+STEP_COLUMNS = ["case_id", "case", "mode", "layer", "count", "impl", "kind", "library", "backend", "status",
+                "median_us", "ms_per_1000"]
 SERVED = "served at its best"
+# What makes a step's layer type: an engine picks one path per layer type (a sink layer and a plain one differ)
+LAYER_COLUMNS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "attention_chunk", "causal", "sinks",
+                 "logits_soft_cap", "dtype", "kv_dtype")
+
+
+def layer_label(row) -> str:
+    """'h64/8 d64 W127 sinks bfloat16': a step's layer type, from its heads, head_dim, window or chunk,
+    causality, sinks, soft-cap and dtypes."""
+    span = f"C{int(row['attention_chunk'])}" if row.get("attention_chunk") else f"W{int(row['window_left'])}"
+    kv = row.get("kv_dtype")
+    return (f"h{int(row['num_qo_heads'])}/{int(row['num_kv_heads'])} d{int(row['head_dim'])} {span}"
+            + ("" if row.get("causal", True) in (True, "True", 1) else " non-causal")
+            + (" sinks" if row.get("sinks") in (True, "True", 1) else "")
+            + (f" cap{float(row['logits_soft_cap']):g}" if row.get("logits_soft_cap") else "")
+            + f" {row['dtype']}" + (f" kv-{kv}" if isinstance(kv, str) and kv != row["dtype"] else ""))
 
 
 def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) -> pd.DataFrame:
@@ -29,8 +44,9 @@ def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | 
     total = sum(weights.values())
     modes = {**(modes or {}), **dict(zip(table["case_id"], table["mode"]))}
     own = table[table["case_id"].isin(weights)]
+    layers = own.apply(layer_label, axis=1) if len(own) and set(LAYER_COLUMNS[:4]) <= set(own.columns) else ""
     rows = own.reindex(columns=[c for c in STEP_COLUMNS if c not in ("count", "ms_per_1000")]).assign(
-        mode=own["case_id"].map(modes), count=own["case_id"].map(weights))
+        mode=own["case_id"].map(modes), layer=layers, count=own["case_id"].map(weights))
     missing = [c for c in weights if c not in set(own["case_id"])]
     if missing:
         rows = pd.concat([rows, pd.DataFrame({"case_id": missing, "mode": [modes.get(c) for c in missing],
@@ -45,8 +61,9 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     split by the step's mode (empty where the path did not time every step of that mode: the decode
     wrappers run no verify), their sum where it timed every step, and the steps it covered.  Then, per
     library in ``libraries``, its best single path per mode (the fastest of its correct paths that
-    passed every step of the mode: what a server that picks one path per layer type gets), and last
-    the mix served at its best, step by step."""
+    passed every step of the mode), one such row per layer type where the trace has several, with the mix
+    those picks serve (what a server that picks one path per layer type gets), and last the mix served at
+    its best, step by step."""
     import pandas as pd
 
     counts = dict(zip(per_step["case_id"], per_step["count"].astype(int)))
@@ -62,11 +79,28 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     if out.empty:
         return out
     correct = per_step[(per_step["kind"] == "correct") & (per_step["status"] == "pass")].dropna(subset=["median_us"])
+    layers = per_step.drop_duplicates("case_id").set_index("case_id")["layer"].fillna("")
     for library in libraries:
-        if (correct["library"] == library).any():
-            out.loc[len(out)] = {"impl": f"best single {library} path",
-                                 **_totals(*_best_single(correct[correct["library"] == library], per_mode),
-                                         per_mode, counts)}
+        own = correct[correct["library"] == library]
+        if not len(own):
+            continue
+        if layers.nunique() <= 1:
+            out.loc[len(out)] = {"impl": f"best single {library} path", **_totals(*_best_single(own, per_mode),
+                                                                                  per_mode, counts)}
+            continue
+        picks = []
+        for layer in layers.unique():
+            ids = set(layers.index[layers == layer])
+            scope = {m: steps & ids for m, steps in per_mode.items()}
+            row, said = _best_single(own[own["case_id"].isin(ids)], {m: s for m, s in scope.items() if s})
+            picks.append((layer, row, said))
+            out.loc[len(out)] = {"impl": f"best single {library} path, {layer}",
+                                 **_totals({f"{m} ms": row.get(f"{m} ms", float("nan")) for m in per_mode}, said,
+                                           scope, counts, {c: counts[c] for c in ids})}
+        mixed = {f"{m} ms": sum(row.get(f"{m} ms", 0.0) for _, row, _ in picks) for m in per_mode}
+        out.loc[len(out)] = {"impl": f"{library}'s picks, one path per layer type",
+                             **_totals(mixed, [f"{layer}: {', '.join(said)}" for layer, _, said in picks], per_mode,
+                                       counts)}
     out.loc[len(out)] = {"impl": SERVED, **_totals(*_served(correct, per_step, per_mode), per_mode, counts)}
     return out
 
@@ -119,11 +153,12 @@ def _served(correct: pd.DataFrame, per_step: pd.DataFrame, per_mode: dict[str, s
     return row, said
 
 
-def _totals(row: dict, said: list[str], per_mode: dict[str, set], counts: dict[str, int]) -> dict:
-    """An aggregate row: what serves each mode in the backend column, the sum where every mode has a
-    time, and the steps of the trace in the modes it fills."""
+def _totals(row: dict, said: list[str], per_mode: dict[str, set], counts: dict[str, int],
+            scope: dict[str, int] | None = None) -> dict:
+    """An aggregate row: what serves each mode in the backend column, the sum where every step in ``scope``
+    (a layer type's steps; the whole trace by default) has a time, and the steps of the trace it fills."""
     filled = {c for m, ids in per_mode.items() if row[f"{m} ms"] == row[f"{m} ms"] for c in ids}
-    total = sum(counts.values())
     covered = sum(counts[c] for c in filled)
-    return {**row, "backend": "; ".join(said), "steps covered": f"{covered}/{total}",
-            "all steps ms": sum(row[f"{m} ms"] for m in per_mode) if covered == total else float("nan")}
+    whole = covered == sum((scope or counts).values())
+    return {**row, "backend": "; ".join(said), "steps covered": f"{covered}/{sum(counts.values())}",
+            "all steps ms": sum(row[f"{m} ms"] for m in per_mode if per_mode[m]) if whole else float("nan")}

@@ -86,7 +86,7 @@ def served_mixes(runs: list[Run]) -> list[str]:
         if not len(table) or replay.SERVED not in set(table["impl"]):
             continue
         best = table[table["impl"] == replay.SERVED].iloc[0]
-        single = table[table["impl"].str.startswith("best single ")]
+        single = table[table["impl"].str.startswith("best single ") | table["impl"].str.endswith(" per layer type")]
         trace = r.meta["trace"]
         name = trace_name(trace)[0].upper() + trace_name(trace)[1:]
         if best["all steps ms"] != best["all steps ms"]:
