@@ -233,3 +233,24 @@ def test_a_failed_points_line_prints_its_repro_command():
     assert "reproduce" not in console_summary(table)
     rows = correctness._failed(Run("results/run", table, {}))  # the report's failed points
     assert list(rows["repro"]) == [f"`{line}`"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, wrong", [("paged-window", False), ("paged-trim", False), ("decode-tc-trim", False),
+                                         ("paged-trim-causal", True), ("eagle-verify-untrimmed", True)])
+def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_path, impl, wrong):
+    """The script, run on its own on the GPU, exits 1 exactly where the suite's gate fails the point."""
+    pytest.importorskip("flashinfer")
+    from swabench.core import gate
+    from swabench.core import workloads as wl
+
+    p = every_path[impl]
+    path = tmp_path / f"{impl}.py"
+    path.write_text(script.render([script.Part(p.case, impl, p.backend)], script.Header(impl)))
+    ran = run_script(path)
+    w = wl.build(p.case, "cuda")
+    runner = registry.get(impl).make(w, p.backend)
+    runner.plan()
+    assert gate.check(runner, w).passed is not wrong
+    assert ran.returncode == int(wrong), ran.stdout + ran.stderr
+    assert ("WRONG" if wrong else "RIGHT") in ran.stdout and "NVIDIA" in ran.stdout
