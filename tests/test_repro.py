@@ -254,3 +254,31 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
     assert gate.check(runner, w).passed is not wrong
     assert ran.returncode == int(wrong), ran.stdout + ran.stderr
     assert ("WRONG" if wrong else "RIGHT") in ran.stdout and "NVIDIA" in ran.stdout
+
+
+def committed_where(path) -> str:
+    """The 'Where it shows' line of a committed script's top comment, unwrapped."""
+    lines = path.read_text().split('"""')[1].splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
+    rest = []
+    for line in lines[at + 1:]:
+        if not line.startswith("    "):
+            break
+        rest.append(line.strip())
+    return " ".join([lines[at].removeprefix("Where it shows: ")] + rest)
+
+
+@pytest.mark.slow
+def test_each_committed_script_is_on_the_case_the_search_finds_now():
+    """repro/ holds the scripts the H200 ran and scripts/repro_verdicts.py judges the parts bugs.parts finds:
+    they must be the same case, so a change to the search needs the scripts written again."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "repro"
+    scripts = sorted(folder.glob("*.py"))
+    assert len(scripts) == 11
+    for path in scripts:
+        ref = path.stem.replace("flashinfer-", "flashinfer#")
+        _, where = bugs.parts(bugs.get(ref))
+        fixed = bugs.get(ref).fixed_in
+        assert committed_where(path) == where + (f"; fixed in {fixed}" if fixed else ""), path.name

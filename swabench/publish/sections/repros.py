@@ -39,9 +39,7 @@ def _on_the_node(ref: str) -> str:
         row = next((v for v in json.loads(path.read_text()) if v["ref"] == ref), None)
         if row:
             release = path.parent.name.removeprefix("h200-")
-            ratio = row["suite"].get("ratio")
-            said.append(f"{release}: exit {row['script_exit']}" + (f" (the suite's graph timer: {ratio:.1f}x)" if ratio else "")
-                        + ("" if row["agree"] else " (the suite disagrees)"))
+            said.append(f"{release}: exit {row['script_exit']}" + ("" if row["agree"] else " (the suite disagrees)"))
     return "; ".join(said)
 
 
