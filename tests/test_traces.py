@@ -91,6 +91,14 @@ def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
     assert row(out, replay.SERVED)["backend"] == "verify: z [torch] 1/1; decode: x [fa2] 3/3"
 
 
+def test_a_replay_written_before_layer_types_weighs_as_one_layer():
+    per_step = paths([("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
+                      ("b", "verify", "x", "correct", "fi", "fa2", "pass", 40.0)], {"a": 3, "b": 1})
+    old = replay.per_thousand_steps(per_step.drop(columns="layer"), ("fi",))  # a replay.csv of an earlier release
+    assert old.equals(replay.per_thousand_steps(per_step, ("fi",)))
+    assert row(old, "best single fi path")["all steps ms"] == (30 + 40) / 4
+
+
 def test_a_mixed_trace_is_served_step_by_step_where_no_one_path_runs_a_mode():
     """Decode steps with sinks (s) and without (p): only the sink path runs s, it skips p; the window
     path skips s; the slow torch path runs both; a faster known bug never counts."""

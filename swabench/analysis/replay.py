@@ -79,7 +79,8 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     if out.empty:
         return out
     correct = per_step[(per_step["kind"] == "correct") & (per_step["status"] == "pass")].dropna(subset=["median_us"])
-    layers = per_step.drop_duplicates("case_id").set_index("case_id")["layer"].fillna("")
+    steps_once = per_step.drop_duplicates("case_id").set_index("case_id")
+    layers = steps_once["layer"].fillna("") if "layer" in steps_once else steps_once["mode"].map(lambda m: "")
     for library in libraries:
         own = correct[correct["library"] == library]
         if not len(own):

@@ -71,16 +71,20 @@ def fastest_per_model(run: Run) -> pd.DataFrame:
 
 
 def replay_steps(run: Run) -> pd.DataFrame:
-    """A replay's ``replay.csv`` (each step x path, weighted), or the same made from its table where the
-    folder has none (a replay that crashed, or was written before the file); empty for a run that
-    replayed no trace."""
+    """A replay's ``replay.csv`` (each step x path, weighted; each step's layer type taken from the table
+    where the file is older than that column), or the same made from its table where the folder has none
+    (a replay that crashed, or was written before the file); empty for a run that replayed no trace."""
     trace = run.meta.get("trace")
     if not trace or run.meta.get("price"):  # a price run's steps are layer steps: its own section weighs them
         return pd.DataFrame()
     try:
-        return pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
+        per_step = pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
     except FileNotFoundError:
         return replay.steps(run.table, trace["weights"], trace.get("modes"))
+    if "layer" not in per_step and set(replay.LAYER_COLUMNS[:4]) <= set(run.table.columns):  # written before it
+        layers = run.table.drop_duplicates("case_id").set_index("case_id").apply(replay.layer_label, axis=1)
+        per_step.insert(per_step.columns.get_loc("mode") + 1, "layer", per_step["case_id"].map(layers))
+    return per_step
 
 
 def replay_table(run: Run) -> pd.DataFrame:
