@@ -60,7 +60,7 @@ def traced(part: Part) -> trace.Tracer:
     with standin.installed(tracer.library_call):
         runner = impl.make(w, part.backend)
         tracer.owned(runner)
-        tracer._name(runner.out, "out" + part.label)
+        tracer.name(runner.out, "out" + part.label)
         runner.plan()
         tracer.phase = "step"
         with tracer:

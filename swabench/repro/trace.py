@@ -51,11 +51,11 @@ class Tracer(TorchFunctionMode):
         self.owner_attrs: dict[int, str] = {}
         self.tables: list[tuple[list, list]] = []  # (starts, ends) of the tables this path planned
         for name, t in names.items():
-            self._name(t, name + suffix)
+            self.name(t, name + suffix)
 
     # ---------------------------------------------------------------- names
 
-    def _name(self, t, name: str) -> str:
+    def name(self, t, name: str) -> str:
         self.names[id(t)] = name
         self.alive.append(t)
         return name
@@ -131,7 +131,7 @@ class Tracer(TorchFunctionMode):
             else self._fresh(stem)
         fill = "empty" if stem == "workspace" else "zeros"
         self._declare(f"{name} = torch.{fill}({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)")
-        return self._name(t, name)
+        return self.name(t, name)
 
     def _computed(self, t: torch.Tensor) -> str:
         """A tensor the path computed on the host: an input of the case, a slice of one, a table or mask
@@ -160,7 +160,7 @@ class Tracer(TorchFunctionMode):
     def _assign(self, expr: str, t: torch.Tensor) -> str:
         name = self._fresh("m" if t.dtype == torch.bool else "idx")
         self._declare(f"{name} = {expr}")
-        return self._name(t, name)
+        return self.name(t, name)
 
     def _mask(self, t: torch.Tensor) -> str | None:
         """A custom mask: every request's rows of the exact visibility over the keys [start, end) its
@@ -195,7 +195,7 @@ class Tracer(TorchFunctionMode):
                 indices.shape == x["kv_indices"].shape and torch.equal(indices, x["kv_indices"]) and \
                 torch.equal(last, x["kv_last_page_len"]):
             for name, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), (indptr, indices, last)):
-                self._name(t, name + self.suffix)
+                self.name(t, name + self.suffix)
             return None
         requests, starts, ends, request = [], [], [], 0
         full = [x["kv_indices"][int(x["kv_indptr"][b]):int(x["kv_indptr"][b + 1])].tolist()
@@ -217,7 +217,7 @@ class Tracer(TorchFunctionMode):
         self.tables.append((starts, ends)) if identity else None
         names = [self._fresh(stem) for stem in ("kv_indptr", "kv_indices", "kv_last_page_len")]
         for name, t in zip(names, (indptr, indices, last)):
-            self._name(t, name)
+            self.name(t, name)
         self.used.add("kv_indptr")
         self._declare(call(f"{', '.join(names)} = table_slice", [f"CASE{self.suffix}", f"x{self.suffix}"],
                            {"starts": literal(starts), "ends": literal(ends),
@@ -239,7 +239,7 @@ class Tracer(TorchFunctionMode):
                             {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
                              else _empty(v) for k, v in kwargs.items()})
                 self._emit(f"{name} = {line}")
-                self._name(obj, name)
+                self.name(obj, name)
                 return None
             target = "flashinfer" if obj is None else self.names[id(obj)]
             if method == "__setattr__":
@@ -260,7 +260,7 @@ class Tracer(TorchFunctionMode):
             line = call(f"{target}.{method}", [self.value(a) for a in args], rendered)
             if method == "forward":
                 result = torch.empty_like(args[0])
-                self._emit(f"{self._name(result, self._fresh('t'))} = {line}")
+                self._emit(f"{self.name(result, self._fresh('t'))} = {line}")
                 return result
             self._emit(line)
             return None
@@ -282,7 +282,7 @@ class Tracer(TorchFunctionMode):
             if result is None or any(result is a for a in (*args, *kwargs.values())):
                 self._emit(line)
             else:
-                self._emit(f"{self._name(result, self._fresh('t'))} = {line}")
+                self._emit(f"{self.name(result, self._fresh('t'))} = {line}")
         return result
 
     def _render(self, func, name: str, args, kwargs) -> str:
