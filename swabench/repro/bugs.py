@@ -90,7 +90,6 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
     where that is in words."""
     impl = registry.get(bug.impl)
     points = _points(bug.impl)
-    declared = upstream.get(bug.ref)
     if bug.twin:
         def wide(p):
             qo, kv = workloads.request_lengths(p.case)
@@ -107,7 +106,7 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
         first = dataclasses.replace(p.case, head_dim=other)
         return ([Part(first, bug.impl, p.backend, "first", "_first"), Part(p.case, bug.impl, p.backend)],
                 f"{p.case.label}, run after the same wrapper at head_dim {other} in one process")
-    if declared and bug.ref == "flashinfer#4972":
+    if bug.ref == "flashinfer#4972":
         for p in points:
             noncausal = p.backend == "fa2" and not p.case.causal and p.case.window_left >= 0 and p.case.mode != "decode"
             rows = upstream.fa2_noncausal_wrong_rows(bug.impl, p.case, num_sms) if noncausal else []

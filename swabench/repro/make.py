@@ -62,7 +62,10 @@ def for_bug(ref: str) -> tuple[str, list[script.Part]]:
     bug = bugs.get(ref)
     if bug is None:
         raise UserError(f"--bug: unknown bug {ref!r}; known: {', '.join(b.ref for b in bugs.catalogue())}")
-    parts, where = bugs.parts(bug)
+    try:
+        parts, where = bugs.parts(bug)
+    except LookupError as e:  # the shipped scenarios hold no case that shows it (a scenario file was edited)
+        raise UserError(f"--bug {ref}: {e}") from None
     fixed = f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""
     title = bug.ref + (f" on {bug.impl}" if bug.impl != bug.ref else "") + (f" against {bug.twin}" if bug.twin else "")
     header = script.Header(title, _lines(
