@@ -282,3 +282,53 @@ def test_each_committed_script_is_on_the_case_the_search_finds_now():
         _, where = bugs.parts(bugs.get(ref))
         fixed = bugs.get(ref).fixed_in
         assert committed_where(path) == where + (f"; fixed in {fixed}" if fixed else ""), path.name
+
+
+def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_path):
+    p = every_path["sink-window"]  # a sinks case: torch-trim writes the scores out, with -inf masks
+    parts = [script.Part(p.case, "torch-trim", "torch")]
+    text = script.render(parts, script.Header("torch-trim"))
+    verify.check(parts, text)
+    assert 'float("-inf")' in text
+    path = tmp_path / "sinks.py"
+    path.write_text(text)
+    ran = run_script(path)
+    assert ran.returncode == 0 and "RIGHT" in ran.stdout, ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["results/h200-default-0.7.4", "--case", "376e7af4466d", "--impl", "paged-mask", "--backend", "fa3"],
+     "the suite skips this point (fa3 has no custom-mask support)"),
+    (["results/h200-ncu-decode-cliff-0.7.4", "--case", "0150d43178fd", "--impl", "ragged-window"],
+     "matches none of run results/h200-ncu-decode-cliff-0.7.4's 1 cases"),
+])
+def test_a_point_the_run_or_the_library_never_ran_has_no_script(args, says):
+    r = invoke("repro", *args)
+    assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_a_runs_point_says_how_the_run_found_it():
+    r = invoke("repro", "results/h200-default-0.7.4", "--case", "575adaa4da7b", "--impl", "paged-window")
+    head = r.output.split('"""')[1]
+    assert r.exit_code == 0 and "In results/h200-default-0.7.4: pass" in head and "What is wrong" not in head
+
+
+def test_bug_scripts_come_from_the_shipped_scenarios_wherever_it_runs(tmp_path, monkeypatch):
+    (tmp_path / "release").mkdir()  # a folder named like a searched scenario
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "edges.toml").write_text("not a scenario")
+    monkeypatch.chdir(tmp_path)
+    r = invoke("repro", "--bug", "planted-wide")
+    assert r.exit_code == 0 and "Made by: swabench repro --bug planted-wide" in r.output, r.output
+
+
+def test_a_script_never_replaces_the_scenario_it_reads(tmp_path, monkeypatch):
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "mine.toml").write_text(textwrap.dedent(EVERY_PATH).replace('name = "repro-cpu"', 'name = "mine"'))
+    monkeypatch.chdir(tmp_path)
+    case = next(p.case.case_id for p in scenarios.load(folder / "mine.toml").points if p.impl == "torch-trim")
+    before = (folder / "mine.toml").read_text()
+    r = invoke("repro", "mine", "--case", case, "--impl", "torch-trim", "--out", "scenarios/mine.toml", "--force")
+    assert r.exit_code == 2 and "which this command reads" in r.output, r.output
+    assert (folder / "mine.toml").read_text() == before

@@ -31,8 +31,11 @@ def repro(source, case_id, impl, backend, bug, out, force):
     if not bug and not (source and case_id and impl):
         raise InputError("give RUN or SCENARIO with --case and --impl, or --bug REF "
                          "(`swabench repro --help` lists the forms)")
-    if out:
-        out = outputs.file_path(out, [source] if source else [])
+    if out:  # never over what the command reads: the run folder or scenario file, or the shipped scenarios searched
+        from swabench.repro import bugs
+
+        reads = ([source, make.source_file(source)] if source else bugs.shipped_files())
+        out = outputs.file_path(out, reads)
         if out.exists() and not force:
             raise InputError(f"--out {out} exists; give --force to replace it")
     text, _ = make.for_bug(bug) if bug else make.for_point(source, case_id, impl, backend)

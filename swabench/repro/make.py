@@ -8,7 +8,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from swabench.errors import UserError
+from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
 from swabench.repro import bugs, script, trace, verify
@@ -22,37 +22,85 @@ def command(source: str, case_id: str, impl: str, backend: str) -> str:
     return "swabench repro " + shlex.join([source, "--case", case_id, "--impl", impl, "--backend", backend])
 
 
+def source_file(source: str) -> Path:
+    """The scenario file a point's SOURCE names: a run folder's own copy, or a scenario (a file or a name)."""
+    folder = Path(source)
+    if folder.is_dir() and not (folder / schema.SCENARIO).is_file():
+        raise UserError(f"{source}: a folder without {schema.SCENARIO}, so not a run folder; give a run folder or a "
+                        f"scenario")
+    return folder / schema.SCENARIO if folder.is_dir() else scenarios.find(source)
+
+
+def _run_rows(source: str):
+    """The run folder's rows (case_id, impl, backend, status, reason), or None for a scenario."""
+    if not (Path(source) / schema.SCENARIO).is_file():
+        return None
+    from swabench.store import run_folder
+
+    table, _ = run_folder.load(source)
+    return table[["case_id", "impl", "backend", "status", "reason"]]
+
+
+def _unsupported(impl, case, backend: str) -> str | None:
+    """Why the suite skips this point wherever it runs (what the library cannot do), leaving out whether the
+    library is installed here."""
+    import dataclasses
+
+    import torch
+
+    anywhere = dataclasses.replace(impl, needs_cuda=False, available=lambda: None)
+    return anywhere.skip_reason(case, backend, torch.device("cpu"))
+
+
 def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tuple[str, list[script.Part]]:
-    """(script, parts) for one point of a run folder's or a scenario's cases."""
+    """(script, parts) for one point of a run folder's rows or a scenario's points."""
     if impl not in registry.names():
         raise UserError(f"--impl: unknown implementation {impl!r}; known: {', '.join(registry.names())}")
-    folder = Path(source)
-    path = folder / schema.SCENARIO if (folder / schema.SCENARIO).is_file() else scenarios.find(source)
-    s = scenarios.load(path)
-    cases = {p.case.case_id: p.case for p in s.points}
-    matches = [c for i, c in cases.items() if i.startswith(case_id)] if case_id else []
+    s = scenarios.load(source_file(source))
+    rows = _run_rows(source)
+    where = f"run {source}" if rows is not None else s.name
+    points = [p for p in s.points if rows is None or p.case.case_id in set(rows["case_id"])]
+    cases = {p.case.case_id: p.case for p in points}
+    matches = sorted(i for i in cases if i.startswith(case_id)) if case_id else []
     if len(matches) != 1:
-        said = "matches none" if not matches else f"matches {len(matches)}"
-        known = sorted(cases)
-        more = f" and {len(known) - 8} more" if len(known) > 8 else ""
-        raise UserError(f"--case: {case_id!r} {said} of {s.name}'s {len(known)} cases (give a case_id or a unique "
-                        f"prefix); known: {', '.join(known[:8])}{more} (`swabench show {s.name} --cases` lists them)")
-    case = matches[0]
-    points = [p for p in s.points if p.case == case and p.impl == impl]
-    backends = [p.backend for p in points]
+        listed = matches or sorted(cases)
+        said = f"matches {len(matches)}: " if matches else f"matches none of {where}'s {len(cases)} cases; known: "
+        more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
+        raise UserError(f"--case: {case_id!r} {said}{', '.join(listed[:8])}{more} (give a case_id or a unique "
+                        f"prefix; `swabench show {s.name} --cases` lists them)")
+    case = cases[matches[0]]
+    backends = [p.backend for p in points if p.case == case and p.impl == impl]
+    if rows is not None:
+        ran = rows[(rows["case_id"] == case.case_id) & (rows["impl"] == impl)]
+        backends = [b for b in backends if b in set(ran["backend"])]
     if not backends:
-        raise UserError(f"--impl: {s.name} makes no point of {impl} on case {case.case_id}; it has "
-                        f"{', '.join(sorted({p.impl for p in s.points if p.case == case}))}")
+        raise UserError(f"--impl: {where} has no point of {impl} on case {case.case_id}; it has "
+                        f"{', '.join(sorted({p.impl for p in points if p.case == case}))}")
     backend = backend or ("fa2" if "fa2" in backends else backends[0])
     if backend not in backends:
-        raise UserError(f"--backend: {impl} runs {case.case_id} on {', '.join(backends)} in {s.name}, not {backend!r}")
+        raise UserError(f"--backend: {where} runs {impl} on {case.case_id} on {', '.join(backends)}, not {backend!r}")
     obj = registry.get(impl)
-    kind = {"known-bug": "a known bug", "planted": "a planted mistake"}.get(obj.kind, "a correct path")
-    parts = [script.Part(case, impl, backend)]
+    skipped = _unsupported(obj, case, backend)
+    if skipped:
+        raise UserError(f"{impl} [{backend}] on {case.case_id}: the suite skips this point ({skipped}); nothing to "
+                        f"reproduce")
     declared = upstream.hit(impl, case, backend)
-    header = script.Header(f"{impl} on {case.label} ({backend}): {kind}", _lines(
-        obj.summary + (f". {declared.summary}" if declared else ""), case.label,
-        declared.url if declared else "", command(source, case.case_id, impl, backend), obj.library))
+    said = ""
+    if rows is not None:
+        row = rows[(rows["case_id"] == case.case_id) & (rows["impl"] == impl) & (rows["backend"] == backend)].iloc[0]
+        said = f"In {source}: {row['status']}" + (f" ({row['reason']})" if isinstance(row["reason"], str) and
+                                                 row["reason"] else "")
+    kind = {"known-bug": "a known bug", "planted": "a planted mistake"}.get(obj.kind, "a correct path")
+    lines = [f"The path: {obj.summary}" + ("" if case.causal else " (planned with the case's causal=False)"),
+             f"The case: {case.label}"]
+    if obj.expected_to_fail or declared:
+        lines.insert(0, "What is wrong: " + (declared.summary if declared else obj.summary))
+    lines += [said] if said else []
+    lines += [f"Upstream: {declared.url}"] if declared else []
+    header = script.Header(f"{impl} on {case.label} ({backend}): {kind}",
+                           _wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
+                                             _run_line(obj.library)]))
+    parts = [script.Part(case, impl, backend)]
     return _checked(parts, header), parts
 
 
@@ -74,15 +122,23 @@ def for_bug(ref: str) -> tuple[str, list[script.Part]]:
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None), parts
 
 
-def _lines(wrong: str, where: str, url: str, made_by: str, library: str, timed: bool = False) -> list[str]:
+def _run_line(library: str, timed: bool = False) -> str:
     lib = ", flashinfer" if library == script.FLASHINFER else ""
     gpu = " and a CUDA GPU" if lib else " (a CUDA GPU where there is one)"
     verdict = ("errors of each path, both times and their ratio, and exits 1 when a path is wrong or the first "
                "takes more than THRESHOLD times its twin's time, else 0.") if timed else \
         "errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right."
-    lines = [f"What is wrong: {wrong}", f"Where it shows: {where}"] + ([f"Upstream: {url}"] if url else []) \
-        + [f"Made by: {made_by}", RUN_LINE.format(lib=lib, gpu=gpu) + verdict]
+    return RUN_LINE.format(lib=lib, gpu=gpu) + verdict
+
+
+def _wrapped(lines: list[str]) -> list[str]:
     return [wrapped for line in lines for wrapped in textwrap.wrap(line, 110, subsequent_indent="    ")]
+
+
+def _lines(wrong: str, where: str, url: str, made_by: str, library: str, timed: bool = False) -> list[str]:
+    lines = [f"What is wrong: {wrong}", f"Where it shows: {where}"] + ([f"Upstream: {url}"] if url else []) \
+        + [f"Made by: {made_by}", _run_line(library, timed)]
+    return _wrapped(lines)
 
 
 def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None) -> str:
@@ -90,5 +146,9 @@ def _checked(parts: list[script.Part], header: script.Header, threshold: float |
         text = script.render(parts, header, threshold)
     except trace.Unrenderable as e:
         raise UserError(str(e)) from None
-    verify.check(parts, text)
+    try:
+        verify.check(parts, text)
+    except verify.Drift as e:
+        raise RunFailed(f"the script would not make the suite's calls ({e}); nothing written: please report it") \
+            from None
     return text

@@ -106,6 +106,8 @@ class Tracer(TorchFunctionMode):
                 ("" if v.step is None else f":{self.value(v.step)}")
         if isinstance(v, str) and '"' not in v:
             return f'"{v}"'
+        if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+            return f'float("{v}")'
         if v is None or isinstance(v, (bool, int, float, str)):
             return repr(v)
         raise Unrenderable(f"{self.impl.name} passes a {type(v).__name__}, which a script cannot write out")
