@@ -34,6 +34,16 @@ def layer_label(row) -> str:
             + f" {row['dtype']}" + (f" kv-{kv}" if isinstance(kv, str) and kv != row["dtype"] else ""))
 
 
+def layers(table: pd.DataFrame) -> pd.Series:
+    """Each case's layer type (``layer_label``), by case_id; empty where the table lacks the layer's columns."""
+    import pandas as pd
+
+    once = table.drop_duplicates("case_id").set_index("case_id")
+    if not len(once) or not set(LAYER_COLUMNS[:4]) <= set(once.columns):
+        return pd.Series("", index=once.index, dtype=object)
+    return once.apply(layer_label, axis=1)
+
+
 def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | None = None) -> pd.DataFrame:
     """``replay.csv``: one row per step x implementation x backend, with the step's mode and count (the
     steps of the trace it stands for), the point's status and median time, and ``ms_per_1000``: its
@@ -44,9 +54,8 @@ def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | 
     total = sum(weights.values())
     modes = {**(modes or {}), **dict(zip(table["case_id"], table["mode"]))}
     own = table[table["case_id"].isin(weights)]
-    layers = own.apply(layer_label, axis=1) if len(own) and set(LAYER_COLUMNS[:4]) <= set(own.columns) else ""
     rows = own.reindex(columns=[c for c in STEP_COLUMNS if c not in ("count", "ms_per_1000")]).assign(
-        mode=own["case_id"].map(modes), layer=layers, count=own["case_id"].map(weights))
+        mode=own["case_id"].map(modes), layer=own["case_id"].map(layers(own)), count=own["case_id"].map(weights))
     missing = [c for c in weights if c not in set(own["case_id"])]
     if missing:
         rows = pd.concat([rows, pd.DataFrame({"case_id": missing, "mode": [modes.get(c) for c in missing],
@@ -80,18 +89,19 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
         return out
     correct = per_step[(per_step["kind"] == "correct") & (per_step["status"] == "pass")].dropna(subset=["median_us"])
     steps_once = per_step.drop_duplicates("case_id").set_index("case_id")
-    layers = steps_once["layer"].fillna("") if "layer" in steps_once else steps_once["mode"].map(lambda m: "")
+    step_layers = steps_once["layer"].fillna("") if "layer" in steps_once else \
+        pd.Series("", index=steps_once.index, dtype=object)
     for library in libraries:
         own = correct[correct["library"] == library]
         if not len(own):
             continue
-        if layers.nunique() <= 1:
+        if step_layers.nunique() <= 1:
             out.loc[len(out)] = {"impl": f"best single {library} path", **_totals(*_best_single(own, per_mode),
                                                                                   per_mode, counts)}
             continue
         picks = []
-        for layer in layers.unique():
-            ids = set(layers.index[layers == layer])
+        for layer in step_layers.unique():
+            ids = set(step_layers.index[step_layers == layer])
             scope = {m: steps & ids for m, steps in per_mode.items()}
             row, said = _best_single(own[own["case_id"].isin(ids)], {m: s for m, s in scope.items() if s})
             picks.append((layer, row, said))

@@ -75,7 +75,8 @@ def _fresh_inputs(runner) -> None:
         refresh()
 
 
-def _run_checked(runner, w) -> _Errors:
+def run_checked(runner, w) -> _Errors:
+    """One checked call on the data now in the buffers: the output poisoned first, held to the reference."""
     runner.out.fill_(float("nan"))
     _fresh_inputs(runner)
     runner.run()
@@ -120,7 +121,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
     tol = tolerance or TOLERANCES[w.case.dtype]
     seed = w.case.seed if seed is None else seed
     w.fill_random(seed)
-    rnd = _run_checked(runner, w)
+    rnd = run_checked(runner, w)
     reasons = []
     if rnd.unwritten:
         reasons.append(f"{rnd.unwritten} output rows never written")
@@ -133,7 +134,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
     worst_probe, unwritten = 0.0, rnd.unwritten
     for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left, w.case.attention_chunk)):
         edge = probes.fill(w, s, seed)
-        pr = _run_checked(runner, w)
+        pr = run_checked(runner, w)
         unwritten = max(unwritten, pr.unwritten)
         row_max = float(pr.row_rel_l2.max())
         if not row_max <= worst_probe:

@@ -144,8 +144,9 @@ class Implementation:
         library has no backends): the points a scenario makes of it."""
         return [b for b in backends if b in self.backends] if self.backends else [self.library]
 
-    def skip_reason(self, case, backend: str, device: torch.device) -> str | None:
-        """Why this point cannot run here (recorded as a skip row), or None."""
+    def skip_reason(self, case, backend: str, device: torch.device | None) -> str | None:
+        """Why this point cannot run here (recorded as a skip row), or None; with no ``device``, why it
+        cannot run anywhere, whatever is installed here."""
         if case.storage not in self.storages:
             return f"runs on {' or '.join(self.storages)} storage, not {case.storage}"
         if self.modes and case.mode not in self.modes:
@@ -158,7 +159,7 @@ class Implementation:
             return "takes causal windows only"
         if case.attention_chunk and not self.chunked:
             return "takes no chunked attention (attention_chunk)"
-        return self.availability(device) or self.unsupported(case, backend)
+        return (self.availability(device) if device is not None else None) or self.unsupported(case, backend)
 
 
 @dataclass(frozen=True)

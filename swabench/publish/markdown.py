@@ -92,7 +92,7 @@ def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = N
     """What a finished sweep prints: points per implementation and status, the median kernel time,
     and the first failed and xpass points (lines starting '  FAIL' / '  XPASS'), each followed, where the
     run's ``folder`` is given, by the command that writes its standalone script."""
-    from swabench.repro.make import command
+    from swabench.repro import command
 
     if not len(table):
         return ""

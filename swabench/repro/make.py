@@ -4,22 +4,16 @@ calls before it is written."""
 
 from __future__ import annotations
 
-import shlex
 import textwrap
 from pathlib import Path
 
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, script, trace, verify
+from swabench.repro import bugs, command, script, trace, verify
 from swabench.store import schema
 
 RUN_LINE = "Run it with python3 on a machine with torch{lib}{gpu}. It prints the versions and the GPU, the "
-
-
-def command(source: str, case_id: str, impl: str, backend: str) -> str:
-    """The ``swabench repro`` command for one point (what a failed point's line prints)."""
-    return "swabench repro " + shlex.join([source, "--case", case_id, "--impl", impl, "--backend", backend])
 
 
 def source_file(source: str) -> Path:
@@ -39,17 +33,6 @@ def _run_rows(source: str):
 
     table, _ = run_folder.load(source)
     return table[["case_id", "impl", "backend", "status", "reason"]]
-
-
-def _unsupported(impl, case, backend: str) -> str | None:
-    """Why the suite skips this point wherever it runs (what the library cannot do), leaving out whether the
-    library is installed here."""
-    import dataclasses
-
-    import torch
-
-    anywhere = dataclasses.replace(impl, needs_cuda=False, available=lambda: None)
-    return anywhere.skip_reason(case, backend, torch.device("cpu"))
 
 
 def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tuple[str, list[script.Part]]:
@@ -80,7 +63,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tupl
     if backend not in backends:
         raise UserError(f"--backend: {where} runs {impl} on {case.case_id} on {', '.join(backends)}, not {backend!r}")
     obj = registry.get(impl)
-    skipped = _unsupported(obj, case, backend)
+    skipped = obj.skip_reason(case, backend, None)  # what the library cannot do, installed here or not
     if skipped:
         raise UserError(f"{impl} [{backend}] on {case.case_id}: the suite skips this point ({skipped}); nothing to "
                         f"reproduce")

@@ -38,7 +38,7 @@ def _summary_line(run: Run) -> list[str]:
 
 def _failed(run: Run) -> pd.DataFrame:
     """The failed and xpass points, each with the command that writes its standalone script."""
-    from swabench.repro.make import command
+    from swabench.repro import command
 
     bad = run.table[run.table["status"].isin(["fail", "xpass"])].head(50)
     repro = [f"`{command(run.folder, r.case_id, r.impl, r.backend)}`" for r in bad.itertuples()]

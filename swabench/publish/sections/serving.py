@@ -81,9 +81,8 @@ def replay_steps(run: Run) -> pd.DataFrame:
         per_step = pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
     except FileNotFoundError:
         return replay.steps(run.table, trace["weights"], trace.get("modes"))
-    if "layer" not in per_step and set(replay.LAYER_COLUMNS[:4]) <= set(run.table.columns):  # written before it
-        layers = run.table.drop_duplicates("case_id").set_index("case_id").apply(replay.layer_label, axis=1)
-        per_step.insert(per_step.columns.get_loc("mode") + 1, "layer", per_step["case_id"].map(layers))
+    if "layer" not in per_step:  # a replay.csv written before the column
+        per_step.insert(per_step.columns.get_loc("mode") + 1, "layer", per_step["case_id"].map(replay.layers(run.table)))
     return per_step
 
 
