@@ -467,3 +467,36 @@ def test_cudnn_is_asked_for_by_name_and_never_taken_by_default():
     assert "cudnn" in registry.backends()
     assert axes.AXES["backend"]("cudnn") == "cudnn"
     assert replay._checked_backends(()) == ["fa2", "fa3"]
+
+
+@pytest.mark.parametrize("impl,mode", [("paged-window", "verify"), ("ragged-window", "verify"), ("paged-mask", "verify"),
+                                       ("decode-tc-trim", "decode"), ("sink-window", "verify"),
+                                       ("chunk-virtual", "verify")])
+def test_a_plain_wrapper_is_built_without_the_graph_buffers_and_plans_the_same(impl, mode):
+    shape = dict(mode=mode, qo_len=1 if mode == "decode" else 4, sinks=True if impl == "sink-window" else None)
+    if impl == "chunk-virtual":
+        shape.update(window_left=None, attention_chunk=32)
+    graph, _ = planned(impl, **shape)
+    plain, _ = planned(impl, wrapper_mode="plain", **shape)
+    assert graph.bufs["use_cuda_graph"] is True and not any(k.endswith(("buf", "buffer")) for k in plain.bufs)
+    assert "use_cuda_graph" not in plain.bufs
+    same = lambda a, b: torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b  # noqa: E731
+    assert plain.kwargs.keys() == graph.kwargs.keys() and all(same(v, graph.kwargs[k]) for k, v in plain.kwargs.items())
+    assert all(same(a, b) for a, b in zip(plain.args, graph.args))
+
+
+def test_the_recipe_builds_both_wrappers_plain_in_plain_mode():
+    c = axes.make_case(dict(mode="extend", extend_len=8, prefix_len=100, batch_size=3, num_qo_heads=4, num_kv_heads=2,
+                            head_dim=64, window_left=31, page_size=16, wrapper_mode="plain"))
+    runner = registry.get("sglang-extend").make(workloads.build(c), "fa2")
+    runner.plan()
+    assert all("use_cuda_graph" not in w.bufs for w in runner.wrappers.values()) and runner.layout == "plain"
+    assert "custom_mask" in runner.wrappers["paged"].kwargs
+
+
+@pytest.mark.parametrize("impl", ["torch-trim", "flex-window", "torch-batch"])
+def test_a_path_without_a_wrapper_has_no_plain_mode(impl):
+    c = axes.make_case(dict(mode="decode", prefix_len=100, window_left=31, head_dim=64, wrapper_mode="plain"))
+    assert "not plain" in registry.get(impl).skip_reason(c, registry.get(impl).runs_on(["fa2"])[0], None)
+    assert not registry.get(impl).models("paged", "decode", frozenset(), "plain")
+    assert registry.get("paged-window").models("paged", "decode", frozenset(), "plain")

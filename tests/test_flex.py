@@ -187,7 +187,7 @@ def test_the_general_kernel_reads_a_small_page_a_page_at_a_time(qo_len, page_siz
     runner = registry.get("flex-window").make(w, "flex")
     assert runner.kernel_options == options
     stated = ", ".join(f"{k}={v}" for k, v in options.items()) or "default"
-    assert f"{stated} kernel_options" in runner.wrapper_mode
+    assert f"{stated} kernel_options" in runner.layout
     runner.plan()
     assert gate.check(runner, w).passed
 
@@ -202,7 +202,7 @@ def test_a_group_that_is_not_a_power_of_two_runs_the_general_kernel_a_page_at_a_
     w = workloads.build(case(mode=mode, num_qo_heads=heads[0], num_kv_heads=heads[1],
                              **({"draft_tokens": 4} if mode == "verify" else {})))
     runner = registry.get("flex-window").make(w, "flex")
-    assert runner.kernel_options == options and f"Inductor's {kernel} kernel" in runner.wrapper_mode
+    assert runner.kernel_options == options and f"Inductor's {kernel} kernel" in runner.layout
     assert runner.q_block == 128
     assert registry.get("flex-window").compile_class(w.case)[0] == kernel
     runner.plan()
@@ -249,8 +249,8 @@ def test_flex_window_reads_only_the_pages_of_the_window():
         pages = w.kv_indices_host[w.kv_indptr_host[b]:w.kv_indptr_host[b + 1]].tolist()
         seen = bm.kv_indices[b, 0, 0, :2].tolist() + bm.full_kv_indices[b, 0, 0, :3].tolist()
         assert sorted(seen) == sorted(pages[8:13])
-    assert "batch 3 x 1 queries" in runner.wrapper_mode and "key block 16 = page" in runner.wrapper_mode
-    assert "flex-decoding" in runner.wrapper_mode
+    assert "batch 3 x 1 queries" in runner.layout and "key block 16 = page" in runner.layout
+    assert "flex-decoding" in runner.layout
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_uneven_queries_are_padded_and_padding_is_never_written_back():
     for name in ("flex-window", "flex-contiguous"):
         runner, result = gated(name, workloads.build(c))
         assert result.passed and result.unwritten_rows == 0, (name, result.reason)
-        assert "batch 3 x 17 queries (padded)" in runner.wrapper_mode
+        assert "batch 3 x 17 queries (padded)" in runner.layout
 
 
 def test_the_contiguous_copy_is_refreshed_outside_the_timed_call():
@@ -307,7 +307,7 @@ def test_the_batched_sdpa_peer_is_one_call_over_the_batch(kw, mask):
     kw = {**kw, "page_size": 16} if kw.get("storage") != "ragged" else kw
     runner, result = gated("torch-batch", workloads.build(case(**kw)))
     assert result.passed and result.unwritten_rows == 0, result.reason
-    assert (runner.mask is not None) is mask and "one SDPA call" in runner.wrapper_mode
+    assert (runner.mask is not None) is mask and "one SDPA call" in runner.layout
 
 
 def test_batched_peers_compile_per_batch_size_and_rows_not_per_length():
@@ -334,9 +334,9 @@ def test_the_peers_section_holds_each_peer_to_the_reference_and_says_what_paging
                       kind="correct", status="pass")
         rows += [dict(common, impl="paged-window", library="flashinfer", backend="fa2", median_us=fa2),
                  dict(common, impl="flex-window", library="flex", backend="flex", median_us=window,
-                      wrapper_mode=f"batch {batch} x 1 queries, keys in place (paged), key block 16 = page"),
+                      layout=f"batch {batch} x 1 queries, keys in place (paged), key block 16 = page"),
                  dict(common, impl="flex-contiguous", library="flex", backend="flex", median_us=dense,
-                      wrapper_mode="contiguous")]
+                      layout="contiguous")]
     run = Run("r", pd.DataFrame(rows), {})
     section = by_key("peers")
     table = section.table(run).set_index(["peer", "mode"])

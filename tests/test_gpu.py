@@ -129,7 +129,7 @@ def test_batched_flex_decode_runs_the_kernel_it_names(impl, heads, decoding):
     result = gate.check(runner, w)
     assert result.passed, result.reason
     assert any("SPLIT_KV" in code for code in sources) is decoding
-    assert ("flex-decoding kernel" if decoding else "flex-attention kernel") in runner.wrapper_mode
+    assert ("flex-decoding kernel" if decoding else "flex-attention kernel") in runner.layout
     again = registry.get(impl).make(workloads.build(case(20000), "cuda"), "flex")
     again.plan()
     assert again.compile_s < 5, f"a new context recompiled: {again.compile_s:.1f} s"

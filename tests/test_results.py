@@ -4,6 +4,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from swabench.analysis import derived
@@ -233,6 +234,17 @@ def test_folders_of_the_first_format_read_as_the_current_one(tmp_path):
         run_folder.read_meta(tmp_path)
 
 
+def test_a_table_from_before_the_wrapper_mode_axis_keeps_its_layouts_apart_from_the_axis():
+    from swabench.store import schema
+    old = pd.DataFrame({"impl": ["paged-window", "flex-window"], "wrapper": ["prefill", "flex"],
+                        "wrapper_mode": ["cuda-graph, uniform_q_len=4", "batch 3 x 1 queries"]})
+    table = schema.migrate_table(old)
+    assert table["layout"].tolist() == old["wrapper_mode"].tolist() and (table["wrapper_mode"] == "cuda-graph").all()
+    assert table["wrapper"].tolist() == ["prefill", "flex"]
+    new = pd.DataFrame({"impl": ["paged-window"], "wrapper_mode": ["plain"], "layout": ["plain"]})
+    assert schema.migrate_table(new.copy())[list(new.columns)].equals(new)
+
+
 def test_a_frozen_run_of_the_first_format_reads_with_every_column():
     from pathlib import Path
 
@@ -241,8 +253,9 @@ def test_a_frozen_run_of_the_first_format_reads_with_every_column():
     assert set(schema.COLUMNS) <= set(table.columns) and meta["format_version"] == schema.FORMAT_VERSION
     assert meta["jit_warmups"] and table["upstream"].isna().all()  # before format 5: no upstream bug declared
     assert meta["libraries"] == {"flashinfer": "0.7.2.post1"} and "flashinfer" not in meta  # format 3 named it alone
-    # format 2 kept how the wrapper was built in "wrapper"; the serving axes take the values every case had
-    assert table["wrapper_mode"].dropna().str.startswith("cuda-graph").all()
+    # format 2 kept how the wrapper was built in "wrapper" (now "layout"); every earlier run built its wrappers
+    # in CUDA-graph mode; the serving axes take the values every case had
+    assert table["layout"].dropna().str.startswith("cuda-graph").all() and (table["wrapper_mode"] == "cuda-graph").all()
     assert set(table["wrapper"]) <= {"prefill", "torch", "flex"}
     assert (table["kv_dtype"] == table["dtype"]).all() and not table["sinks"].any()
     assert (table["sm_scale"] == table["head_dim"] ** -0.5).all() and (table["logits_soft_cap"] == 0).all()

@@ -203,3 +203,19 @@ def test_trace_window_past_int32_is_refused():
     line = b'{"mode": "decode", "requests": [[10, 1]], "head_dim": 64, "window_left": ' + b"1" + b"0" * 30 + b"}"
     with pytest.raises(UserError, match=r"line 1\.window_left: must be an integer from -1 to 2147483647"):
         traces.parse(line, "t.jsonl")
+
+
+def test_wrapper_mode_makes_plain_points_of_the_wrapper_paths_alone(tmp_path):
+    s = parse(BASE.replace('["torch-trim"]', '["torch-trim", "paged-window", "decode-tc-trim"]')
+              + 'wrapper_mode = ["cuda-graph", "plain"]\n', tmp_path)
+    plain = {p.impl for p in s.points if p.case.wrapper_mode == "plain"}
+    graph = {p.impl for p in s.points if p.case.wrapper_mode == "cuda-graph"}
+    assert plain == {"paged-window"} and graph == {"paged-window", "torch-trim"}  # decode-tc-trim: decode only
+    default = parse(BASE, tmp_path, "d.toml").cases[0]
+    graph_case = next(p.case for p in s.points if p.case.wrapper_mode == "cuda-graph")
+    plain_case = next(p.case for p in s.points if p.case.wrapper_mode == "plain")
+    assert graph_case.case_id == default.case_id != plain_case.case_id  # ids from before the axis stay
+    assert plain_case.label.endswith("plain s0") and "cuda-graph" not in graph_case.label
+    with pytest.raises(ScenarioError) as err:
+        parse(BASE + 'wrapper_mode = "eager"\n', tmp_path, "bad.toml")
+    assert err.value.field == "sweep[0].wrapper_mode" and "cuda-graph, plain" in str(err.value)

@@ -16,12 +16,13 @@ from swabench.core import semantics
 
 MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
+WRAPPER_MODES = ("cuda-graph", "plain")  # how a library's wrappers are built: fixed buffers for capture, or not
 ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
-                    "causal": True, "attention_chunk": 0}  # a case at these values keeps the id it had before the axis existed
+                    "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph"}  # a case at these values keeps the id it had before the axis existed
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -140,6 +141,7 @@ class Case:
     model: str | None = None  # the preset (swabench.inputs.models) that set the head shape, window and features
     causal: bool = True  # False: a query sees every key of its request from p - W on, future ones too
     attention_chunk: int = 0  # C > 0: chunked local attention, a query sees its own chunk up to itself (no window)
+    wrapper_mode: str = "cuda-graph"  # "plain": the wrapper built as a server's uncaptured prefill builds it
 
     @property
     def scale(self) -> float:
@@ -195,7 +197,8 @@ class Case:
             if self.storage == "paged" else "ragged"
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
-                   + (f" kv-{self.kv_dtype}" if self.kv_dtype else ""))
+                   + (f" kv-{self.kv_dtype}" if self.kv_dtype else "")
+                   + (f" {self.wrapper_mode}" if self.wrapper_mode != SERVING_DEFAULTS["wrapper_mode"] else ""))
         span = f"C{self.attention_chunk}" if self.attention_chunk else f"W{self.window_left}"
         return (f"{self.mode} b{self.batch_size} {ctx} {q} {span}{'' if self.causal else ' non-causal'} "
                 f"{store} "

@@ -58,13 +58,13 @@ class VirtualRunner(fi.FlashInferRunner):
     """The wrapper sized for the virtual batch; every plan() cuts the batch again (host work a server
     redoes each step, so it counts in the plan time)."""
 
-    def __init__(self, w, backend: str, variant: fi.Variant):
-        super().__init__(VirtualBatch(w), backend, variant)
+    def __init__(self, w, backend: str, variant: fi.Variant, graph_wrapper: bool = True):
+        super().__init__(VirtualBatch(w), backend, variant, graph_wrapper)
 
     def plan(self) -> None:
         self.w = VirtualBatch(self.w.workload)
         super().plan()
-        self.wrapper_mode += f", {self.w.batch_size} virtual requests"
+        self.layout += f", {self.w.batch_size} virtual requests"
 
 
 def _pages_hold_chunks(case, backend: str) -> str | None:

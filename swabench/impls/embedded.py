@@ -77,7 +77,7 @@ class BatchedSdpaRunner:
             mask[b, 0, :q, :k - s] = semantics.of_case(c).mask(q, k, key_offset=s, device=dev)
         self.index = index
         self.mask = None if bool(mask.all()) else mask
-        self.wrapper_mode = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
+        self.layout = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
                              + ("no mask" if self.mask is None else "boolean mask"))
 
     def run(self) -> None:

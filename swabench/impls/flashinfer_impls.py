@@ -5,9 +5,11 @@ One runner covers them all; a Variant says what differs: paged or ragged storage
 ``window_left`` reaches ``plan()``, whether the window is a custom mask instead, where the page
 table starts and ends (trimming, or a table cut at the wrong end), whether ``run`` goes through the
 deprecated ``forward``, the decode wrapper (CUDA-core or tensor-core kernel), and the sink wrapper
-or sinks handed to a wrapper that drops them.  Wrappers are
-built in CUDA-graph mode (fixed buffers sized for the workload) so the very objects that pass the
-gate can be captured and timed.
+or sinks handed to a wrapper that drops them.  A case's ``wrapper_mode`` says how the wrapper is built:
+in CUDA-graph mode (fixed buffers sized for the workload, its schedule padded for any batch of this
+size), as a server capturing decode and verify builds it, or plain, as its uncaptured prefill does.
+Either way the very object that passes the gate is captured and timed: a plain wrapper's ``run()``
+may be captured as long as nothing plans it again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable
 import torch
 
 from swabench.core import semantics, workloads
+from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_workspace import MIB, WORKSPACE_BYTES, plan_in_workspace, resource_errors, workspace
 from .registry import Implementation, Library, Unsupported, register, register_library
 
@@ -235,7 +238,7 @@ class FlashInferRunner:
         # the decode wrapper says what backend="auto" resolved to (cuDNN, XQA, a tensor-core pick)
         self.resolved_backend = getattr(self.wrapper, "resolved_backend", None) or getattr(self.wrapper, "_backend",
                                                                                            self.backend)
-        self.wrapper_mode = ("cuda-graph" if self.graph_wrapper else "plain") + \
+        self.layout = ("cuda-graph" if self.graph_wrapper else "plain") + \
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
 
     def run(self) -> None:
@@ -327,7 +330,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
         if backend not in backends:
             raise Unsupported(f"{name} takes the FlashInfer backends {', '.join(backends)}, not {backend!r}")
         with resource_errors():
-            return build(w, backend, variant)
+            return build(w, backend, variant, graph_wrapper=w.case.wrapper_mode == "cuda-graph")
 
     def check(case, backend: str) -> str | None:
         return (also(case, backend) if also else None) or unsupported(variant)(case, backend)
@@ -338,7 +341,7 @@ def register_variant(name, summary, variant: Variant, kind="correct", visibility
     requires = roles.pop("requires", frozenset({"sinks"} if variant.sinks else ()))
     VARIANTS[name] = variant
     register(Implementation(name, LIBRARY.name, (variant.storage,), summary, make, kind=kind, wrapper=wrapper,
-                            backends=backends, modes=modes, requires=requires,
+                            backends=backends, modes=modes, requires=requires, wrapper_modes=WRAPPER_MODES,
                             needs_cuda=True, unsupported=check, available=missing_api(_needs(variant)),
                             **extra, **roles), module)
 

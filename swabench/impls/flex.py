@@ -221,7 +221,7 @@ class BatchedFlex(FlexRunner):
         keys = f"each request's keys contiguous, key block {self.kv_block}" if contiguous else \
             f"keys in place ({c.storage}), key block {self.kv_block}" + \
             (" = page" if c.storage == "paged" and self.kv_block == w.page_size else "")
-        self.wrapper_mode = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, "
+        self.layout = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, "
                              f"{options} kernel_options")
 
     def _prepare(self, first: bool) -> None:

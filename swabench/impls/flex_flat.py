@@ -21,7 +21,7 @@ class FlatFlex(FlexRunner):
     def __init__(self, w):
         super().__init__(w)
         group = w.case.gqa_group
-        self.wrapper_mode = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
+        self.layout = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
                              f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
 
     def _prepare(self, first: bool) -> None:

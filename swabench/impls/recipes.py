@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from swabench.core import semantics, workloads
+from swabench.core.cases import WRAPPER_MODES
 from . import flashinfer_impls as fi
 from . import flashinfer_workspace as ws
 from .registry import Implementation, register
@@ -47,6 +48,7 @@ class SGLangExtendRunner:
     """SGLang's extend with a cached prefix: ragged (new x new) + paged (new x trimmed prefix) + merge."""
 
     def __init__(self, w: workloads.Workload, backend: str, prefix_mask: bool, ragged_window: bool):
+        """Both wrappers built as the case's ``wrapper_mode`` says (plain: as SGLang's uncaptured extend)."""
         import flashinfer
 
         self.w, self.backend, self.prefix_mask, self.ragged_window = w, backend, prefix_mask, ragged_window
@@ -62,13 +64,14 @@ class SGLangExtendRunner:
         self.v_new = torch.empty_like(self.k_new)
         self.new_slots = torch.cat([w.request_slots(i, k - q) for i, (q, k) in enumerate(zip(w.qo_lens, w.kv_lens))])
         self.starts = [semantics.trim_start(p, 0, c.window_left, w.page_size) for p in w.prefix_lens]
+        graph = c.wrapper_mode == "cuda-graph"
         ragged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                           kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+                           kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev)) if graph else {}
         paged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
                           paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
                           paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
-                          paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev))
-        if prefix_mask:
+                          paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev)) if graph else {}
+        if prefix_mask and graph:
             kept = [p - s for p, s in zip(w.prefix_lens, self.starts)]
             paged_bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, kept),
                                                           dtype=torch.uint8, device=dev),
@@ -81,7 +84,7 @@ class SGLangExtendRunner:
         self.wrappers = {part: make(ws.workspace(dev, ws.WORKSPACE_BYTES)) for part, make in self._new.items()}
         self.sizes = dict.fromkeys(self.wrappers, ws.WORKSPACE_BYTES)
         self.workspace_mib: int | None = None
-        self.wrapper_mode = "cuda-graph"
+        self.layout = c.wrapper_mode
 
     def prefix_visibility_mask(self) -> torch.Tensor:
         """``_build_swa_prefix_custom_mask``: each request's [qo, kept prefix] rows, flattened."""
@@ -146,7 +149,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
 
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
-                            backends=fi.BACKENDS, modes=("extend",), needs_cuda=True, unsupported=_extend_unsupported,
+                            backends=fi.BACKENDS, modes=("extend",), wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_extend_unsupported,
                             available=EXTEND_API, **extra), __name__)
 
 

@@ -71,6 +71,9 @@ class Implementation:
     # another); () = the library has no backends
     modes: tuple[str, ...] = ()  # the serving steps it models (a scenario makes no point of another); () = every one
     requires: frozenset[str] = frozenset()  # case features it exists for (the sink wrapper: sinks), as modes
+    # how its wrappers can be built (Case.wrapper_mode), as modes: a path with no wrapper has the one way,
+    # captured for timing as every path is
+    wrapper_modes: tuple[str, ...] = ("cuda-graph",)
     needs_cuda: bool = False
     # What the implementation actually computes, as (window_left, prefix_len, page_size) -> Visibility.
     # Known bugs and planted mistakes differ from the exact semantics; that is how the gate knows
@@ -134,10 +137,12 @@ class Implementation:
             return f"{self.library} needs CUDA (device is {device.type})"
         return self.available()
 
-    def models(self, storage: str, mode: str, features: frozenset[str]) -> bool:
+    def models(self, storage: str, mode: str, features: frozenset[str], wrapper_mode: str = "cuda-graph") -> bool:
         """Whether a scenario makes a point of this implementation on such a step: its storage, a mode it
-        models, a case with the features it exists for (the rest of what it cannot run is a skip row)."""
-        return storage in self.storages and (not self.modes or mode in self.modes) and self.requires <= features
+        models, a case with the features it exists for, a wrapper mode it has (the rest of what it cannot
+        run is a skip row)."""
+        return storage in self.storages and (not self.modes or mode in self.modes) and self.requires <= features \
+            and wrapper_mode in self.wrapper_modes
 
     def runs_on(self, backends) -> list[str]:
         """The backends of ``backends`` this implementation has kernels for (its library's name when the
@@ -155,6 +160,8 @@ class Implementation:
             return f"has kernels on {' and '.join(self.backends)} only, not {backend}"
         if self.requires - case.features:
             return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
+        if case.wrapper_mode not in self.wrapper_modes:
+            return f"builds its {self.family} as {' or '.join(self.wrapper_modes)}, not {case.wrapper_mode}"
         if not case.causal and not self.noncausal:
             return "takes causal windows only"
         if case.attention_chunk and not self.chunked:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import difflib
 
 from swabench.core import footprint, semantics
-from swabench.core.cases import LENGTH_SALT, MODES, QO_FIELD, STORAGES, Case, parse_accept, parse_length
+from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
+                                  parse_length)
 from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.inputs import models
@@ -127,13 +128,14 @@ AXES = {
     "model_features": _bool,
     "causal": _bool,
     "attention_chunk": _int(0, "an integer >= 0 (0 = off; Llama 4 uses 8192)"),
+    "wrapper_mode": _choice(WRAPPER_MODES),
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True, "causal": True, "attention_chunk": 0}
+            "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph"}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -229,7 +231,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
-                attention_chunk=p["attention_chunk"])
+                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)

@@ -223,7 +223,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             features = features_of(step["sinks"], step["logits_soft_cap"], step["kv_dtype"], step["attention_chunk"])
             for impl_name in impls:
                 impl = registry.get(impl_name)
-                if not impl.models(step["storage"], step["mode"], features):
+                if not impl.models(step["storage"], step["mode"], features, step["wrapper_mode"]):
                     continue  # a step the implementation does not model: not a point
                 for backend in impl.runs_on(backends):
                     ns = {**step, "impl": impl_name, "backend": backend}

@@ -124,7 +124,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
                 row["plan_us"] = plan.median_us
             else:
                 runner.plan()
-        row.update(resolved_backend=runner.resolved_backend, wrapper_mode=getattr(runner, "wrapper_mode", None),
+        row.update(resolved_backend=runner.resolved_backend, layout=getattr(runner, "layout", None),
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
         with nvtx_range("check"):
             result = gate.check(runner, w)

@@ -7,7 +7,7 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -28,7 +28,8 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 # The table's leading columns, in order; every table has them all (empty where a run has no value),
 # so readers never meet a missing column.  Others may follow.
 COLUMNS = [
-    "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "status",
+    "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "layout",
+    "status",
     "reason", "must_fail", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
@@ -96,13 +97,17 @@ def check_meta(meta: dict) -> dict:
 def migrate_table(df):
     """A results table of any known version, read as the current one.
 
-    Before version 3, ``wrapper`` held how the wrapper was built ("cuda-graph, uniform_q_len=4"), now
-    ``wrapper_mode``; ``wrapper`` names the wrapper family.  Tables from before the serving axes get
+    How the runner laid out its call ("cuda-graph, uniform_q_len=4", a FlexAttention kernel's blocks) is
+    ``layout``; before version 8 it was ``wrapper_mode``, and before version 3 ``wrapper`` (now the
+    wrapper family).  ``wrapper_mode`` is the case's axis since version 8: every earlier run built its
+    wrappers in CUDA-graph mode.  Tables from before the serving axes get
     their values where every case had them: no sinks, no soft-cap, the queries' dtype in the cache,
     and head_dim ** -0.5.  Names an implementation had before a later format renamed it are the
     folder's business (``renamed_impls``): a table alone does not say its version."""
-    if "wrapper_mode" not in df.columns and "wrapper" in df.columns:
-        df = df.rename(columns={"wrapper": "wrapper_mode"})
+    if "layout" not in df.columns:
+        old = "wrapper_mode" if "wrapper_mode" in df.columns else "wrapper"
+        df = df.rename(columns={old: "layout"})
+        df["wrapper_mode"] = "cuda-graph"
     if df.empty:
         return df
     fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0}
@@ -138,7 +143,8 @@ def migrate(meta: dict) -> dict:
     version 3 the one library's version had its own key; version 4 keeps every library's in ``libraries``.
     Before version 7, ``min_bytes`` counted a paged request's K/V rows from its first visible key; since, from
     the start of the page that holds it (a page table starts on a page boundary), and ``min_read_bytes``, the
-    clock columns and the counters' columns exist."""
+    clock columns and the counters' columns exist.  Version 8 differs in the table only: ``wrapper_mode`` is
+    an axis and the runner's description ``layout`` (``migrate_table``)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):

@@ -208,7 +208,7 @@ def peers(run: Run) -> pd.DataFrame:
     rows = []
     for (impl, mode), g in p.groupby(["impl", "mode"]):
         big = at_serving_sizes(g)
-        layouts = g["wrapper_mode"].dropna()
+        layouts = g["layout"].dropna()
         rows.append({"peer": impl, "mode": mode, MEDIAN: spread(g["ratio"]),
                      f"within {PEER_BOUND}x at batch >= {PEER_BATCH}, context >= {PEER_CONTEXT // 1024}k":
                          f"{int((big['ratio'] <= PEER_BOUND).sum())} of {len(big)}" if len(big) else "",
@@ -273,7 +273,7 @@ SECTIONS = [
             "Each correct path of another library (FlexAttention, PyTorch SDPA) against the reference path of "
             "its storage on the same cases: time / reference (median (best-worst, cases)), how many of the "
             f"decode and verify cases at batch >= {PEER_BATCH} and context >= {PEER_CONTEXT // 1024}k it serves "
-            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`wrapper_mode`). Runs of a "
+            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`layout`). Runs of a "
             "scenario on older releases stay in this table, so that a peer rebuilt since shows beside its old "
             "numbers (format-5 folders name the flattened FlexAttention peer `flex-flat`).", peers,
             peers_said, one_table=True, timed=True, every_release=True),
