@@ -108,7 +108,8 @@ strict_option = opt("--strict", is_flag=True, help="Also exit 1 when a known bug
 l2_option = opt("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
                 help="GPU timing: flush L2 before every call (flush not counted), or back-to-back calls.")
 case_option = opt("--case", "cases", multiple=True, metavar="ID|TEXT",
-                  help="Only cases whose id starts with, or whose label contains, this (repeatable).")
+                  help="Only cases whose id starts with, whose label contains, or whose [[sweep]] group "
+                       "is, this (repeatable).")
 costs_option = opt("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False), metavar="RUN_DIR",
                    help="Balance the shards by each point's time in this earlier run.")
 model_option = opt("--model", metavar="NAME", help="Only this model preset's cases (see `swabench models`); without "

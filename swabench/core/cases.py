@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from swabench.core import semantics
 
@@ -222,6 +222,7 @@ class Point:
     case: Case
     impl: str
     backend: str  # FlashInfer backend, or the implementation's library for the others
+    group: str = field(default="", compare=False)  # the scenario's [[sweep]] group that made it (the first, if several)
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -232,7 +232,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                         skipped.append(reason)
                         continue
                     case = case or make_case(combo, path, where)
-                    points.append(Point(case, impl_name, backend))
+                    points.append(Point(case, impl_name, backend, label))
     points = list(dict.fromkeys(points))
     listed = list(dict.fromkeys(listed))
     if wanted is not None and not set(wanted) & set(listed):
@@ -278,13 +278,14 @@ def scenario_dirs() -> list[Path]:
 
 
 def select(scenario: Scenario, cases) -> Scenario:
-    """Keep the points whose case id starts with, or whose label contains, one of ``cases``."""
+    """Keep the points whose case id starts with, whose label contains, or whose [[sweep]] group is one of ``cases``."""
     if not cases:
         return scenario
-    keep = [p for p in scenario.points if any(p.case.case_id.startswith(c) or c in p.case.label for c in cases)]
+    keep = [p for p in scenario.points if any(p.case.case_id.startswith(c) or c in p.case.label or c == p.group
+                                              for c in cases)]
     if not keep:
         raise ScenarioError(scenario.path, "--case", f"no case of {scenario.name} matches {', '.join(cases)} "
-                                                     f"(give a case_id prefix or part of a label, see `swabench show`)")
+                                                     f"(give a case_id prefix, part of a label or a group, see `swabench show`)")
     scenario.points = keep
     return scenario
 

@@ -31,7 +31,7 @@ from swabench.errors import UserError
 MODES = ("extend", "verify", "decode")
 LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left",
          "sinks", "logits_soft_cap", "sm_scale", "kv_dtype", "dtype", "page_size", "page_layout", "storage", "seed",
-         "causal", "attention_chunk")
+         "causal", "attention_chunk", "wrapper_mode")
 KEYS = ("mode", "requests", "count", *LAYER)
 
 

@@ -10,7 +10,7 @@ from swabench.analysis import replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table, trace_name
-from swabench.publish.sections import machine, neighbours, releases, speed
+from swabench.publish.sections import machine, modes, neighbours, releases, speed
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio, run_for_step
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
@@ -174,6 +174,11 @@ def answers(runs: list[Run]) -> list[str]:
         parts += [f"**Which path for each model** as served (its own sinks and soft-cap), the fastest correct path "
                   f"of each step and its kernel time, from {run.name} ({library_versions(run.meta)}):",
                   markdown_table(models)]
+    graph = [s for r in runs if r.timed for s in modes.in_short(r)]
+    if graph:
+        parts += ["**What CUDA-graph mode costs.** Each FlashInfer path's kernel time with its wrappers built for "
+                  "CUDA-graph capture (as engines serve decode and verify) minus the same path built plain (as they "
+                  "run prefill), per step (detail under CUDA-graph mode against plain wrappers):\n" + "\n".join(graph)]
     mixes = served_mixes(runs)
     if mixes:
         parts += ["**A server's mix.**\n" + "\n".join(mixes)]
