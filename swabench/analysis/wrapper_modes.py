@@ -35,6 +35,8 @@ def pairs(table: pd.DataFrame) -> pd.DataFrame:
     """Every path timed on a step in both modes: its graph-mode row with ``plain_us`` and ``plain_plan_us``,
     ``cost_us`` = graph - plain and ``cost`` = graph / plain."""
     t = timed_both_ways(table)
+    if t.empty:
+        return pd.DataFrame()
     graph, plain = t[t["wrapper_mode"] == GRAPH], t[t["wrapper_mode"] == PLAIN]
     plain = plain[["step", "impl", "backend", "median_us", "plan_us"]].rename(
         columns={"median_us": "plain_us", "plan_us": "plain_plan_us"})
