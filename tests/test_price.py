@@ -183,3 +183,22 @@ def test_bad_input_names_the_problem_before_anything_runs(tmp_path):
     r = invoke("price", "--model", "gemma-3-1b", trace, "--device", "cpu", "--out", tmp_path / "c")
     assert r.exit_code == 2 and "a line of gemma-3-1b sets page_size" in r.output
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_one_path_per_layer_type_is_the_fastest_over_all_its_steps_not_per_step():
+    """Two decode steps of the windowed layer: decode-trim wins the small one and decode-tc-trim the large one;
+    an engine configures one of them for the layer, the one with the least time over both."""
+    paths = {"small": {"decode-trim": 5.0, "decode-tc-trim": 8.0}, "large": {"decode-trim": 50.0, "decode-tc-trim": 30.0},
+             "g": {"paged-window": 20.0, "decode-tc-trim": 25.0}}
+    rows = [dict(case_id=c, impl=i, backend="fa2", status="pass", median_us=us, kind="correct")
+            for c, times in paths.items() for i, us in times.items()]
+    meta = {"price": {"model_steps": 1, "layers": {"small": "window", "large": "window", "g": "global"}},
+            "trace": {"weights": {"small": 1, "large": 1, "g": 1}, "modes": dict.fromkeys(paths, "decode")}}
+    assert weighing.picks(pd.DataFrame(rows), meta) == {("window", "decode"): ("decode-tc-trim", "fa2"),
+                                                        ("global", "decode"): ("paged-window", "fa2")}
+    t = weighing.per_mode(pd.DataFrame(rows), meta).set_index("mode")
+    assert t.loc["decode", "whole model (ms)"] == 5.0 + 30.0 + 20.0  # step by step
+    assert t.loc["decode", weighing.PICKS] == 8.0 + 30.0 + 20.0  # one path for the windowed layer
+    rows = [r for r in rows if not (r["case_id"] == "small" and r["impl"] == "decode-tc-trim")]
+    t = weighing.per_mode(pd.DataFrame(rows), meta).set_index("mode")
+    assert t.loc["decode", weighing.PICKS] == 5.0 + 50.0 + 20.0  # only decode-trim passed both

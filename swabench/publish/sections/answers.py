@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.analysis import replay, versus
+from swabench.analysis import price, replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table, trace_name
@@ -112,16 +112,18 @@ def whole_models(runs: list[Run]) -> list[str]:
     keeps when out-of-window pages are evicted."""
     said = []
     for r in runs:
-        table, price = price_table(r), r.meta.get("price")
-        if not len(table) or not price:
+        table, model = price_table(r), r.meta.get("price")
+        if not len(table) or not model:
             continue
         every = table[table["mode"] == "all modes"].iloc[0]
-        kv = pd.DataFrame(price["kv"])
+        kv = pd.DataFrame(model["kv"])
         kept = (kv["kv_mib_evicted"] / kv["kv_mib_all_pages"]).agg(["min", "max"])
+        picked = every.get(price.PICKS, float("nan"))
         share = (f"its windowed layers take {every['windowed share']:.0%} of its attention over its steps "
-                 f"({micros(every['whole model (ms)'])} ms per 1000 model steps, {library_versions(r.meta)})"
+                 f"({micros(every['whole model (ms)'])} ms per 1000 model steps, {library_versions(r.meta)}"
+                 + (f"; {micros(picked)} ms with one path per layer type and step" if picked == picked else "") + ")"
                  if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
-        said.append(f"- `{price['model']}` ({price['windowed_layers']} windowed of {price['num_layers']} layers): "
+        said.append(f"- `{model['model']}` ({model['windowed_layers']} windowed of {model['num_layers']} layers): "
                     f"{share}; evicting out-of-window pages keeps {kept['min']:.0%}-{kept['max']:.0%} of its KV "
                     f"({r.name}).")
     return said

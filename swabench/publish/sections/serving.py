@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.analysis import replay, versus
+from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
@@ -107,9 +108,10 @@ def price_table(run: Run) -> pd.DataFrame:
     if not run.meta.get("price"):
         return pd.DataFrame()
     try:
-        return pd.read_csv(run_folder.stored(run.folder, schema.PRICE))
+        stored = pd.read_csv(run_folder.stored(run.folder, schema.PRICE))
     except FileNotFoundError:
-        return price.per_mode(run.table, run.meta)
+        stored = pd.DataFrame()
+    return stored if price.PICKS in stored.columns else price.per_mode(run.table, run.meta)
 
 
 def price_said(run: Run) -> list[str]:
@@ -122,8 +124,12 @@ def price_said(run: Run) -> list[str]:
 
     blank = [f"\"{column}\" is blank: " + "; ".join(why) + f" ({run.name})."
              for column, why in price.blanks(run.table, run.meta).items()]
+    chosen = "; ".join(f"{layer} {mode}: " + (f"`{pick[0]}` [{pick[1]}]" if pick else "no one path passed every step")
+                       for (layer, mode), pick in sorted(price.picks(run.table, run.meta).items(),
+                                                         key=lambda kv: (kv[0][0] != "window", MODES.index(kv[0][1]))))
     return [f"`{p['model']}`: {p['windowed_layers']} windowed of {p['num_layers']} layers, {p['model_steps']} model "
-            f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name}).", *blank]
+            f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name}).",
+            f"One path per layer type and step: {chosen} ({run.name}).", *blank]
 
 
 def evicted_reads(run: Run) -> pd.DataFrame:
@@ -164,7 +170,8 @@ SECTIONS = [
     Section("price", "Whole-model price: milliseconds of attention per 1000 model steps",
             "Each model step as its windowed layers (sliding or chunked) and its global layers, each layer step at its "
             "fastest correct path, weighted by how many layers of each kind the model has; the windowed layers' share; "
-            "and the whole step with the windowed layers through the custom mask instead, or, at decode, through the "
+            "the whole step with one path per kind of layer and step, the fastest over all its steps (an engine picks a "
+            "backend per layer type, not per batch); and the whole step with the windowed layers through the custom mask instead, or, at decode, through the "
             "CUDA-core decode kernel over the full table (the other steps at their best).", price_table, price_said),
     Section("evicted", "Evicted pages: who reads pages wholly before the window",
             "With the pages wholly before each request's window pointed at one shared page that holds NaN: the "
