@@ -6,6 +6,8 @@
 #   scripts/gpu-bundle.sh [RELEASE] [DEST]          RELEASE: flashinfer-python version (default 0.7.4)
 #                                                   DEST: the bundle's folder (default .gpu)
 #   JIT_CACHE=path/to/jitcache.tar.xz scripts/gpu-bundle.sh 0.7.4 .gpu   also copies a prebuilt JIT cache
+#   FIB=1 ...        also bundles flashinfer-bench and what it needs beyond the node's image (pydantic), for
+#                    scripts/fib_evaluate.py
 #   NO_CUPTI=1 ...   leaves out cupti-python (6 MB; FlashInfer's autotuner uses it only when it is there), so
 #                    that a large JIT cache (default + serving on 0.7.4: 20 MB) still fits a 64 MiB transfer
 #
@@ -38,6 +40,10 @@ download() {  # pip download, without the warnings some pip configurations print
     python3 -m pip download -q --no-deps "$@" 2>&1 | { grep -v '^WARNING' || true; }
 }
 download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx pyelftools
+if [ -n "${FIB:-}" ]; then
+    download "${PLAT[@]}" -d "$DEST/whl" flashinfer-bench==0.1.2 pydantic pydantic-core annotated-types \
+        typing-inspection typing-extensions docstring-parser
+fi
 if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$DEST/whl" cupti-python; else rm -f "$DEST"/whl/cupti_python-*.whl; fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT

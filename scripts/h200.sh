@@ -24,6 +24,8 @@
 #   replay   `swabench replay traces/example.jsonl`; evicted  evicted.toml (reads_evicted per kernel)
 #   replay-imported  `swabench import` of the installed release's committed FlashInfer dump
 #            (tests/fixtures/flashinfer-dump-VERSION), then `swabench replay` of that trace
+#   modes    serving.toml's modes-* groups: GPT-OSS-20B's layers with every wrapper built in CUDA-graph mode and
+#            plain (OUTDIR/h200-modes-VERSION: what graph mode costs)
 #   edges-check  `swabench check edges` alone (the SGLang regression batches among them)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   peers-profile  peers.toml's decode steps (GPT-OSS-20B's 48-request step among them) under Nsight Systems:
@@ -105,6 +107,9 @@ for step in $steps; do
     recipe-profile)
                sb profile serving --case "extend b4" --impl sglang-extend --impl paged-window \
                  --against results/h200-serving-0.7.4 --out "$out/h200-recipe-profile" 2>&1 | tail -3 ;;
+    modes)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
+               ( time sb run serving --case modes-decode --case modes-verify --case modes-extend \
+                   --out "$out/h200-modes-$v" ) 2>&1 | tail -30 ;;
     serving)   fresh_compile_cache
                ( time sb run serving --out "$out/h200-serving-run" ) 2>&1 | tail -40 ;;
     default-compare)
