@@ -111,7 +111,9 @@ def price_table(run: Run) -> pd.DataFrame:
         stored = pd.read_csv(run_folder.stored(run.folder, schema.PRICE))
     except FileNotFoundError:
         stored = pd.DataFrame()
-    return stored if price.PICKS in stored.columns else price.per_mode(run.table, run.meta)
+    if len(stored) and (price.PICKS in stored.columns or "trace" not in run.meta):  # older, or all there is
+        return stored
+    return price.per_mode(run.table, run.meta)
 
 
 def price_said(run: Run) -> list[str]:
@@ -125,11 +127,12 @@ def price_said(run: Run) -> list[str]:
     blank = [f"\"{column}\" is blank: " + "; ".join(why) + f" ({run.name})."
              for column, why in price.blanks(run.table, run.meta).items()]
     chosen = "; ".join(f"{layer} {mode}: " + (f"`{pick[0]}` [{pick[1]}]" if pick else "no one path passed every step")
-                       for (layer, mode), pick in sorted(price.picks(run.table, run.meta).items(),
+                       for (layer, mode), pick in sorted(price.picks(run.table, run.meta).items() if "trace" in run.meta
+                                                         else (),
                                                          key=lambda kv: (kv[0][0] != "window", MODES.index(kv[0][1]))))
     return [f"`{p['model']}`: {p['windowed_layers']} windowed of {p['num_layers']} layers, {p['model_steps']} model "
             f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name}).",
-            f"One path per layer type and step: {chosen} ({run.name}).", *blank]
+            *([f"One path per layer type and step: {chosen} ({run.name})."] if chosen else []), *blank]
 
 
 def evicted_reads(run: Run) -> pd.DataFrame:
