@@ -7,12 +7,14 @@ import math
 from pathlib import Path
 
 import pytest
-import safetensors.torch
 import torch
 from conftest import invoke
 
 from swabench.core import reference, semantics, workloads
 from swabench.inputs import axes, fib, models, traces
+
+safetensors = pytest.importorskip("safetensors")  # the fib extra (.ci/run installs it)
+import safetensors.torch  # noqa: E402
 
 GPT = {"model": "gpt-oss-20b"}  # sinks, window_left 127, 64/8 heads, head_dim 64
 GEMMA = {"model": "gemma-3-4b"}  # plain window, window_left 1023, 8/4 heads, head_dim 256

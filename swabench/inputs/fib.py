@@ -88,33 +88,32 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     steps, weighted by its meta.json's trace) into ``out_dir``: absent or empty, or with ``replace`` a folder
     of FlashInfer-Bench's layout that it replaces.  Everything is written beside it first and read back with
     flashinfer-bench's loaders where it is installed, so bad input leaves nothing behind."""
-    import safetensors.torch
-
+    safetensors = _safetensors()
     source, out = Path(trace_or_run), Path(out_dir)
     _check_out(out, source, replace)
     groups: dict[str, tuple[dict, list]] = {}
-    for case, count in _steps(source):
+    for case, count in steps(source):
         _check_exportable(case, source)
         doc = definition(case, source.name)
         groups.setdefault(doc["name"], (doc, []))[1].append((case, count))
     files: dict[str, bytes] = {}
     result = Exported(out)
-    for name, (doc, steps) in sorted(groups.items()):
-        doc["tags"] += sorted({f"model:{c.model}" for c, _ in steps if c.model})
-        def_path = f"definitions/{OP_TYPE}/{name}.json"
+    for def_name, (doc, members) in sorted(groups.items()):
+        doc["tags"] += sorted({f"model:{c.model}" for c, _ in members if c.model})
+        def_path = f"definitions/{OP_TYPE}/{def_name}.json"
         lines = []
-        for case, count in steps:
+        for case, count in members:
             tensors, var_axes = index_tensors(case)
-            uid = str(uuid.uuid5(NAMESPACE, f"{name}/{case.case_id}"))
-            blob = f"blob/workloads/{OP_TYPE}/{name}/{uid}.safetensors"
+            uid = workload_uuid(case)
+            blob = f"blob/workloads/{OP_TYPE}/{def_name}/{uid}.safetensors"
             files[blob] = safetensors.torch.save(tensors, metadata={META: json.dumps(_step_meta(case, count))})
-            lines.append(json.dumps({"definition": name, "workload": {
+            lines.append(json.dumps({"definition": def_name, "workload": {
                 "axes": var_axes, "inputs": _workload_inputs(doc, case, blob), "uuid": uid}}))
         files[def_path] = (json.dumps(doc, indent=2) + "\n").encode()
-        wl_path = f"workloads/{OP_TYPE}/{name}.jsonl"
+        wl_path = f"workloads/{OP_TYPE}/{def_name}.jsonl"
         files[wl_path] = ("\n".join(lines) + "\n").encode()
-        result.definitions.append(Written(name, out / def_path, out / wl_path, len(steps),
-                                          sum(c for _, c in steps)))
+        result.definitions.append(Written(def_name, out / def_path, out / wl_path, len(members),
+                                          sum(c for _, c in members)))
     _write_folder(out, files, replace, result)
     return result
 
@@ -175,8 +174,19 @@ def check(root) -> str:
     return version("flashinfer-bench")
 
 
-def _steps(source: Path) -> list:
+def _safetensors():
+    try:
+        import safetensors
+        import safetensors.torch
+    except ImportError:
+        raise FibError("safetensors is not installed: pip install 'swabench[fib]' (or pip install safetensors)") \
+            from None
+    return safetensors
+
+
+def steps(source) -> list:
     """(case, count) of each distinct step of a trace file or a replay's run folder."""
+    source = Path(source)
     if source.is_dir():
         return _run_steps(source)
     if not source.exists():
@@ -223,6 +233,11 @@ def _check_exportable(case, source: Path) -> None:
            if case.window_left < 0 else None)
     if why:
         raise FibError(f"{source}: step {case.label}: {why}; export-fib writes sliding-window layers only")
+
+
+def workload_uuid(case) -> str:
+    """A step's workload uuid: the same step of the same layer gets the same one at every export."""
+    return str(uuid.uuid5(NAMESPACE, f"{name(case)}/{case.case_id}"))
 
 
 def name(case) -> str:
@@ -544,9 +559,7 @@ def _workload_records(root: Path, wanted: str):
 def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dict):
     """The stored index tensor ``key`` of a workload (a list), and its blob's swabench metadata; ``blobs``
     keeps each blob read."""
-    import safetensors
-    import safetensors.torch
-
+    safetensors = _safetensors()
     where = f"{file}: line {n}: workload.inputs.{key}"
     spec = (workload.get("inputs") or {}).get(key)
     if not isinstance(spec, dict) or spec.get("type") != "safetensors":
