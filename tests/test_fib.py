@@ -236,3 +236,56 @@ def test_layers_without_a_paged_window_are_not_exported(tmp_path, line, message)
     result = invoke("export-fib", trace, "--out", tmp_path / "fib")
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "fib").exists()
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fib_evaluate.py"
+
+
+@pytest.fixture(scope="module")
+def evaluate():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fib_evaluate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL = [{"mode": "decode", **LAYERS["sinks+cap"], "dtype": "bfloat16", "requests": [[40, 1], [300, 1]], "count": 3},
+         {"mode": "extend", **LAYERS["plain"], "dtype": "bfloat16", "requests": [[0, 30], [237, 12]]},
+         {"mode": "verify", **LAYERS["plain"], "dtype": "bfloat16", "requests": [[260, 4]], "count": 2}]
+
+
+def test_the_evaluation_scripts_agreement_rows_on_the_cpu(tmp_path, evaluate):
+    trace = write(tmp_path / "t.jsonl", SMALL)
+    folder = tmp_path / "fib"
+    fib.export(trace, folder)
+    rows = evaluate.swabench_rows(folder, trace, 5, "torch", "cpu")
+    assert len(rows) == 3 and {r["check"] for r in rows} == {"swabench torch-trim [torch]"}
+    assert all(r["pass"] and r["max_abs_diff"] < 1e-2 for r in rows), rows
+    assert sorted(r["steps"] for r in rows) == [1, 2, 3]
+    wrong = evaluate.swabench_rows(folder, trace, 5, "torch", "cpu", impl_name="planted-wide")  # one key too many
+    assert not any(r["pass"] for r in wrong) and all(r["max_abs_diff"] > 1e-2 for r in wrong), wrong
+    out = tmp_path / "agreement.csv"
+    evaluate.write_csv(rows + wrong, out)
+    lines = out.read_text().splitlines()
+    assert lines[0] == ",".join(evaluate.COLUMNS) and len(lines) == 7
+
+
+def test_flashinfer_bench_builds_and_runs_the_reference_as_a_solution(tmp_path, evaluate, monkeypatch):
+    pytest.importorskip("flashinfer_bench")
+    from flashinfer_bench.bench.utils import gen_inputs, load_safetensors
+    from flashinfer_bench.compile import BuilderRegistry
+    from flashinfer_bench.data import TraceSet
+
+    monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "cache"))
+    trace = write(tmp_path / "t.jsonl", SMALL)
+    fib.export(trace, tmp_path / "fib")
+    trace_set = TraceSet.from_path(str(tmp_path / "fib"))
+    for name, definition in trace_set.definitions.items():
+        runnable = BuilderRegistry.get_instance().build(definition, evaluate.reference_solution(definition))
+        for record in trace_set.workloads[name]:  # FlashInfer-Bench's own inputs: random q, k, v and sinks
+            stored = load_safetensors(definition, record.workload, trace_set.root)
+            inputs = gen_inputs(definition, record.workload, "cpu", stored)
+            output, lse = runnable(*inputs)
+            assert output.shape == inputs[0].shape and torch.isfinite(output).all() and torch.isfinite(lse).all()
