@@ -289,3 +289,41 @@ def test_flashinfer_bench_builds_and_runs_the_reference_as_a_solution(tmp_path, 
             inputs = gen_inputs(definition, record.workload, "cpu", stored)
             output, lse = runnable(*inputs)
             assert output.shape == inputs[0].shape and torch.isfinite(output).all() and torch.isfinite(lse).all()
+
+
+def test_flashinfer_benchs_own_definitions_take_the_window_from_the_preset(tmp_path):
+    """A definition as FlashInfer-Bench collects it (its causal name, no window axis, page size 1 without
+    kv_last_page_len, a blob without swabench's metadata): the preset gives the window, sinks and soft-cap."""
+    name = "gqa_paged_prefill_causal_h64_kv8_d64_ps1"
+    root = tmp_path / "fib"
+    const = {k: {"type": "const", "value": v} for k, v in
+             {"num_qo_heads": 64, "num_kv_heads": 8, "head_dim": 64, "page_size": 1}.items()}
+    spec = {"shape": ["len_indptr"], "dtype": "int32"}
+    doc = {"name": name, "op_type": "gqa_paged", "reference": "def run():\n    pass\n",
+           "axes": {**const, **{k: {"type": "var"} for k in ("len_indptr", "total_q", "num_kv_indices", "num_pages")}},
+           "inputs": {"q": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "bfloat16"},
+                      "k_cache": {"shape": ["num_pages", "page_size", "num_kv_heads", "head_dim"], "dtype": "bfloat16"},
+                      "qo_indptr": spec, "kv_indptr": spec, "kv_indices": {**spec, "shape": ["num_kv_indices"]},
+                      "sm_scale": {"shape": None, "dtype": "float32"}}}
+    (root / "definitions" / "gqa_paged").mkdir(parents=True)
+    (root / "definitions" / "gqa_paged" / f"{name}.json").write_text(json.dumps(doc))
+    records = []
+    for i, (qo, kv) in enumerate([([0, 5, 9], [0, 300, 304]), ([0, 1], [0, 77])]):
+        blob = f"blob/workloads/gqa_paged/{name}/w{i}.safetensors"
+        (root / blob).parent.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file({"qo_indptr": torch.tensor(qo, dtype=torch.int32),
+                                     "kv_indptr": torch.tensor(kv, dtype=torch.int32),
+                                     "kv_indices": torch.arange(kv[-1], dtype=torch.int32)}, root / blob)
+        inputs = {k: {"type": "safetensors", "path": blob, "tensor_key": k} for k in ("qo_indptr", "kv_indptr",
+                                                                                     "kv_indices")}
+        records.append({"definition": name, "workload": {"axes": {}, "uuid": f"w{i}", "inputs": {
+            "q": {"type": "random"}, **inputs, "sm_scale": {"type": "scalar", "value": 0.0884}}}})
+    (root / "workloads" / "gqa_paged").mkdir(parents=True)
+    write(root / "workloads" / "gqa_paged" / f"{name}.jsonl", records)
+    result = fib.import_(root, name, "gpt-oss-20b", tmp_path / "back.jsonl")
+    assert result.window_from == "preset" and (result.lines, result.steps) == (2, 2)
+    lines = [json.loads(line) for line in (tmp_path / "back.jsonl").read_text().splitlines()]
+    assert lines == [{"mode": "extend", "model": "gpt-oss-20b", "page_size": 1, "requests": [[295, 5], [0, 4]]},
+                     {"mode": "extend", "model": "gpt-oss-20b", "page_size": 1, "requests": [[76, 1]]}]
+    (case,) = {axes.make_case(s.axes()) for s in list(traces.read(tmp_path / "back.jsonl"))[:1]}
+    assert case.window_left == models.get("gpt-oss-20b").window_left and case.sinks  # the preset, as served
