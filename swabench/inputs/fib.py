@@ -37,7 +37,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from swabench.analysis.replay import layer_label
+from swabench.analysis.replay import LAYER_COLUMNS, layer_label
 from swabench.errors import UserError
 from swabench.inputs import axes, models, scenarios, traces
 
@@ -91,14 +91,16 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     safetensors = _safetensors()
     source, out = Path(trace_or_run), Path(out_dir)
     _check_out(out, source, replace)
-    groups: dict[str, tuple[dict, list]] = {}
+    groups: dict[tuple, tuple[dict, list]] = {}  # layer type (analysis.replay's) and stage -> definition, steps
     for case, count in steps(source):
         _check_exportable(case, source)
-        doc = definition(case, source.name)
-        groups.setdefault(doc["name"], (doc, []))[1].append((case, count))
+        key = (STAGES[case.mode], case.page_size, *(getattr(case, c) for c in LAYER_COLUMNS))
+        groups.setdefault(key, (definition(case, source.name), []))[1].append((case, count))
+    assert len({doc["name"] for doc, _ in groups.values()}) == len(groups), "two layer types, one name"
     files: dict[str, bytes] = {}
     result = Exported(out)
-    for def_name, (doc, members) in sorted(groups.items()):
+    for doc, members in sorted(groups.values(), key=lambda g: g[0]["name"]):
+        def_name = doc["name"]
         doc["tags"] += sorted({f"model:{c.model}" for c, _ in members if c.model})
         def_path = f"definitions/{OP_TYPE}/{def_name}.json"
         lines = []
@@ -114,7 +116,7 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
         files[wl_path] = ("\n".join(lines) + "\n").encode()
         result.definitions.append(Written(def_name, out / def_path, out / wl_path, len(members),
                                           sum(c for _, c in members)))
-    _write_folder(out, files, replace, result)
+    result.checked = _write_folder(out, files, replace)
     return result
 
 
@@ -133,22 +135,26 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
                            f"({', '.join(LAYOUT)}): not replacing it; give another folder")
 
 
-def _write_folder(out: Path, files: dict[str, bytes], replace: bool, result: Exported) -> None:
-    """Write ``files`` into a folder beside ``out``, check it with flashinfer-bench's loaders, then put it in
-    ``out``'s place."""
+def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
+    """Write ``files`` into a folder beside ``out``, check it with flashinfer-bench's loaders (``check``, whose
+    answer this returns), then put it in ``out``'s place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is the owner's alone; the export is not
         for rel, data in files.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes(data)
-        result.checked = check(staging)
+        checked = check(staging)
         if out.is_dir():
             shutil.rmtree(out) if replace else out.rmdir()
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return checked
 
 
 def check(root) -> str:
