@@ -272,23 +272,48 @@ def test_the_evaluation_scripts_agreement_rows_on_the_cpu(tmp_path, evaluate):
     assert lines[0] == ",".join(evaluate.COLUMNS) and len(lines) == 7
 
 
-def test_flashinfer_bench_builds_and_runs_the_reference_as_a_solution(tmp_path, evaluate, monkeypatch):
+def test_the_evaluation_scripts_rows_from_flashinfer_benchs_benchmark(tmp_path, evaluate, monkeypatch):
+    """FlashInfer-Bench's Benchmark over an exported folder, its CUDA runner replaced by the same steps on the CPU
+    (its own builder, input generator, blob loader and error statistics): the reference, built as a solution,
+    runs on every workload kept and agrees with itself."""
     pytest.importorskip("flashinfer_bench")
-    from flashinfer_bench.bench.utils import gen_inputs, load_safetensors
+    from flashinfer_bench.bench import benchmark
+    from flashinfer_bench.bench.utils import compute_error_stats, gen_inputs, load_safetensors
     from flashinfer_bench.compile import BuilderRegistry
-    from flashinfer_bench.data import TraceSet
+    from flashinfer_bench.data import Correctness, Environment, Evaluation, Performance
 
+    class CpuRunner:
+        def __init__(self, log_dir):
+            pass
+
+        def run_workload(self, definition, workload, solutions, config, root):
+            builders = BuilderRegistry.get_instance()
+            inputs = gen_inputs(definition, workload, "cpu", load_safetensors(definition, workload, root))
+            want = builders.build_reference(definition)(*inputs)
+            results = {}
+            for solution in solutions:
+                stats = [compute_error_stats(g, w, config) for g, w in zip(builders.build(definition, solution)(*inputs),
+                                                                           want)]
+                ok = not any(exceeds for _, _, exceeds, _ in stats)
+                results[solution.name] = Evaluation(
+                    status="PASSED" if ok else "INCORRECT_NUMERICAL", environment=Environment(hardware="cpu"),
+                    timestamp="now", correctness=Correctness(max_absolute_error=max(a for a, *_ in stats),
+                                                             max_relative_error=max(r for _, r, *_ in stats)),
+                    performance=Performance() if ok else None)
+            return results
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(benchmark, "PersistentRunner", CpuRunner)
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "cache"))
     trace = write(tmp_path / "t.jsonl", SMALL)
     fib.export(trace, tmp_path / "fib")
-    trace_set = TraceSet.from_path(str(tmp_path / "fib"))
-    for name, definition in trace_set.definitions.items():
-        runnable = BuilderRegistry.get_instance().build(definition, evaluate.reference_solution(definition))
-        for record in trace_set.workloads[name]:  # FlashInfer-Bench's own inputs: random q, k, v and sinks
-            stored = load_safetensors(definition, record.workload, trace_set.root)
-            inputs = gen_inputs(definition, record.workload, "cpu", stored)
-            output, lse = runnable(*inputs)
-            assert output.shape == inputs[0].shape and torch.isfinite(output).all() and torch.isfinite(lse).all()
+    rows = evaluate.fib_rows(tmp_path / "fib", trace, 1)  # the first workload of each of the 2 definitions
+    assert len(rows) == 2 and all(r["pass"] and r["note"] == "PASSED" and r["max_abs_diff"] == 0 for r in rows), rows
+    assert {r["definition"] for r in rows} == {"gqa_paged_decode_swa_w15_h4_kv2_d64_ps16_sinks_cap30",
+                                               "gqa_paged_prefill_swa_w9_h4_kv1_d64_ps4"}
+    assert all(r["case_id"] and r["steps"] for r in rows)
 
 
 def test_flashinfer_benchs_own_definitions_take_the_window_from_the_preset(tmp_path):
