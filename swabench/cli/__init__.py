@@ -1,6 +1,6 @@
 """The ``swabench`` command line: parse, call the library, print, exit.  The only package that prints.
 
-One module per command group (``sweep``, ``spread``, ``read``, ``tools``, ``repro``); ``options`` holds what they
+One module per command group (``sweep``, ``spread``, ``read``, ``tools``, ``repro``, ``fib``); ``options`` holds what they
 share.  Exit status: 0 done, 1 a correct implementation failed the gate (or a regression in
 ``compare``), 2 bad input (nothing written), 130 interrupted.  Modules that import torch, pandas or
 matplotlib are imported inside the commands that use them, so ``--help`` answers at once and
@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from swabench import __version__
-from swabench.cli import read, repro, spread, sweep, tools
+from swabench.cli import fib, read, repro, spread, sweep, tools
 from swabench.cli.options import Main
 
 
@@ -21,6 +21,6 @@ def main():
     """Correctness-gated benchmarks of sliding-window attention on FlashInfer."""
 
 
-for _module in (sweep, spread, read, tools, repro):
+for _module in (sweep, spread, read, tools, repro, fib):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -179,18 +179,7 @@ def build(case: Case, device="cpu") -> Workload:
     q_pos = q_index + torch.tensor([k - q for q, k in zip(qo_lens, kv_lens)], dtype=torch.int64)[q_req]
     if case.storage == "paged":
         ps = case.page_size
-        pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
-        num_pages = sum(pages_per_req)
-        g = torch.Generator().manual_seed(case.seed + 1)
-        order = torch.randperm(num_pages, generator=g) if case.page_layout != "contiguous" \
-            else torch.arange(num_pages)
-        kv_indptr_host = _indptr(pages_per_req)
-        kv_indices_host = order.to(torch.int64)
-        evicted_pages = None
-        if case.page_layout.startswith("evicted"):
-            kv_indices_host, evicted_pages = evict(case, kv_indptr_host, kv_indices_host, kv_lens, qo_lens)
-            num_pages = max(num_pages, int(kv_indices_host.max()) + 1)
-        last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
+        kv_indptr_host, kv_indices_host, last, evicted_pages, num_pages = page_table(case, qo_lens, kv_lens)
         # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
         evicted = (pos // ps) < torch.tensor(evicted_before(case, kv_lens, qo_lens))[req] \
@@ -218,6 +207,24 @@ def build(case: Case, device="cpu") -> Workload:
                  evicted_pages=None if evicted_pages is None else evicted_pages.to(device))
     w.fill_random(case.seed)
     return w
+
+
+def page_table(case: Case, qo_lens, kv_lens):
+    """A paged case's page table, on the CPU and deterministic in its seed and page layout: (kv_indptr,
+    kv_indices (int64), each request's last page length, the pages only evicted entries reach (None but for
+    an evicted layout), the number of pages the cache needs).  Pages are dealt out in a random order
+    (seed + 1) unless the layout is contiguous; an evicted layout then replaces the pages before each window."""
+    ps = case.page_size
+    pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
+    num_pages = sum(pages_per_req)
+    g = torch.Generator().manual_seed(case.seed + 1)
+    order = torch.randperm(num_pages, generator=g) if case.page_layout != "contiguous" else torch.arange(num_pages)
+    kv_indptr, kv_indices, evicted_pages = _indptr(pages_per_req), order.to(torch.int64), None
+    if case.page_layout.startswith("evicted"):
+        kv_indices, evicted_pages = evict(case, kv_indptr, kv_indices, kv_lens, qo_lens)
+        num_pages = max(num_pages, int(kv_indices.max()) + 1)
+    last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
+    return kv_indptr, kv_indices, last, evicted_pages, num_pages
 
 
 def evicted_before(case: Case, kv_lens, qo_lens) -> list[int]:
