@@ -231,11 +231,15 @@ def test_bad_folders_are_exit_2_naming_the_problem(tmp_path, exported, setup, ar
     ({"mode": "decode", "model": "llama-4-scout", "requests": [[9, 1]]}, "chunked attention (attention_chunk 8192)"),
     ({"mode": "extend", **GEMMA, "storage": "ragged", "requests": [[9, 3]]}, "ragged storage"),
 ])
-def test_layers_without_a_paged_window_are_not_exported(tmp_path, line, message):
+def test_layers_without_a_paged_window_are_left_out_and_named(tmp_path, line, message):
     trace = write(tmp_path / "t.jsonl", [STEPS[0], line])
     result = invoke("export-fib", trace, "--out", tmp_path / "fib")
-    assert result.exit_code == 2 and message in result.output, result.output
-    assert not (tmp_path / "fib").exists()
+    assert result.exit_code == 0 and f"left out {line['mode']} b1" in result.output and message in result.output
+    assert "1 definition, 1 workload" in result.output
+    alone = write(tmp_path / "alone.jsonl", [line])  # nothing left to export: a plain error, nothing written
+    result = invoke("export-fib", alone, "--out", tmp_path / "none")
+    assert result.exit_code == 2 and "no step to export" in result.output and message in result.output, result.output
+    assert not (tmp_path / "none").exists()
 
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fib_evaluate.py"

@@ -33,13 +33,16 @@ def export_fib(source, out, force):
     FlashInfer-Bench Definitions and Workloads: one definition per layer type and stage (decode; prefill for
     extend and verify), its window in its name (gqa_paged_decode_swa_w1023_h8_kv2_d128_ps16), as a const axis
     window_left and in its reference, with its sinks and soft-cap; one workload per distinct step, its page
-    table stored, its count and mode in the blob's metadata so that import-fib gives the trace back."""
+    table stored, its count and mode in the blob's metadata so that import-fib gives the trace back.  Steps
+    with no such definition (ragged storage, no window, chunked or non-causal) are left out, each named."""
     from swabench.inputs import fib
 
     result = fib.export(source, out, replace=force)
     for d in result.definitions:
         click.echo(f"{d.name}: {_n(d.count, 'workload')} ({_n(d.steps, 'step')}): {_shown(d.definition)}, "
                    f"{_shown(d.workloads)}")
+    for label, count, why in result.left_out:
+        click.echo(f"left out {label} ({_n(count, 'step')}): {why}", err=True)
     workloads = sum(d.count for d in result.definitions)
     click.echo(f"wrote {_shown(result.out)}: {_n(len(result.definitions), 'definition')}, {_n(workloads, 'workload')}, "
                f"{_n(sum(d.steps for d in result.definitions), 'step')}; "

@@ -69,6 +69,7 @@ class Exported:
     out: Path
     definitions: list[Written] = field(default_factory=list)
     checked: str = ""  # the flashinfer-bench release whose loaders read the folder back ("" when not installed)
+    left_out: list[tuple[str, int, str]] = field(default_factory=list)  # (step, its count, why) of steps not written
 
 
 @dataclass
@@ -92,13 +93,20 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     source, out = Path(trace_or_run), Path(out_dir)
     _check_out(out, source, replace)
     groups: dict[tuple, tuple[dict, list]] = {}  # layer type (analysis.replay's) and stage -> definition, steps
+    left_out = []
     for case, count in steps(source):
-        _check_exportable(case, source)
+        why = _not_exportable(case)
+        if why:
+            left_out.append((case.label, count, why))
+            continue
         key = (STAGES[case.mode], case.page_size, *(getattr(case, c) for c in LAYER_COLUMNS))
         groups.setdefault(key, (definition(case, source.name), []))[1].append((case, count))
+    if not groups:
+        raise FibError(f"{source}: no step to export: step {left_out[0][0]}: {left_out[0][2]}; export-fib writes "
+                       f"sliding-window layers on a paged cache")
     assert len({doc["name"] for doc, _ in groups.values()}) == len(groups), "two layer types, one name"
     files: dict[str, bytes] = {}
-    result = Exported(out)
+    result = Exported(out, left_out=left_out)
     for doc, members in sorted(groups.values(), key=lambda g: g[0]["name"]):
         def_name = doc["name"]
         doc["tags"] += sorted({f"model:{c.model}" for c, _ in members if c.model})
@@ -230,15 +238,14 @@ def _run_steps(folder: Path) -> list:
     return [(cases[c], int(n)) for c, n in trace["weights"].items()]
 
 
-def _check_exportable(case, source: Path) -> None:
-    why = ("ragged storage (the GQA paged definitions read a paged cache)" if case.storage != "paged" else
+def _not_exportable(case) -> str | None:
+    """Why a step has no GQA paged sliding-window definition, or None."""
+    return ("ragged storage (the GQA paged definitions read a paged cache)" if case.storage != "paged" else
            f"mode {case.mode} (a trace's modes are {', '.join(STAGES)})" if case.mode not in STAGES else
            f"chunked attention (attention_chunk {case.attention_chunk}), not a window" if case.attention_chunk else
            "non-causal (the definitions are causal)" if not case.causal else
            "no window (window_left -1): that layer is FlashInfer-Bench's own causal definition"
            if case.window_left < 0 else None)
-    if why:
-        raise FibError(f"{source}: step {case.label}: {why}; export-fib writes sliding-window layers only")
 
 
 def workload_uuid(case) -> str:
