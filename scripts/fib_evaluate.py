@@ -6,10 +6,12 @@ swabench's correct FlashInfer paths?  On a GPU node with flashinfer and flashinf
 1. TRACE (a trace or a replay's run folder) is exported with ``swabench export-fib``'s code into DIR (default: a
    temporary folder).
 2. FlashInfer-Bench's own evaluator: ``Benchmark(TraceSet, BenchmarkConfig(...)).run_all(dump_traces=False)`` over
-   the first N workloads of each definition, with one Solution per definition built from the definition's own
-   reference (Python, value-returning, ``main.py::run``).  FlashInfer-Bench builds the reference, draws the random
-   inputs, loads the stored page tables and compares: one row per workload with its status and max abs error.  It
-   holds the reference against itself, so this shows the folder loads, builds and runs there, not that it is right.
+   the first N workloads of each definition, with two Solutions per definition (Python, value-returning,
+   ``main.py::run``): swabench's correct FlashInfer path for the layer (``flashinfer_solution``: the paged prefill
+   wrapper planned with ``window_left``, or the sink wrapper, fa2, output and base-2 lse), and the definition's own
+   reference (which shows the folder loads, builds and runs there).  FlashInfer-Bench builds both, draws the
+   random inputs, loads the stored page tables, runs the definition's reference and compares each solution with
+   it: one row per solution and workload with its status and max abs error.
 3. Agreement: for the same workloads, swabench builds the step's tensors (``core.workloads``, the page table the
    blob holds), runs its first correct path of LIBRARY that takes the step (paged-window, decode-window or
    sink-window for flashinfer), and runs the definition's reference on the same tensors with the blob's index
@@ -35,11 +37,16 @@ COLUMNS = ["definition", "workload", "case_id", "steps", "check", "max_abs_diff"
 ATOL = RTOL = 1e-2
 
 
-def load_reference(source: str):
-    """The definition reference's ``run``."""
+def reference_scope(source: str) -> dict:
+    """The names a definition's reference defines (its ``run``, its constants)."""
     scope = {"__name__": "fib_reference"}
     exec(compile(source, "<definition reference>", "exec"), scope)
-    return scope["run"]
+    return scope
+
+
+def load_reference(source: str):
+    """The definition reference's ``run``."""
+    return reference_scope(source)["run"]
 
 
 def choose_path(case, library: str, device):
@@ -128,6 +135,52 @@ def swabench_rows(folder: Path, source, per_definition: int, library: str, devic
     return rows
 
 
+FLASHINFER_SOLUTION = '''"""swabench's correct FlashInfer path for {name}: {wrapper}, fa2, planned with window_left={window_left}."""
+import torch
+
+import flashinfer
+
+_workspace = {{}}
+
+
+def run({args}):
+    if q.device not in _workspace:
+        _workspace[q.device] = torch.empty(512 << 20, dtype=torch.uint8, device=q.device)
+    {qo_indptr}
+    wrapper = {construct}
+    host = [t.to("cpu", torch.int32) for t in (qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
+    wrapper.plan(*host, num_qo_heads={h}, num_kv_heads={kv}, head_dim_qk={d}, page_size={ps}, causal=True,
+                 window_left={window_left}, sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k_cache.dtype{cap})
+    return wrapper.run(q, (k_cache, v_cache){sinks}, return_lse=True)
+'''
+
+
+def flashinfer_solution(definition):
+    """A FlashInfer-Bench Solution that runs the layer as swabench's correct path does (paged-window, or
+    sink-window where the definition has sinks), written from the definition's constant axes and inputs."""
+    from flashinfer_bench.data import BuildSpec, Solution, SourceFile
+
+    axes = {k: a.value for k, a in definition.axes.items() if getattr(a, "value", None) is not None}
+    inputs = list(definition.inputs)
+    sinks = "sinks" in inputs
+    cap = reference_scope(definition.reference).get("LOGITS_SOFT_CAP", 0.0)
+    construct = ("flashinfer.BatchAttentionWithAttentionSinkWrapper(_workspace[q.device], \"NHD\", backend=\"fa2\", "
+                 f"q_data_type=q.dtype, kv_data_type=k_cache.dtype, head_dim_qk={axes['head_dim']}, "
+                 f"head_dim_vo={axes['head_dim']}, window_left={axes['window_left']})" if sinks else
+                 "flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace[q.device], \"NHD\", backend=\"fa2\")")
+    source = FLASHINFER_SOLUTION.format(
+        name=definition.name, wrapper="BatchAttentionWithAttentionSinkWrapper" if sinks else
+        "BatchPrefillWithPagedKVCacheWrapper", window_left=axes["window_left"], args=", ".join(inputs),
+        qo_indptr="" if "qo_indptr" in inputs else
+        "qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)  # decode: one query each",
+        construct=construct, h=axes["num_qo_heads"], kv=axes["num_kv_heads"], d=axes["head_dim"], ps=axes["page_size"],
+        cap=f", logits_soft_cap={cap!r}" if cap else "", sinks=", sinks, float(sm_scale)" if sinks else "")
+    return Solution(name=f"{definition.name}__swabench_flashinfer", definition=definition.name, author="swabench",
+                    spec=BuildSpec(language="python", target_hardware=["cuda"], entry_point="main.py::run",
+                                   destination_passing_style=False),
+                    sources=[SourceFile(path="main.py", content=source)])
+
+
 def reference_solution(definition):
     """A FlashInfer-Bench Solution whose source is ``definition``'s own reference (value-returning Python)."""
     from flashinfer_bench.data import BuildSpec, Solution, SourceFile
@@ -138,8 +191,9 @@ def reference_solution(definition):
                     sources=[SourceFile(path="main.py", content=definition.reference)])
 
 
-def fib_rows(folder: Path, source, per_definition: int) -> list[dict]:
-    """Step 2's rows: FlashInfer-Bench's Benchmark with each definition's reference as its solution."""
+def fib_rows(folder: Path, source, per_definition: int, makers=None) -> list[dict]:
+    """Step 2's rows: FlashInfer-Bench's Benchmark with the Solutions ``makers`` make of each definition (default:
+    swabench's FlashInfer path, then the definition's own reference)."""
     from flashinfer_bench import Benchmark, BenchmarkConfig
     from flashinfer_bench.data import TraceSet
 
@@ -147,7 +201,8 @@ def fib_rows(folder: Path, source, per_definition: int) -> list[dict]:
 
     full = TraceSet.from_path(str(folder))
     trace_set = TraceSet(root=full.root, definitions=full.definitions,
-                         solutions={name: [reference_solution(d)] for name, d in full.definitions.items()},
+                         solutions={name: [make(d) for make in makers or (flashinfer_solution, reference_solution)]
+                                    for name, d in full.definitions.items()},
                          workloads={name: full.workloads.get(name, [])[:per_definition] for name in full.definitions})
     benchmark = Benchmark(trace_set, BenchmarkConfig(warmup_runs=0, iterations=1, num_trials=1, profile_baseline=False))
     try:
@@ -161,7 +216,7 @@ def fib_rows(folder: Path, source, per_definition: int) -> list[dict]:
             ev = t.evaluation
             case_id, count = steps.get(t.workload.uuid, ("", ""))
             rows.append({"definition": name, "workload": t.workload.uuid, "case_id": case_id, "steps": count,
-                         "check": "flashinfer-bench evaluator (reference as solution)",
+                         "check": f"flashinfer-bench evaluator: {t.solution.split('__')[-1]}",
                          "max_abs_diff": ev.correctness.max_absolute_error if ev.correctness else "",
                          "pass": ev.status.value == "PASSED", "note": ev.status.value})
     return rows

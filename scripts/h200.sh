@@ -26,6 +26,10 @@
 #            (tests/fixtures/flashinfer-dump-VERSION), then `swabench replay` of that trace
 #   modes    serving.toml's modes-* groups: GPT-OSS-20B's layers with every wrapper built in CUDA-graph mode and
 #            plain (OUTDIR/h200-modes-VERSION: what graph mode costs)
+#   fib      scripts/fib_evaluate.py on the trace `replay-imported` makes (made here if it has not run): its steps
+#            exported as FlashInfer-Bench definitions (OUTDIR/fib-VERSION), FlashInfer-Bench's evaluator holding
+#            swabench's FlashInfer path and the reference to each definition's reference, and the reference against
+#            swabench's correct path on swabench's own tensors (OUTDIR/fib-eval-VERSION.csv); needs FIB=1's bundle
 #   edges-check  `swabench check edges` alone (the SGLang regression batches among them)
 #   decode-profile  default.toml's decode group under Nsight Systems (graph time against nsys, per point)
 #   peers-profile  peers.toml's decode steps (GPT-OSS-20B's 48-request step among them) under Nsight Systems:
@@ -98,6 +102,12 @@ for step in $steps; do
                sb import "tests/fixtures/flashinfer-dump-$v/dump" --out "$out/imported-$v.jsonl" 2>&1 | tail -8
                fresh_compile_cache
                ( time sb replay "$out/imported-$v.jsonl" --out "$out/h200-replay-imported-$v" ) 2>&1 | tail -40 ;;
+    fib)       v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
+               [ -f "$out/imported-$v.jsonl" ] || sb import "tests/fixtures/flashinfer-dump-$v/dump" \
+                   --out "$out/imported-$v.jsonl" 2>&1 | tail -3
+               ( time FIB_CACHE_PATH="$(mktemp -d)" python3 scripts/fib_evaluate.py "$out/imported-$v.jsonl" \
+                   "$out/fib-eval-$v.csv" --folder "$out/fib-$v" --per-definition 3 ) 2>&1 | tail -40
+               column -s, -t < "$out/fib-eval-$v.csv" | cut -c1-220 ;;
     evicted)   fresh_compile_cache
                ( time sb run evicted --out "$out/h200-evicted-run" ) 2>&1 | tail -25 ;;
     peers-profile)

@@ -313,11 +313,32 @@ def test_the_evaluation_scripts_rows_from_flashinfer_benchs_benchmark(tmp_path, 
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "cache"))
     trace = write(tmp_path / "t.jsonl", SMALL)
     fib.export(trace, tmp_path / "fib")
-    rows = evaluate.fib_rows(tmp_path / "fib", trace, 1)  # the first workload of each of the 2 definitions
+    # the first workload of each of the 2 definitions; FlashInfer's solution needs CUDA (tested for its source below)
+    rows = evaluate.fib_rows(tmp_path / "fib", trace, 1, makers=[evaluate.reference_solution])
     assert len(rows) == 2 and all(r["pass"] and r["note"] == "PASSED" and r["max_abs_diff"] == 0 for r in rows), rows
     assert {r["definition"] for r in rows} == {"gqa_paged_decode_swa_w15_h4_kv2_d64_ps16_sinks_cap30",
                                                "gqa_paged_prefill_swa_w9_h4_kv1_d64_ps4"}
     assert all(r["case_id"] and r["steps"] for r in rows)
+
+
+def test_the_flashinfer_solution_plans_the_definitions_window_and_hands_over_its_sinks(tmp_path, evaluate):
+    pytest.importorskip("flashinfer_bench")
+    import ast
+
+    from flashinfer_bench.data import Definition, load_json_file
+
+    fib.export(write(tmp_path / "t.jsonl", SMALL), tmp_path / "fib")
+    for path in sorted((tmp_path / "fib" / "definitions").rglob("*.json")):
+        d = load_json_file(Definition, path)
+        source = evaluate.flashinfer_solution(d).sources[0].content
+        ast.parse(source)
+        call = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+                    and getattr(n.func, "attr", "") == "plan")
+        keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords if isinstance(k.value, ast.Constant)}
+        assert keywords["window_left"] == d.axes["window_left"].value and keywords["causal"] is True
+        assert ("BatchAttentionWithAttentionSinkWrapper" in source) == ("sinks" in d.inputs)
+        assert ("logits_soft_cap=30.0" in source) == ("_cap30" in d.name)
+        assert f"def run({', '.join(d.inputs)}):" in source
 
 
 def test_flashinfer_benchs_own_definitions_take_the_window_from_the_preset(tmp_path):
