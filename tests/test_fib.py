@@ -11,7 +11,7 @@ import torch
 from conftest import invoke
 
 from swabench.core import reference, semantics, workloads
-from swabench.inputs import axes, fib, models, traces
+from swabench.inputs import axes, fib, fib_import, fib_reference, models, traces
 
 safetensors = pytest.importorskip("safetensors")  # the fib extra (.ci/run installs it)
 import safetensors.torch  # noqa: E402
@@ -48,7 +48,7 @@ def test_export_then_import_gives_the_trace_back(tmp_path, exported):
     text = ""
     for d in result.definitions:
         out = tmp_path / f"{d.name}.jsonl"
-        imported = fib.import_(tmp_path / "fib", d.name, preset_of(d.name), out)
+        imported = fib_import.import_(tmp_path / "fib", d.name, preset_of(d.name), out)
         assert imported.window_from == "definition" and imported.steps == d.steps
         text += out.read_text()
     back = traces.parse(text.encode())
@@ -73,7 +73,7 @@ def test_definitions_carry_the_window_and_features_in_their_names(exported):
         assert doc["axes"]["window_left"] == {**doc["axes"]["window_left"], "type": "const", "value": window}
         assert ("sinks" in doc["inputs"]) == d.name.endswith("_sinks")
     case = axes.make_case({"mode": "decode", "model": "gemma-2-2b", "prefix_len": 10})
-    assert fib.name(case).endswith("_cap50") and fib.reference(case).count("LOGITS_SOFT_CAP = 50.0") == 1
+    assert fib.name(case).endswith("_cap50") and fib_reference.reference(case).count("LOGITS_SOFT_CAP = 50.0") == 1
 
 
 def test_the_written_files_load_with_flashinfer_benchs_loaders(exported):
@@ -162,7 +162,7 @@ def test_a_replays_run_folder_exports_its_steps_and_counts(tmp_path):
     assert sum(d.count for d in result.definitions) == meta["distinct"]
     assert {d.name for d in result.definitions} == {"gqa_paged_decode_swa_w1023_h32_kv16_d128_ps16",
                                                     "gqa_paged_prefill_swa_w1023_h32_kv16_d128_ps16"}
-    text = "".join(fib.import_(tmp_path / "fib", d.name, "gemma-3-27b", tmp_path / f"{d.name}.jsonl").out.read_text()
+    text = "".join(fib_import.import_(tmp_path / "fib", d.name, "gemma-3-27b", tmp_path / f"{d.name}.jsonl").out.read_text()
                    for d in result.definitions)
     assert traces.weights(traces.parse(text.encode())) == meta["weights"]
 
@@ -370,7 +370,7 @@ def test_flashinfer_benchs_own_definitions_take_the_window_from_the_preset(tmp_p
             "q": {"type": "random"}, **inputs, "sm_scale": {"type": "scalar", "value": 0.0884}}}})
     (root / "workloads" / "gqa_paged").mkdir(parents=True)
     write(root / "workloads" / "gqa_paged" / f"{name}.jsonl", records)
-    result = fib.import_(root, name, "gpt-oss-20b", tmp_path / "back.jsonl")
+    result = fib_import.import_(root, name, "gpt-oss-20b", tmp_path / "back.jsonl")
     assert result.window_from == "preset" and (result.lines, result.steps) == (2, 2)
     lines = [json.loads(line) for line in (tmp_path / "back.jsonl").read_text().splitlines()]
     assert lines == [{"mode": "extend", "model": "gpt-oss-20b", "page_size": 1, "requests": [[295, 5], [0, 4]]},

@@ -63,13 +63,13 @@ def import_fib(fib_dir, definition, model, out, force):
     The window comes from PRESET: workloads do not carry it, and FlashInfer-Bench's own definitions carry no
     window, sinks or soft-cap (there the preset gives all three).  A definition export-fib wrote carries its
     window, sinks and soft-cap, and a preset that disagrees is refused."""
-    from swabench.inputs import fib
+    from swabench.inputs import fib_import
     from swabench.publish import outputs
 
     target = outputs.file_path(out, [fib_dir])
     if target.exists() and not force:
         raise InputError(f"--out: {target} exists (--force to overwrite it)")
-    result = fib.import_(fib_dir, definition, model, target)
+    result = fib_import.import_(fib_dir, definition, model, target)
     click.echo(f"wrote {_shown(target)}: {_n(result.lines, 'line')}, {_n(result.steps, 'step')} of {definition} as {model} "
                f"(window from the {result.window_from}): swabench replay {shlex.quote(_shown(target))}")
 

@@ -336,9 +336,35 @@ def plan_vs_kernel(table, meta):
     return fig
 
 
+def wrapper_modes(table, meta):
+    """What CUDA-graph mode costs: each path's kernel time with its wrappers built for capture / built plain, on
+    the same step, against the batch (one panel per step; above 1, graph mode is slower)."""
+    from swabench.analysis import wrapper_modes as modes
+
+    m = modes.pairs(table)
+    if m.empty:
+        return None
+    steps = [x for x in MODES if x in set(m["mode"])]
+    fig, axes = figure(meta, "CUDA-graph mode against plain wrappers: kernel time ratio (graph / plain)", 1,
+                       len(steps), size=(4.2, 4.0))
+    for ax, step in zip(axes[0], steps):
+        rows = m[m["mode"] == step]
+        for (impl, backend), g in rows.groupby(["impl", "backend"]):
+            line = g.groupby("batch_size")["cost"].median()
+            ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=4, label=f"{impl} [{backend}]",
+                    **look(impl))
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", title=step, xlabel="batch (requests)", ylabel="graph / plain kernel time")
+        log_x_ticks(ax, rows["batch_size"])
+        ax.grid(alpha=0.3, which="both")
+    legend_outside(fig, axes)
+    return fig
+
+
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backends, "decode": decode,
-           "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, **limits.FIGURES}
+           "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, "wrapper_modes": wrapper_modes,
+           **limits.FIGURES}
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:

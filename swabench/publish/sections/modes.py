@@ -51,19 +51,24 @@ def changes(run: Run) -> list[str]:
 
 
 def in_short(run: Run) -> list[str]:
-    """For the answers: per step, what graph mode costs (median and range over paths and batches), and the
-    steps whose fastest path it changes."""
+    """For the answers: per step and backend, what graph mode costs over the paths and batches timed both ways,
+    and the steps whose fastest path it changes (per step, and the largest change)."""
     m, f = wrapper_modes.pairs(run.table), wrapper_modes.fastest(run.table)
     if m.empty:
         return []
-    said = [f"- {mode}: {g['cost_us'].median():+.3g} us median ({g['cost_us'].min():+.3g} to {g['cost_us'].max():+.3g}) "
-            f"over {points(len(g))}, {g['cost'].median() - 1:+.0%} of the plain wrapper's time ({run.name})."
-            for mode in MODES if len(g := m[m["mode"] == mode])]
+    said = []
+    for mode in [x for x in MODES if x in set(m["mode"])]:
+        parts = [f"{backend} {g['cost_us'].median():+.3g} us median ({g['cost_us'].min():+.3g} to "
+                 f"{g['cost_us'].max():+.3g}, {points(len(g))}), {g['cost'].median():.2f}x the plain time"
+                 for backend, g in m[m["mode"] == mode].groupby("backend")]
+        said.append(f"- {mode}: {'; '.join(parts)} ({run.name}).")
     moved = f[f["changes"]]
-    said.append(f"- It changes the fastest correct path on {len(moved)} of {len(f)} steps"
-                + (": " + "; ".join(f"{row['case']} (graph `{row['graph_path']}` {micros(row['graph_us'])} us, plain "
-                                    f"`{row['plain_path']}` {micros(row['plain_us'])} us)" for _, row in moved.iterrows())
-                   if len(moved) else "") + f" ({run.name}).")
+    per_step = ", ".join(f"{mode} {int(g['changes'].sum())} of {len(g)}" for mode, g in f.groupby("mode", sort=False))
+    worst = moved.loc[(moved["graph_us"] / moved["plain_us"]).idxmax()] if len(moved) else None
+    said.append(f"- It changes the fastest correct path on {len(moved)} of {len(f)} steps ({per_step})"
+                + (f"; the most on {worst['case']}: `{worst['graph_path']}` {micros(worst['graph_us'])} us in CUDA-graph "
+                   f"mode, `{worst['plain_path']}` {micros(worst['plain_us'])} us plain" if worst is not None else "")
+                + f" ({run.name}).")
     return said
 
 
