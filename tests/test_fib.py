@@ -13,7 +13,7 @@ from conftest import invoke
 from swabench.core import reference, semantics, workloads
 from swabench.inputs import axes, fib, fib_import, fib_reference, models, traces
 
-safetensors = pytest.importorskip("safetensors")  # the fib extra (.ci/run installs it)
+safetensors = pytest.importorskip("safetensors")  # the test and fib extras install it
 import safetensors.torch  # noqa: E402
 
 GPT = {"model": "gpt-oss-20b"}  # sinks, window_left 127, 64/8 heads, head_dim 64

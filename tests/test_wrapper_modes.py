@@ -49,3 +49,16 @@ def test_the_section_shows_both_times_and_says_nothing_without_plain_points():
     assert len(shown) == 4 and set(shown["graph / plain"]) >= {"1.28", "1.46"}
     graph_only = table()[lambda t: t["wrapper_mode"] == "cuda-graph"]
     assert section.for_run(Run("r", graph_only, {})) == [] and in_short(Run("r", graph_only, {})) == []
+
+
+def test_the_figure_draws_one_line_per_path_and_nothing_without_plain_points(tmp_path):
+    from swabench.publish import plots
+    from swabench.publish.style import save
+
+    meta = {"gpu": "H200", "libraries": {"flashinfer": "0.7.4"}}
+    with plots.quiet():
+        fig = plots.wrapper_modes(table(), meta)
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert {"decode-tc-trim [fa2]", "decode-trim [fa2]"} <= labels and "paged-window [fa2]" not in labels
+    assert save(fig, tmp_path, "wrapper_modes")[0].stat().st_size > 10_000
+    assert plots.wrapper_modes(table()[lambda t: t["wrapper_mode"] == "cuda-graph"], meta) is None

@@ -22,7 +22,8 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
-                    "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph"}  # a case at these values keeps the id it had before the axis existed
+                    "causal": True, "attention_chunk": 0,
+                    "wrapper_mode": "cuda-graph"}  # a case at these values keeps the id it had before the axis existed
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"

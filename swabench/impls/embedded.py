@@ -78,7 +78,7 @@ class BatchedSdpaRunner:
         self.index = index
         self.mask = None if bool(mask.all()) else mask
         self.layout = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
-                             + ("no mask" if self.mask is None else "boolean mask"))
+                       + ("no mask" if self.mask is None else "boolean mask"))
 
     def run(self) -> None:
         w, c = self.w, self.w.case

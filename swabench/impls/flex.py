@@ -222,7 +222,7 @@ class BatchedFlex(FlexRunner):
             f"keys in place ({c.storage}), key block {self.kv_block}" + \
             (" = page" if c.storage == "paged" and self.kv_block == w.page_size else "")
         self.layout = (f"{self.queries.label}, {keys}, query block {self.q_block}; Inductor's {kernel} kernel, "
-                             f"{options} kernel_options")
+                       f"{options} kernel_options")
 
     def _prepare(self, first: bool) -> None:
         if first:

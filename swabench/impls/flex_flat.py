@@ -22,7 +22,7 @@ class FlatFlex(FlexRunner):
         super().__init__(w)
         group = w.case.gqa_group
         self.layout = (f"one sequence of {len(w.q)} queries over the storage's rows, query block "
-                             f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
+                       f"{q_block_size(len(w.q), group)}, key block {SPARSE_BLOCK}, default kernel_options")
 
     def _prepare(self, first: bool) -> None:
         """The slot lookups and the block mask, at every plan."""

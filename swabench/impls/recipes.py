@@ -149,8 +149,8 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
 
     extra = {"visibility": visibility} if visibility else {}
     register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
-                            backends=fi.BACKENDS, modes=("extend",), wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_extend_unsupported,
-                            available=EXTEND_API, **extra), __name__)
+                            backends=fi.BACKENDS, modes=("extend",), wrapper_modes=WRAPPER_MODES, needs_cuda=True,
+                            unsupported=_extend_unsupported, available=EXTEND_API, **extra), __name__)
 
 
 def _nomask_visibility(window_left, prefix_len, page_size):

@@ -278,14 +278,16 @@ def scenario_dirs() -> list[Path]:
 
 
 def select(scenario: Scenario, cases) -> Scenario:
-    """Keep the points whose case id starts with, whose label contains, or whose [[sweep]] group is one of ``cases``."""
+    """Keep the points whose case id starts with, whose label contains, or whose [[sweep]] group is, one of
+    ``cases``."""
     if not cases:
         return scenario
     keep = [p for p in scenario.points if any(p.case.case_id.startswith(c) or c in p.case.label or c == p.group
                                               for c in cases)]
     if not keep:
         raise ScenarioError(scenario.path, "--case", f"no case of {scenario.name} matches {', '.join(cases)} "
-                                                     f"(give a case_id prefix, part of a label or a group, see `swabench show`)")
+                                                     f"(give a case_id prefix, part of a label or a group, see "
+                                                     f"`swabench show`)")
     scenario.points = keep
     return scenario
 
