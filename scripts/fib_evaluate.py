@@ -13,8 +13,8 @@ swabench's correct FlashInfer paths?  On a GPU node with flashinfer and flashinf
    random inputs, loads the stored page tables, runs the definition's reference and compares each solution with
    it: one row per solution and workload with its status and max abs error.
 3. Agreement: for the same workloads, swabench builds the step's tensors (``core.workloads``, the page table the
-   blob holds), runs its first correct path of LIBRARY that takes the step (paged-window, decode-window or
-   sink-window for flashinfer), and runs the definition's reference on the same tensors with the blob's index
+   blob holds), runs its first correct path of LIBRARY that takes the step (in registration order: paged-window,
+   or sink-window on a sink layer, for flashinfer), and runs the definition's reference on the same tensors with the blob's index
    tensors: max abs difference of the output, pass at atol = rtol = 1e-2 (FlashInfer-Bench's rule: an element
    fails where both its absolute and its relative error exceed them).
 
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.folder or Path(tmp) / "fib")
-        exported = fib.export(args.source, folder)
+        exported = fib.export(args.source, folder, replace=True)  # the script's own folder, made again
         print(f"exported {len(exported.definitions)} definitions to {folder}", file=sys.stderr)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rows = []

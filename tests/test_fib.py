@@ -23,6 +23,7 @@ STEPS = [{"mode": "decode", **GPT, "requests": [[200, 1], [17, 1]], "count": 5},
          {"mode": "verify", **GPT, "requests": [[300, 4], [129, 4]], "count": 2},
          {"mode": "decode", **GPT, "model_features": False, "requests": [[130, 1]], "count": 4},
          {"mode": "decode", **GEMMA, "requests": [[1500, 1], [3, 1]], "count": 3},
+         {"mode": "decode", **GEMMA, "wrapper_mode": "plain", "requests": [[1500, 1], [3, 1]], "count": 2},
          {"mode": "extend", **GEMMA, "requests": [[1100, 30]], "count": 7},
          {"mode": "extend", **GEMMA, "page_layout": "contiguous", "seed": 3, "requests": [[20, 5]], "count": 11}]
 
@@ -172,10 +173,14 @@ def test_the_commands_say_what_they_wrote_and_refuse_to_overwrite(tmp_path):
     out = tmp_path / "fib"
     first = invoke("export-fib", trace, "--out", out)
     assert first.exit_code == 0, first.output
-    assert "5 definitions, 7 workloads, 33 steps" in first.output and "gqa_paged_decode_swa_w127_h64" in first.output
+    assert "5 definitions, 8 workloads, 35 steps" in first.output and "gqa_paged_decode_swa_w127_h64" in first.output
     again = invoke("export-fib", trace, "--out", out)
     assert again.exit_code == 2 and "exists and is not empty (--force" in again.output
     assert invoke("export-fib", trace, "--out", out, "--force").exit_code == 0
+    (out / "solutions").mkdir()  # a FlashInfer-Bench evaluation's: --force never removes what it did not write
+    kept = invoke("export-fib", trace, "--out", out, "--force")
+    assert kept.exit_code == 2 and "holds solutions, which export-fib does not write" in kept.output
+    assert (out / "solutions").is_dir()
     name = f"gqa_paged_prefill_swa_w{models.get('gemma-3-4b').window_left}_h8_kv4_d256_ps16"
     target = tmp_path / "back.jsonl"
     done = invoke("import-fib", out, "--definition", name, "--model", "gemma-3-4b", "--out", target)
@@ -377,3 +382,16 @@ def test_flashinfer_benchs_own_definitions_take_the_window_from_the_preset(tmp_p
                      {"mode": "extend", "model": "gpt-oss-20b", "page_size": 1, "requests": [[76, 1]]}]
     (case,) = {axes.make_case(s.axes()) for s in list(traces.read(tmp_path / "back.jsonl"))[:1]}
     assert case.window_left == models.get("gpt-oss-20b").window_left and case.sinks  # the preset, as served
+
+
+def test_a_blob_whose_metadata_is_not_a_step_is_exit_2_naming_the_blob(tmp_path, exported):
+    trace, result = exported
+    d = result.definitions[0]
+    record = json.loads(d.workloads.read_text().splitlines()[0])
+    blob = tmp_path / "fib" / record["workload"]["inputs"]["kv_indptr"]["path"]
+    tensors = safetensors.torch.load_file(blob)
+    safetensors.torch.save_file(tensors, blob, metadata={fib.META: json.dumps({"count": "three", "mode": "decode"})})
+    out = invoke("import-fib", tmp_path / "fib", "--definition", d.name, "--model", preset_of(d.name),
+                 "--out", tmp_path / "back.jsonl")
+    assert out.exit_code == 2 and "count 'three'" in out.output and ".jsonl: line 1:" in out.output, out.output
+    assert not (tmp_path / "back.jsonl").exists()

@@ -243,6 +243,12 @@ def test_a_table_from_before_the_wrapper_mode_axis_keeps_its_layouts_apart_from_
     assert table["wrapper"].tolist() == ["prefill", "flex"]
     new = pd.DataFrame({"impl": ["paged-window"], "wrapper_mode": ["plain"], "layout": ["plain"]})
     assert schema.migrate_table(new.copy())[list(new.columns)].equals(new)
+    # a folder resumed across the change: its old rows described in wrapper_mode, its new rows with a layout
+    resumed = pd.DataFrame({"impl": ["flex-window", "torch-trim", "paged-window"],
+                            "wrapper_mode": ["batch 1 x 1 queries", None, "plain"], "layout": [None, None, "plain"]})
+    table = schema.migrate_table(resumed)
+    assert table["wrapper_mode"].tolist() == ["cuda-graph", "cuda-graph", "plain"]
+    assert table["layout"].tolist()[::2] == ["batch 1 x 1 queries", "plain"] and table["layout"].isna()[1]
 
 
 def test_a_frozen_run_of_the_first_format_reads_with_every_column():

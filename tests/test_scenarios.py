@@ -219,3 +219,11 @@ def test_wrapper_mode_makes_plain_points_of_the_wrapper_paths_alone(tmp_path):
     with pytest.raises(ScenarioError) as err:
         parse(BASE + 'wrapper_mode = "eager"\n', tmp_path, "bad.toml")
     assert err.value.field == "sweep[0].wrapper_mode" and "cuda-graph, plain" in str(err.value)
+
+
+def test_case_selects_a_sweep_group_by_its_name():
+    s = scenarios.select(scenarios.load(scenarios.find("serving")), ["modes-verify", "modes-extend"])
+    assert {p.group for p in s.points} == {"modes-verify", "modes-extend"}
+    assert {p.case.mode for p in s.points} == {"verify", "extend"} and {p.case.model for p in s.points} == {"gpt-oss-20b"}
+    with pytest.raises(ScenarioError, match="part of a label or a group"):
+        scenarios.select(scenarios.load(scenarios.find("serving")), ["modes-prefill"])

@@ -23,6 +23,7 @@ def table():
         row("decode-tc-trim", "fa2", 9.0, batch=1), row("decode-tc-trim", "fa2", 9.5, batch=1, wrapper_mode="plain"),
         row("decode-trim", "fa2", 10.0, batch=1), row("decode-trim", "fa2", 12.0, batch=1, wrapper_mode="plain"),
         row("paged-window", "fa2", 5.0, batch=16),  # a step timed one way only pairs with nothing
+        row("torch-batch", "torch", 1.0),  # nor does a path without a plain mode, however fast
         row("decode-trim", "fa2", 1.0, batch=1, wrapper_mode="plain", status="fail")])
 
 

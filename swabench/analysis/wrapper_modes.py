@@ -22,13 +22,14 @@ def step_key(table: pd.DataFrame) -> pd.Series:
 
 
 def timed_both_ways(table: pd.DataFrame) -> pd.DataFrame:
-    """The correct points that passed and were timed, with their ``step``, where the run timed steps both ways."""
+    """The correct points that passed and were timed, with their ``step``, of each path timed on its step in both
+    modes (a path without a wrapper has no plain point, so it is left out of both)."""
     if "wrapper_mode" not in table.columns or not {GRAPH, PLAIN} <= set(table["wrapper_mode"]):
         return table.iloc[0:0]
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
     t = t.assign(step=step_key(t))
-    both = t.groupby("step")["wrapper_mode"].nunique()
-    return t[t["step"].isin(both[both == 2].index)]
+    both = t.groupby(["step", "impl", "backend"])["wrapper_mode"].transform("nunique") == 2
+    return t[both]
 
 
 def pairs(table: pd.DataFrame) -> pd.DataFrame:

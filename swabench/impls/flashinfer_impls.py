@@ -5,11 +5,9 @@ One runner covers them all; a Variant says what differs: paged or ragged storage
 ``window_left`` reaches ``plan()``, whether the window is a custom mask instead, where the page
 table starts and ends (trimming, or a table cut at the wrong end), whether ``run`` goes through the
 deprecated ``forward``, the decode wrapper (CUDA-core or tensor-core kernel), and the sink wrapper
-or sinks handed to a wrapper that drops them.  A case's ``wrapper_mode`` says how the wrapper is built:
-in CUDA-graph mode (fixed buffers sized for the workload, its schedule padded for any batch of this
-size), as a server capturing decode and verify builds it, or plain, as its uncaptured prefill does.
-Either way the very object that passes the gate is captured and timed: a plain wrapper's ``run()``
-may be captured as long as nothing plans it again.
+or sinks handed to a wrapper that drops them.  The case's ``wrapper_mode`` builds the wrapper for CUDA-graph
+capture (fixed buffers, a schedule padded for any batch of the size) or plain; either way the very object
+that passes the gate is captured and timed (a plain ``run()`` may be, while nothing plans it again).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class SGLangExtendRunner:
         self.wrappers = {part: make(ws.workspace(dev, ws.WORKSPACE_BYTES)) for part, make in self._new.items()}
         self.sizes = dict.fromkeys(self.wrappers, ws.WORKSPACE_BYTES)
         self.workspace_mib: int | None = None
-        self.layout = c.wrapper_mode
+        self.layout = f"{c.wrapper_mode}: ragged (new x new) + paged (new x trimmed prefix) + merge_state_in_place"
 
     def prefix_visibility_mask(self) -> torch.Tensor:
         """``_build_swa_prefix_custom_mask``: each request's [qo, kept prefix] rows, flattened."""

@@ -161,7 +161,7 @@ class Implementation:
         if self.requires - case.features:
             return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
         if case.wrapper_mode not in self.wrapper_modes:
-            return f"builds its {self.family} as {' or '.join(self.wrapper_modes)}, not {case.wrapper_mode}"
+            return f"has no wrapper to build {case.wrapper_mode} (wrapper_mode is how FlashInfer's wrappers are built)"
         if not case.causal and not self.noncausal:
             return "takes causal windows only"
         if case.attention_chunk and not self.chunked:

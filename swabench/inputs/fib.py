@@ -20,7 +20,7 @@ the reference) where the layer has them.
   ``scalar``.
 
 FlashInfer-Bench has no notion of how often a step occurs, nor of extend against verify.  So each step is
-one workload, and its count, mode, page layout and seed ride in its blob's safetensors metadata under
+one workload, and its count, mode, page layout, seed and wrapper mode ride in its blob's safetensors metadata under
 ``"swabench"`` (FlashInfer-Bench loads tensors by key and never reads the metadata, nor rewrites a blob):
 ``fib_import.import_`` then gives the trace back step for step, count for count.  A workload without that metadata
 (one of FlashInfer-Bench's own) is one step: decode, or extend for prefill.
@@ -43,8 +43,8 @@ from swabench.inputs.fib_reference import STAGES, reference
 
 OP_TYPE = "gqa_paged"
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float8_e4m3": "float8_e4m3fn"}
-LAYOUT = ("definitions", "workloads", "blob", "solutions", "traces")  # what a FlashInfer-Bench folder holds
-META = "swabench"  # the blob metadata key of a step's count, mode, page layout and seed
+LAYOUT = ("definitions", "workloads", "blob")  # what export writes, and all that --force replaces
+META = "swabench"  # the blob metadata key of a step's count, mode, page layout, seed and wrapper mode
 NAMESPACE = uuid.UUID("6f1c1f0e-5b0a-4c38-9d7e-7a4f2f1e9b10")  # workload uuids: the same step, the same uuid
 
 
@@ -103,7 +103,6 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     if not groups:
         raise FibError(f"{source}: no step to export: step {left_out[0][0]}: {left_out[0][2]}; export-fib writes "
                        f"sliding-window layers on a paged cache")
-    assert len({doc["name"] for doc, _ in groups.values()}) == len(groups), "two layer types, one name"
     files: dict[str, bytes] = {}
     result = Exported(out, left_out=left_out)
     for doc, members in sorted(groups.values(), key=lambda g: g[0]["name"]):
@@ -138,8 +137,9 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
             raise FibError(f"--out {out} exists and is not empty (--force to replace it)")
         other = sorted(p.name for p in out.iterdir() if p.name not in LAYOUT)
         if other:
-            raise FibError(f"--out {out} holds {', '.join(other[:3])}, which is not FlashInfer-Bench's layout "
-                           f"({', '.join(LAYOUT)}): not replacing it; give another folder")
+            raise FibError(f"--out {out} holds {', '.join(other[:3])}, which export-fib does not write (it writes "
+                           f"{', '.join(LAYOUT)}): not replacing it (a FlashInfer-Bench evaluation's solutions or "
+                           f"traces would be lost); give another folder")
 
 
 def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
@@ -345,4 +345,6 @@ def _step_meta(case, count: int) -> dict:
         meta["page_layout"] = case.page_layout
     if case.seed != axes.DEFAULTS["seed"]:
         meta["seed"] = case.seed
+    if case.wrapper_mode != axes.DEFAULTS["wrapper_mode"]:
+        meta["wrapper_mode"] = case.wrapper_mode
     return meta

@@ -25,13 +25,16 @@ def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
     for file, n, workload in _workload_records(root, definition):
         requests, meta = _requests(root, file, n, workload, stage, doc)
         _check_scale(file, n, workload, layer, model, window_from)
-        count = int(meta.get("count", 1))
-        line = {"mode": meta.get("mode", stage if stage == "decode" else "extend"), **layer,
-                **{k: meta[k] for k in ("page_layout", "seed") if k in meta}, "requests": requests}
+        count, mode = meta.get("count", 1), meta.get("mode", stage if stage == "decode" else "extend")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1 or mode not in traces.MODES:
+            raise FibError(f"{file}: line {n}: its blob's {META} metadata says count {count!r}, mode {mode!r}: a "
+                           f"count is an integer >= 1 and a mode one of {', '.join(traces.MODES)}")
+        line = {"mode": mode, **layer, **{k: meta[k] for k in ("page_layout", "seed", "wrapper_mode") if k in meta},
+                "requests": requests}
         lines.append(json.dumps({**line, **({"count": count} if count != 1 else {})}))
         steps += count
     text = "\n".join(lines) + "\n"
-    traces.parse(text.encode(), out or "<import-fib>")  # what replay will read, checked before it is written
+    traces.parse(text.encode(), f"{root} ({definition})")  # what replay will read, checked before it is written
     if out is not None:
         from swabench.store import run_folder
 

@@ -7,6 +7,8 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 
 from __future__ import annotations
 
+from swabench.core.cases import WRAPPER_MODES
+
 FORMAT_VERSION = 8
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
@@ -100,14 +102,20 @@ def migrate_table(df):
     How the runner laid out its call ("cuda-graph, uniform_q_len=4", a FlexAttention kernel's blocks) is
     ``layout``; before version 8 it was ``wrapper_mode``, and before version 3 ``wrapper`` (now the
     wrapper family).  ``wrapper_mode`` is the case's axis since version 8: every earlier run built its
-    wrappers in CUDA-graph mode.  Tables from before the serving axes get
+    wrappers in CUDA-graph mode.  Row by row, since a folder resumed across the change holds both kinds.  Tables from before the serving axes get
     their values where every case had them: no sinks, no soft-cap, the queries' dtype in the cache,
     and head_dim ** -0.5.  Names an implementation had before a later format renamed it are the
     folder's business (``renamed_impls``): a table alone does not say its version."""
+    df = df.copy()
+    if "wrapper_mode" not in df.columns and "wrapper" in df.columns and "layout" not in df.columns:
+        df = df.rename(columns={"wrapper": "wrapper_mode"})  # before version 3
     if "layout" not in df.columns:
-        old = "wrapper_mode" if "wrapper_mode" in df.columns else "wrapper"
-        df = df.rename(columns={old: "layout"})
-        df["wrapper_mode"] = "cuda-graph"
+        df["layout"] = None
+    if "wrapper_mode" not in df.columns:
+        df["wrapper_mode"] = None
+    described = df["wrapper_mode"].notna() & ~df["wrapper_mode"].isin(WRAPPER_MODES)  # a row from before version 8
+    df.loc[described, "layout"] = df.loc[described, "wrapper_mode"]
+    df["wrapper_mode"] = df["wrapper_mode"].where(df["wrapper_mode"].isin(WRAPPER_MODES), "cuda-graph")
     if df.empty:
         return df
     fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0}
