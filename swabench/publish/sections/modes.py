@@ -26,15 +26,17 @@ def modes_table(run: Run) -> pd.DataFrame:
 
 
 def cost_said(run: Run) -> list[str]:
-    """Per step and batch: the median cost of graph mode over the paths timed both ways."""
+    """Per step, backend and batch: the median cost of graph mode over the paths timed both ways."""
     m = wrapper_modes.pairs(run.table)
     if m.empty:
         return []
     said = []
     for mode in [x for x in MODES if x in set(m["mode"])]:
-        per_batch = [f"batch {int(b)}: {g['cost_us'].median():+.3g} us ({g['cost'].median() - 1:+.0%})"
-                     for b, g in m[m["mode"] == mode].groupby("batch_size")]
-        said.append(f"- {mode}: graph mode against plain, median over the paths: {'; '.join(per_batch)} ({run.name}).")
+        for backend, g in m[m["mode"] == mode].groupby("backend"):
+            per_batch = [f"batch {int(b)}: {h['cost_us'].median():+.3g} us ({h['cost'].median() - 1:+.0%})"
+                         for b, h in g.groupby("batch_size")]
+            said.append(f"- {mode} [{backend}]: graph mode against plain, median over the paths: {'; '.join(per_batch)} "
+                        f"({run.name}).")
     return ["\n".join(said)]
 
 
@@ -44,7 +46,7 @@ def changes(run: Run) -> list[str]:
     if f.empty:
         return []
     moved = f[f["changes"]]
-    head = f"The fastest correct path is the same in both modes on {len(f) - len(moved)} of {len(f)} steps ({run.name})"
+    head = f"The fastest correct path differs between the two modes on {len(moved)} of {len(f)} steps ({run.name})"
     return [head + (":" if len(moved) else ".")] + [
         "\n".join(f"- {row['case']}: in CUDA-graph mode `{row['graph_path']}` {micros(row['graph_us'])} us, plain "
                   f"`{row['plain_path']}` {micros(row['plain_us'])} us." for _, row in moved.iterrows())]
