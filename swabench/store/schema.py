@@ -114,7 +114,8 @@ def migrate_table(df):
     if "wrapper_mode" not in df.columns:
         df["wrapper_mode"] = None
     described = df["wrapper_mode"].notna() & ~df["wrapper_mode"].isin(WRAPPER_MODES)  # a row from before version 8
-    df.loc[described, "layout"] = df.loc[described, "wrapper_mode"]
+    if described.any():
+        df["layout"] = df["layout"].astype(object).where(~described, df["wrapper_mode"])
     df["wrapper_mode"] = df["wrapper_mode"].where(df["wrapper_mode"].isin(WRAPPER_MODES), "cuda-graph")
     if df.empty:
         return df
