@@ -294,7 +294,7 @@ def definition(case, source: str = "") -> dict:
         inputs["sinks"] = {"shape": ["num_qo_heads"], "dtype": "float32",
                            "description": "Each head's sink logit: one more term of every softmax denominator, "
                                           "with no value."}
-    lse = "The 2-based log-sum-exp of the attention logits" + (" and the sink" if case.sinks else "") + "."
+    lse = "The base-2 log-sum-exp of the attention logits" + (" and the sink" if case.sinks else "") + "."
     features = "".join([", with one learned sink logit per head in every softmax denominator" * case.sinks,
                         f", logits soft-capped at {case.logits_soft_cap:g} (cap * tanh(logits / cap))"
                         * bool(case.logits_soft_cap)])

@@ -126,10 +126,10 @@ def price_said(run: Run) -> list[str]:
 
     blank = [f"\"{column}\" is blank: " + "; ".join(why) + f" ({run.name})."
              for column, why in price.blanks(run.table, run.meta).items()]
-    chosen = "; ".join(f"{layer} {mode}: " + (f"`{pick[0]}` [{pick[1]}]" if pick else "no one path passed every step")
-                       for (layer, mode), pick in sorted(price.picks(run.table, run.meta).items() if "trace" in run.meta
-                                                         else (),
-                                                         key=lambda kv: (kv[0][0] != "window", MODES.index(kv[0][1]))))
+    picked = price.picks(run.table, run.meta) if "trace" in run.meta else {}
+    chosen = "; ".join(f"{layer} {mode}: " + (f"`{picked[layer, mode][0]}` [{picked[layer, mode][1]}]"
+                                              if picked[layer, mode] else "no one path passed every step")
+                       for layer, mode in sorted(picked, key=lambda k: (k[0] != "window", MODES.index(k[1]))))
     return [f"`{p['model']}`: {p['windowed_layers']} windowed of {p['num_layers']} layers, {p['model_steps']} model "
             f"steps ({run.name}).", f"KV a request holds: {kv} ({run.name}).",
             *([f"One path per layer type and step: {chosen} ({run.name})."] if chosen else []), *blank]
