@@ -53,6 +53,7 @@ def fake_flashinfer(monkeypatch):
                                    BatchPrefillWithRaggedKVCacheWrapper=FakeWrapper,
                                    BatchDecodeWithPagedKVCacheWrapper=FakeWrapper,
                                    BatchAttentionWithAttentionSinkWrapper=FakeWrapper,
+                                   BatchDecodeWithAttentionSinkWrapper=FakeWrapper,
                                    merge_state_in_place=lambda *args: None)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(ws, "_shared", {})
@@ -500,3 +501,18 @@ def test_a_path_without_a_wrapper_has_no_plain_mode(impl):
     assert "has no wrapper to build plain" in registry.get(impl).skip_reason(c, registry.get(impl).runs_on(["fa2"])[0], None)
     assert not registry.get(impl).models("paged", "decode", frozenset(), "plain")
     assert registry.get("paged-window").models("paged", "decode", frozenset(), "plain")
+
+
+def test_the_decode_sink_wrapper_is_built_for_the_window_and_runs_with_the_sinks_and_the_scale():
+    wrapper, w = planned("sink-decode", mode="decode", qo_len=1, sinks=True, sm_scale=0.1)
+    assert wrapper.bufs["window_left"] == 31 and wrapper.bufs["head_dim_qk"] == 64 and "use_tensor_cores" not in wrapper.bufs
+    assert wrapper.kwargs["window_left"] == 31 and wrapper.kwargs["head_dim"] == 64 and len(wrapper.args) == 3
+    calls = []
+    runner = registry.get("sink-decode").make(w, "fa2")
+    runner.plan()
+    runner.wrapper.run = lambda *args, **kwargs: calls.append((args, kwargs))
+    runner.run()
+    (q, kv, sinks, scale), _ = calls[0]
+    assert sinks is w.sinks and scale == 0.1
+    impl = registry.get("sink-decode")
+    assert impl.modes == ("decode",) and impl.requires == frozenset({"sinks"}) and impl.family == "sink"

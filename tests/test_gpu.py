@@ -173,6 +173,8 @@ VERIFY = dict(mode="verify", draft_tokens=8, batch_size=4)
 SERVING = [  # (implementation, backends, shape): every serving path and each new axis, on the model's shape
     *[(impl, ("fa2", "fa3"), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": p})
       for impl in ("sink-window", "paged-sinks-dropped") for p in (300, 4000)],
+    *[("sink-decode", ("fa2", "fa3"), {**GPT_OSS, "mode": "decode", "batch_size": 8, "sinks": True, "prefix_len": p})
+      for p in (300, 4000)],
     ("torch-trim", ("torch",), {**VERIFY, **GPT_OSS, "sinks": True, "prefix_len": 4000}),
     *[(impl, ("fa2", "fa3"), {**VERIFY, **GEMMA2, "logits_soft_cap": 50.0, "prefix_len": 5000, "storage": storage})
       for impl, storage in (("paged-window", "paged"), ("paged-trim", "paged"), ("ragged-window", "ragged"))],

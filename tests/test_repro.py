@@ -59,6 +59,14 @@ EVERY_PATH = textwrap.dedent("""
     page_size = 4
     sinks = true
     [[sweep]]
+    group = "sinks-decode"
+    implementations = ["sink-decode"]
+    mode = "decode"
+    prefix_len = 20
+    window_left = 5
+    page_size = 4
+    sinks = true
+    [[sweep]]
     group = "extend"
     implementations = ["sglang-extend", "sglang-extend-nomask", "sglang-extend-ragged-nowindow"]
     mode = "extend"

@@ -1,13 +1,10 @@
-"""FlashInfer implementations (docs/serving-paths.md): every single-wrapper FlashInfer
-row, correct and known-bug (the engines' multi-wrapper recipes are in ``recipes``).
-
-One runner covers them all; a Variant says what differs: paged or ragged storage, whether
-``window_left`` reaches ``plan()``, whether the window is a custom mask instead, where the page
-table starts and ends (trimming, or a table cut at the wrong end), whether ``run`` goes through the
-deprecated ``forward``, the decode wrapper (CUDA-core or tensor-core kernel), and the sink wrapper
-or sinks handed to a wrapper that drops them.  The case's ``wrapper_mode`` builds the wrapper for CUDA-graph
-capture (fixed buffers, a schedule padded for any batch of the size) or plain; either way the very object
-that passes the gate is captured and timed (a plain ``run()`` may be, while nothing plans it again).
+"""FlashInfer implementations (docs/serving-paths.md): every single-wrapper FlashInfer row, correct and
+known-bug (the engines' multi-wrapper recipes are in ``recipes``).  One runner covers them all; a Variant says
+what differs: paged or ragged storage, whether ``window_left`` reaches ``plan()`` or a custom mask does, where
+the page table starts and ends, the deprecated ``forward``, the decode wrapper (CUDA-core or tensor-core
+kernel), the sink wrappers or sinks handed to a wrapper that drops them.  The case's ``wrapper_mode`` builds
+the wrapper for CUDA-graph capture (fixed buffers, a schedule padded for any batch of the size) or plain;
+either way the object that passed the gate is captured and timed (a plain ``run()`` may be, unplanned again).
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ from .flashinfer_workspace import MIB, WORKSPACE_BYTES, plan_in_workspace, resou
 from .registry import Implementation, Library, Unsupported, register, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
-# the decode wrapper's backends beyond those that run on Hopper: cuDNN's paged decode graph (both releases; it
-# needs the cuDNN frontend package); trtllm-gen and cute-dsl are Blackwell's
-CUDNN = "cudnn"
+CUDNN = "cudnn"  # cuDNN's paged decode graph, on Hopper the decode wrapper's one backend beyond fa2/fa3
 CUDA_CORE_BACKENDS = ("fa2", "auto", CUDNN)  # "auto": fa2's CUDA-core kernel on Hopper, cuDNN where its rule says
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -60,6 +55,7 @@ def jit_cache_dir() -> str | None:
     return str(env.FLASHINFER_JIT_DIR)
 
 
+SINK_WRAPPERS = {False: "BatchAttentionWithAttentionSinkWrapper", True: "BatchDecodeWithAttentionSinkWrapper"}
 SINK_HEAD_DIMS: dict[tuple, set[int]] = {}  # the sink wrapper's module name before 0.7.4 -> head_dims built here
 
 
@@ -110,7 +106,7 @@ def _needs(variant: Variant) -> list[tuple[str, str, str | None]]:
     if not variant.decode and not variant.mask:
         needs.append((cls, "plan", "window_left"))
     if variant.sinks == "apply":
-        needs = [("BatchAttentionWithAttentionSinkWrapper", "__init__", "window_left")]
+        needs = [(SINK_WRAPPERS[bool(variant.decode)], "__init__", "window_left")]
     if variant.sinks == "drop":
         needs.append((paged, "run", "sinks"))
     if variant.deprecated_forward:
@@ -186,7 +182,8 @@ class FlashInferRunner:
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         if variant.sinks == "apply":  # its JIT module is chosen at construction: the dtypes and the window
             SINK_HEAD_DIMS.setdefault(_sink_module(w.case, backend), set()).add(w.case.head_dim)
-            cls = flashinfer.BatchAttentionWithAttentionSinkWrapper
+            cls = getattr(flashinfer, SINK_WRAPPERS[bool(variant.decode)])
+            bufs.pop("use_tensor_cores", None)  # the decode sink wrapper always runs the tensor-core kernel
             bufs.update(q_data_type=w.dtype, kv_data_type=w.kv_dtype, head_dim_qk=w.case.head_dim,
                         head_dim_vo=w.case.head_dim, window_left=w.case.window_left)
         self._new_wrapper = lambda workspace: cls(workspace, "NHD", backend=backend, **bufs)
@@ -396,5 +393,8 @@ register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, t
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
+register_variant("sink-decode", "BatchDecodeWithAttentionSinkWrapper (0.7.4): the sink kernel through the tensor-core "
+                 "decode wrapper, plan(window_left=W), run(q, kv, sinks, sm_scale)",
+                 Variant("paged", decode="tensor-core", sinks="apply"), wrapper="sink")
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
                  "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))
