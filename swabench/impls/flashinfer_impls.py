@@ -393,8 +393,5 @@ register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, t
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
-register_variant("sink-decode", "BatchDecodeWithAttentionSinkWrapper (0.7.4): the sink kernel through the tensor-core "
-                 "decode wrapper, plan(window_left=W), run(q, kv, sinks, sm_scale)",
-                 Variant("paged", decode="tensor-core", sinks="apply"), wrapper="sink")
 register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
                  "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

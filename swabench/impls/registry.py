@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 KINDS = ("correct", "known-bug", "planted")
-MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat")  # each registers its implementations on import
+MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode")  # each registers its implementations on import
 
 
 class Unsupported(Exception):
