@@ -139,14 +139,27 @@ def missing_api(needs) -> Callable[[], str | None]:
     return check
 
 
-class FlashInferRunner:
-    """One wrapper, planned for one workload.
+def graph_buffers(w: workloads.Workload, paged: bool, mask_bytes: int | None = None) -> dict:
+    """A prefill wrapper's CUDA-graph mode: its fixed index buffers (and a custom mask's), sized for ``w``."""
+    b, dev, i32 = w.batch_size, w.device, torch.int32
+    bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+    if paged:
+        bufs.update(paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
+                    paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
+                    paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev))
+    else:
+        bufs.update(kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+    if mask_bytes is not None:
+        bufs.update(custom_mask_buf=torch.empty(mask_bytes, dtype=torch.uint8, device=dev),
+                    mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+    return bufs
 
-    ``graph_wrapper``: build the wrapper in CUDA-graph mode (what a server capturing verify/decode
-    steps uses; its planner must allow any batch of this size).  ``uniform_hint``: when every
-    request has the same query count, tell the planner (``uniform_q_len``, where the installed
-    FlashInfer has it) so fa2 sizes its query tile for it rather than for the ragged worst case.
-    """
+
+class FlashInferRunner:
+    """One wrapper, planned for one workload.  ``graph_wrapper``: built in CUDA-graph mode, as a server capturing
+    verify/decode builds it (its planner allows any batch of this size).  ``uniform_hint``: where every request
+    has the same query count, the planner is told (``uniform_q_len``, where the installed FlashInfer takes it), so
+    fa2 sizes its query tile for it rather than for the ragged worst case."""
 
     def __init__(self, w: workloads.Workload, backend: str, variant: Variant, graph_wrapper: bool = True,
                  uniform_hint: bool = True):
@@ -166,18 +179,8 @@ class FlashInferRunner:
                             paged_kv_indptr_buffer=torch.empty(b + 1, dtype=i32, device=dev),
                             paged_kv_indices_buffer=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
                             paged_kv_last_page_len_buffer=torch.empty(b, dtype=i32, device=dev))
-        elif graph_wrapper:  # fixed buffers sized for this workload, as CUDA-graph mode requires
-            bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
-            if paged:
-                bufs.update(paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                            paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
-                            paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev))
-            else:
-                bufs.update(kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
-            if variant.mask:
-                bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, w.kv_lens),
-                                                        dtype=torch.uint8, device=dev),
-                            mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+        elif graph_wrapper:
+            bufs = graph_buffers(w, paged, semantics.packed_mask_bytes(w.qo_lens, w.kv_lens) if variant.mask else None)
         cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         if variant.sinks == "apply":  # its JIT module is chosen at construction: the dtypes and the window

@@ -54,7 +54,7 @@ class SGLangExtendRunner:
         self.w, self.backend, self.prefix_mask, self.ragged_window = w, backend, prefix_mask, ragged_window
         self.resolved_backend = backend
         self.merge = flashinfer.merge_state_in_place
-        c, dev, i32, b = w.case, w.device, torch.int32, w.batch_size
+        c, dev = w.case, w.device
         total_q = sum(w.qo_lens)
         self.out = torch.empty_like(w.q)
         self.prefix_out = torch.empty_like(w.q)
@@ -65,17 +65,10 @@ class SGLangExtendRunner:
         self.new_slots = torch.cat([w.request_slots(i, k - q) for i, (q, k) in enumerate(zip(w.qo_lens, w.kv_lens))])
         self.starts = [semantics.trim_start(p, 0, c.window_left, w.page_size) for p in w.prefix_lens]
         graph = c.wrapper_mode == "cuda-graph"
-        ragged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                           kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev)) if graph else {}
-        paged_bufs = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                          paged_kv_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev),
-                          paged_kv_indices_buf=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
-                          paged_kv_last_page_len_buf=torch.empty(b, dtype=i32, device=dev)) if graph else {}
-        if prefix_mask and graph:
-            kept = [p - s for p, s in zip(w.prefix_lens, self.starts)]
-            paged_bufs.update(custom_mask_buf=torch.empty(semantics.packed_mask_bytes(w.qo_lens, kept),
-                                                          dtype=torch.uint8, device=dev),
-                              mask_indptr_buf=torch.empty(b + 1, dtype=i32, device=dev))
+        kept = [p - s for p, s in zip(w.prefix_lens, self.starts)]
+        ragged_bufs = fi.graph_buffers(w, paged=False) if graph else {}
+        paged_bufs = fi.graph_buffers(w, True, semantics.packed_mask_bytes(w.qo_lens, kept) if prefix_mask else None) \
+            if graph else {}
         self._new = {
             "ragged": lambda ws: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend,
                                                                                  **ragged_bufs),
