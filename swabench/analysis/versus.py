@@ -74,27 +74,34 @@ def plain(table: pd.DataFrame, chunked: bool = False) -> pd.DataFrame:
     return table[keep.astype(bool)]
 
 
+def twin_key(table: pd.DataFrame, axis: str) -> list[str]:
+    """Each row's case without ``axis``: its other axes and drawn lengths, so that two cases differing only in
+    ``axis`` (a feature on and off, the two wrapper modes) share a key."""
+    from dataclasses import fields
+
+    from swabench.core.cases import Case
+
+    key = [f.name for f in fields(Case) if f.name in table.columns and f.name != axis]
+    key += ["length_dist"] * ("length_dist" in table.columns)
+    return [repr(k) for k in zip(*(table[c] for c in key))]
+
+
 def feature_costs(table: pd.DataFrame) -> pd.DataFrame:
     """Each timed point whose case asks for a serving feature (sinks, a soft-cap, an fp8 cache) against
     its plain twin: the same shape with the feature off, through the same implementation and backend
     where that ran, else through the reference path of its storage on the same backend (the sink
     wrapper runs only cases with sinks).  One row per point: feature, twin_impl, twin_us, ratio."""
-    from dataclasses import fields
-
     import pandas as pd
 
-    from swabench.core.cases import Case
     from swabench.impls import registry
 
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
-    axes = [f.name for f in fields(Case) if f.name in t.columns]
     parts = []
     for feature, column in FEATURES.items():
         on = _feature_on(t, column)
         if not on.any() or on.all():
             continue
-        key = [a for a in axes if a != column] + ["length_dist"] * ("length_dist" in t.columns)
-        keyed = t.assign(_twin=[repr(k) for k in zip(*(t[c] for c in key))])
+        keyed = t.assign(_twin=twin_key(t, column))
         plain = keyed[~on][["_twin", "impl", "backend", "median_us"]].rename(
             columns={"median_us": "twin_us", "impl": "twin_impl"})
         asked = keyed[on]

@@ -3,22 +3,12 @@ fastest path of each step in each mode (a graph's padded schedule can cost one p
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pandas as pd
 
-from swabench.core.cases import WRAPPER_MODES, Case
+from swabench.analysis import versus
+from swabench.core.cases import WRAPPER_MODES
 
 GRAPH, PLAIN = WRAPPER_MODES
-
-
-def step_key(table: pd.DataFrame) -> pd.Series:
-    """Each row's step without its wrapper mode: the case's other axes, joined (the same in both modes)."""
-    names = [f.name for f in fields(Case) if f.name != "wrapper_mode" and f.name in table.columns]
-    missing = table[names].isna()
-    return pd.Series(["|".join("" if gone else str(v) for v, gone in zip(values, holes))
-                      for values, holes in zip(table[names].itertuples(index=False), missing.itertuples(index=False))],
-                     index=table.index, dtype=object)
 
 
 def timed_both_ways(table: pd.DataFrame) -> pd.DataFrame:
@@ -27,7 +17,7 @@ def timed_both_ways(table: pd.DataFrame) -> pd.DataFrame:
     if "wrapper_mode" not in table.columns or not {GRAPH, PLAIN} <= set(table["wrapper_mode"]):
         return table.iloc[0:0]
     t = table[(table["kind"] == "correct") & (table["status"] == "pass") & table["median_us"].notna()]
-    t = t.assign(step=step_key(t))
+    t = t.assign(step=versus.twin_key(t, "wrapper_mode"))
     both = t.groupby(["step", "impl", "backend"])["wrapper_mode"].transform("nunique") == 2
     return t[both]
 
