@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 
-from swabench.core import semantics
+from swabench.core import semantics, trees
 
 MODES = ("extend", "verify", "draft_extend", "decode")
 STORAGES = ("paged", "ragged")
@@ -23,7 +23,7 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
                     "causal": True, "attention_chunk": 0,
-                    "wrapper_mode": "cuda-graph"}  # a case at these values keeps the id it had before the axis existed
+                    "wrapper_mode": "cuda-graph", "tree": None}  # a case at these values keeps the id it had before the axis existed
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -109,10 +109,11 @@ def parse_accept(value) -> tuple[str, float]:
     raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
 
 
-def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str, attention_chunk: int = 0) -> frozenset[str]:
+def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str, attention_chunk: int = 0,
+                tree: str | None = None) -> frozenset[str]:
     """The serving features these axis values ask for (Case.features)."""
     asked = {"sinks": sinks, "soft_cap": bool(logits_soft_cap), "fp8_kv": str(cache_dtype).startswith("float8"),
-             "chunk": bool(attention_chunk)}
+             "chunk": bool(attention_chunk), "tree": tree is not None}
     return frozenset(name for name, on in asked.items() if on)
 
 
@@ -143,6 +144,7 @@ class Case:
     causal: bool = True  # False: a query sees every key of its request from p - W on, future ones too
     attention_chunk: int = 0  # C > 0: chunked local attention, a query sees its own chunk up to itself (no window)
     wrapper_mode: str = "cuda-graph"  # "plain": the wrapper built as a server's uncaptured prefill builds it
+    tree: str | None = None  # a verify block laid out as a draft tree (core.trees): 'chain', 'eagle:K:D', choices
 
     @property
     def scale(self) -> float:
@@ -160,8 +162,9 @@ class Case:
 
     @property
     def features(self) -> frozenset[str]:
-        """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv', 'chunk'."""
-        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype, self.attention_chunk)
+        """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv', 'chunk',
+        'tree'."""
+        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype, self.attention_chunk, self.tree)
 
     @property
     def sliding_window(self) -> int:
@@ -192,7 +195,8 @@ class Case:
     @property
     def label(self) -> str:
         ctx = f"p{length_label(self.prefix_len)}" if self.prefix_len is not None else f"s{length_label(self.seq_len)}"
-        q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "")
+        q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "") \
+            + (f" tree {trees.label(self.tree)}" if self.tree else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             + (f" {self.page_layout}" if str(self.page_layout).startswith("evicted") else "") \
             if self.storage == "paged" else "ragged"

@@ -43,6 +43,8 @@ class GateResult:
     probe_rel_l2: float  # probe inputs, worst row over every pass
     unwritten_rows: int  # rows still NaN after the call (any pass)
     reason: str  # why it failed ("" when it passed)
+    wrong_rows: int = 0  # query rows out of tolerance in some head, on random or probe inputs
+    rows_as_predicted: bool | None = None  # those rows are exactly the ones the semantics predicted (where given)
 
     def columns(self) -> dict:
         return asdict(self)
@@ -93,8 +95,10 @@ def run_checked(runner, w) -> _Errors:
 
 def _where(w, token: int, head: int) -> str:
     b = int(w.query_request[token])
-    return (f"request {b}, query {token - w.qo_indptr_host[b]} (position {int(w.query_position[token])}), "
-            f"head {head}")
+    i = token - w.qo_indptr_host[b]
+    where = f"position {int(w.query_position[token])}" if w.trees is None else \
+        f"slot {i}, depth {w.trees[b].depths[i]}, position {w.prefix_lens[b] + w.trees[b].depths[i]}"
+    return f"request {b}, query {i} ({where}), head {head}"
 
 
 def reads_evicted(runner, w) -> bool | None:
@@ -116,12 +120,14 @@ def reads_evicted(runner, w) -> bool | None:
         w.fill_random(w.case.seed)
 
 
-def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None) -> GateResult:
-    """Gate one planned runner on its workload; leaves fresh random data in the buffers."""
+def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None, predicted=None) -> GateResult:
+    """Gate one planned runner on its workload; leaves fresh random data in the buffers.  ``predicted``: a bool
+    per query row, the rows the semantics say this path gets wrong (a known mistake's)."""
     tol = tolerance or TOLERANCES[w.case.dtype]
     seed = w.case.seed if seed is None else seed
     w.fill_random(seed)
     rnd = run_checked(runner, w)
+    wrong = (rnd.row_rel_l2 > tol.row_rel_l2).any(dim=1)
     reasons = []
     if rnd.unwritten:
         reasons.append(f"{rnd.unwritten} output rows never written")
@@ -132,17 +138,21 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
         t, h = divmod(int(rnd.row_rel_l2.argmax()), w.case.num_qo_heads)
         reasons.append(f"random: row rel-L2 {worst_random:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     worst_probe, unwritten = 0.0, rnd.unwritten
-    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left, w.case.attention_chunk)):
+    tree = w.trees is not None
+    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left, w.case.attention_chunk, tree)):
         edge = probes.fill(w, s, seed)
         pr = run_checked(runner, w)
+        wrong |= (pr.row_rel_l2 > tol.row_rel_l2).any(dim=1)
         unwritten = max(unwritten, pr.unwritten)
         row_max = float(pr.row_rel_l2.max())
         if not row_max <= worst_probe:
             worst_probe = row_max
         if not row_max <= tol.row_rel_l2 and len(reasons) < 3:
             t, h = divmod(int(pr.row_rel_l2.argmax()), w.case.num_qo_heads)
-            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal, w.case.attention_chunk)
+            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal, w.case.attention_chunk, tree)
             reasons.append(f"probe ({name}): row rel-L2 {row_max:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     w.fill_random(seed)
+    as_predicted = None if predicted is None else bool((wrong.cpu() == predicted.cpu()).all())
     return GateResult(passed=not reasons, rel_l2=rnd.rel_l2, max_abs=rnd.max_abs, row_rel_l2=worst_random,
-                      probe_rel_l2=worst_probe, unwritten_rows=unwritten, reason="; ".join(reasons))
+                      probe_rel_l2=worst_probe, unwritten_rows=unwritten, reason="; ".join(reasons),
+                      wrong_rows=int(wrong.sum()), rows_as_predicted=as_predicted)

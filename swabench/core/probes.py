@@ -18,6 +18,13 @@ row so its peak logit is 0.  A soft-cap is then nearly linear where the answer i
 (cap * tanh(-16 / cap) is still about -16 nats at a cap of 50), and a sink logit of 0 takes half of
 every row, so a dropped sink moves it by O(1).  No randomness, so no row is ever left untested by
 chance; heads and passes rotate the four edges so every row meets all four.
+
+A row is tuned to one key *column* (q = f(target), k = f(column)), so an edge may sit anywhere a row's
+definition puts it.  On a draft tree the window edges count from the node's position (``prefix + depth``) and
+land on the cached key, or the ancestor, at that position: a path that measures the window from the node's
+slot instead loses the window-edge key of every node whose slot is past its depth.  The near edges count
+from the node's own column, and a fifth edge tunes a row to the last draft key before it that is not its
+ancestor (a sibling or a cousin), which a path without the tree mask lets in.
 """
 
 from __future__ import annotations
@@ -30,17 +37,20 @@ SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, 
 SHIFT = 1  # the feature sin(pi x): zero at every integer, so free to carry the shift
 
 
-def edges(window_left: int, causal: bool = True, chunk: int = 0) -> list[tuple[int, str, bool]]:
-    """(distance p - j a row is tuned to, name, whether the distance counts from the row's chunk start
-    rather than from the row) for every edge the window has.  Without ``causal`` the first future key is
-    visible: a row tuned to it catches a path that drops future keys.  Under chunked attention the edges
-    are the chunk's first key and the key before it, at a distance that moves with the row."""
-    near = [(-1, "future key" if causal else "future key (visible)", False), (0, "diagonal", False)]
+def edges(window_left: int, causal: bool = True, chunk: int = 0, tree: bool = False) -> list[tuple[int, str, str]]:
+    """(distance a row is tuned to, name, what the distance counts from) for every edge the window has: 'position'
+    (the row's position: ``prefix + depth`` on a tree), 'slot' (the row's own key), 'chunk' (the row's chunk
+    start) or 'cousin' (the last draft key before the row that is not its ancestor).  Without ``causal`` the
+    first future key is visible: a row tuned to it catches a path that drops future keys.  Under chunked
+    attention the edges are the chunk's first key and the key before it."""
+    near = [(-1, "future key" if causal else "future key (visible)", "slot"), (0, "diagonal", "slot")]
+    if tree:
+        near.append((0, "non-ancestor", "cousin"))
     if chunk > 0:
-        return [(1, "before chunk", True), (0, "chunk start", True)] + near
+        return [(1, "before chunk", "chunk"), (0, "chunk start", "chunk")] + near
     if window_left < 0:
         return near
-    return [(window_left + 1, "outside window", False), (window_left, "window edge", False)] + near
+    return [(window_left + 1, "outside window", "position"), (window_left, "window edge", "position")] + near
 
 
 def frequencies_needed(max_kv_len: int, window_left: int) -> int:
@@ -75,16 +85,64 @@ def profile(x: torch.Tensor, n_freq: int) -> torch.Tensor:
     return sum(torch.cos(torch.remainder(x, 2 ** (i + 1)).double() * (math.pi / 2 ** i)) for i in range(n_freq))
 
 
-def passes(num_qo_heads: int, window_left: int, chunk: int = 0) -> int:
+def passes(num_qo_heads: int, window_left: int, chunk: int = 0, tree: bool = False) -> int:
     """Probe passes needed so that every row meets every edge in some head."""
-    return math.ceil(len(edges(window_left, chunk=chunk)) / num_qo_heads)
+    return math.ceil(len(edges(window_left, chunk=chunk, tree=tree)) / num_qo_heads)
+
+
+def _targets(w, found) -> torch.Tensor:
+    """The key column each row is tuned to for each edge: ``[rows, edges]``."""
+    c, column = w.case, w.query_position  # each row's own key
+    branch = _Branches(w) if w.trees is not None else None
+    out = []
+    for distance, _, base in found:
+        if base == "position":
+            target = column - distance if branch is None else branch.column_at(branch.position - distance)
+        elif base == "chunk":
+            target = column - column % c.attention_chunk - distance
+        elif base == "cousin":
+            target = branch.cousin
+        else:
+            target = column - distance
+        out.append(target)
+    return torch.stack(out, dim=1)
+
+
+class _Branches:
+    """Each row of a tree case as the node it is: its position (``prefix + depth``), the slot of its ancestor at
+    each depth, and the column of the last draft key before it that is not its ancestor (its own column + 1
+    where there is none)."""
+
+    def __init__(self, w):
+        prefix, depth, at_depth, cousin = [], [], [], []
+        most = max(t.depth for t in w.trees)
+        for tree, p in zip(w.trees, w.prefix_lens):
+            anc = tree.ancestors()
+            for i, d in enumerate(tree.depths):
+                line = [s for s in range(i + 1) if anc[i, s]]  # root first, the node itself last
+                prefix.append(p)
+                depth.append(d)
+                at_depth.append(line + [i] * (most + 1 - len(line)))
+                others = [s for s in range(i) if not anc[i, s]]
+                cousin.append(p + (others[-1] if others else i + 1))
+        dev = w.device
+        self.prefix = torch.tensor(prefix, device=dev)
+        self.position = self.prefix + torch.tensor(depth, device=dev)
+        self.at_depth = torch.tensor(at_depth, device=dev)
+        self.cousin = torch.tensor(cousin, device=dev)
+
+    def column_at(self, position: torch.Tensor) -> torch.Tensor:
+        """The column of the key at ``position`` in each row's branch: a cached key, or an ancestor."""
+        depth = (position - self.prefix).clamp(min=0, max=self.at_depth.shape[1] - 1)
+        ancestor = self.prefix + self.at_depth.gather(1, depth[:, None])[:, 0]
+        return torch.where(position < self.prefix, position, ancestor)
 
 
 def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     """Write probe data into the workload's buffers in place; return the edge index of every
     (query row, head), for naming the row that failed."""
     c = w.case
-    found = edges(c.window_left, c.causal, c.attention_chunk)
+    found = edges(c.window_left, c.causal, c.attention_chunk, w.trees is not None)
     n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
     need = required_head_dim(max(w.kv_lens), c.window_left)
     if need > c.head_dim:
@@ -93,11 +151,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     pos = w.query_position
     heads = torch.arange(c.num_qo_heads, device=dev)
     edge = (heads[None, :] + pass_index * c.num_qo_heads + pos[:, None]) % len(found)
-    distance = torch.tensor([d for d, _, _ in found], device=dev)[edge]
-    if c.attention_chunk:  # a chunk edge sits pos % C further back than its distance says
-        from_start = torch.tensor([rel for _, _, rel in found], device=dev)[edge]
-        distance = distance + from_start * (pos % c.attention_chunk)[:, None]
-    q = features(pos[:, None] - distance, n_freq, c.head_dim)
+    q = features(_targets(w, found).gather(1, edge), n_freq, c.head_dim)
     q[..., SHIFT] = -n_freq  # with the keys' constant 1 below: the peak logit is 0
     w.q.copy_((q * (SCALE / w.sm_scale)).to(w.dtype))
     k = features(torch.arange(max(w.kv_lens), device=dev), n_freq, c.head_dim)[:, None, :]
@@ -111,5 +165,5 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     return edge
 
 
-def edge_name(window_left: int, index: int, causal: bool = True, chunk: int = 0) -> str:
-    return edges(window_left, causal, chunk)[index][1]
+def edge_name(window_left: int, index: int, causal: bool = True, chunk: int = 0, tree: bool = False) -> str:
+    return edges(window_left, causal, chunk, tree)[index][1]

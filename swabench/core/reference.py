@@ -5,7 +5,9 @@ no value) written out from their definitions (docs/semantics.md).  An fp8 cache 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built
 here from the definition (``p - W <= j <= p``; without ``causal``, every ``j >= p - W`` of the
-request; under chunked attention ``floor(p / C) * C <= j <= p``), not from ``semantics.Visibility``.
+request; under chunked attention ``floor(p / C) * C <= j <= p``; for a draft tree, each node's own
+branch: the cached keys from ``prefix + depth - W`` on and its ancestors, walked up its parents), not
+from ``semantics.Visibility``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def attention(w: Workload) -> torch.Tensor:
     row = 0
     for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
         queries = w.queries(b).to(acc)
+        if w.trees is not None:
+            out[row:row + qo_len] = _tree_request(w, b, queries, acc)
+            row += qo_len
+            continue
         step = max(1, CHUNK_ELEMENTS // max(1, kv_len * c.num_qo_heads))
         for i0 in range(0, qo_len, step):
             i1 = min(qo_len, i0 + step)
@@ -47,15 +53,57 @@ def attention(w: Workload) -> torch.Tensor:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
             if c.attention_chunk:  # its own chunk only: from floor(p / C) * C on
                 visible &= j[None, :] >= pos[:, None] - pos[:, None] % c.attention_chunk
-            scores = torch.einsum("qhd,khd->hqk", queries[i0:i1], keys) * w.sm_scale
-            if c.logits_soft_cap:
-                scores = c.logits_soft_cap * torch.tanh(scores / c.logits_soft_cap)
-            scores.masked_fill_(~visible, float("-inf"))
-            if w.sinks is not None:
-                sink = w.sinks.to(acc)[:, None, None].expand(-1, i1 - i0, 1)
-                probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-            else:
-                probs = torch.softmax(scores, dim=-1)
-            out[row + i0:row + i1] = torch.einsum("hqk,khd->qhd", probs, values)
+            out[row + i0:row + i1] = _attend(w, queries[i0:i1], keys, values, visible)
         row += qo_len
+    return out
+
+
+def _attend(w: Workload, queries, keys, values, visible) -> torch.Tensor:
+    """Softmax attention of some queries over the keys ``visible`` marks, from the definition: the soft-cap
+    bends the scores, and each head's sink logit joins the denominator with no value."""
+    c = w.case
+    scores = torch.einsum("qhd,khd->hqk", queries, keys) * w.sm_scale
+    if c.logits_soft_cap:
+        scores = c.logits_soft_cap * torch.tanh(scores / c.logits_soft_cap)
+    scores.masked_fill_(~visible, float("-inf"))
+    if w.sinks is not None:
+        sink = w.sinks.to(scores.dtype)[:, None, None].expand(-1, len(queries), 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, values)
+
+
+def branch_visible(parents, prefix: int, kv_len: int, window_left: int, first: int = 0) -> torch.Tensor:
+    """Bool ``[n, kv_len - first]``: what each node of a draft tree sees, as it would in the linear sequence of
+    its own branch (the cached keys, then its ancestors root first, itself last), positions by depth."""
+    n = len(parents)
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    visible = torch.zeros(n, kv_len - first, dtype=torch.bool)
+    for i in range(n):
+        position = prefix + depth[i]
+        oldest = 0 if window_left < 0 else position - window_left
+        visible[i, max(oldest, first) - first:prefix - first] = True
+        node = i
+        while node >= 0:
+            if prefix + depth[node] >= oldest:
+                visible[i, prefix + node - first] = True
+            node = parents[node]
+    return visible
+
+
+def _tree_request(w: Workload, b: int, queries: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """One request verified as a draft tree, its queries in chunks (the keys from the root's window on)."""
+    c, qo_len, kv_len = w.case, w.qo_lens[b], w.kv_lens[b]
+    prefix = kv_len - qo_len
+    first = 0 if c.window_left < 0 else max(0, prefix - c.window_left)
+    visible = branch_visible(w.trees[b].parents, prefix, kv_len, c.window_left, first).to(w.device)
+    keys = w.keys(b, first, kv_len).to(acc).repeat_interleave(c.gqa_group, dim=1)
+    values = w.values(b, first, kv_len).to(acc).repeat_interleave(c.gqa_group, dim=1)
+    out = torch.empty(qo_len, c.num_qo_heads, c.head_dim, dtype=acc, device=w.device)
+    step = max(1, CHUNK_ELEMENTS // max(1, (kv_len - first) * c.num_qo_heads))
+    for i0 in range(0, qo_len, step):
+        out[i0:i0 + step] = _attend(w, queries[i0:i0 + step], keys, values, visible[i0:i0 + step])
     return out

@@ -5,6 +5,10 @@ clipped at 0); ``W = -1`` means no window.  Queries are bottom-right aligned: wi
 and ``qo_len`` queries, query ``i`` sits at ``p = kv_len - qo_len + i``.  Every visible set is an
 interval of key positions, so masks, trims, pair counts and "does this bug show here" are all
 interval arithmetic.
+
+One exception, in one place: a verify block laid out as a draft tree (``core.trees``).  Node ``i`` sits at
+position ``prefix + depth`` and sees the cached keys of its window plus its ancestors among the draft keys: an
+interval over the cache and a set over the draft (``TreeView``).  On a chain the two are the same interval.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: reading a scenario needs none
     import torch
+
+    from swabench.core.trees import Tree
 
 NO_WINDOW = -1
 
@@ -54,6 +60,7 @@ class Visibility:
     latest_start: int | None = None
     causal: bool = True
     chunk: int = 0
+    by_slot: bool = False  # on a draft tree: the window measured from a node's slot (its row), not its depth
 
     def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -68,9 +75,13 @@ class Visibility:
             else torch.full_like(positions, kv_len - 1)
         return lo, hi
 
-    def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None) -> torch.Tensor:
-        """Bool ``[qo_len, kv_len - key_offset]``, row-major, True = visible (FlashInfer's custom_mask)."""
+    def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None, tree: Tree | None = None) \
+            -> torch.Tensor:
+        """Bool ``[qo_len, kv_len - key_offset]``, row-major, True = visible (FlashInfer's custom_mask); over a
+        draft tree, each node's window and its ancestors."""
         import torch
+        if tree is not None:
+            return TreeView(self, tree, qo_len, kv_len).mask(key_offset, device)
         positions = query_positions(qo_len, kv_len, device)
         lo, hi = self.interval(positions, kv_len)
         keys = torch.arange(key_offset, kv_len, device=device)
@@ -92,11 +103,78 @@ def query_positions(qo_len: int, kv_len: int, device=None) -> torch.Tensor:
     return torch.arange(kv_len - qo_len, kv_len, device=device)
 
 
-def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int) -> bool:
-    """True when some query of this request sees a different set of keys under a and b."""
+class TreeView:
+    """What each node of a draft tree sees under a Visibility: the cached keys ``[lo, hi]`` (``hi < prefix``;
+    empty where ``lo > hi``) and the draft keys ``draft[i, s]``.
+
+    A node's position is ``prefix + depth``; so is its key's.  The window keeps the keys whose position is at
+    least the node's position minus W, and the tree keeps, of the draft keys, the node's ancestors and itself:
+    what the node would see in the linear sequence of its own branch.  ``by_slot`` measures both positions by
+    slot instead (``prefix + i``), as a kernel that ANDs a tree mask with its own window does.  ``future``
+    moves the last column a node sees from its own slot, as on a chain."""
+
+    def __init__(self, visibility: Visibility, tree: Tree, qo_len: int, kv_len: int):
+        import torch
+        if tree.size != qo_len:
+            raise ValueError(f"a tree of {tree.size} nodes verified as {qo_len} queries")
+        self.prefix, self.kv_len = kv_len - qo_len, kv_len
+        slots = torch.arange(qo_len)
+        position = self.prefix + (slots if visibility.by_slot else torch.tensor(tree.depths))
+        lo, _ = visibility.interval(position, kv_len)
+        last = torch.clamp(self.prefix + slots + visibility.future, max=kv_len - 1)  # the last column it sees
+        self.lo, self.hi = lo, torch.clamp(last, max=self.prefix - 1)
+        self.draft = tree.ancestors() & (position[None, :] >= lo[:, None]) \
+            & (self.prefix + slots[None, :] <= last[:, None])
+
+    def cached_counts(self):
+        return (self.hi - self.lo + 1).clamp_min(0)
+
+    def counts(self):
+        """Keys each node sees."""
+        return self.cached_counts() + self.draft.sum(dim=1)
+
+    def mask(self, key_offset: int = 0, device=None) -> torch.Tensor:
+        import torch
+        cached = torch.arange(key_offset, self.prefix)
+        seen = (cached[None, :] >= self.lo[:, None]) & (cached[None, :] <= self.hi[:, None])
+        return torch.cat([seen, self.draft], dim=1).to(device)
+
+    def missed(self, truth: TreeView):
+        """Per node, the keys ``truth`` shows it that this view does not."""
+        import torch
+        both = (torch.minimum(self.hi, truth.hi) - torch.maximum(self.lo, truth.lo) + 1).clamp_min(0)
+        return truth.cached_counts() - both + (truth.draft & ~self.draft).sum(dim=1)
+
+    def rows_differ(self, other: TreeView):
+        """Per node, whether it sees another set of keys under ``other``."""
+        empty, other_empty = self.lo > self.hi, other.lo > other.hi
+        cached = (empty & other_empty) | ((self.lo == other.lo) & (self.hi == other.hi))
+        return ~cached | (self.draft != other.draft).any(dim=1)
+
+
+def rows_differ(a: Visibility, b: Visibility, qo_len: int, kv_len: int, tree: Tree | None = None):
+    """Per query of this request, whether it sees a different set of keys under a and b (a bool tensor)."""
+    if tree is not None:
+        return TreeView(a, tree, qo_len, kv_len).rows_differ(TreeView(b, tree, qo_len, kv_len))
     positions = query_positions(qo_len, kv_len)
     (alo, ahi), (blo, bhi) = a.interval(positions, kv_len), b.interval(positions, kv_len)
-    return bool(((alo != blo) | (ahi != bhi)).any())
+    return (alo != blo) | (ahi != bhi)
+
+
+def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int, tree: Tree | None = None) -> bool:
+    """True when some query of this request sees a different set of keys under a and b."""
+    return bool(rows_differ(a, b, qo_len, kv_len, tree).any())
+
+
+def keys_missed(path: Visibility, truth: Visibility, qo_len: int, kv_len: int, tree: Tree | None = None):
+    """Per query, how many keys of what ``truth`` shows it ``path`` leaves out (a tensor of ``qo_len`` counts)."""
+    import torch
+    if tree is not None:
+        return TreeView(path, tree, qo_len, kv_len).missed(TreeView(truth, tree, qo_len, kv_len))
+    positions = query_positions(qo_len, kv_len)
+    (plo, phi), (tlo, thi) = path.interval(positions, kv_len), truth.interval(positions, kv_len)
+    both = (torch.minimum(phi, thi) - torch.maximum(plo, tlo) + 1).clamp_min(0)
+    return (thi - tlo + 1).clamp_min(0) - both
 
 
 def trim_start(kv_len: int, qo_len: int, window_left: int, page_size: int = 1, chunk: int = 0) -> int:
@@ -126,16 +204,20 @@ def _sum_to(n: int) -> int:
     return n * (n + 1) // 2 if n > 0 else 0
 
 
-def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True, chunk: int = 0) -> int:
+def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True, chunk: int = 0,
+                 tree: Tree | None = None) -> int:
     """Exact count of (query, key) pairs inside causal ∩ window for one request and one head.
 
     Query at p sees min(p, W) + 1 keys (p + 1 without a window); sum over p in [prefix, kv_len).
     Without ``causal`` it sees kv_len - max(0, p - W) keys (every key without a window).  Under
-    chunked attention it sees p % C + 1 keys.
+    chunked attention it sees p % C + 1 keys.  A draft tree's node sees its window of the cache and its
+    ancestors (TreeView).
     """
     first, last = kv_len - qo_len, kv_len - 1
     if qo_len <= 0:
         return 0
+    if tree is not None:
+        return int(TreeView(Visibility(window_left), tree, qo_len, kv_len).counts().sum())
     if chunk > 0:
         def upto(n: int) -> int:  # sum of (p % C + 1) over p < n
             return n // chunk * _sum_to(chunk) + _sum_to(n % chunk)
@@ -180,11 +262,15 @@ def minimum_traffic(qo_lens, kv_lens, window_left, num_qo_heads, num_kv_heads, h
     return queries + 2 * kv_rows * num_kv_heads * head_dim * kv_bytes, queries
 
 
-def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None) -> torch.Tensor:
-    """FlashInfer's flattened ``custom_mask``: each request's bool [qo_len, kv_len] mask, row-major,
-    concatenated (what the naive ``*-mask`` paths build on every step)."""
+def custom_mask(qo_lens, kv_lens, visibility: Visibility, device=None, trees=None, starts=None) -> torch.Tensor:
+    """FlashInfer's flattened ``custom_mask``: each request's bool [qo_len, kv_len - start] mask over the keys
+    its table holds from ``start`` on (0 without ``starts``), row-major, concatenated (what the naive ``*-mask``
+    paths build on every step); ``trees``: each request's draft tree."""
     import torch
-    return torch.cat([visibility.mask(q, k, device=device).reshape(-1) for q, k in zip(qo_lens, kv_lens)])
+    trees = trees or [None] * len(qo_lens)
+    starts = starts or [0] * len(qo_lens)
+    return torch.cat([visibility.mask(q, k, key_offset=s, device=device, tree=t).reshape(-1)
+                      for q, k, s, t in zip(qo_lens, kv_lens, starts, trees)])
 
 
 def packed_mask_bytes(qo_lens, kv_lens) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swabench.core import trees
 from swabench.core.cases import Case, parse_accept
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -87,6 +88,7 @@ class Workload:
     sinks: torch.Tensor | None = None  # float32 [num_qo_heads], device: each head's sink logit
     evicted: torch.Tensor | None = None  # bool per entry of slots: its page was evicted (another's, or shared)
     evicted_pages: torch.Tensor | None = None  # pages only evicted entries point at (filled with EVICTED_VALUE)
+    trees: tuple | None = None  # each request's draft tree (core.trees) where the verify block is one
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
 
@@ -204,7 +206,8 @@ def build(case: Case, device="cpu") -> Workload:
                  query_position=q_pos.to(device),
                  sinks=torch.empty(h, dtype=torch.float32, device=device) if case.sinks else None,
                  evicted=None if evicted is None else evicted.to(device),
-                 evicted_pages=None if evicted_pages is None else evicted_pages.to(device))
+                 evicted_pages=None if evicted_pages is None else evicted_pages.to(device),
+                 trees=trees.of_case(case))
     w.fill_random(case.seed)
     return w
 

@@ -34,7 +34,7 @@ class GatherRunner:
         for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
             vis = self.computes(c, kv_len - qo_len)
             start = semantics.trim_start(kv_len, qo_len, vis.window_left, chunk=vis.chunk) if self.trim else 0
-            mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device)
+            mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device, tree=w.trees and w.trees[b])
             parts.append((qo_indptr[b], qo_indptr[b + 1], w.request_slots(b)[start:], mask))
         self.parts = parts
 
@@ -74,7 +74,7 @@ class BatchedSdpaRunner:
         mask = torch.zeros(batch, 1, rows, keys, dtype=torch.bool, device=dev)
         for b, (q, k, s) in enumerate(zip(w.qo_lens, w.kv_lens, starts)):
             index[b, :k - s] = w.request_slots(b)[s:]
-            mask[b, 0, :q, :k - s] = semantics.of_case(c).mask(q, k, key_offset=s, device=dev)
+            mask[b, 0, :q, :k - s] = semantics.of_case(c).mask(q, k, key_offset=s, device=dev, tree=w.trees and w.trees[b])
         self.index = index
         self.mask = None if bool(mask.all()) else mask
         self.layout = (f"{self.queries.label}, {keys} gathered keys a request, one SDPA call, "
@@ -112,17 +112,17 @@ def _gather(visibility, trim, chunk_visibility=None):
 BOTH = ("paged", "ragged")
 register(Implementation(
     "torch-trim", "torch", BOTH, "gather only the keys the block's windows reach, SDPA with the window mask",
-    _gather(exact, trim=True), noncausal=True, chunked=True), __name__)
+    _gather(exact, trim=True), noncausal=True, chunked=True, tree=True), __name__)
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False), baseline=True, noncausal=True, chunked=True), __name__)
+    _gather(exact, trim=False), baseline=True, noncausal=True, chunked=True, tree=True), __name__)
 
 
 register(Implementation(
     "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
     lambda workload, backend: BatchedSdpaRunner(workload),
     unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
-    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True, peer=True), __name__)
+    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True, tree=True, peer=True), __name__)
 
 
 def _planted(name, summary, visibility):

@@ -20,8 +20,8 @@ def cdiv(a: int, b: int) -> int:
 
 def cta_tile_q(packed_rows: int, head_dim: int) -> int:
     """fa2's query tile (``FA2DetermineCtaTileQ``) for a batch whose requests pack ``packed_rows`` rows
-    (queries x query heads per KV head) on average; head_dim 256 and up is not modelled here."""
-    if packed_rows > 64:
+    (queries x query heads per KV head) on average; head_dims of 512 and up are not modelled here."""
+    if packed_rows > 64 and head_dim < 256:
         return 128
     return 64 if packed_rows > 16 else 16
 

@@ -9,6 +9,7 @@ either way the object that passed the gate is captured and timed (a plain ``run(
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache
@@ -83,7 +84,8 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
 class Variant:
     storage: str  # "paged" | "ragged"
     window_at_plan: bool = True  # plan(..., window_left=W); False plans without a window
-    mask: bool = False  # window and causality as a custom mask, full KV, no window at plan
+    mask: bool = False  # window and causality (and a draft tree) as a custom mask over the table, no window at plan
+    mask_window: bool = False  # with the mask: the window to plan() as window_left, the mask the rest (the tree)
     start: Callable[..., int] | None = None  # (case, qo, kv, page) -> first key kept
     end: Callable[..., int] | None = None  # (case, qo, kv, page) -> the key the table ends before
     plan_window: Callable[..., int] | None = None  # case -> the window_left plan() gets, where not the case's
@@ -180,7 +182,11 @@ class FlashInferRunner:
                             paged_kv_indices_buffer=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
                             paged_kv_last_page_len_buffer=torch.empty(b, dtype=i32, device=dev))
         elif graph_wrapper:
-            bufs = graph_buffers(w, paged, semantics.packed_mask_bytes(w.qo_lens, w.kv_lens) if variant.mask else None)
+            ps = w.page_size
+            kept = [(variant.end(w.case, q, k, ps) if variant.end else k) - (variant.start(w.case, q, k, ps)
+                                                                             if variant.start else 0)
+                    for q, k in zip(w.qo_lens, w.kv_lens)]
+            bufs = graph_buffers(w, paged, semantics.packed_mask_bytes(w.qo_lens, kept) if variant.mask else None)
         cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
         if variant.sinks == "apply":  # its JIT module is chosen at construction: the dtypes and the window
@@ -202,11 +208,17 @@ class FlashInferRunner:
         i32 = torch.int32
         qo_indptr = torch.tensor(w.qo_indptr_host, dtype=i32)
         window_left = (v.plan_window(c) if v.plan_window else c.window_left) if v.window_at_plan else semantics.NO_WINDOW
+        ps, lengths = w.page_size, list(zip(w.qo_lens, w.kv_lens))
+        starts = [v.start(c, q, k, ps) if v.start else 0 for q, k in lengths]
         if v.decode:  # one query per request: no query indptr, no causal flag
             window = dict(head_dim=c.head_dim, window_left=window_left)
-        elif v.mask:
-            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens, semantics.of_case(c), device=w.device),
-                          causal=False, head_dim_qk=c.head_dim)
+        elif v.mask:  # over the keys the table holds; the kernel ANDs it with plan()'s window, by row
+            rule = semantics.of_case(c)
+            if v.mask_window:
+                rule = dataclasses.replace(rule, window_left=semantics.NO_WINDOW)
+            window = dict(custom_mask=semantics.custom_mask(w.qo_lens, w.kv_lens, rule, w.device, w.trees, starts),
+                          causal=False, head_dim_qk=c.head_dim, **({"window_left": c.window_left} if v.mask_window
+                                                                     else {}))
         else:
             window = dict(causal=c.causal, window_left=window_left, head_dim_qk=c.head_dim)
         shape = dict(num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, q_data_type=w.dtype,
@@ -218,10 +230,8 @@ class FlashInferRunner:
         if v.storage == "ragged":
             args = (qo_indptr, w.kv_indptr_host.to(i32))
         else:
-            indptr, indices, last, ps = w.kv_indptr_host, w.kv_indices_host, w.kv_last_page_len.cpu(), w.page_size
+            indptr, indices, last = w.kv_indptr_host, w.kv_indices_host, w.kv_last_page_len.cpu()
             if v.start is not None or v.end is not None:
-                lengths = list(zip(w.qo_lens, w.kv_lens))
-                starts = [v.start(c, q, k, ps) if v.start else 0 for q, k in lengths]
                 ends = [v.end(c, q, k, ps) if v.end else k for q, k in lengths]
                 indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
             args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)

@@ -143,6 +143,28 @@ class Span:
         return seen & (key >= p - p % self.chunk) if self.chunked else seen
 
 
+class TreeSpan(Span):
+    """A verify block laid out as draft trees: request b's node q sits at position ``prefix + depth`` and sees the
+    cached keys of its window by that position and, of the draft keys, its ancestors (each at its own depth)."""
+
+    def __init__(self, w):
+        super().__init__(w.case, w.device)
+        dev = w.device
+        self.prefix = torch.tensor(w.prefix_lens, dtype=torch.int32, device=dev)
+        self.depth = torch.tensor([t.depths for t in w.trees], dtype=torch.int32, device=dev)
+        self.ancestors = torch.stack([t.ancestors() for t in w.trees]).to(dev)
+        self.last = w.trees[0].size - 1
+
+    def narrow_node(self, seen, key, b, q):
+        """``seen`` narrowed to the keys at column ``key`` that request b's node q sees."""
+        prefix, node = self.prefix[b], q.clamp(max=self.last)
+        slot = (key - prefix).clamp(min=0, max=self.last)
+        draft = key >= prefix
+        seen = seen & (key <= prefix + q) & torch.where(draft, self.ancestors[b, node, slot], True)
+        position = torch.where(draft, prefix + self.depth[b, slot], key)
+        return seen & (prefix + self.depth[b, node] - position <= self.window) if self.windowed else seen
+
+
 # Inductor's own limits, met at the first call: its flex-decoding template mixes int32 and int64 once K and V hold
 # 2**31 elements (torch 2.11 and 2.13), and a tile too large for shared memory.  A NoValidChoicesError or a block
 # size that does not divide is how this peer is laid out, so it stays a failure.
@@ -277,11 +299,13 @@ class BatchedFlex(FlexRunner):
                 if first > last:
                     continue
                 p_first, p_last = prefix + first, prefix + last
-                lo = max(0, p_first - c.window_left) if c.window_left >= 0 else semantics.chunk_start(p_first, chunk)
+                oldest = prefix if w.trees is not None else p_first  # a node's position is prefix + its depth
+                lo = max(0, oldest - c.window_left) if c.window_left >= 0 else semantics.chunk_start(p_first, chunk)
                 full_lo = p_last - c.window_left if c.window_left >= 0 else semantics.chunk_start(p_last, chunk)
                 end = w.kv_lens[b] - 1  # without causality every query sees its request's last key
+                newest = prefix - 1 if w.trees is not None else p_first  # every node sees its ancestors only
                 partial[b][j], full[b][j] = self._blocks(b, lo, p_last if c.causal else end, full_lo=full_lo,
-                                                         full_hi=p_first if c.causal else end)
+                                                         full_hi=newest if c.causal else end)
         kv_rows = self.k_dense.shape[2] if self.contiguous else int(self.w.k_store.view(-1, c.num_kv_heads,
                                                                                       c.head_dim).shape[0])
         width = max(1, max(len(x) for r in partial + full for x in r))
@@ -326,16 +350,25 @@ class BatchedFlex(FlexRunner):
         return blocks[~is_full].tolist(), blocks[is_full].tolist()
 
     def _mask_mod(self):
-        span = Span(self.w.case, self.w.device)
         q_start, q_len, kv_len = self.q_start, self.q_len, self.kv_len
+        if self.w.trees is not None:
+            tree = TreeSpan(self.w)
+
+            def narrow(seen, key, b, q):
+                return tree.narrow_node(seen, key, b, q)
+        else:
+            span = Span(self.w.case, self.w.device)
+
+            def narrow(seen, key, b, q):
+                return span.narrow(seen, key, q_start[b] + q)
         if self.contiguous:
             def mask_mod(b, h, q, kv):
-                return span.narrow((q < q_len[b]) & (kv < kv_len[b]), kv, q_start[b] + q)
+                return narrow((q < q_len[b]) & (kv < kv_len[b]), kv, b, q)
             return mask_mod
         slot_request, slot_pos = self.slot_request, self.slot_pos
 
         def paged_mask_mod(b, h, q, kv):
-            return span.narrow((q < q_len[b]) & (slot_request[kv] == b), slot_pos[kv], q_start[b] + q)
+            return narrow((q < q_len[b]) & (slot_request[kv] == b), slot_pos[kv], b, q)
         return paged_mask_mod
 
     def _run(self) -> None:
@@ -357,7 +390,7 @@ def _batched_compile_class(case, contiguous: bool) -> tuple:
     rows per request and block sizes; key lengths are dynamic."""
     rows = case.largest()[0]
     heads = (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype, bool(case.logits_soft_cap),
-             case.causal, bool(case.attention_chunk))
+             case.causal, bool(case.attention_chunk), bool(case.tree))
     kernel = "flex-decoding" if flex_decoding(rows, case.gqa_group) else "flex-attention"
     return (kernel, case.batch_size, rows, key_block_size(case, contiguous), *heads)
 
@@ -376,7 +409,7 @@ def _register_batched(name: str, contiguous: bool, summary: str) -> None:
     register(Implementation(
         name, "flex", ("paged", "ragged"), summary, lambda w, backend: BatchedFlex(w, contiguous),
         unsupported=unsupported, compile_class=lambda case: _batched_compile_class(case, contiguous),
-        noncausal=True, chunked=True, peer=True), __name__)
+        noncausal=True, chunked=True, tree=True, peer=True), __name__)
 
 
 _register_batched("flex-window", False, "PyTorch FlexAttention as its users batch it: batch = requests, keys read in "

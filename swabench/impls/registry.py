@@ -16,13 +16,13 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Protocol
 
-from swabench.core import semantics
+from swabench.core import semantics, trees
 
 if TYPE_CHECKING:
     import torch
 
 KINDS = ("correct", "known-bug", "planted")
-MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode")  # each registers its implementations on import
+MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify")  # each registers its implementations on import
 
 
 class Unsupported(Exception):
@@ -108,6 +108,11 @@ class Implementation:
     # What it computes on a chunked case, as (chunk, prefix_len, page_size) -> Visibility, where that is
     # not the exact chunk (a chunk planned as a window is the natural mistake).
     chunk_visibility: Callable[[int, int, int], semantics.Visibility] | None = None
+    # Whether it verifies draft trees (Case.tree): a path that does not skips such a case, saying so.
+    tree: bool = False
+    # What it shows each query where no Visibility says it (a mask read out of step with its table): (case,
+    # qo_lens, kv_lens) -> one bool [qo_len, kv_len] mask per request, over the request's key positions.
+    seen: Callable[..., list] | None = None
 
     @property
     def family(self) -> str:
@@ -120,12 +125,36 @@ class Implementation:
 
     def must_fail(self, case, qo_lens, kv_lens) -> bool:
         """Whether some query of this workload sees a different key set than the exact semantics."""
+        return self.expected_to_fail and any(bool(rows.any()) for rows in self.rows_wrong(case, qo_lens, kv_lens))
+
+    def rows_wrong(self, case, qo_lens, kv_lens) -> list:
+        """Per request, which of its queries see a different key set on this path than the exact semantics (every
+        query where the case uses a feature it ignores): a bool tensor each, all False on a correct path."""
+        import torch
+
+        if not self.expected_to_fail or self.ignores & case.features:
+            return [torch.full((q,), self.expected_to_fail) for q in qo_lens]
+        truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
+        if self.seen:
+            return [(mask != truth.mask(q, k, tree=t)).any(dim=1)
+                    for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens), qo_lens, kv_lens, drafts)]
+        return [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
+                for q, k, t in zip(qo_lens, kv_lens, drafts)]
+
+    def keys_lost(self, case, qo_lens, kv_lens) -> tuple[int, float]:
+        """(the most keys of its window one query misses, the share of queries that miss any), from what this
+        path computes against the exact semantics: 0 for a correct path."""
         if not self.expected_to_fail:
-            return False
-        if self.ignores & case.features:
-            return True
-        truth = semantics.of_case(case)
-        return any(semantics.differs(self.computes(case, k - q), truth, q, k) for q, k in zip(qo_lens, kv_lens))
+            return 0, 0.0
+        truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
+        if self.seen:
+            missed = [(truth.mask(q, k, tree=t) & ~mask).sum(dim=1)
+                      for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens), qo_lens, kv_lens, drafts)]
+        else:
+            missed = [semantics.keys_missed(self.computes(case, k - q), truth, q, k, t)
+                      for q, k, t in zip(qo_lens, kv_lens, drafts)]
+        rows = [int(x) for m in missed for x in m]
+        return max(rows, default=0), sum(x > 0 for x in rows) / max(1, len(rows))
 
     def computes(self, case, prefix_len: int) -> semantics.Visibility:
         """What it computes for one request of ``case`` with ``prefix_len`` keys before its queries."""
@@ -166,6 +195,8 @@ class Implementation:
             return "takes causal windows only"
         if case.attention_chunk and not self.chunked:
             return "takes no chunked attention (attention_chunk)"
+        if case.tree not in (None, trees.CHAIN) and not self.tree:
+            return "verifies chains only: it has no draft-tree mask (tree)"
         return (self.availability(device) if device is not None else None) or self.unsupported(case, backend)
 
 

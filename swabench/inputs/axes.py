@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 
-from swabench.core import footprint, semantics
+from swabench.core import footprint, semantics, trees
 from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
                                   parse_length)
 from swabench.errors import UserError
@@ -129,6 +129,7 @@ AXES = {
     "causal": _bool,
     "attention_chunk": _int(0, "an integer >= 0 (0 = off; Llama 4 uses 8192)"),
     "wrapper_mode": _choice(WRAPPER_MODES),
+    "tree": trees.parse,
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
@@ -202,6 +203,9 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         own = QO_FIELD[mode]
         qo_name = _one_of({k: p[k] for k in (own, "qo_len") if k in p}, (own, "qo_len"), path, where,
                           required=False)
+        if qo_name is None and str(p.get("tree", "")).startswith("["):
+            p[own] = trees.nodes(p["tree"], None)  # a choice list says how many queries it verifies
+            qo_name = own
         if qo_name is None:
             other = [n for n in ("extend_len", "draft_tokens") if n in p and n != own]
             hint = f" ({other[0]} applies to {_modes_of(other[0])})" if other else ""
@@ -216,6 +220,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         if kind == "fixed" and arg > qo_len:
             raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
                                                          f"the draft block of {qo_len}")
+    tree = _check_tree(p, mode, qo_len, path, where)
     ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
     _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
     if p["num_qo_heads"] % p["num_kv_heads"]:
@@ -231,7 +236,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
-                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"])
+                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree)
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
@@ -253,6 +258,26 @@ def _window_or_chunk(p: dict, path, where) -> int:
         raise ScenarioError(path, f"{where}.page_layout", f"{p['page_layout']} evicts the pages before a window; "
                                                           f"with attention_chunk give scattered or contiguous")
     return window_left
+
+
+def _check_tree(p: dict, mode: str, qo_len, path, where) -> str | None:
+    """A draft tree is a verify block of one size for the batch, on a causal sliding-window (or global) layer."""
+    tree = p.get("tree")
+    if tree is None:
+        return None
+    field = f"{where}.tree"
+    if mode != "verify":
+        raise ScenarioError(path, field, f"a draft tree is verified in one call: mode must be 'verify', not {mode!r}")
+    if not isinstance(qo_len, int):
+        raise ScenarioError(path, f"{where}.draft_tokens", f"a draft tree has one size for the batch (the engines "
+                                                           f"verify one tree shape a step); got {qo_len!r}")
+    if p["attention_chunk"] or not p["causal"]:
+        raise ScenarioError(path, field, "a draft tree is verified on causal sliding-window layers: leave out "
+                                         "attention_chunk and causal = false")
+    wrong = trees.check(tree, qo_len)
+    if wrong:
+        raise ScenarioError(path, field if tree.startswith("[") else f"{where}.draft_tokens", wrong)
+    return tree
 
 
 def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swabench.core import footprint, semantics
+from swabench.core import footprint, semantics, trees
 from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
 from swabench.impls import registry
 from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, did_you_mean, make_case,
@@ -84,6 +84,8 @@ def _rule_namespace(combo: dict, group: str) -> dict:
         ns["sliding_window"] = semantics.sliding_window_of(ns["window_left"])
     if ns["qo_len"] is None:
         ns["qo_len"] = 1 if ns["mode"] == "decode" else ns.get(QO_FIELD.get(ns["mode"], ""), None)
+    if ns["qo_len"] is None and str(ns["tree"]).startswith("["):
+        ns["qo_len"] = trees.nodes(ns["tree"], None)  # a choice list says how many queries it verifies
     ns["kv_len"] = ns["seq_len"] if ns["seq_len"] is not None else \
         (ns["prefix_len"] + ns["qo_len"] if None not in (ns["prefix_len"], ns["qo_len"]) else None)
     ns["kv_dtype"] = ns["kv_dtype"] or ns["dtype"]
@@ -220,7 +222,8 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                 continue
             seen.add(same)
             case, step = None, _rule_namespace(combo, label)
-            features = features_of(step["sinks"], step["logits_soft_cap"], step["kv_dtype"], step["attention_chunk"])
+            features = features_of(step["sinks"], step["logits_soft_cap"], step["kv_dtype"], step["attention_chunk"],
+                                   step["tree"])
             for impl_name in impls:
                 impl = registry.get(impl_name)
                 if not impl.models(step["storage"], step["mode"], features, step["wrapper_mode"]):

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from swabench.core import footprint, gate, semantics, workloads
+from swabench.core import footprint, gate, semantics, trees, workloads
 from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
@@ -64,8 +64,9 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device, l
            "gpu_id": gpu_identity(device), **c.axes()}
     if w is not None or lengths is not None:
         qo_lens, kv_lens = (w.qo_lens, w.kv_lens) if w is not None else lengths
-        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk)
-                    for q, k in zip(qo_lens, kv_lens))
+        drafts = trees.of_case(c) or [None] * len(qo_lens)
+        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk, t)
+                    for q, k, t in zip(qo_lens, kv_lens, drafts))
         page = c.page_size if c.storage == "paged" and c.page_size else 1
         read, written = semantics.minimum_traffic(qo_lens, kv_lens, c.window_left, c.num_qo_heads, c.num_kv_heads,
                                                   c.head_dim, footprint.ELEMENT_BYTES[c.dtype],
@@ -73,6 +74,7 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device, l
         row.update(total_qo=sum(qo_lens), total_kv=sum(kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
                    min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, qo_lens, kv_lens))
+        row["keys_lost"], row["rows_losing"] = impl.keys_lost(c, qo_lens, kv_lens)
     return row
 
 
@@ -126,8 +128,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
                 runner.plan()
         row.update(resolved_backend=runner.resolved_backend, layout=getattr(runner, "layout", None),
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
+        predicted = torch.cat(impl.rows_wrong(point.case, w.qo_lens, w.kv_lens)) if impl.expected_to_fail else None
         with nvtx_range("check"):
-            result = gate.check(runner, w)
+            result = gate.check(runner, w, predicted=predicted)
             row["reads_evicted"] = gate.reads_evicted(runner, w) if result.passed else None
         row.update(result.columns())
         del row["passed"]
@@ -237,13 +240,15 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
 
 def tiny_case(c: Case) -> Case:
     """A small case that runs the same modules as ``c``: its step, storage, head shape and features, a window
-    where it has one, a chunk (one every chunk-only path can run) where it is chunked."""
+    where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
+    verifies a tree."""
     queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
     return make_case(dict(
         mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
         attention_chunk=2 * (c.page_size or 16) if c.attention_chunk else 0, storage=c.storage,
         page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-        dtype=c.dtype, sinks=c.sinks, logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype, **queries))
+        dtype=c.dtype, sinks=c.sinks, logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype,
+        tree="chain" if c.tree else None, **queries))
 
 
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:

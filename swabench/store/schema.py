@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from swabench.core.cases import WRAPPER_MODES
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -32,11 +32,12 @@ STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
 COLUMNS = [
     "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "layout",
     "status",
-    "reason", "must_fail", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
+    "reason", "must_fail", "keys_lost", "rows_losing", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
-    "causal", "attention_chunk", "seed", "device", "gpu_id",
-    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "reads_evicted",
+    "causal", "attention_chunk", "tree", "seed", "device", "gpu_id",
+    "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "wrong_rows", "rows_as_predicted",
+    "reads_evicted",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
     "noise", "eager_us", "sm_clock_mhz_before", "sm_clock_mhz_after", "clock_reasons_before", "clock_reasons_after",
     "throttled", "pairs", "flops", "min_bytes", "min_read_bytes", "tflops", "tbps", "speedup_vs_mask",
@@ -153,7 +154,9 @@ def migrate(meta: dict) -> dict:
     Before version 7, ``min_bytes`` counted a paged request's K/V rows from its first visible key; since, from
     the start of the page that holds it (a page table starts on a page boundary), and ``min_read_bytes``, the
     clock columns and the counters' columns exist.  Version 8 differs in the table only: ``wrapper_mode`` is
-    an axis and the runner's description ``layout`` (``migrate_table``)."""
+    an axis and the runner's description ``layout`` (``migrate_table``); version 9 too: the ``tree`` axis, the
+    ``keys_lost`` and ``rows_losing`` columns, and the gate's ``wrong_rows`` and ``rows_as_predicted``, empty in
+    older tables (every earlier verify was a chain)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):
