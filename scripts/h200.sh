@@ -53,6 +53,10 @@
 #            kernel by kernel: OUTDIR/h200-ncu-SCENARIO-VERSION; then those loops (hundreds of kernels a call) on
 #            the same cases, each call counted as one workload (--ncu-unit call): OUTDIR/h200-ncu-SCENARIO-loops-VERSION
 #            (NCU_SCENARIOS=default runs one of the two; NCU_PARTS=loops the loops alone)
+#   tree     tree.toml (draft trees on sliding-window layers, chains beside them), its modules built first, then its
+#            report; tree-tests  the draft-tree GPU tests alone; tree-ncu  the tree paths and the chain's paged-trim
+#            under Nsight Compute on the steps NCU_TREE names (case filters); release-tree  release.toml's tree group
+#            on the installed release (OUTDIR/h200-release-tree-VERSION, one folder per release for `swabench matrix`)
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
@@ -64,6 +68,7 @@ out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
 : "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
 : "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
 : "${NCU_LOOPS=torch-trim torch-mask}"
+: "${NCU_TREE=p8192 q16 tree eagle:4:3 W1023 ps16;p8192 q16 tree chain W1023 ps16;p8192 q16 tree eagle:4:3 W4095 ps16;p8192 q16 tree chain W4095 ps16}"
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -187,6 +192,22 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
     release)   v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb warmup release --jobs 16 ) 2>&1 | tail -45
                ( time sb run release --out "$out/h200-release-$v" ) 2>&1 | tail -40 ;;
+    tree)      v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb warmup tree --jobs 16 ) 2>&1 | tail -30
+               fresh_compile_cache
+               ( time sb run tree --out "$out/h200-tree-$v" ) 2>&1 | tail -40
+               sb report "$out/h200-tree-$v" --out "$out/plots-tree-$v" 2>&1 | tail -2 ;;
+    tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
+                 | tee "$out/gpu-tree-tests.log" | tail -8 ;;
+    tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               cases=(); IFS=';' read -ra picked <<< "$NCU_TREE"
+               for c in "${picked[@]}"; do cases+=(--case "$c"); done
+               ( time sb profile tree --tool ncu "${cases[@]}" --impl tree-mask-depth --impl tree-trim-depth \
+                   --impl tree-window-slot --impl tree-branches --impl paged-trim --out "$out/h200-ncu-tree-$v" ) 2>&1 \
+                 | tail -30 ;;
+    release-tree)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb warmup release --case tree --jobs 16 ) 2>&1 | tail -20
+               ( time sb run release --case tree --out "$out/h200-release-tree-$v" ) 2>&1 | tail -20 ;;
     dumps)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)")
                for mode in "" ${DUMP_RUNS:+--runs} "--no-log"; do
                  python3 scripts/play_dump.py "$out/dump${mode:+-${mode#--}}-$v" $mode 2>&1 | tail -40

@@ -19,9 +19,10 @@ from .registry import Implementation, computed, exact, register
 
 
 class GatherRunner:
-    def __init__(self, workload, computes, trim: bool):
-        """``computes(case, prefix_len)``: the Visibility it applies to one request."""
-        self.w, self.computes, self.trim = workload, computes, trim
+    def __init__(self, workload, computes, trim: bool, seen=None):
+        """``computes(case, prefix_len)``: the Visibility it applies to one request; ``seen``: a bool mask per
+        request over its keys, where no Visibility says what a path sees (the gather is then the whole table)."""
+        self.w, self.computes, self.trim, self.seen = workload, computes, trim, seen
         self.out = torch.empty_like(workload.q)
         self.resolved_backend = f"torch-sdpa-{workload.device.type}"
         self.parts = []
@@ -34,7 +35,8 @@ class GatherRunner:
         for b, (qo_len, kv_len) in enumerate(zip(w.qo_lens, w.kv_lens)):
             vis = self.computes(c, kv_len - qo_len)
             start = semantics.trim_start(kv_len, qo_len, vis.window_left, chunk=vis.chunk) if self.trim else 0
-            mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device, tree=w.trees and w.trees[b])
+            mask = vis.mask(qo_len, kv_len, key_offset=start, device=w.device, tree=w.trees and w.trees[b]) \
+                if self.seen is None else self.seen[b].to(w.device)
             parts.append((qo_indptr[b], qo_indptr[b + 1], w.request_slots(b)[start:], mask))
         self.parts = parts
 

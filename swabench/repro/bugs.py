@@ -21,7 +21,7 @@ from swabench.repro.script import Part
 # The shipped scenarios searched, in this order: the first that shows a bug gives its smallest case there.
 # ``release`` holds every FlashInfer path and known bug where it shows at serving-like windows; ``edges``
 # (windows of 0 keys, two-key requests) comes late, since a mistake there may hide inside one key tile.
-SEARCHED = ("release", "serving", "chunked", "noncausal", "evicted", "default", "edges")
+SEARCHED = ("release", "serving", "chunked", "noncausal", "tree", "evicted", "default", "edges")
 H200_SMS = 132  # flashinfer#4972's rows hang on the SM count: the H200's where no GPU is here
 CLIFF_AMPLIFICATION = 32  # the cliff case reads at least this many times the keys its window needs
 CLIFF_THRESHOLD = 3.0
@@ -64,7 +64,8 @@ def _shows_on_random(impl, case) -> bool:
     if impl.ignores & case.features:
         return True
     w = workloads.build(case, "cpu")
-    runner = GatherRunner(w, impl.computes, trim=False)
+    seen = impl.seen(case, w.qo_lens, w.kv_lens) if impl.seen else None
+    runner = GatherRunner(w, impl.computes, trim=False, seen=seen)
     runner.plan()
     errors, tol = gate.run_checked(runner, w), gate.TOLERANCES[case.dtype]
     return bool(errors.unwritten) or not errors.rel_l2 <= tol.rel_l2 or not float(errors.row_rel_l2.max()) <= tol.row_rel_l2

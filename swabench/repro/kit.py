@@ -81,21 +81,40 @@ def taken_by(fn, **keywords):
 
 
 def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, future=0, latest_start=None,
-            key_offset=0, device=None):
+            key_offset=0, device=None, parents=None, by_slot=False):
     """Bool [qo_len, kv_len - key_offset], True where query i (at position kv_len - qo_len + i) sees key j:
     j >= p - window_left, j >= its chunk's start, j >= first_key (the earliest start clipped to latest_start),
-    and j <= p + future when causal."""
-    p = torch.arange(kv_len - qo_len, kv_len, device=device)
+    and j <= p + future when causal.  With ``parents`` (a draft tree, parent slot of each node, -1 for the root)
+    node i sits at position prefix + its depth and sees, of the draft keys, itself and its ancestors, each at its
+    own depth; ``by_slot`` measures both positions by slot instead, as a kernel that knows no tree does."""
+    prefix = kv_len - qo_len
+    p = torch.arange(prefix, kv_len, device=device)
+    j = torch.arange(key_offset, kv_len, device=device)
+    key_at = j
+    allowed = torch.ones(qo_len, len(j), dtype=torch.bool, device=device)
+    if parents is not None:
+        depth = [0] * qo_len
+        ancestors = torch.eye(qo_len, dtype=torch.bool, device=device)
+        for i in range(1, qo_len):
+            depth[i] = depth[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        if not by_slot:
+            slots = (j - prefix).clamp(min=0, max=qo_len - 1)
+            key_at = torch.where(j >= prefix, prefix + torch.tensor(depth, device=device)[slots], j)
+        draft = j >= prefix
+        allowed = ~draft[None, :] | ancestors[:, (j - prefix).clamp(min=0)]
+        position = p if by_slot else prefix + torch.tensor(depth, device=device)
+    else:
+        position = p
     lo = torch.full_like(p, first_key)
     if window_left >= 0:
-        lo = torch.maximum(lo, p - window_left)
+        lo = torch.maximum(lo, position - window_left)
     if chunk > 0:
         lo = torch.maximum(lo, p - p % chunk)
     if latest_start is not None:
         lo = torch.clamp(lo, max=latest_start)
     hi = torch.clamp(p + future, max=kv_len - 1) if causal else torch.full_like(p, kv_len - 1)
-    j = torch.arange(key_offset, kv_len, device=device)
-    return (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+    return allowed & (key_at[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
 
 
 def table_slice(case, x, starts, ends, requests=None):
@@ -111,17 +130,21 @@ def table_slice(case, x, starts, ends, requests=None):
     return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
 
 
-def window_mask(case, starts, ends, device=None):
-    """The flattened custom mask of each request's keys [start, end): its rows of the exact visibility."""
-    rows = [visible(q, k, case["window_left"], case["causal"], case["chunk"], device=device)[:, s:e]
-            for q, k, s, e in zip(case["qo_lens"], case["kv_lens"], starts, ends)]
+def window_mask(case, starts, ends, device=None, window_left=None):
+    """The flattened custom mask of each request's keys [start, end): its rows of the exact visibility (its draft
+    tree's, where it has one), with ``window_left`` in place of the case's where given (-1: the tree alone, for a
+    plan() that applies the window itself)."""
+    w = case["window_left"] if window_left is None else window_left
+    trees = case.get("parents") or [None] * len(starts)
+    rows = [visible(q, k, w, case["causal"], case["chunk"], device=device, parents=t)[:, s:e]
+            for q, k, s, e, t in zip(case["qo_lens"], case["kv_lens"], starts, ends, trees)]
     return torch.cat([r.reshape(-1) for r in rows])
 
 
 def reference(case, x):
     """The exact output in float32: per request, softmax(scale * q k^T) v over the keys its page table holds,
-    with the soft-cap cap * tanh(s / cap), the window/chunk/causal mask, and each head's sink logit in
-    the denominator."""
+    with the soft-cap cap * tanh(s / cap), the window/chunk/causal mask (a draft tree's, by depth), and each
+    head's sink logit in the denominator."""
     h, hkv, d = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"]
     k_all, v_all = x["k_cache"].reshape(-1, hkv, d), x["v_cache"].reshape(-1, hkv, d)
     out, row = torch.empty(x["q"].shape, dtype=torch.float32, device=x["q"].device), 0
@@ -132,7 +155,8 @@ def reference(case, x):
         s = torch.einsum("qhd,khd->hqk", x["q"][row:row + qo].float(), k) * case["sm_scale"]
         if case["soft_cap"]:
             s = case["soft_cap"] * torch.tanh(s / case["soft_cap"])
-        mask = visible(qo, kv, case["window_left"], case["causal"], case["chunk"], device=s.device)
+        mask = visible(qo, kv, case["window_left"], case["causal"], case["chunk"], device=s.device,
+                       parents=(case.get("parents") or [None] * (b + 1))[b])
         s = s.masked_fill(~mask, float("-inf"))
         if x["sinks"] is not None:
             s = torch.cat([s, x["sinks"].float()[:, None, None].expand(-1, qo, 1)], dim=-1)

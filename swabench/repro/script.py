@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swabench.core import cases as cases_mod, gate, workloads
+from swabench.core import cases as cases_mod, gate, trees, workloads
 from swabench.impls import registry
 from swabench.repro import kit, standin, trace
 
@@ -39,10 +39,12 @@ class Header:
 def case_literals(c: cases_mod.Case) -> dict:
     """The script's CASE: every number the inputs and the reference need, per-request lengths as lists."""
     qo, kv = workloads.request_lengths(c)
+    drafts = trees.of_case(c)
     return dict(qo_lens=qo, kv_lens=kv, num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads,
                 head_dim=c.head_dim, storage=c.storage, page_size=c.page_size or 1, page_layout=c.page_layout or "",
                 window_left=c.window_left, causal=c.causal, chunk=c.attention_chunk, soft_cap=c.logits_soft_cap,
-                sinks=c.sinks, sm_scale=c.scale, dtype=c.dtype, cache_dtype=c.cache_dtype, seed=c.seed)
+                sinks=c.sinks, sm_scale=c.scale, dtype=c.dtype, cache_dtype=c.cache_dtype, seed=c.seed,
+                **({"parents": [list(t.parents) for t in drafts]} if drafts else {}))
 
 
 def traced(part: Part) -> trace.Tracer:

@@ -170,24 +170,29 @@ class Tracer(TorchFunctionMode):
         c, device = self.case, ", device=dev"
         if t.dim() == 1:
             for starts, ends in self.tables + [([0] * len(c["kv_lens"]), list(c["kv_lens"]))]:
-                if len(starts) == len(c["kv_lens"]):
-                    m = kit.window_mask(c, starts, ends)
-                    if m.shape == t.shape and torch.equal(m, t):
-                        return f"window_mask(CASE{self.suffix}, starts={literal(starts)}, ends={literal(ends)}{device})"
+                for window in (None, -1):  # the exact mask, or the tree alone where plan() takes the window
+                    m = kit.window_mask(c, starts, ends, window_left=window) if len(starts) == len(c["kv_lens"]) \
+                        else None
+                    if m is not None and m.shape == t.shape and torch.equal(m, t):
+                        alone = "" if window is None else ", window_left=-1"
+                        return (f"window_mask(CASE{self.suffix}, starts={literal(starts)}, ends={literal(ends)}"
+                                f"{device}{alone})")
             return None
         if t.dim() != 2:
             return None
         n, m = t.shape
-        for qo, kv in zip(c["qo_lens"], c["kv_lens"]):
+        drafts = c.get("parents") or [None] * len(c["qo_lens"])
+        for b, (qo, kv, parents) in enumerate(zip(c["qo_lens"], c["kv_lens"], drafts)):
             if qo != n or kv < m:
                 continue
             for vis in (self.impl.computes(self.suite_case, kv - qo), semantics.of_case(self.suite_case)):
                 args = {f.name: getattr(vis, f.name) for f in dataclasses.fields(vis)
                         if getattr(vis, f.name) != f.default}
-                got = kit.visible(qo, kv, key_offset=kv - m, **args)
+                got = kit.visible(qo, kv, key_offset=kv - m, parents=parents, **args)
                 if torch.equal(got, t):
                     kwargs = "".join(f", {k}={v!r}" for k, v in args.items())
-                    return f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{device})"
+                    tree = f', parents=CASE{self.suffix}["parents"][{b}]' if parents else ""
+                    return f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{tree}{device})"
         return None
 
     def table(self, indptr, indices, last) -> str | None:
@@ -307,7 +312,7 @@ class Tracer(TorchFunctionMode):
 
 def literal(v) -> str:
     """A Python literal, with a list of one repeated number written ``[n] * count``."""
-    if isinstance(v, list) and len(v) > 3 and len(set(v)) == 1:
+    if isinstance(v, list) and len(v) > 3 and all(isinstance(e, (int, float)) for e in v) and len(set(v)) == 1:
         return f"[{v[0]!r}] * {len(v)}"
     return repr(v)
 
