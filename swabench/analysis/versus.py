@@ -64,11 +64,13 @@ def _feature_on(table: pd.DataFrame, column: str) -> pd.Series:
 
 
 def plain(table: pd.DataFrame, chunked: bool = False) -> pd.DataFrame:
-    """The rows whose case asks for none of the serving features and keeps every page it has (figures
-    and tables that mix shapes compare these); a chunked layer's rows only with ``chunked``."""
+    """The rows whose case asks for none of the serving features, keeps every page it has and verifies no draft
+    tree (figures and tables that mix shapes compare these); a chunked layer's rows only with ``chunked``."""
     keep = ~sum((_feature_on(table, column) for column in FEATURES.values()), start=table["impl"].isna())
     if "page_layout" in table:
         keep &= ~table["page_layout"].astype(str).str.startswith("evicted")
+    if "tree" in table:
+        keep &= table["tree"].isna()
     if "attention_chunk" in table and not chunked:
         keep &= table["attention_chunk"].fillna(0) == 0
     return table[keep.astype(bool)]

@@ -121,7 +121,9 @@ def from_choices(choices) -> Tree:
     return Tree((-1, *(slot[c[:-1]] for c in ordered)))
 
 
-_CHOICE = re.compile(r"\(\s*(\d+\s*(?:,\s*\d+\s*)*),?\s*\)")
+_CHOICE = r"\(\s*\d+\s*(?:,\s*\d+\s*)*,?\s*\)"
+_CHOICES = re.compile(rf"\[\s*{_CHOICE}\s*(?:,\s*{_CHOICE}\s*)*,?\s*\]", re.ASCII)
+_EAGLE = re.compile(r"eagle:(\d+):(\d+)", re.ASCII)
 
 
 def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
@@ -129,12 +131,10 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
     body = text.strip()
     if not (body.startswith("[") and body.endswith("]")):
         raise ValueError(f"must be {FORMS}; got {text[:80]!r}")
-    inner = body[1:-1].strip().rstrip(",")
-    found = list(_CHOICE.finditer(inner))
-    rest = _CHOICE.sub("", inner).replace(",", "").strip()
-    if rest or not found:
+    if not _CHOICES.fullmatch(body):
         raise ValueError(f"a choice list is tuples of child indices, '[(0,), (1,), (0, 0)]'; got {text[:80]!r}")
-    return check_choices([tuple(int(x) for x in m.group(1).split(",")) for m in found])
+    return check_choices([tuple(int(x) for x in m.group(0)[1:-1].split(",") if x.strip())
+                          for m in re.finditer(_CHOICE, body, re.ASCII)])
 
 
 def check_choices(choices) -> tuple[tuple[int, ...], ...]:
@@ -168,9 +168,9 @@ def parse(value) -> str:
     if value == CHAIN:
         return value
     if value.startswith("eagle"):
-        parts = value.split(":")
-        if len(parts) == 3 and all(p.isdigit() for p in parts[1:]) and int(parts[1]) >= 1 and int(parts[2]) >= 1:
-            return f"eagle:{int(parts[1])}:{int(parts[2])}"
+        found = _EAGLE.fullmatch(value)
+        if found and int(found.group(1)) >= 1 and int(found.group(2)) >= 1:
+            return f"eagle:{int(found.group(1))}:{int(found.group(2))}"
         raise ValueError(f"'eagle:TOPK:DEPTH' takes two integers >= 1 (SGLang's speculative_eagle_topk and "
                          f"speculative_num_steps); got {value[:80]!r}")
     return write_choices(parse_choices(value))

@@ -5,12 +5,12 @@ the findings page's sentences), in page order.  ``swabench report``, ``swabench 
 from __future__ import annotations
 
 from swabench.publish.sections import (answers, compiles, correctness, kernels, machine, method, modes, neighbours,
-                                       releases, repros, runs, serving, speed)
+                                       releases, repros, runs, serving, speed, trees)
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section
 from swabench.publish.sections.releases import older_releases
 
 SECTIONS: list[Section] = [s for module in (answers, runs, correctness, repros, speed, machine, modes, compiles,
-                                            kernels, serving, neighbours, releases, method)
+                                            kernels, serving, neighbours, trees, releases, method)
                            for s in module.SECTIONS]
 assert len({s.key for s in SECTIONS}) == len(SECTIONS), "two sections share a key"
 

@@ -10,7 +10,7 @@ from swabench.analysis import price, replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table, trace_name
-from swabench.publish.sections import machine, modes, neighbours, releases, speed
+from swabench.publish.sections import machine, modes, neighbours, releases, speed, trees
 from swabench.publish.sections.base import FINDINGS, Run, Section, micros, ratio, run_for_step
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
@@ -153,6 +153,8 @@ def reads_said(runs: list[Run]) -> list[str]:
 
 def answers(runs: list[Run]) -> list[str]:
     parts = []
+    drafts = trees.in_short(runs)
+    runs = [r.chains() for r in runs]
     reads = reads_said(runs)
     runs = [r for r in runs if not r.profiled]
     by_release = releases.in_short(runs)
@@ -196,6 +198,9 @@ def answers(runs: list[Run]) -> list[str]:
     if beside:
         parts += ["**Beside the causal window** (non-causal windows, chunked attention):\n"
                   + "\n".join(f"- {s}" for s in beside)]
+    if drafts:
+        parts += ["**Draft trees** (EAGLE/MTP with topk > 1; detail under Draft trees):\n"
+                  + "\n".join(f"- {s}" for s in drafts)]
     if by_release:
         parts += ["**Which release.** One scenario on several releases (detail under Across releases):\n"
                   + "\n".join(by_release)]
@@ -205,5 +210,5 @@ def answers(runs: list[Run]) -> list[str]:
 SECTIONS = [
     Section("answers", "Answers", "What the runs below say, in short; each number names its run folder, and the "
             "sections below hold the detail.", pages=frozenset({FINDINGS}), across=answers, every_release=True,
-            profiled=True),
+            profiled=True, trees=True),
 ]

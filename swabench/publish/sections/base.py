@@ -41,6 +41,12 @@ class Run:
         """Whether any point of the run has a kernel time (a check has none)."""
         return bool(len(self.table)) and not self.table["median_us"].isna().all()
 
+    def chains(self) -> Run:
+        """The run without its draft-tree verify blocks: what the sections that compare steps of one shape read."""
+        if "tree" not in self.table or self.table["tree"].isna().all():
+            return self
+        return Run(self.folder, self.table[self.table["tree"].isna()], self.meta)
+
 
 def _nothing(run: Run) -> pd.DataFrame:
     return pd.DataFrame()
@@ -67,6 +73,7 @@ class Section:
     across: Callable[[list[Run]], list[str]] | None = None
     every_release: bool = False  # findings: also the runs of a scenario made on older releases of a library
     profiled: bool = False  # findings: also the runs made under a profiler, whose tracing lengthens every call
+    trees: bool = False  # whether it reads draft-tree verify blocks (Case.tree); the others see each run without
 
     def head(self) -> list[str]:
         title, caption = (x() if callable(x) else x for x in (self.title, self.caption))
@@ -74,6 +81,7 @@ class Section:
 
     def for_run(self, run: Run) -> list[str]:
         """The section on one run's report: nothing where the run has no rows for it."""
+        run = run if self.trees else run.chains()
         if self.timed and not run.timed:
             return []
         frame, said = self.table(run), [s for s in self.said(run) if s]
@@ -82,6 +90,7 @@ class Section:
     def for_runs(self, runs: list[Run]) -> list[str]:
         """The section on the findings page: each run's sentences and table under a line naming its folder
         (or one table of every run's rows); nothing where no run has anything for it."""
+        runs = [r if self.trees else r.chains() for r in runs]
         runs = [r for r in runs if (r.timed or not self.timed) and (self.profiled or not r.profiled)]
         if self.across:
             body = self.across(runs)
@@ -111,9 +120,12 @@ def figure_link(run: Run, name: str) -> str:
 
 
 def run_for_step(runs: list[Run], mode: str) -> Run | None:
-    """The run that speaks for a step on the findings page: the one with the most timed points of it (the
-    first given on a tie); None where no run timed it."""
-    timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna()).sum()), -i, r)
+    """The run that speaks for a step on the findings page: the one with the most timed points of it whose
+    verify block is no draft tree (the first given on a tie); None where no run timed it."""
+    def chains(t: pd.DataFrame) -> pd.Series:
+        return t["tree"].isna() if "tree" in t else pd.Series(True, index=t.index)
+
+    timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna() & chains(r.table)).sum()), -i, r)
              for i, r in enumerate(runs) if r.timed]
     best = max(timed, key=lambda x: x[:2], default=None)
     return best[2] if best and best[0] else None

@@ -121,9 +121,9 @@ def _xpass(r: Run) -> list[str]:
 
 
 SECTIONS = [
-    Section("correctness", "Correctness", "", pages=frozenset({FINDINGS}), across=across_runs, profiled=True),
+    Section("correctness", "Correctness", "", pages=frozenset({FINDINGS}), across=across_runs, profiled=True, trees=True),
     Section("correctness-matrix", "Correctness", "Points per status for each implementation and backend, the worst "
             "error of a passing point, and the smallest error of a caught known bug.",
-            lambda run: correctness_matrix(run.table), _summary_line, pages=frozenset({REPORT, SUMMARY})),
-    Section("failed", "Failed points", "", _failed, _failed_count, pages=frozenset({REPORT, SUMMARY})),
+            lambda run: correctness_matrix(run.table), _summary_line, pages=frozenset({REPORT, SUMMARY}), trees=True),
+    Section("failed", "Failed points", "", _failed, _failed_count, pages=frozenset({REPORT, SUMMARY}), trees=True),
 ]

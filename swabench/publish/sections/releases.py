@@ -11,12 +11,31 @@ from swabench.publish.markdown import markdown_table
 from swabench.publish.sections.base import FINDINGS, Run, Section, ratio
 
 
+def _sweep(r: Run) -> tuple:
+    """What a release set holds fixed: the scenario, and the cases its command picked (``--case``: a run of some of
+    a scenario's groups, on each release, is a set of its own)."""
+    import shlex
+
+    try:
+        words = shlex.split(str(r.meta.get("command") or ""))
+    except ValueError:
+        words = []
+    picked = tuple(sorted(b for a, b in zip(words, words[1:]) if a == "--case"))
+    return r.meta.get("scenario"), picked
+
+
+def named(group: list[Run]) -> str:
+    """A release set as the page names it: '`release`', or '`release` (groups tree)' for a part of it."""
+    scenario, picked = _sweep(group[0])
+    return f"`{scenario}`" + (f" (groups {', '.join(picked)})" if picked else "")
+
+
 def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
-    """(library, runs) per scenario whose runs were made on two or more releases of one library, one run a
-    release (the first given where a release ran twice), oldest release first."""
+    """(library, runs) per scenario (and the cases its runs picked) whose runs were made on two or more releases of
+    one library, one run a release (the first given where a release ran twice), oldest release first."""
     sets = []
-    for scenario in dict.fromkeys(r.meta.get("scenario") for r in runs):
-        same = [r for r in runs if r.meta.get("scenario") == scenario]
+    for sweep in dict.fromkeys(_sweep(r) for r in runs):
+        same = [r for r in runs if _sweep(r) == sweep]
         for lib in registry.libraries():
             by_release = {}
             for r in same:
@@ -35,7 +54,7 @@ def older_releases(runs: list[Run]) -> list[Run]:
     older = []
     for library, group in release_sets(runs):
         newest = (group[-1].meta.get("libraries") or {}).get(library)
-        older += [r for r in runs if r.meta.get("scenario") == group[0].meta.get("scenario")
+        older += [r for r in runs if _sweep(r) == _sweep(group[0])
                   and (r.meta.get("libraries") or {}).get(library) not in (None, newest)]
     return older
 
@@ -92,7 +111,7 @@ def in_short(runs: list[Run]) -> list[str]:
                 parts.append(f"{r.version} times the same as {m.newest.version} on {same} of {len(t)} timed points"
                              + (" (the rest too noisy to tell)" if same < len(t) else ""))
         names = ", ".join(f"`{r.folder}`" for r in m.releases)
-        lines.append(f"- `{m.scenario}` on {library} {versions[0]} to {versions[-1]} ({len(versions)} releases): "
+        lines.append(f"- {named(group)} on {library} {versions[0]} to {versions[-1]} ({len(versions)} releases): "
                      + "; ".join(parts) + f" ({names}).")
     return lines
 
@@ -111,7 +130,7 @@ def across_releases(runs: list[Run]) -> list[str]:
     for library, group in release_sets(runs):
         m = matrix_of(library, group)
         names = ", ".join(f"{r.version} ({f'`{r.folder}`'})" for r in m.releases)
-        said.append(f"`{m.scenario}` on {library} {names}:")
+        said.append(f"{named(group)} on {library} {names}:")
         for _, bug in m.bugs.iterrows():
             has = [r.version for r in m.releases if str(bug[r.version]).startswith("has it")]
             clean = [r.version for r in m.releases if str(bug[r.version]).startswith("not shown")]

@@ -69,5 +69,5 @@ def reproducers(runs: list[Run]) -> list[str]:
 
 SECTIONS = [
     Section("repros", "Reproducers: each bug caught, as a script to file upstream", "", pages=frozenset({FINDINGS}),
-            across=reproducers, every_release=True, profiled=True),
+            across=reproducers, every_release=True, profiled=True, trees=True),
 ]

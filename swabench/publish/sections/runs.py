@@ -41,7 +41,8 @@ def method(run: Run) -> pd.DataFrame:
 
 
 SECTIONS = [
-    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines, every_release=True, profiled=True),
+    Section("runs", "Runs", "", pages=frozenset({FINDINGS}), across=run_lines, every_release=True, profiled=True,
+            trees=True),
     Section("environment", "Environment", "", environment, pages=frozenset({REPORT})),
     Section("method", "Method", "", method, pages=frozenset({REPORT})),
 ]
