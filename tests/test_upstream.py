@@ -7,7 +7,7 @@ import pytest
 from conftest import TINY, invoke
 
 from swabench.core import semantics
-from swabench.impls import embedded, flashinfer_impls, registry, upstream
+from swabench.impls import embedded, flashinfer_impls, flashinfer_library, registry, upstream
 from swabench.run.sweep import verdict
 from swabench.inputs import axes
 from swabench.store import run_folder
@@ -52,14 +52,14 @@ def test_a_failure_inside_the_condition_is_xfail_and_outside_it_still_exits_1(tm
 
 
 def test_the_sink_module_condition_needs_two_head_dims_in_one_process(monkeypatch):
-    monkeypatch.setattr(flashinfer_impls, "SINK_HEAD_DIMS", {})
+    monkeypatch.setattr(flashinfer_library, "SINK_HEAD_DIMS", {})
     case = lambda d: axes.make_case(dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=15, sinks=True,  # noqa
                                          num_qo_heads=8, num_kv_heads=8, head_dim=d))
     hit = lambda c, backend="fa2": upstream.hit("sink-window", c, backend)  # noqa: E731
-    key = flashinfer_impls._sink_module(case(64), "fa2")
-    flashinfer_impls.SINK_HEAD_DIMS[key] = {64}
+    key = flashinfer_library._sink_module(case(64), "fa2")
+    flashinfer_library.SINK_HEAD_DIMS[key] = {64}
     assert hit(case(64)) is None and hit(case(128)) is None
-    flashinfer_impls.SINK_HEAD_DIMS[key].add(128)
+    flashinfer_library.SINK_HEAD_DIMS[key].add(128)
     assert hit(case(64)).ref == hit(case(128)).ref == "flashinfer#1679"
     assert hit(case(128), "fa3") is None  # another backend is another module
     assert upstream.hit("paged-window", case(128), "fa2") is None  # only the paths it names

@@ -19,67 +19,11 @@ import torch
 
 from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
+from .flashinfer_library import (BACKENDS, CUDA_CORE_BACKENDS, CUDA_CORE_DECODE_GROUPS, CUDNN, DTYPES, HEAD_DIMS,
+                                 LIBRARY, SINK_HEAD_DIMS, SINK_WRAPPERS, _import_error, _sink_module)
 from .flashinfer_workspace import MIB, WORKSPACE_BYTES, plan_in_workspace, resource_errors, workspace
-from .registry import Implementation, Library, Unsupported, register, register_library
+from .registry import Implementation, Unsupported, register
 
-BACKENDS = ("fa2", "fa3", "auto")
-CUDNN = "cudnn"  # cuDNN's paged decode graph, on Hopper the decode wrapper's one backend beyond fa2/fa3
-CUDA_CORE_BACKENDS = ("fa2", "auto", CUDNN)  # "auto": fa2's CUDA-core kernel on Hopper, cuDNN where its rule says
-HEAD_DIMS = (64, 128, 256)
-DTYPES = ("bfloat16", "float16")
-# the GQA groups the CUDA-core decode kernel is instantiated for (include/flashinfer/utils.cuh, 0.7.2 and 0.7.4)
-CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
-
-
-@lru_cache(maxsize=1)
-def _import_error() -> str | None:
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as e:  # ImportError, or a broken CUDA setup inside flashinfer's import
-        return f"flashinfer is not importable ({type(e).__name__}: {e}); install swabench[gpu]"
-    return None
-
-
-def jit_modules() -> dict[str, float]:
-    """FlashInfer's compiled JIT modules on disk, name -> modification time ({} without flashinfer).
-    Taken before and after a warm-up, the difference is what the warm-up built."""
-    if _import_error():
-        return {}
-    from flashinfer.jit import env
-    return {so.parent.name: so.stat().st_mtime for so in env.FLASHINFER_JIT_DIR.glob("*/*.so")}
-
-
-def jit_cache_dir() -> str | None:
-    if _import_error():
-        return None
-    from flashinfer.jit import env
-    return str(env.FLASHINFER_JIT_DIR)
-
-
-SINK_WRAPPERS = {False: "BatchAttentionWithAttentionSinkWrapper", True: "BatchDecodeWithAttentionSinkWrapper"}
-SINK_HEAD_DIMS: dict[tuple, set[int]] = {}  # the sink wrapper's module name before 0.7.4 -> head_dims built here
-
-
-def _sink_module(case, backend: str) -> tuple:
-    """What FlashInfer before 0.7.4 named the sink wrapper's JIT module by: query dtype, window, backend."""
-    return case.dtype, case.window_left >= 0, backend
-
-
-def sink_head_dims_mixed(case, backend: str) -> bool:
-    """Whether this process built the sink wrapper at two head_dims under one module name (flashinfer#1679)."""
-    return len(SINK_HEAD_DIMS.get(_sink_module(case, backend), ())) > 1
-
-
-def _shared_module(impl: str, case, backend: str):
-    """The sink wrapper's points share a module name before 0.7.4 whatever their head_dim."""
-    return ("sink", *_sink_module(case, backend)) if impl == "sink-window" else None
-
-
-LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
-                                   module="flashinfer", backends=BACKENDS + (CUDNN,), chooser="auto",
-                                   opt_in=(CUDNN,),
-                                   workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
-                                   jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
 @dataclass(frozen=True)
 class Variant:
     storage: str  # "paged" | "ragged"
@@ -94,6 +38,11 @@ class Variant:
     modes: tuple[str, ...] = ()  # the steps it models, where not every mode (): all
     sinks: str | None = None  # "apply": BatchAttentionWithAttentionSinkWrapper; "drop": run(..., sinks=s) on the
     # prefill wrapper, which takes them and leaves them out
+
+    def spans(self, case, qo_lens, kv_lens, page_size: int) -> list[tuple[int, int]]:
+        """Each request's keys ``[start, end)`` that its table holds."""
+        return [(self.start(case, q, k, page_size) if self.start else 0, self.end(case, q, k, page_size) if self.end
+                 else k) for q, k in zip(qo_lens, kv_lens)]
 
 
 def _accepts(fn, name: str) -> bool:
@@ -182,10 +131,7 @@ class FlashInferRunner:
                             paged_kv_indices_buffer=torch.empty(len(w.kv_indices_host), dtype=i32, device=dev),
                             paged_kv_last_page_len_buffer=torch.empty(b, dtype=i32, device=dev))
         elif graph_wrapper:
-            ps = w.page_size
-            kept = [(variant.end(w.case, q, k, ps) if variant.end else k) - (variant.start(w.case, q, k, ps)
-                                                                             if variant.start else 0)
-                    for q, k in zip(w.qo_lens, w.kv_lens)]
+            kept = [e - s for s, e in variant.spans(w.case, w.qo_lens, w.kv_lens, w.page_size)]
             bufs = graph_buffers(w, paged, semantics.packed_mask_bytes(w.qo_lens, kept) if variant.mask else None)
         cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper if variant.decode else \
             flashinfer.BatchPrefillWithPagedKVCacheWrapper if paged else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
@@ -208,8 +154,8 @@ class FlashInferRunner:
         i32 = torch.int32
         qo_indptr = torch.tensor(w.qo_indptr_host, dtype=i32)
         window_left = (v.plan_window(c) if v.plan_window else c.window_left) if v.window_at_plan else semantics.NO_WINDOW
-        ps, lengths = w.page_size, list(zip(w.qo_lens, w.kv_lens))
-        starts = [v.start(c, q, k, ps) if v.start else 0 for q, k in lengths]
+        ps = w.page_size
+        starts, ends = zip(*v.spans(c, w.qo_lens, w.kv_lens, ps))
         if v.decode:  # one query per request: no query indptr, no causal flag
             window = dict(head_dim=c.head_dim, window_left=window_left)
         elif v.mask:  # over the keys the table holds; the kernel ANDs it with plan()'s window, by row
@@ -232,7 +178,6 @@ class FlashInferRunner:
         else:
             indptr, indices, last = w.kv_indptr_host, w.kv_indices_host, w.kv_last_page_len.cpu()
             if v.start is not None or v.end is not None:
-                ends = [v.end(c, q, k, ps) if v.end else k for q, k in lengths]
                 indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
             args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)
             shape["page_size"] = ps
@@ -318,9 +263,7 @@ VARIANTS: dict[str, Variant] = {}  # every registered path's call
 def planned_kv_lens(impl: str, case, qo_lens, kv_lens) -> list[int]:
     """The keys each request's table holds as ``impl`` plans it: from the first key it keeps (a trimming path's
     first page) to the key its table ends before."""
-    v, ps = VARIANTS[impl], case.page_size or 1
-    return [(v.end(case, q, k, ps) if v.end else k) - (v.start(case, q, k, ps) if v.start else 0)
-            for q, k in zip(qo_lens, kv_lens)]
+    return [e - s for s, e in VARIANTS[impl].spans(case, qo_lens, kv_lens, case.page_size or 1)]
 
 
 def register_variant(name, summary, variant: Variant, kind="correct", visibility=None, wrapper=None,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .flex import (SPARSE_BLOCK, FlexRunner, Span, compiled_flex, flex_decoding, q_block_size, slot_owners, soft_cap,
+from .flex import (SPARSE_BLOCK, FlexRunner, compiled_flex, flex_decoding, q_block_size, slot_owners, soft_cap,
                    unsupported)
+from .flex_span import Span
 from .registry import Implementation, register
 
 

@@ -28,9 +28,9 @@ class UpstreamBug:
 
 
 def _sink_head_dims_mixed(impl: str, case, backend: str) -> bool:
-    from swabench.impls import flashinfer_impls
+    from swabench.impls import flashinfer_library
 
-    return flashinfer_impls.sink_head_dims_mixed(case, backend)
+    return flashinfer_library.sink_head_dims_mixed(case, backend)
 
 
 def _fa2_noncausal_split(impl: str, case, backend: str) -> bool:
