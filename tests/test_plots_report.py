@@ -53,7 +53,7 @@ def test_the_report_has_its_tables_and_every_figure_as_a_real_image(h200, tmp_pa
     folder = reported.parent
     made = {name: folder / f"{name}.png" for name in plots.FIGURES if (folder / f"{name}.png").exists()}
     # no chunked layer, no counters, no plain wrappers in the run
-    assert set(plots.FIGURES) - set(made) == {"sawtooth", "bytes_read", "wrapper_modes"}
+    assert set(plots.FIGURES) - set(made) == {"sawtooth", "bytes_read", "wrapper_modes", "tree_cost"}
     for name, path in made.items():
         image = mpimg.imread(path)
         assert image.shape[0] > 300 and 1000 <= image.shape[1] <= 1700, name

@@ -18,7 +18,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
-from swabench.publish import limits
+from swabench.publish import limits, tree_plots
 from swabench.publish.style import BACKEND_COLOUR, BACKEND_STYLE, figure, legend_outside, log_x_ticks, look, save
 from swabench.core.cases import MODES
 
@@ -364,16 +364,17 @@ def wrapper_modes(table, meta):
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backends, "decode": decode,
            "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, "wrapper_modes": wrapper_modes,
-           **limits.FIGURES}
+           **limits.FIGURES, **tree_plots.FIGURES}
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:
-    """Every figure the run has data for, as PNG in ``out``; None for those it has none for."""
+    """Every figure the run has data for, as PNG in ``out``; None for those it has none for.  The draft-tree
+    figure reads the tree points; the others, every point but those."""
     out.mkdir(parents=True, exist_ok=True)
-    made = {}
+    made, chains = {}, table[table["tree"].isna()] if "tree" in table else table
     for name, build in FIGURES.items():
         with quiet():
-            fig = build(table, meta)
+            fig = build(table if name in tree_plots.FIGURES else chains, meta)
             made[name] = None if fig is None else save(fig, out, name)
     return made
 

@@ -9,7 +9,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.core import trees
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import Run, Section, micros, path_of, path_order, ratio
+from swabench.publish.sections.base import Run, Section, figure_link, micros, path_of, path_order, ratio
 
 SLOT = "tree-window-slot"  # the kernel's own window with a tree mask: exact on chains, timed there
 CORRECT = ("tree-trim-depth", "tree-mask-depth", "tree-branches", "tree-branches-sink")
@@ -132,7 +132,7 @@ def findings(run: Run) -> list[str]:
     if trim:
         said.append(f"`tree-trim-depth` [fa2] takes {trim} the slot rule's time on the chain of the same size, where "
                     f"the slot rule is exact ({run.name}).")
-    return said
+    return said + [figure_link(run, "tree_cost")]
 
 
 def trim_cost(run: Run) -> str:
