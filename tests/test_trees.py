@@ -446,16 +446,21 @@ def test_an_eagle_tree_holds_at_most_its_capacity():
     ("[(0,), (1, 0)]", r"choice \(1, 0\) has no parent \(1,\) in the list"),
     ("[(0,), (0,)]", r"choice \(0,\) is listed twice"),
     ([[0], [0, 0], [1, 1]], r"choice \(1, 1\) has no parent \(1,\)"),
-    ("eagle:0:3", "'eagle:TOPK:DEPTH' takes two integers >= 1"),
-    ("eagle:4", "'eagle:TOPK:DEPTH' takes two integers >= 1"),
-    ("eagles:4:3", "'eagle:TOPK:DEPTH' takes two integers >= 1"),
-    ("eagle_v2:4:3", "'eagle:TOPK:DEPTH' takes two integers >= 1"),
-    ("eagle:\u00b2:3", "'eagle:TOPK:DEPTH' takes two integers >= 1"),
+    ("eagle:0:3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagle:4", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagles:4:3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagle_v2:4:3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagle:\u00b2:3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
     ("[(0,), (-1,)]", "a choice list is tuples of child indices"),
     ("[(0,) (1,)]", "a choice list is tuples of child indices"),
     ("[(0,)(1,)]", "a choice list is tuples of child indices"),
     ("[(0,),,(1,)]", "a choice list is tuples of child indices"),
     ("[,(0,)]", "a choice list is tuples of child indices"),
+    ("eagle:17:3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagle:1000:1000", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16 and DEPTH from 1 to 16"),
+    ("eagle:" + "9" * 5000 + ":3", "'eagle:TOPK:DEPTH' takes TOPK from 1 to 16"),
+    ("[(" + "9" * 5000 + ",)]", "a choice list is tuples of child indices"),
+    ([], "a choice list names at least one node besides the root"),
     ("binary", "must be 'chain', 'eagle:TOPK:DEPTH'"),
 ])
 def test_a_bad_tree_value_is_refused_naming_the_field_and_the_forms(value, message):
@@ -812,3 +817,53 @@ def test_a_cpu_run_records_the_tree_and_what_the_slot_rule_loses(tmp_path):
     for tree in ("eagle:2:2", "chain"):
         correct = rows["torch-trim", tree]
         assert correct.status == "pass" and correct.keys_lost == 0 and correct.wrong_rows == 0
+
+
+# ---------------------------------------------------------------- after a second reading
+
+def test_one_tree_written_in_two_orders_is_one_case_and_a_tree_that_never_branches_is_a_chain():
+    assert trees.parse("[(1,), (0, 0), (0,)]") == trees.parse("[(0,), (1,), (0, 0)]") == "[(0,), (1,), (0, 0)]"
+    assert trees.is_chain("chain", 5) and trees.is_chain("eagle:1:6", 5) and trees.is_chain("[(0,), (0, 0)]", 3)
+    assert not trees.is_chain("eagle:4:3", 16) and not trees.is_chain(VLLM_TREE, 7) and not trees.is_chain(None, 4)
+
+
+def test_an_eagle_tree_expands_no_deeper_than_its_nodes_can_reach():
+    """A kept node's ancestors are kept too, so steps past n - 1 change nothing: DEPTH 16 at 4 nodes is DEPTH 3."""
+    assert trees.eagle(4, 16, 4, random.Random(5)) == trees.eagle(4, 3, 4, random.Random(5))
+    assert trees.eagle(4, 16, 4, random.Random(5)).depth <= 3
+
+
+def test_a_future_key_is_seen_on_a_chain_as_without_a_tree():
+    """A path that lets in the next key lets it in whether or not its verify block is declared a chain."""
+    chain = dict(tree="chain", draft_tokens=6, prefix_len=40, window_left=7, batch_size=2)
+    impl = registry.get("planted-future")
+    for c in (case(**chain), case(**{**chain, "tree": None})):
+        qo, kv = workloads.request_lengths(c)
+        assert impl.must_fail(c, qo, kv)
+    future = Visibility(7, future=1)
+    mask = future.mask(6, 46, tree=trees.chain(6))
+    assert torch.equal(mask, future.mask(6, 46))
+    assert torch.equal(kit.visible(6, 46, 7, future=1, parents=list(trees.chain(6).parents)), mask)
+
+
+def test_sglangs_recipe_on_a_layer_without_a_window_skips_and_records_no_loss():
+    c = case(tree="eagle:2:2", draft_tokens=5, prefix_len=40, window_left=-1, page_size=1)
+    impl = registry.get("sglang-verify-tree")
+    qo, kv = workloads.request_lengths(c)
+    assert impl.skip_reason(c, "fa2", None) and "window" in impl.skip_reason(c, "fa2", None)
+    assert not impl.must_fail(c, qo, kv) and impl.keys_lost(c, qo, kv) == (0, 0.0)
+
+
+def test_a_release_set_is_keyed_by_the_cases_its_command_picked():
+    from swabench.publish.sections.releases import picked_cases
+    from swabench.run import environment
+
+    assert picked_cases("swabench run release --case tree --out x") == ("tree",)
+    assert picked_cases("swabench run release --out x") == ()
+    unquoted = "swabench run tree --count --case p8192 q16 tree chain W1023 --case p64 ps1 --impl a"
+    assert picked_cases(unquoted) == ("p64 ps1", "p8192 q16 tree chain W1023")
+    assert picked_cases("swabench run tree --case 'verify b8' --case=x") == ("verify b8", "x")
+    argv = ["swabench", "run", "tree", "--case", "verify b8 q16", "--out", "o"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", argv)
+        assert picked_cases(environment.collect_command()) == ("verify b8 q16",)

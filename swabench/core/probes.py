@@ -17,7 +17,7 @@ every integer x, carries a constant key against ``-n * SCALE`` in the query inst
 row so its peak logit is 0.  A soft-cap is then nearly linear where the answer is decided
 (cap * tanh(-16 / cap) is still about -16 nats at a cap of 50), and a sink logit of 0 takes half of
 every row, so a dropped sink moves it by O(1).  No randomness, so no row is ever left untested by
-chance; heads and passes rotate the four edges so every row meets all four.
+chance; heads and passes rotate the edges so every row meets each of them.
 
 A row is tuned to one key *column* (q = f(target), k = f(column)), so an edge may sit anywhere a row's
 definition puts it.  On a draft tree the window edges count from the node's position (``prefix + depth``) and
@@ -93,7 +93,7 @@ def passes(num_qo_heads: int, window_left: int, chunk: int = 0, tree: bool = Fal
 def _targets(w, found) -> torch.Tensor:
     """The key column each row is tuned to for each edge: ``[rows, edges]``."""
     c, column = w.case, w.query_position  # each row's own key
-    branch = _Branches(w) if w.trees is not None else None
+    branch = _Nodes(w) if w.trees is not None else None
     out = []
     for distance, _, base in found:
         if base == "position":
@@ -108,7 +108,7 @@ def _targets(w, found) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
-class _Branches:
+class _Nodes:
     """Each row of a tree case as the node it is: its position (``prefix + depth``), the slot of its ancestor at
     each depth, and the column of the last draft key before it that is not its ancestor (its own column + 1
     where there is none)."""

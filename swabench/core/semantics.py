@@ -123,7 +123,8 @@ class TreeView:
         lo, _ = visibility.interval(position, kv_len)
         last = torch.clamp(self.prefix + slots + visibility.future, max=kv_len - 1)  # the last column it sees
         self.lo, self.hi = lo, torch.clamp(last, max=self.prefix - 1)
-        self.draft = tree.ancestors() & (position[None, :] >= lo[:, None]) \
+        later = slots[None, :] > slots[:, None]  # a draft key after the node: seen only where ``future`` reaches it
+        self.draft = (tree.ancestors() | later) & (position[None, :] >= lo[:, None]) \
             & (self.prefix + slots[None, :] <= last[:, None])
 
     def cached_counts(self):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 CHAIN = "chain"
+MAX_TOPK = MAX_STEPS = 16  # SGLang's launches use topk <= 10 and <= 10 steps; a larger tree is no draft an engine makes
 FORMS = ("'chain', 'eagle:TOPK:DEPTH' (SGLang's dynamic tree, with draft_tokens nodes), or a choice list "
          "'[(0,), (1,), (0, 0)]' (vLLM's speculative_token_tree: each node the path of child indices from the root)")
 MAX_NODES = 1024  # a verify block larger than this is no draft tree an engine builds
@@ -91,7 +92,7 @@ def eagle(topk: int, depth: int, n: int, rng: random.Random) -> Tree:
     scores: list[float] = []  # every candidate's score, in candidate order
     parent: list[int] = []  # each candidate's parent candidate (-1: the root)
     frontier = [(-1, 1.0)]  # (candidate, score) of the nodes the next step expands
-    for step in range(depth):
+    for step in range(min(depth, n - 1)):  # a kept node's ancestors are kept too: none sits deeper than n - 1
         made = []
         for node, score in frontier:
             for p in _child_probabilities(topk, rng):
@@ -121,9 +122,9 @@ def from_choices(choices) -> Tree:
     return Tree((-1, *(slot[c[:-1]] for c in ordered)))
 
 
-_CHOICE = r"\(\s*\d+\s*(?:,\s*\d+\s*)*,?\s*\)"
+_CHOICE = r"\(\s*\d{1,6}\s*(?:,\s*\d{1,6}\s*)*,?\s*\)"
 _CHOICES = re.compile(rf"\[\s*{_CHOICE}\s*(?:,\s*{_CHOICE}\s*)*,?\s*\]", re.ASCII)
-_EAGLE = re.compile(r"eagle:(\d+):(\d+)", re.ASCII)
+_EAGLE = re.compile(r"eagle:(\d{1,6}):(\d{1,6})", re.ASCII)
 
 
 def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
@@ -140,6 +141,8 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
 def check_choices(choices) -> tuple[tuple[int, ...], ...]:
     """Each path once, every path's parent listed (the root is implied), at most MAX_NODES nodes."""
     paths = [tuple(c) if isinstance(c, (list, tuple)) else c for c in choices]
+    if not paths:
+        raise ValueError(f"a choice list names at least one node besides the root, as in {FORMS}")
     if len(paths) + 1 > MAX_NODES:
         raise ValueError(f"{len(paths) + 1} nodes: a draft tree holds at most {MAX_NODES}")
     seen = set()
@@ -153,7 +156,7 @@ def check_choices(choices) -> tuple[tuple[int, ...], ...]:
     orphan = next((c for c in paths if len(c) > 1 and c[:-1] not in seen), None)
     if orphan:
         raise ValueError(f"choice {orphan!r} has no parent {orphan[:-1]!r} in the list")
-    return tuple(paths)
+    return tuple(sorted(paths, key=lambda c: (len(c), c)))  # the order vLLM lays them out: one tree, one id
 
 
 # ---------------------------------------------------------------- the axis
@@ -169,10 +172,10 @@ def parse(value) -> str:
         return value
     if value.startswith("eagle"):
         found = _EAGLE.fullmatch(value)
-        if found and int(found.group(1)) >= 1 and int(found.group(2)) >= 1:
+        if found and 1 <= int(found.group(1)) <= MAX_TOPK and 1 <= int(found.group(2)) <= MAX_STEPS:
             return f"eagle:{int(found.group(1))}:{int(found.group(2))}"
-        raise ValueError(f"'eagle:TOPK:DEPTH' takes two integers >= 1 (SGLang's speculative_eagle_topk and "
-                         f"speculative_num_steps); got {value[:80]!r}")
+        raise ValueError(f"'eagle:TOPK:DEPTH' takes TOPK from 1 to {MAX_TOPK} and DEPTH from 1 to {MAX_STEPS} "
+                         f"(SGLang's speculative_eagle_topk and speculative_num_steps); got {value[:80]!r}")
     return write_choices(parse_choices(value))
 
 
@@ -180,7 +183,7 @@ def write_choices(choices) -> str:
     return "[" + ", ".join("(" + ", ".join(map(str, c)) + ("," if len(c) == 1 else "") + ")" for c in choices) + "]"
 
 
-def nodes(spec: str, draft_tokens: int | None) -> int | None:
+def node_count(spec: str, draft_tokens: int | None) -> int | None:
     """How many queries the tree verifies: a choice list's nodes and its root; else ``draft_tokens``."""
     return len(parse_choices(spec)) + 1 if spec.startswith("[") else draft_tokens
 
@@ -191,13 +194,22 @@ def check(spec: str, n: int) -> str | None:
         _, topk, depth = spec.split(":")
         most = eagle_capacity(int(topk), int(depth))
         if not 2 <= n <= min(most, MAX_NODES):
-            return (f"{spec} makes 2 to {min(most, MAX_NODES)} draft tokens (the root, {topk} candidates from the first "
-                    f"step and {int(topk) ** 2} from each later one), not {n}")
-    elif spec.startswith("[") and nodes(spec, n) != n:
-        return f"the choice list has {nodes(spec, n) - 1} nodes and the root: {nodes(spec, n)} draft tokens, not {n}"
+            return (f"{spec} makes 2 to {min(most, MAX_NODES)} draft tokens (the root, {topk} candidates from the "
+                    f"first step and {int(topk) ** 2} from each later one), not {n}")
+    elif spec.startswith("[") and node_count(spec, n) != n:
+        given = node_count(spec, n)
+        return f"the choice list has {given - 1} nodes and the root: {given} draft tokens, not {n}"
     elif spec == CHAIN and not 1 <= n <= MAX_NODES:
         return f"a chain of {n} draft tokens: give 1 to {MAX_NODES}"
     return None
+
+
+def is_chain(spec: str | None, n: int) -> bool:
+    """Whether a tree of ``n`` nodes given this way is a chain (slot = depth for every node): 'chain', an EAGLE
+    tree with one child a node, or a choice list that never branches."""
+    if spec is None or spec == CHAIN or spec.startswith("eagle:1:"):
+        return spec is not None
+    return spec.startswith("[") and from_choices(parse_choices(spec)).is_chain
 
 
 def label(spec: str) -> str:

@@ -181,18 +181,22 @@ class FlashInferRunner:
                 indptr, indices, last = workloads.slice_page_table(indptr, indices, starts, ends, ps)
             args = (qo_indptr,) * (not v.decode) + (indptr.to(i32), indices.to(i32), last)
             shape["page_size"] = ps
-        with resource_errors():
-            if self.workspace_mib is None:
-                self.wrapper, size = plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
-                                                       w.device, args, shape)
-                self._workspace_bytes, self.workspace_mib = size, size // MIB
-            else:
-                self.wrapper.plan(*args, **shape)
+        self._plan(args, shape)
         # the decode wrapper says what backend="auto" resolved to (cuDNN, XQA, a tensor-core pick)
         self.resolved_backend = getattr(self.wrapper, "resolved_backend", None) or getattr(self.wrapper, "_backend",
                                                                                            self.backend)
         self.layout = ("cuda-graph" if self.graph_wrapper else "plain") + \
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
+
+    def _plan(self, args, shape: dict) -> None:
+        """plan(), in a workspace grown to what the first plan needs (FlashInfer's resource errors: skips)."""
+        with resource_errors():
+            if self.workspace_mib is None:
+                self.wrapper, size = plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
+                                                       self.w.device, args, shape)
+                self._workspace_bytes, self.workspace_mib = size, size // MIB
+            else:
+                self.wrapper.plan(*args, **shape)
 
     def run(self) -> None:
         w = self.w

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import torch
 
 KINDS = ("correct", "known-bug", "planted")
-MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify")  # each registers its implementations on import
+# each registers its implementations on import
+MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify")
 
 
 class Unsupported(Exception):

@@ -33,7 +33,6 @@ import torch
 
 from swabench.core import semantics, trees, workloads
 from . import flashinfer_impls as fi
-from . import flashinfer_workspace as ws
 from .embedded import GatherRunner
 from .fa2_split import cta_tile_q
 from .registry import Implementation, computed, register
@@ -138,8 +137,9 @@ fi.register_variant("tree-branches-sink", "the sink wrapper with one request per
 # ---------------------------------------------------------------- SGLang's EAGLE target verify
 
 def sglang_kept(case, qo_len: int, kv_len: int) -> int:
-    """Keys the SWA wrapper's table holds in SGLang's EAGLE verify: ``min(prefix, W) + n``, from the first."""
-    return min(kv_len - qo_len, case.window_left) + qo_len
+    """Keys the SWA wrapper's table holds in SGLang's EAGLE verify: ``min(prefix, W) + n``, from the first (every
+    key on a layer without a window, which is not this recipe's and skips)."""
+    return kv_len if case.window_left < 0 else min(kv_len - qo_len, case.window_left) + qo_len
 
 
 def full_prefix_mask(qo_lens, kv_lens, drafts) -> torch.Tensor:
@@ -153,7 +153,9 @@ def _sglang_seen(case, qo_lens, kv_lens) -> list:
     """What each query sees under SGLang's recipe: the planned table's column c is the request's key c; FlashInfer
     reads request b's mask bits from the offset of the planned sizes before it, ``K`` a row, so a request whose
     table was cut reads rows of the full-prefix mask out of step; and the window given at run moves each query
-    tile's first key to ``K + first query of the tile - n - W`` (fa2's query tile for the batch)."""
+    tile's first key to ``K + first query of the tile - n - W`` (fa2's query tile for the batch's uniform verify
+    blocks; a tile that splits a query's heads, where the tile is no multiple of the GQA group, is read at the
+    query's first head)."""
     drafts = trees.of_case(case)
     bits = full_prefix_mask(qo_lens, kv_lens, drafts)
     tile = cta_tile_q(max(qo_lens) * case.gqa_group, case.head_dim)
@@ -164,7 +166,8 @@ def _sglang_seen(case, qo_lens, kv_lens) -> list:
         chunk = bits[offset:offset + q * kept]
         read[:len(chunk)] = chunk
         first_query = torch.tensor([(i * case.gqa_group) // tile * tile // case.gqa_group for i in range(q)])
-        first_key = (kept + first_query - q - case.window_left).clamp_min(0)
+        first_key = (kept + first_query - q - case.window_left).clamp_min(0) if case.window_left >= 0 \
+            else torch.zeros(q, dtype=torch.int64)  # no window at run: the kernel skips nothing
         seen = torch.zeros(q, k, dtype=torch.bool)
         seen[:, :kept] = read.view(q, kept) & (torch.arange(kept)[None, :] >= first_key[:, None])
         out.append(seen)
@@ -186,14 +189,7 @@ class SGLangVerifyRunner(fi.FlashInferRunner):
                      causal=False, custom_mask=full_prefix_mask(w.qo_lens, w.kv_lens, w.trees).to(w.device))
         if c.logits_soft_cap:
             shape["logits_soft_cap"] = c.logits_soft_cap
-        args = (torch.tensor(w.qo_indptr_host, dtype=i32), indptr.to(i32), indices.to(i32), last)
-        with ws.resource_errors():
-            if self.workspace_mib is None:
-                self.wrapper, size = ws.plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
-                                                          w.device, args, shape)
-                self._workspace_bytes, self.workspace_mib = size, size // ws.MIB
-            else:
-                self.wrapper.plan(*args, **shape)
+        self._plan((torch.tensor(w.qo_indptr_host, dtype=i32), indptr.to(i32), indices.to(i32), last), shape)
         self.wrapper._window_left = c.window_left  # what forward(..., window_left=W) sets before its run
         self.resolved_backend = getattr(self.wrapper, "_backend", self.backend)
         self.layout = ("cuda-graph" if self.graph_wrapper else "plain") + ": table cut to min(prefix, W) + n keys " \

@@ -204,7 +204,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         qo_name = _one_of({k: p[k] for k in (own, "qo_len") if k in p}, (own, "qo_len"), path, where,
                           required=False)
         if qo_name is None and str(p.get("tree", "")).startswith("["):
-            p[own] = trees.nodes(p["tree"], None)  # a choice list says how many queries it verifies
+            p[own] = trees.node_count(p["tree"], None)  # a choice list says how many queries it verifies
             qo_name = own
         if qo_name is None:
             other = [n for n in ("extend_len", "draft_tokens") if n in p and n != own]

@@ -85,7 +85,7 @@ def _rule_namespace(combo: dict, group: str) -> dict:
     if ns["qo_len"] is None:
         ns["qo_len"] = 1 if ns["mode"] == "decode" else ns.get(QO_FIELD.get(ns["mode"], ""), None)
     if ns["qo_len"] is None and str(ns["tree"]).startswith("["):
-        ns["qo_len"] = trees.nodes(ns["tree"], None)  # a choice list says how many queries it verifies
+        ns["qo_len"] = trees.node_count(ns["tree"], None)  # a choice list says how many queries it verifies
     ns["kv_len"] = ns["seq_len"] if ns["seq_len"] is not None else \
         (ns["prefix_len"] + ns["qo_len"] if None not in (ns["prefix_len"], ns["qo_len"]) else None)
     ns["kv_dtype"] = ns["kv_dtype"] or ns["dtype"]

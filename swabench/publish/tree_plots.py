@@ -4,19 +4,9 @@ custom mask.  Every path keeps its look (``style.look``); the chains' points are
 
 from __future__ import annotations
 
-import pandas as pd
-
-from swabench.core import trees
 from swabench.impls import registry
-from swabench.publish.sections.trees import CHAIN_PATHS
+from swabench.publish.sections.trees import CHAIN_PATHS, is_chain, layer_of
 from swabench.publish.style import figure, legend_outside, look
-
-
-def _layer(t: pd.DataFrame) -> pd.Series:
-    name = t["model"].astype(object).where(t["model"].notna(), "h" + t["num_qo_heads"].astype(str) + "/"
-                                           + t["num_kv_heads"].astype(str)) if "model" in t else t["num_qo_heads"]
-    return name.astype(str) + t["sinks"].astype(str).str.lower().map({"true": " sinks"}).fillna("") \
-        + " W" + t["window_left"].astype(str)
 
 
 def tree_cost(table, meta):
@@ -27,14 +17,14 @@ def tree_cost(table, meta):
     t = table[timed & (table["library"] == "flashinfer") & ((table["kind"] == "correct")
                                                            | (table["impl"] == "tree-window-slot"))]
     t = t[t["prefix_len"] == t["prefix_len"].max()]
-    t = t[t["page_size"] == t["page_size"].min()].assign(layer=_layer(t), chain=lambda d: d["tree"] == trees.CHAIN)
+    t = t[t["page_size"] == t["page_size"].min()].assign(layer=layer_of(t), chain=is_chain)
     t = t[t["chain"] == t["impl"].isin(CHAIN_PATHS)]  # the tree paths on trees, the chain paths on chains
     if t.empty or t["chain"].all():
         return None
     layers = list(dict.fromkeys(t["layer"]))
     fig, axes = figure(meta, f"Draft trees past the window ({int(t['prefix_len'].max())} keys, page size "
-                             f"{int(t['page_size'].min())}): each correct path on the tree, and a chain of the same size "
-                             f"(hollow, dashed)", 1, len(layers), size=(4.2, 3.6))
+                             f"{int(t['page_size'].min())}): each correct path on the tree, and a chain of the same "
+                             f"size (hollow, dashed)", 1, len(layers), size=(4.2, 3.6))
     for ax, layer in zip(axes[0], layers):
         rows = t[t["layer"] == layer]
         sizes = sorted(rows["qo_len"].unique())

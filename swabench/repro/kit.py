@@ -102,7 +102,8 @@ def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, f
             slots = (j - prefix).clamp(min=0, max=qo_len - 1)
             key_at = torch.where(j >= prefix, prefix + torch.tensor(depth, device=device)[slots], j)
         draft = j >= prefix
-        allowed = ~draft[None, :] | ancestors[:, (j - prefix).clamp(min=0)]
+        later = j[None, :] > p[:, None]  # a draft key after the node: seen only where ``future`` reaches it
+        allowed = ~draft[None, :] | ancestors[:, (j - prefix).clamp(min=0)] | later
         position = p if by_slot else prefix + torch.tensor(depth, device=device)
     else:
         position = p

@@ -6,6 +6,7 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -111,7 +112,8 @@ def collect(device="cpu") -> dict:
 
 
 def collect_command() -> str:
-    return " ".join(["swabench", *sys.argv[1:]])
+    """The command line, quoted so that it splits back into the same arguments (``--case "verify b8"``)."""
+    return "swabench " + shlex.join(sys.argv[1:])
 
 
 def describe(device, measure_peaks: bool = False) -> str:

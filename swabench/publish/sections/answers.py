@@ -154,7 +154,7 @@ def reads_said(runs: list[Run]) -> list[str]:
 def answers(runs: list[Run]) -> list[str]:
     parts = []
     drafts = trees.in_short(runs)
-    runs = [r.chains() for r in runs]
+    runs = [r.without_trees() for r in runs]
     reads = reads_said(runs)
     runs = [r for r in runs if not r.profiled]
     by_release = releases.in_short(runs)

@@ -41,8 +41,9 @@ class Run:
         """Whether any point of the run has a kernel time (a check has none)."""
         return bool(len(self.table)) and not self.table["median_us"].isna().all()
 
-    def chains(self) -> Run:
-        """The run without its draft-tree verify blocks: what the sections that compare steps of one shape read."""
+    def without_trees(self) -> Run:
+        """The run without the points whose verify block is declared a tree (a chain among them): what the sections
+        that compare steps of one shape read."""
         if "tree" not in self.table or self.table["tree"].isna().all():
             return self
         return Run(self.folder, self.table[self.table["tree"].isna()], self.meta)
@@ -81,7 +82,7 @@ class Section:
 
     def for_run(self, run: Run) -> list[str]:
         """The section on one run's report: nothing where the run has no rows for it."""
-        run = run if self.trees else run.chains()
+        run = run if self.trees else run.without_trees()
         if self.timed and not run.timed:
             return []
         frame, said = self.table(run), [s for s in self.said(run) if s]
@@ -90,7 +91,7 @@ class Section:
     def for_runs(self, runs: list[Run]) -> list[str]:
         """The section on the findings page: each run's sentences and table under a line naming its folder
         (or one table of every run's rows); nothing where no run has anything for it."""
-        runs = [r if self.trees else r.chains() for r in runs]
+        runs = [r if self.trees else r.without_trees() for r in runs]
         runs = [r for r in runs if (r.timed or not self.timed) and (self.profiled or not r.profiled)]
         if self.across:
             body = self.across(runs)

@@ -11,22 +11,37 @@ from swabench.publish.markdown import markdown_table
 from swabench.publish.sections.base import FINDINGS, Run, Section, ratio
 
 
-def _sweep(r: Run) -> tuple:
+def _release_set_key(r: Run) -> tuple:
     """What a release set holds fixed: the scenario, and the cases its command picked (``--case``: a run of some of
     a scenario's groups, on each release, is a set of its own)."""
+    return r.meta.get("scenario"), picked_cases(str(r.meta.get("command") or ""))
+
+
+def picked_cases(command: str) -> tuple[str, ...]:
+    """The ``--case`` filters of a recorded command line, sorted.  Lines recorded before they were quoted hold a
+    filter's words unquoted: a filter runs to the next option."""
     import shlex
 
     try:
-        words = shlex.split(str(r.meta.get("command") or ""))
+        words = shlex.split(command)
     except ValueError:
-        words = []
-    picked = tuple(sorted(b for a, b in zip(words, words[1:]) if a == "--case"))
-    return r.meta.get("scenario"), picked
+        words = command.split()
+    picked, current = [], None
+    for word in words:
+        if word.startswith("--"):
+            current = [] if word == "--case" else None
+            if word.startswith("--case="):
+                picked.append(word.removeprefix("--case="))
+            if current is not None:
+                picked.append(current)
+        elif current is not None:
+            current.append(word)
+    return tuple(sorted(" ".join(p) if isinstance(p, list) else p for p in picked))
 
 
 def named(group: list[Run]) -> str:
     """A release set as the page names it: '`release`', or '`release` (groups tree)' for a part of it."""
-    scenario, picked = _sweep(group[0])
+    scenario, picked = _release_set_key(group[0])
     return f"`{scenario}`" + (f" (groups {', '.join(picked)})" if picked else "")
 
 
@@ -34,8 +49,8 @@ def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
     """(library, runs) per scenario (and the cases its runs picked) whose runs were made on two or more releases of
     one library, one run a release (the first given where a release ran twice), oldest release first."""
     sets = []
-    for sweep in dict.fromkeys(_sweep(r) for r in runs):
-        same = [r for r in runs if _sweep(r) == sweep]
+    for sweep in dict.fromkeys(_release_set_key(r) for r in runs):
+        same = [r for r in runs if _release_set_key(r) == sweep]
         for lib in registry.libraries():
             by_release = {}
             for r in same:
@@ -54,7 +69,7 @@ def older_releases(runs: list[Run]) -> list[Run]:
     older = []
     for library, group in release_sets(runs):
         newest = (group[-1].meta.get("libraries") or {}).get(library)
-        older += [r for r in runs if _sweep(r) == _sweep(group[0])
+        older += [r for r in runs if _release_set_key(r) == _release_set_key(group[0])
                   and (r.meta.get("libraries") or {}).get(library) not in (None, newest)]
     return older
 

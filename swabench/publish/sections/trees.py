@@ -22,8 +22,10 @@ def _verify_blocks(run: Run) -> pd.DataFrame:
     return t[t["tree"].notna()] if "tree" in t else t.iloc[:0]
 
 
-def _is_chain(t: pd.DataFrame) -> pd.Series:
-    return t["tree"] == trees.CHAIN
+def is_chain(t: pd.DataFrame) -> pd.Series:
+    """Whether each row's tree is a chain, however it was written ('chain', 'eagle:1:D', a list without branches)."""
+    shapes = {(spec, n): trees.is_chain(spec, int(n)) for spec, n in set(zip(t["tree"], t["qo_len"]))}
+    return pd.Series([shapes[(spec, n)] for spec, n in zip(t["tree"], t["qo_len"])], index=t.index, dtype=bool)
 
 
 def _yes(column: pd.Series) -> pd.Series:
@@ -43,7 +45,7 @@ def rows_table(run: Run) -> pd.DataFrame:
         ran = g[g["status"] != "skip"]
         predicted = ran["rows_as_predicted"].dropna()
         rows.append({"path": path, "kind": g["kind"].iloc[0],
-                     "tree points": int((~_is_chain(g)).sum()), "chain points": int(_is_chain(g).sum()),
+                     "tree points": int((~is_chain(g)).sum()), "chain points": int(is_chain(g).sum()),
                      **{s: int((g["status"] == s).sum()) for s in ("pass", "xfail", "xpass", "fail", "skip")},
                      "rows as predicted": f"{int(_yes(predicted).sum())} of {len(predicted)}" if len(predicted) else "",
                      "most keys lost": int(ran["keys_lost"].max()) if len(ran) and ran["keys_lost"].max() > 0 else "",
@@ -53,14 +55,17 @@ def rows_table(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _shape(t: pd.DataFrame) -> pd.Series:
-    """A step's layer and shape, as a row of the cost table names it: the model (or its heads), sinks, window, batch,
-    context and page size."""
+def layer_of(t: pd.DataFrame) -> pd.Series:
+    """Each row's layer as the pages name it: the model (or its heads), sinks, and the window."""
     heads = "h" + t["num_qo_heads"].astype(str) + "/" + t["num_kv_heads"].astype(str) + " d" + t["head_dim"].astype(str)
     layer = t["model"].astype(object).where(t["model"].notna(), heads) if "model" in t else heads
-    sinks = _yes(t["sinks"]).map({True: " sinks", False: ""})
-    return (layer + sinks + " W" + t["window_left"].astype(str) + " b" + t["batch_size"].astype(str)
-            + " p" + t["prefix_len"].astype("Int64").astype(str) + " ps" + t["page_size"].astype("Int64").astype(str))
+    return layer + _yes(t["sinks"]).map({True: " sinks", False: ""}) + " W" + t["window_left"].astype(str)
+
+
+def _shape(t: pd.DataFrame) -> pd.Series:
+    """A step's layer and shape, as a row of the cost table names it: its layer, batch, context and page size."""
+    return (layer_of(t) + " b" + t["batch_size"].astype(str) + " p" + t["prefix_len"].astype("Int64").astype(str)
+            + " ps" + t["page_size"].astype("Int64").astype(str))
 
 
 def cost_table(run: Run) -> pd.DataFrame:
@@ -69,13 +74,13 @@ def cost_table(run: Run) -> pd.DataFrame:
     and / the fastest path of the chain."""
     t = _verify_blocks(run)
     t = t[(t["status"] == "pass") & t["median_us"].notna()]
-    if t.empty or not (~_is_chain(t)).any():
+    if t.empty or not (~is_chain(t)).any():
         return pd.DataFrame()
     t = t.assign(_twin=versus.twin_key(t, "tree"), step=_shape(t), path=path_of(t))
-    chains = t[_is_chain(t) & t["impl"].isin(CHAIN_PATHS)].pivot_table(index="_twin", columns="path",
+    chains = t[is_chain(t) & t["impl"].isin(CHAIN_PATHS)].pivot_table(index="_twin", columns="path",
                                                                         values="median_us", aggfunc="first")
     rows = []
-    for (step, tree), g in t[~_is_chain(t)].groupby(["step", "tree"], sort=False):
+    for (step, tree), g in t[~is_chain(t)].groupby(["step", "tree"], sort=False):
         correct = g[g["impl"].isin(CORRECT)].sort_values("median_us")
         if correct.empty:
             continue
@@ -99,8 +104,8 @@ def ratios_to_slot(run: Run, impl: str) -> pd.Series:
     t = _verify_blocks(run)
     t = t[(t["status"] == "pass") & t["median_us"].notna() & (t["backend"] == "fa2")]
     t = t.assign(_twin=versus.twin_key(t, "tree"))
-    slot = t[_is_chain(t) & (t["impl"] == SLOT)].set_index("_twin")["median_us"]
-    own = t[~_is_chain(t) & (t["impl"] == impl)]
+    slot = t[is_chain(t) & (t["impl"] == SLOT)].set_index("_twin")["median_us"]
+    own = t[~is_chain(t) & (t["impl"] == impl)]
     return (own["median_us"] / own["_twin"].map(slot)).dropna()
 
 
@@ -113,16 +118,16 @@ def findings(run: Run) -> list[str]:
     said, release = [], library_versions(run.meta)
     for impl, g in t[t["kind"] != "correct"].groupby("impl", sort=False):
         ran = g[g["status"] != "skip"]
-        on_trees, chains = ran[~_is_chain(ran)], ran[_is_chain(ran)]
-        wrong = int((on_trees["status"] == "xfail").sum())
-        exact = int(_yes(ran["rows_as_predicted"]).sum())
+        chain = is_chain(ran)
+        wrong = int((ran[~chain]["status"] == "xfail").sum())
         lost = ran.loc[ran["status"] == "xfail"]
-        said.append(f"`{impl}` is wrong on {wrong} of {len(on_trees)} tree points and {int((chains['status'] == 'xfail').sum())} "
-                    f"of {len(chains)} chains; on {exact} of {len(ran)} points the rows it got wrong are exactly the "
-                    f"ones its semantics predict" + (f"; where wrong, a node misses up to {int(lost['keys_lost'].max())} "
-                                                     f"keys of its window and up to {lost['rows_losing'].max():.0%} of a "
-                                                     f"step's nodes miss some" if len(lost) and lost["keys_lost"].max() > 0
-                                                     else "") + f" ({release}, {run.name}).")
+        losses = (f"; where wrong, a node misses up to {int(lost['keys_lost'].max())} keys of its window and up to "
+                  f"{lost['rows_losing'].max():.0%} of a step's nodes miss some"
+                  if len(lost) and lost["keys_lost"].max() > 0 else "")
+        said.append(f"`{impl}` is wrong on {wrong} of {int((~chain).sum())} tree points and "
+                    f"{int((ran[chain]['status'] == 'xfail').sum())} of {int(chain.sum())} chains; on "
+                    f"{int(_yes(ran['rows_as_predicted']).sum())} of {len(ran)} points the rows it got wrong are "
+                    f"exactly the ones its semantics predict{losses} ({release}, {run.name}).")
     correct = t[t["kind"] == "correct"]
     failed = correct[correct["status"] == "fail"]
     ran = correct[correct["status"] != "skip"]
@@ -151,7 +156,7 @@ def bytes_table(run: Run) -> pd.DataFrame:
     rows = [{"path": path, "on": "chains" if chain else "trees", "points": len(g),
              "DRAM read / needed": f"{ratio(g['read_amplification'].median())}x ({ratio(g['read_amplification'].min())}"
                                    f"-{ratio(g['read_amplification'].max())})"}
-            for (path, chain), g in t.groupby(["path", _is_chain(t)])]
+            for (path, chain), g in t.groupby(["path", is_chain(t)])]
     return pd.DataFrame(rows).sort_values("path", key=lambda c: c.map(path_order), kind="stable")
 
 
@@ -187,16 +192,17 @@ def in_short(runs: list[Run]) -> list[str]:
     release, said = library_versions(run.meta), []
     slot = t[(t["impl"] == SLOT) & (t["status"] != "skip")]
     if len(slot):
-        wrong, chains = slot[slot["status"] == "xfail"], slot[_is_chain(slot)]
-        inside = slot[~_is_chain(slot) & (slot["prefix_len"] + slot["qo_len"] - 1 <= slot["window_left"])]
-        said.append(f"FlashInfer's window with a tree mask measures from a node's slot, not its depth (`{SLOT}`): wrong "
-                    f"on {len(wrong)} of {int((~_is_chain(slot)).sum())} tree points, on exactly the rows the semantics "
-                    f"predict on {int(_yes(slot['rows_as_predicted']).sum())} of {len(slot)} points (every node whose "
-                    f"slot is past its depth, up to {wrong['rows_losing'].max():.0%} of a step's nodes, each missing up "
-                    f"to {int(wrong['keys_lost'].max()) if len(wrong) else 0} keys of its window); right on "
-                    f"{int((chains['status'] == 'pass').sum())} of {len(chains)} chains and on "
-                    f"{int((inside['status'] == 'pass').sum())} of the {len(inside)} trees whose context and nodes fit "
-                    f"inside the window ({release}, {run.name}).")
+        wrong, chain = slot[slot["status"] == "xfail"], is_chain(slot)
+        inside = slot[~chain & (slot["prefix_len"] + slot["qo_len"] - 1 <= slot["window_left"])]
+        losses = (f" (every node whose slot is past its depth, up to {wrong['rows_losing'].max():.0%} of a step's "
+                  f"nodes, each missing up to {int(wrong['keys_lost'].max())} keys of its window)"
+                  if len(wrong) else "")
+        said.append(f"FlashInfer's window with a tree mask measures from a node's slot, not its depth (`{SLOT}`): "
+                    f"wrong on {len(wrong)} of {int((~chain).sum())} tree points, on exactly the rows the semantics "
+                    f"predict on {int(_yes(slot['rows_as_predicted']).sum())} of {len(slot)} points{losses}; right on "
+                    f"{int((slot[chain]['status'] == 'pass').sum())} of {int(chain.sum())} chains and on "
+                    f"{int((inside['status'] == 'pass').sum())} of the {len(inside)} trees whose context and nodes "
+                    f"fit inside the window ({release}, {run.name}).")
     said += across_releases(runs)
     recipe = t[(t["impl"] == "sglang-verify-tree") & (t["status"] != "skip")]
     if len(recipe):
@@ -214,11 +220,11 @@ def in_short(runs: list[Run]) -> list[str]:
                     f"and the window by depth in the custom mask): {trim} the slot rule's time on a chain of the same "
                     f"size ({run.name}).")
     sink = t[(t["impl"] == "tree-sink-mask") & (t["status"] != "skip")]
-    branches = t[(t["impl"] == "tree-branches-sink") & (t["status"] == "pass") & ~_is_chain(t)]
+    branches = t[(t["impl"] == "tree-branches-sink") & (t["status"] == "pass") & ~is_chain(t)]
     if len(sink) and len(branches):
         said.append(f"On a sink layer (GPT-OSS) the sink wrapper drops a tree mask (`tree-sink-mask` wrong on "
-                    f"{int((sink['status'] == 'xfail').sum())} of {len(sink)} points, chains too); the correct FlashInfer "
-                    f"path is one request per node (`tree-branches-sink`, one-token pages), "
+                    f"{int((sink['status'] == 'xfail').sum())} of {len(sink)} points, chains too); the correct "
+                    f"FlashInfer path is one request per node (`tree-branches-sink`, one-token pages), "
                     f"{micros(branches['median_us'].min())}-{micros(branches['median_us'].max())} us on "
                     f"{len(branches)} tree steps ({run.name}).")
     return said
