@@ -153,7 +153,7 @@ def reads_said(runs: list[Run]) -> list[str]:
 
 def answers(runs: list[Run]) -> list[str]:
     parts = []
-    drafts = trees.in_short(runs)
+    drafts = trees.answer(runs)
     runs = [r.without_trees() for r in runs]
     reads = reads_said(runs)
     runs = [r for r in runs if not r.profiled]
@@ -198,9 +198,7 @@ def answers(runs: list[Run]) -> list[str]:
     if beside:
         parts += ["**Beside the causal window** (non-causal windows, chunked attention):\n"
                   + "\n".join(f"- {s}" for s in beside)]
-    if drafts:
-        parts += ["**Draft trees** (EAGLE/MTP with topk > 1; detail under Draft trees):\n"
-                  + "\n".join(f"- {s}" for s in drafts)]
+    parts += [p for p in drafts if p]
     if by_release:
         parts += ["**Which release.** One scenario on several releases (detail under Across releases):\n"
                   + "\n".join(by_release)]

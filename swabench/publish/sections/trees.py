@@ -137,7 +137,7 @@ def findings(run: Run) -> list[str]:
     if trim:
         said.append(f"`tree-trim-depth` [fa2] takes {trim} the slot rule's time on the chain of the same size, where "
                     f"the slot rule is exact ({run.name}).")
-    return said + [figure_link(run, "tree_cost")]
+    return said
 
 
 def trim_cost(run: Run) -> str:
@@ -179,15 +179,21 @@ def across_releases(runs: list[Run]) -> list[str]:
     return said
 
 
-def in_short(runs: list[Run]) -> list[str]:
-    """The answer for draft trees, from the run that timed the most tree points: what the slot rule and SGLang's
-    recipe get wrong, and what the cheapest correct path costs."""
+def answer(runs: list[Run]) -> list[str]:
+    """The findings' answer for draft trees, from the run that timed the most tree points, with its figure."""
     timed = [(int(_verify_blocks(r)["median_us"].notna().sum()), -i, r) for i, r in enumerate(runs)
              if r.timed and not r.profiled]
     best = max(timed, key=lambda x: x[:2], default=None)
     if not best or not best[0]:
         return []
-    run = best[2]
+    said = in_short(best[2], runs)
+    lead = "**Draft trees** (EAGLE/MTP with topk > 1; detail under Draft trees):\n"
+    return [lead + "\n".join(f"- {s}" for s in said), figure_link(best[2], "tree_cost")] if said else []
+
+
+def in_short(run: Run, runs: list[Run]) -> list[str]:
+    """What the slot rule and SGLang's recipe get wrong on ``run``, on every release ``runs`` hold, and what the
+    cheapest correct path costs."""
     t = _verify_blocks(run)
     release, said = library_versions(run.meta), []
     slot = t[(t["impl"] == SLOT) & (t["status"] != "skip")]
