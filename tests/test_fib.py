@@ -156,7 +156,7 @@ def test_the_definitions_reference_is_swabenchs_attention(tmp_path, layer, mode,
 
 
 def test_a_replays_run_folder_exports_its_steps_and_counts(tmp_path):
-    run = Path(__file__).resolve().parent.parent / "results" / "h200-replay-example"
+    run = Path(__file__).resolve().parent / "fixtures" / "published" / "results" / "h200-replay-example"
     meta = json.loads((run / "meta.json").read_text())["trace"]
     result = fib.export(run, tmp_path / "fib")
     assert sum(d.steps for d in result.definitions) == meta["steps"]

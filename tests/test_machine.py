@@ -122,13 +122,14 @@ def test_rate_figure_is_in_tb_per_s_where_a_step_is_memory_bound(h200):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-COUNTED = ["results/h200-ncu-decode-cliff-0.7.4", "results/h200-ncu-default-0.7.4"]
+PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
+COUNTED = [f"{PUBLISHED}/h200-ncu-decode-cliff-0.7.4", f"{PUBLISHED}/h200-ncu-default-0.7.4"]
 
 
 @pytest.fixture(scope="module")
 def published():
     """The committed default run and the two Nsight Compute runs (FlashInfer 0.7.4, H200), as findings reads them."""
-    return [Run(folder, *derived.load(ROOT / folder)) for folder in ["results/h200-default-0.7.4", *COUNTED]]
+    return [Run(folder, *derived.load(ROOT / folder)) for folder in [f"{PUBLISHED}/h200-default-0.7.4", *COUNTED]]
 
 
 def test_the_counted_runs_borrow_times_from_their_timed_twin_only(published):
@@ -156,9 +157,9 @@ def test_the_findings_sections_of_the_machines_limit(published):
     from swabench.publish.sections import by_key
 
     roof = "\n".join(by_key("roofline").for_runs(published))
-    assert "From `results/h200-default-0.7.4`:" in roof and "![roofline](plots/h200-default-0.7.4/roofline.png)" in roof
+    assert f"From `{PUBLISHED}/h200-default-0.7.4`:" in roof and "![roofline](plots/h200-default-0.7.4/roofline.png)" in roof
     said = "\n".join(by_key("bytes").for_runs(published))
-    assert said.count("From `results/h200-ncu-") == 2 and "calibration copy of 268 MB read 1.0000x" in said
+    assert said.count(f"From `{PUBLISHED}/h200-ncu-") == 2 and "calibration copy of 268 MB read 1.0000x" in said
     assert "![bytes_read](plots/h200-ncu-default-0.7.4/bytes_read.png)" in said
     page = "\n".join(by_key("answers").for_runs(published))
     assert "**What each path reads.**" in page and "- The worst: on `decode b32 p32768" in page

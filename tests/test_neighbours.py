@@ -69,7 +69,7 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
     mistake does, and each priced model's windowed share and the KV eviction keeps."""
     from swabench.publish import findings
     from swabench.publish.sections import answers
-    root = Path(__file__).resolve().parent.parent / "results"
+    root = Path(__file__).resolve().parent / "fixtures" / "published" / "results"
     runs = findings.load([root / "h200-noncausal-0.7.4", root / "h200-noncausal-0.7.2.post1",
                           root / "h200-chunked-0.7.4"])
     text = "\n".join(answers.answers(runs))

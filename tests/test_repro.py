@@ -104,6 +104,7 @@ EVERY_PATH = textwrap.dedent("""
     sinks = true
     """)
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
+PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 
 @pytest.fixture(scope="module")
@@ -327,10 +328,10 @@ def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_
 
 
 @pytest.mark.parametrize("args, says", [
-    (["results/h200-default-0.7.4", "--case", "376e7af4466d", "--impl", "paged-mask", "--backend", "fa3"],
+    ([f"{PUBLISHED}/h200-default-0.7.4", "--case", "376e7af4466d", "--impl", "paged-mask", "--backend", "fa3"],
      "the suite skips this point (fa3 has no custom-mask support)"),
-    (["results/h200-ncu-decode-cliff-0.7.4", "--case", "0150d43178fd", "--impl", "ragged-window"],
-     "matches none of run results/h200-ncu-decode-cliff-0.7.4's 1 cases"),
+    ([f"{PUBLISHED}/h200-ncu-decode-cliff-0.7.4", "--case", "0150d43178fd", "--impl", "ragged-window"],
+     f"matches none of run {PUBLISHED}/h200-ncu-decode-cliff-0.7.4's 1 cases"),
 ])
 def test_a_point_the_run_or_the_library_never_ran_has_no_script(args, says):
     r = invoke("repro", *args)
@@ -338,9 +339,9 @@ def test_a_point_the_run_or_the_library_never_ran_has_no_script(args, says):
 
 
 def test_a_runs_point_says_how_the_run_found_it():
-    r = invoke("repro", "results/h200-default-0.7.4", "--case", "575adaa4da7b", "--impl", "paged-window")
+    r = invoke("repro", f"{PUBLISHED}/h200-default-0.7.4", "--case", "575adaa4da7b", "--impl", "paged-window")
     head = r.output.split('"""')[1]
-    assert r.exit_code == 0 and "In results/h200-default-0.7.4: pass" in head and "What is wrong" not in head
+    assert r.exit_code == 0 and f"In {PUBLISHED}/h200-default-0.7.4: pass" in head and "What is wrong" not in head
 
 
 def test_bug_scripts_come_from_the_shipped_scenarios_wherever_it_runs(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ def picks(table: pd.DataFrame, meta: dict) -> dict[tuple[str, str], tuple[str, s
     out = {}
     for key, ids in groups.items():
         rows = timed[timed["case_id"].isin(ids)]
-        rows = rows.assign(weighted=rows["median_us"] * rows["case_id"].map(weights))
+        rows = rows.assign(weighted=rows["median_us"] * rows["case_id"].map(weights).astype(float))
         sums = rows.groupby(["impl", "backend"], sort=False).agg(steps=("case_id", "nunique"), us=("weighted", "sum"))
         whole = sums[sums["steps"] == len(ids)]
         out[key] = whole["us"].idxmin() if len(whole) else None

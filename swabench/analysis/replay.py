@@ -55,7 +55,8 @@ def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | 
     modes = {**(modes or {}), **dict(zip(table["case_id"], table["mode"]))}
     own = table[table["case_id"].isin(weights)]
     rows = own.reindex(columns=[c for c in STEP_COLUMNS if c not in ("count", "ms_per_1000")]).assign(
-        mode=own["case_id"].map(modes), layer=own["case_id"].map(layers(own)), count=own["case_id"].map(weights))
+        mode=own["case_id"].map(modes), layer=own["case_id"].map(layers(own)),
+        count=own["case_id"].map(weights).astype("int64"))  # from an empty column of strings too
     missing = [c for c in weights if c not in set(own["case_id"])]
     if missing:
         rows = pd.concat([rows, pd.DataFrame({"case_id": missing, "mode": [modes.get(c) for c in missing],

@@ -27,7 +27,7 @@ def kernel_times(run: Run) -> pd.DataFrame:
     reference = pd.Series([(i, b) == registry.reference_path(s) for i, b, s in
                            zip(t["impl"], t["backend"], t["storage"])], index=t.index)
     ref_us = t[reference].set_index("case_id")["nsys_kernel_us"]
-    return t.assign(path=path_of(t), reference=reference, ratio=t["nsys_kernel_us"] / t["case_id"].map(ref_us))
+    return t.assign(path=path_of(t), reference=reference, ratio=t["nsys_kernel_us"] / t["case_id"].map(ref_us).astype(float))
 
 
 def kernels_table(run: Run) -> pd.DataFrame:

@@ -106,7 +106,7 @@ def ratios_to_slot(run: Run, impl: str) -> pd.Series:
     t = t.assign(_twin=versus.twin_key(t, "tree"))
     slot = t[is_chain(t) & (t["impl"] == SLOT)].set_index("_twin")["median_us"]
     own = t[~is_chain(t) & (t["impl"] == impl)]
-    return (own["median_us"] / own["_twin"].map(slot)).dropna()
+    return (own["median_us"] / own["_twin"].map(slot).astype(float)).dropna()
 
 
 def findings(run: Run) -> list[str]:
