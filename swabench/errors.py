@@ -12,3 +12,11 @@ class UserError(Exception):
 
 class RunFailed(Exception):
     pass
+
+
+def did_you_mean(word, options) -> str:
+    """' (did you mean 'x'?)' where ``word`` is close to one of ``options``, for the message that refuses it."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

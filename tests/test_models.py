@@ -173,3 +173,16 @@ def test_the_layer_schedules_follow_the_configs_rules():
     assert [i for i, t in enumerate(types["gemma-3-1b"]) if t == "global"] == [5, 11, 17, 23]
     assert [i for i, t in enumerate(types["llama-4-scout"]) if t == "global"] == list(range(3, 48, 4))
     assert set(types["mistral-7b-v0.1"]) == {"window"}
+
+
+def test_the_presets_do_not_import_the_axes_that_import_them():
+    """inputs.axes reads the presets; the presets import nothing of the axes (no import circle)."""
+    import ast
+    import inspect
+
+    from swabench.inputs import models
+    imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(models)))
+                if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(ast.parse(inspect.getsource(models)))
+                 if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in imported if name and name.startswith("swabench.inputs")}, imported

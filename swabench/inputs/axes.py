@@ -4,12 +4,10 @@ the field and the allowed values."""
 
 from __future__ import annotations
 
-import difflib
-
 from swabench.core import footprint, semantics, trees
 from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
                                   parse_length)
-from swabench.errors import UserError
+from swabench.errors import UserError, did_you_mean
 from swabench.impls import registry
 from swabench.inputs import models
 
@@ -140,11 +138,6 @@ DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout":
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
-
-
-def did_you_mean(word, options) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_axes(table: dict, path, where: str) -> dict:

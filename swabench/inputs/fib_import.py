@@ -7,6 +7,7 @@ import ast
 import json
 from pathlib import Path
 
+from swabench.errors import did_you_mean
 from swabench.inputs import axes, models, traces
 from swabench.inputs.fib import DTYPES, META, OP_TYPE, FibError, Imported, safetensors_package
 
@@ -58,7 +59,7 @@ def _find_definition(root: Path, wanted: str) -> tuple[Path, dict]:
     named = [p for p in files if p.stem == wanted]
     if not named:
         known = sorted(p.stem for p in files)
-        raise FibError(f"--definition {wanted}: no such definition in {root}{axes.did_you_mean(wanted, known)}; "
+        raise FibError(f"--definition {wanted}: no such definition in {root}{did_you_mean(wanted, known)}; "
                        f"available: {', '.join(known[:40])}" + (f" and {len(known) - 40} more" if len(known) > 40 else ""))
     doc = _json(named[0], "the definition")
     if not isinstance(doc, dict) or doc.get("name") != wanted:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swabench.core import semantics
+from swabench.errors import did_you_mean
 
 KEYS = {  # axis -> the config.json key it comes from
     "num_qo_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
@@ -132,7 +133,6 @@ MODELS = {m.name: m for m in (
 def get(name: str) -> Model:
     """The preset, or ValueError naming the known ones."""
     if not isinstance(name, str) or name not in MODELS:
-        from swabench.inputs.axes import did_you_mean  # axes imports this module
         raise ValueError(f"unknown model {name!r}{did_you_mean(name, MODELS)}; known: {', '.join(MODELS)}")
     return MODELS[name]
 
