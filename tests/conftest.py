@@ -1,6 +1,7 @@
 import dataclasses
 import functools
 import os
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -97,3 +98,8 @@ def write_scenario(tmp_path):
         path.write_text(text)
         return path
     return write
+
+
+def pages_text(written) -> str:
+    """The findings page and its topic pages (``findings.write``'s paths) as one text, the page first."""
+    return "\n".join(Path(p).read_text() for p in written)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY, invoke
+from conftest import TINY, invoke, pages_text
 
 from swabench.publish.sections import Run, base, by_key, correctness, speed
 from swabench.analysis import derived
@@ -30,9 +30,13 @@ def cpu_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(cpu_run, tmp_path_factory):
-    out = findings.write([H200_RUN, cpu_run], tmp_path_factory.mktemp("page") / "FINDINGS.md")
-    return out.read_text()
+def written(cpu_run, tmp_path_factory):
+    return findings.write([H200_RUN, cpu_run], tmp_path_factory.mktemp("page") / "FINDINGS.md")
+
+
+@pytest.fixture(scope="module")
+def page(written):
+    return pages_text(written)
 
 
 def sections(text: str) -> dict[str, list[str]]:
@@ -72,23 +76,42 @@ def test_the_page_says_how_it_was_made(page, cpu_run):
     assert "do not edit by hand" in first
 
 
-def test_every_section_with_data_is_there(page):
-    assert list(sections(page)) == ["Answers", "Runs", "Correctness",
-                                    "Reproducers: each bug caught, as a script to file upstream",
-                                    "Headline: speedup over the custom-mask path",
-                                    "Against the reference path (paged-window / ragged-window on fa2)",
-                                    "Decode: each wrapper against paged-window / ragged-window on fa2",
-                                    "Peers: how each is built, and what it costs",
-                                    "The machine's limit: each path against its roofline floor",
-                                    "Compile cost: what a path pays before its first timed call",
-                                    "Measurement quality"]  # no one-GPU run of the fixture's scenario: no "Several GPUs"
+def test_every_section_with_data_is_there(written):
+    """The page holds the answers, the runs and a link per topic; each topic's sections are on its own page."""
+    index, *topics = written
+    assert list(sections(index.read_text())) == ["Answers", "Runs", "Topics"]
+    assert {p.name: list(sections(p.read_text())) for p in topics} == {
+        "correctness.md": ["Correctness"],
+        "repros.md": ["Reproducers: each bug caught, as a script to file upstream"],
+        "speed.md": ["Headline: speedup over the custom-mask path",
+                     "Against the reference path (paged-window / ragged-window on fa2)",
+                     "Decode: each wrapper against paged-window / ragged-window on fa2",
+                     "Peers: how each is built, and what it costs"],
+        "machine.md": ["The machine's limit: each path against its roofline floor"],
+        "compiles.md": ["Compile cost: what a path pays before its first timed call"],
+        "method.md": ["Measurement quality"]}  # no one-GPU run of the fixture's scenario: no "Several GPUs"
+    assert {p.parent for p in topics} == {index.parent / "findings"}
+
+
+def test_every_link_on_every_page_resolves(written, tmp_path):
+    """The answers link their topics, each topic links back, and figures and scripts resolve from the page that
+    links them (a topic page sits one folder down), here with the pages written beside a copy of plots/ and repro/."""
+    for name in ("plots", "repro"):
+        (written[0].parent / name).mkdir(exist_ok=True)
+    links = [(p, target) for p in written for target in re.findall(r"\]\(([^)]+)\)", p.read_text())]
+    topics = [t for p, t in links if p == written[0] and t.startswith("findings/")]
+    assert len(set(topics)) == len(written) - 1  # every topic linked from the page
+    assert all((p.parent / t).resolve().parent.name in ("findings", "plots", "repro", written[0].parent.name)
+               for p, t in links if "://" not in t)
+    assert all((p.parent / t).exists() for p, t in links if t.endswith(".md"))
+    assert any(t == "../FINDINGS.md" for p, t in links if p != written[0])
 
 
 def test_each_bug_caught_has_its_repro_command_and_script(page):
     rows = [line for line in section(page, "Reproducers") if line.startswith("| `")]
     said = {line.split("`")[1]: line for line in rows}
     assert "`swabench repro --bug planted-wide`" in said["planted-wide"]  # caught on the CPU run
-    assert "[`repro/paged-trim-causal.py`](repro/paged-trim-causal.py)" in said["paged-trim-causal"]
+    assert "[`repro/paged-trim-causal.py`](../repro/paged-trim-causal.py)" in said["paged-trim-causal"]
     assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # repro/h200-*/verdicts.json
     assert "flashinfer#1679" not in said  # nothing in these runs shows it
 
@@ -191,7 +214,7 @@ def test_several_gpus_against_the_same_scenario_on_one(tmp_path):
         meta.pop(key)
     meta.update(what="run", total_s=238.4, wall_s=213.0)
     (one / "meta.json").write_text(json.dumps(meta))
-    text = findings.write([H200_RUN, one], tmp_path / "F.md").read_text()
+    text = pages_text(findings.write([H200_RUN, one], tmp_path / "F.md"))
     line = next(x for x in section(text, "Several GPUs") if x.startswith("- "))
     assert line.startswith(f"- 2 shards on 2 GPUs (`{H200_RUN}`) against one GPU (`{one}`), same scenario file: "
                            f"end to end 2.00x faster, `total_s` 238.4 s / 119.2 s; the sweep alone 2.00x")
@@ -200,7 +223,7 @@ def test_several_gpus_against_the_same_scenario_on_one(tmp_path):
     shutil.copytree(one, other)
     meta["scenario_sha256"] = "0" * 16
     (other / "meta.json").write_text(json.dumps(meta))
-    assert "## Several GPUs" not in findings.write([H200_RUN, other], tmp_path / "G.md").read_text()
+    assert "## Several GPUs" not in pages_text(findings.write([H200_RUN, other], tmp_path / "G.md"))
 
 
 def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monkeypatch):
@@ -224,7 +247,7 @@ def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monke
     assert invoke("run", tiny, "--out", tmp_path / "cut", "--device", "cpu").exit_code == 130
     folders = [skipped, tmp_path / "empty", tmp_path / "cut"]
     assert len(derived.load(tmp_path / "empty")[0]) == 0 and len(derived.load(tmp_path / "cut")[0]) == 3
-    text = findings.write(folders, tmp_path / "F.md").read_text()
+    text = pages_text(findings.write(folders, tmp_path / "F.md"))
     runs = {line.split("`")[1]: line for line in section(text, "Runs") if line.startswith("- ")}
     assert "Incomplete" not in runs[str(skipped)]
     assert "**Incomplete run**: this run is interrupted: 0 of " in runs[str(tmp_path / "empty")]

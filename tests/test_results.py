@@ -14,7 +14,7 @@ from swabench.store.run_folder import RunFolderError, RunStore
 
 def row(i, **kw):
     return {"case_id": f"c{i}", "impl": "torch-trim", "backend": "torch", "status": "pass",
-            "median_us": float(i), "samples": {"kernel": [1.0, 2.0, float(i)]}, **kw}
+            "median_us": i + 0.5, "samples": {"kernel": [1.0, 2.0, float(i)]}, **kw}  # a timed median is > 0
 
 
 def test_rows_survive_and_finalize_writes_tidy_tables(tmp_path):
@@ -109,7 +109,7 @@ def finished(folder, n=3):
 def test_a_journal_and_a_table_that_disagree_are_refused(tmp_path):
     store = finished(tmp_path / "run")
     table = (tmp_path / "run" / "results.csv").read_text()
-    (tmp_path / "run" / "results.csv").write_text(table.replace(",2.0,", ",20.0,"))  # c2's median edited
+    (tmp_path / "run" / "results.csv").write_text(table.replace(",2.5,", ",20.5,"))  # c2's median edited
     for read in (run_folder.load, run_folder.read_rows):
         with pytest.raises(RunFolderError, match=r"run: rows\.jsonl and results\.csv disagree \(1 points a different "
                                                  r"status or median_us, e\.g\. c2, torch-trim, torch\)"):

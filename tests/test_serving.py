@@ -250,7 +250,7 @@ kv_dtype = ["bfloat16", "fp8"]
 
 @pytest.mark.slow
 def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_twin(write_scenario, tmp_path):
-    from conftest import invoke
+    from conftest import invoke, pages_text
 
     r = invoke("run", write_scenario(SERVING_CPU), "--out", tmp_path / "run", "--device", "cpu")
     assert r.exit_code == 0, r.output
@@ -268,7 +268,7 @@ def test_a_cpu_run_records_the_serving_axes_and_costs_each_feature_against_its_t
     assert one["twin_us"] == twin["median_us"] and one["ratio"] == one["median_us"] / twin["median_us"]
     assert set(serving.feature_costs(Run("x", table, {}))["feature"]) == {"sinks", "soft_cap", "fp8_kv"}
     from swabench.publish import findings
-    page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
+    page = pages_text(findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md"))
     section = page.split("## Sinks, soft-cap and fp8 caches")[1].split("\n## ")[0]
     assert f"From `{tmp_path / 'run'}`:" in section and "| soft_cap | verify | torch-trim |" in section
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import invoke
+from conftest import invoke, pages_text
 
 from swabench.publish.sections import Run, serving
 from swabench.analysis import derived, replay
@@ -167,7 +167,7 @@ def test_replay_runs_end_to_end_and_reports(tmp_path, one_figure):
     text = report.write(tmp_path / "run", tmp_path / "report").read_text()
     assert "## Trace replay" in text and "| torch-trim | torch |" in text
     from swabench.publish import findings
-    page = findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md").read_text()
+    page = pages_text(findings.write([tmp_path / "run"], tmp_path / "FINDINGS.md"))
     replay = page.split("## Trace replay")[1].split("\n## ")[0]
     assert (f"Replay of a trace not in the repository (sha256 {meta['trace']['sha256'][:16]}) (5 steps, 3 distinct) "
             f"(`{tmp_path / 'run'}`).") in replay  # a trace outside the repository is named by its hash

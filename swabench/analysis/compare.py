@@ -8,7 +8,8 @@ rule, per point timed in both runs:
   be told from the spread of the samples; never a regression (raise ``--threshold`` to judge it);
 - same: |ratio - 1| <= max(threshold, the two points' combined noise sqrt(noise_base² + noise_new²)),
   or the samples do not differ significantly (two-sided p >= alpha);
-- regression / improvement: slower / faster beyond that, with p < alpha.
+- regression / improvement: slower / faster beyond that, with p < alpha;
+- cannot judge: a median of 0 in either run (no ratio to take).
 
 A correct implementation that passed in BASE and fails the gate in NEW is a regression whatever its
 timing.
@@ -167,6 +168,13 @@ def _run_warnings(label: str, table: pd.DataFrame, meta: dict) -> list[str]:
     return out
 
 
+def _device(meta: dict) -> str:
+    """Where a run ran, as its meta.json says: its GPU, a CPU, or that it does not say."""
+    if meta.get("gpu"):
+        return meta["gpu"]
+    return "a CPU" if meta.get("device") == "cpu" or meta.get("cpu") else "a device its meta.json does not name"
+
+
 def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
             allow_different_gpus: bool = False) -> Comparison:
     validate(threshold, alpha)
@@ -176,7 +184,7 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
     nt, nm, ns = _read_run("NEW", new)
     warnings = []
     if bm.get("gpu") != nm.get("gpu"):
-        devices = f"BASE ran on {bm.get('gpu') or 'a CPU'} and NEW on {nm.get('gpu') or 'a CPU'}"
+        devices = f"BASE ran on {_device(bm)} and NEW on {_device(nm)}"
         if not allow_different_gpus:
             raise CompareError(f"{devices}; timings from different devices are not comparable "
                                f"(--allow-different-gpus to insist)")
@@ -207,7 +215,8 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
         row["p"] = mann_whitney_u(bs[key], ns[key])[1] if key in bs and key in ns else float("nan")
         row["verdict"] = _verdict(row, threshold, alpha, r["side"])
         rows.append(row)
-    order = {"regression": 0, "improvement": 1, "status changed": 2, "too noisy": 3, "only in one run": 4, "same": 5}
+    order = {"regression": 0, "improvement": 1, "status changed": 2, "cannot judge": 3, "too noisy": 4,
+             "only in one run": 5, "same": 6}
     table = pd.DataFrame(rows)
     table = table.assign(_o=table["verdict"].map(order), _r=-table["ratio"].fillna(0)) \
         .sort_values(["_o", "_r"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
@@ -228,7 +237,8 @@ def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
     if row["status_base"] != row["status_new"]:
         return "status changed"
     if not math.isfinite(row["ratio"]):
-        return "same"  # untimed in one run or both: compared by status only
+        timed = all(isinstance(row[k], (int, float)) and math.isfinite(row[k]) for k in ("base_us", "new_us"))
+        return "cannot judge" if timed else "same"  # a zero median; else untimed in one run or both: by status
     noises = [n for n in (row["noise_base"], row["noise_new"]) if math.isfinite(n)]
     if any(n > threshold for n in noises):
         return "too noisy"

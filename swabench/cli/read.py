@@ -60,17 +60,22 @@ def plot(run_dir, out, force):
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @opt("--out", type=click.Path(dir_okay=False), metavar="FILE",
-     help="Write the page to FILE (e.g. FINDINGS.md); without --out it is printed to stdout.")
-def findings(run_dirs, out):
-    """The findings page: what the runs show, each number with the run folder it comes from.
-    Printed to stdout unless --out names the file to write."""
+     help="Write the page to FILE (e.g. FINDINGS.md) and its topic pages to findings/ beside it; every page is "
+          "printed to stdout without --out.")
+@opt("--force", is_flag=True, help="Replace FILE, or a file in findings/ beside it, that is no findings page.")
+def findings(run_dirs, out, force):
+    """The findings page: what the runs show, each number with the run folder it comes from; the answers and
+    the runs on the page, each topic's detail on a page of its own. Printed to stdout unless --out names the
+    file to write."""
     from swabench.publish import findings as page
 
     if out is None:
         runs = page.load(run_dirs)
         click.echo(page.page(runs, f"swabench findings {' '.join(r.folder for r in runs)}"), nl=False)
         return
-    click.echo(page.write([Path(r) for r in run_dirs], outputs.file_path(out, run_dirs)))
+    written = page.write([Path(r) for r in run_dirs], outputs.file_path(out, run_dirs), force)
+    click.echo(f"{written[0]} and {len(written) - 1} topic pages in {written[0].parent / 'findings'}"
+               if len(written) > 1 else written[0])
 
 
 @click.command("compare")

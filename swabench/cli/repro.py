@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from swabench.cli.options import InputError, opt
@@ -38,7 +40,12 @@ def repro(source, case_id, impl, backend, bug, out, force):
         out = outputs.file_path(out, reads)
         if out.exists() and not force:
             raise InputError(f"--out {out} exists; give --force to replace it")
-    text, _ = make.for_bug(bug) if bug else make.for_point(source, case_id, impl, backend)
+    started = time.perf_counter()
+
+    def progress(stage: str) -> None:
+        click.echo(f"repro [{time.perf_counter() - started:5.1f} s] {stage}", err=True)
+
+    text, _ = make.for_bug(bug, progress) if bug else make.for_point(source, case_id, impl, backend, progress)
     if not out:
         click.echo(text, nl=False)
         return

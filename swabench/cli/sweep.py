@@ -140,6 +140,10 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
         raise InputError("--resume needs --out DIR: the pricing to continue")
     request = pricing.request(model_name, trace, impls, backends, out, device_of(device), resume, l2)
     outcome = lifecycle.execute(request, Bar())
+    if outcome.state != "complete":  # a price over some of the steps would read as the whole model's
+        click.echo(f"{model_name}: the pricing is {outcome.state}: no {schema.PRICE} until every step is weighed")
+        report_outcome(outcome, False, lifecycle.rerun_command(request.out))
+        return
     replaying.weigh(outcome, request)
     table = weighing.per_mode(outcome.table, request.meta)
     run_folder.atomic_write(outcome.folder / schema.PRICE, table.to_csv(index=False))
@@ -195,7 +199,14 @@ def warmup(scenarios, jobs, impls, cases, list_only):
     region."""
     from swabench.run import sweep
 
-    points = [p for name in scenarios for p in load(name, impls, cases).points]  # every file checked before any build
+    loaded = [load(name, impls) for name in scenarios]  # every file checked before any build
+    points = [p for s in loaded for p in s.points]
+    if cases:  # a filter need only match in some of them: each scenario keeps what it has of it
+        picked = [p for p in points if any(p.case.case_id.startswith(c) or c in p.case.label or c == p.group
+                                           for c in cases)]
+        if not picked:
+            load(scenarios[0], impls, cases)  # says which cases there are
+        points = picked
     needed = sweep.modules_needed(points, None)
     if not needed:  # nothing a GPU would build either: not an error without one
         click.echo(f"nothing to build: no point of {', '.join(scenarios)} needs a JIT-compiled module")

@@ -91,6 +91,7 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     safetensors = safetensors_package()
     source, out = Path(trace_or_run), Path(out_dir)
     _check_out(out, source, replace)
+    out = Path(os.path.realpath(out))  # a link to a folder is written through, never replaced
     groups: dict[tuple, tuple[dict, list]] = {}  # layer type (analysis.replay's) and stage -> definition, steps
     left_out = []
     for case, count in steps(source):
@@ -132,6 +133,9 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
     paths.folder_out(out, "--out")
     run_folder.refuse_inside_a_run(out, "--out")
     paths.refuse_inside(out, [source], "--out")
+    if out.resolve() in source.resolve().parents:
+        raise FibError(f"{source} lies inside --out {out}, which export-fib replaces: the export would delete what it "
+                       f"reads; give another --out")
     if out.is_dir() and any(out.iterdir()):
         if not replace:
             raise FibError(f"--out {out} exists and is not empty (--force to replace it)")

@@ -30,6 +30,13 @@ def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1 or mode not in traces.MODES:
             raise FibError(f"{file}: line {n}: its blob's {META} metadata says count {count!r}, mode {mode!r}: a "
                            f"count is an integer >= 1 and a mode one of {', '.join(traces.MODES)}")
+        stage_modes = ("decode",) if stage == "decode" else ("extend", "verify")
+        if mode not in stage_modes:
+            raise FibError(f"{file}: line {n}: its blob's {META} metadata says mode {mode!r}, but the definition is a "
+                           f"{stage} definition ({' or '.join(stage_modes)})")
+        wrong = traces.verify_problem(requests) if mode == "verify" else None
+        if wrong:
+            raise FibError(f"{file}: line {n}: its blob's {META} metadata says mode verify, but {wrong}")
         line = {"mode": mode, **layer, **{k: meta[k] for k in ("page_layout", "seed", "wrapper_mode") if k in meta},
                 "requests": requests}
         lines.append(json.dumps({**line, **({"count": count} if count != 1 else {})}))
@@ -43,11 +50,36 @@ def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
     return Imported(Path(out) if out is not None else None, path, len(lines), steps, window_from)
 
 
+class _Twice(Exception):
+    pass
+
+
+def _once(pairs: list) -> dict:
+    """A JSON object whose keys are each given once (json.loads would keep the last silently)."""
+    keys = [k for k, _ in pairs]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:
+        raise _Twice(twice)
+    return dict(pairs)
+
+
+def _regular(path: Path, what: str) -> Path:
+    """``path``, where it is a regular file (a folder would fail to read, and a FIFO would wait forever)."""
+    if not path.is_file():
+        raise FibError(f"{path}: {what} is not a regular file")
+    return path
+
+
 def _json(path: Path, what: str):
+    _regular(path, what)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(), object_pairs_hook=_once)
+    except _Twice as e:
+        raise FibError(f"{path}: {what}: key {e.args[0]!r} is given twice") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FibError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or e})") from None
+    except RecursionError:
+        raise FibError(f"{path}: {what} is nested too deeply") from None
 
 
 def _find_definition(root: Path, wanted: str) -> tuple[Path, dict]:
@@ -99,6 +131,9 @@ def _layer(path: Path, doc: dict, model: str) -> tuple[dict, str, str]:
     window_from = "preset"
     if "window_left" in const:  # one swabench exported: its window, sinks and soft-cap must be the preset's
         window_from = "definition"
+        if isinstance(const["window_left"], bool) or not isinstance(const["window_left"], int):
+            raise FibError(f"{path}: axes.window_left: {const['window_left']!r} is not an integer (FlashInfer's "
+                           f"window_left: -1, or W >= 0)")
         if const["window_left"] != preset.window_left:
             raise FibError(f"{path}: axes.window_left is {const['window_left']}, but {model} has window_left "
                            f"{preset.window_left} (sliding_window {preset.sliding_window}): the definition is "
@@ -142,19 +177,32 @@ def _workload_records(root: Path, wanted: str):
     files = sorted((root / "workloads").rglob(f"{wanted}.jsonl")) if (root / "workloads").is_dir() else []
     if not files:
         raise FibError(f"{root}: no workloads for {wanted} (workloads/**/{wanted}.jsonl)")
-    found = 0
+    found, seen = 0, {}
     for file in files:
-        for n, text in enumerate(file.read_text().splitlines(), 1):
+        try:
+            lines = _regular(file, "the workload file").read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise FibError(f"{file}: cannot read the workload file ({getattr(e, 'strerror', None) or e})") from None
+        for n, text in enumerate(lines, 1):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text)
+                record = json.loads(text, object_pairs_hook=_once)
+            except _Twice as e:
+                raise FibError(f"{file}: line {n}: key {e.args[0]!r} is given twice") from None
             except json.JSONDecodeError as e:
                 raise FibError(f"{file}: line {n}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise FibError(f"{file}: line {n}: nested too deeply to be a workload record") from None
             if not isinstance(record, dict) or not isinstance(record.get("workload"), dict):
                 raise FibError(f"{file}: line {n}: workload: missing; a workload record has definition and workload")
             if record.get("definition") != wanted:
                 raise FibError(f"{file}: line {n}: definition: {record.get('definition')!r}, not {wanted!r}")
+            uuid = record["workload"].get("uuid")
+            if uuid is not None and uuid in seen:
+                raise FibError(f"{file}: line {n}: workload.uuid {uuid!r} was given at {seen[uuid]} already: a step "
+                               f"would count twice")
+            seen[uuid] = f"{file.name} line {n}"
             found += 1
             yield file, n, record["workload"]
     if not found:
@@ -171,7 +219,10 @@ def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dic
         kind = spec.get("type") if isinstance(spec, dict) else None
         raise FibError(f"{where}: {'missing' if spec is None else f'type {kind!r}'}: the page table must be stored "
                        f"(safetensors) to be read back")
-    blob = root / str(spec.get("path"))
+    given = str(spec.get("path"))
+    blob = root / given
+    if Path(given).is_absolute() or root.resolve() not in blob.resolve().parents:
+        raise FibError(f"{where}.path: {given[:200]} lies outside {root}: a folder's blobs are its own")
     if not blob.is_file():
         raise FibError(f"{where}.path: the blob {spec.get('path')} is missing")
     if blob not in blobs:
@@ -184,7 +235,11 @@ def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dic
     tensors, meta = blobs[blob]
     if spec.get("tensor_key") not in tensors:
         raise FibError(f"{where}.tensor_key: {spec.get('tensor_key')!r} is not in {spec.get('path')}")
-    return tensors[spec["tensor_key"]].tolist(), meta
+    tensor = tensors[spec["tensor_key"]]
+    if tensor.is_floating_point() or tensor.is_complex() or str(tensor.dtype) == "torch.bool":
+        raise FibError(f"{where}: {spec.get('tensor_key')!r} holds {tensor.dtype}, not integers: an index tensor "
+                       f"is int32 or int64")
+    return tensor.tolist(), meta
 
 
 def _requests(root: Path, file: Path, n: int, workload: dict, stage: str, doc: dict) -> tuple[list, dict]:
@@ -194,6 +249,11 @@ def _requests(root: Path, file: Path, n: int, workload: dict, stage: str, doc: d
     kv_indptr, meta = _tensor(root, file, n, workload, "kv_indptr", blobs)
     batch = len(kv_indptr) - 1
     pages = [b - a for a, b in zip(kv_indptr, kv_indptr[1:])]
+    kv_indices = _tensor(root, file, n, workload, "kv_indices", blobs)[0]
+    if not kv_indptr or kv_indptr[0] != 0 or len(kv_indices) != kv_indptr[-1] or min(kv_indices, default=0) < 0:
+        raise FibError(f"{file}: line {n}: workload.inputs.kv_indices: {len(kv_indices)} page ids from "
+                       f"{min(kv_indices, default=0)}; kv_indptr from {kv_indptr[0] if kv_indptr else None} to "
+                       f"{kv_indptr[-1] if kv_indptr else None} wants as many page ids as it ends at, each >= 0")
     if "kv_last_page_len" in doc["inputs"]:
         last = _tensor(root, file, n, workload, "kv_last_page_len", blobs)[0]
     else:  # FlashInfer-Bench's page-size-1 definitions: every page is full

@@ -49,8 +49,10 @@ def step(folder: Path, wrapper: str, record: dict, bucket: int = 1,
     why = record_problem(record)
     if why:
         return None, why
-    if not (folder / "inputs.pt").is_file():
-        return None, "inputs.pt missing (the call's tensors were not saved)"
+    tensors = folder / "inputs.pt"
+    if not tensors.is_file():
+        return None, ("inputs.pt is not a regular file" if tensors.exists() or tensors.is_symlink() else
+                      "inputs.pt missing (the call's tensors were not saved)")
     try:
         return _line(wrapper, _arguments(folder, wrapper, record), bucket, verify_max)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
@@ -167,6 +169,8 @@ def _flag(a: dict, name: str, default: bool) -> bool:
 
 def _line(wrapper: str, a: dict, bucket: int, verify_max: int) -> tuple[dict | None, str | None]:
     window = -1 if a.get("window_left") is None else _int(a, "window_left")
+    if window < -1:
+        raise ValueError(f"window_left: {window} is no window (-1 for none, or W >= 0)")
     if a.get("custom_mask") is not None or a.get("packed_custom_mask") is not None:
         return None, "planned with a custom mask (any window is in the mask)"
     if window < 0:
@@ -179,8 +183,16 @@ def _line(wrapper: str, a: dict, bucket: int, verify_max: int) -> tuple[dict | N
         page = {"storage": "ragged"}
     else:
         indptr = _ints(a, "indptr" if decode else "paged_kv_indptr")
-        last = _ints(a, "last_page_len" if decode else "paged_kv_last_page_len")
+        name = "last_page_len" if decode else "paged_kv_last_page_len"
+        last = _ints(a, name)
         size = _int(a, "page_size")
+        if size < 1:
+            raise ValueError(f"page_size: {size} is not a page size (1 or more)")
+        wrong = next(((i, n) for i, n in enumerate(last) if i + 1 < len(indptr) and indptr[i + 1] > indptr[i]
+                      and not 1 <= n <= size), None)
+        if wrong:
+            raise ValueError(f"{name}: request {wrong[0]}'s last page holds {wrong[1]} keys; a page of page_size "
+                             f"{size} holds 1 to {size}")
         kv_lens = [(indptr[i + 1] - indptr[i] - 1) * size + last[i] if indptr[i + 1] > indptr[i] else 0
                    for i in range(len(indptr) - 1)]
         qo = list(range(len(kv_lens) + 1)) if decode else _ints(a, "qo_indptr")

@@ -252,8 +252,11 @@ def _no_impl_left(path, wanted, available):
 
 
 def find(name_or_path: str, search_dirs=None) -> Path:
-    """A scenario by path, or by name in ./scenarios and then among the shipped ones."""
+    """A scenario by path (a run folder's own scenario.toml for a run folder), or by name in ./scenarios and then
+    among the shipped ones."""
     p = Path(name_or_path)
+    if p.is_dir() and (p / "scenario.toml").is_file():
+        return p / "scenario.toml"
     if p.suffix == ".toml" or p.exists():
         return p
     dirs = search_dirs or scenario_dirs()
@@ -332,6 +335,14 @@ def listing() -> str:
     return "\n".join(lines)
 
 
+def _why_none(impl: str, s: Scenario) -> str:
+    """Why a listed implementation makes no point of the scenario: what it says of the scenario's first case."""
+    spec = registry.get(impl)
+    why = next((spec.skip_reason(c, b, None) for c in s.cases[:1] for b in spec.runs_on(spec.backends or ["-"])),
+               None)
+    return f"  ({why})" if why else ""
+
+
 def describe(s: Scenario, each_case: bool = False) -> str:
     """What ``swabench show`` prints: points per implementation, the axes, the largest case's memory
     estimate (every case's with ``each_case``), and the points the skip rules removed."""
@@ -341,7 +352,7 @@ def describe(s: Scenario, each_case: bool = False) -> str:
     for name in s.implementations:
         backends = sorted({p.backend for p in s.points if p.impl == name})
         lines.append(f"  {name:22s} {registry.get(name).kind:9s} {per_impl[name]:5d} points  "
-                     f"backends: {', '.join(backends) or '-'}")
+                     f"backends: {', '.join(backends) or '-'}" + ("" if per_impl[name] else _why_none(name, s)))
     lines.append("axes:")
     lines += [f"  {axis:14s} {', '.join(map(str, values))}" for axis, values in axis_values(s.cases).items()]
     sizes = {c: footprint.footprint(c, "cuda") for c in s.cases}

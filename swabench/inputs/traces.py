@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swabench.inputs import axes, models, scenarios
+from swabench.inputs.plan_calls import VERIFY_MAX
 from swabench.core import semantics
 from swabench.core.cases import QO_FIELD
 from swabench.errors import UserError
@@ -118,6 +119,16 @@ def parse(data: bytes, path="<trace>") -> Counter:
     return steps
 
 
+def verify_problem(requests, verify_max: int = VERIFY_MAX) -> str | None:
+    """Why [prefix, queries] requests are no verify step, or None: a verify step checks one draft block of at most
+    ``verify_max`` tokens a request, the same for every request (the rule ``swabench import`` reads plans by)."""
+    blocks = sorted({q for _, q in requests})
+    if len(blocks) > 1 or blocks[0] > verify_max:
+        return (f"a verify step's requests each check one draft block of the same size, at most {verify_max} tokens; "
+                f"these have {', '.join(map(str, blocks[:4]))}{' ...' if len(blocks) > 4 else ''}")
+    return None
+
+
 class _Repeated(Exception):
     pass
 
@@ -148,6 +159,9 @@ def _step(path, n: int, line) -> tuple[Step, int]:
         raise TraceError(path, n, "requests: must be a non-empty list of [prefix >= 0, queries >= 1] pairs")
     if line["mode"] == "decode" and any(q != 1 for _, q in requests):
         raise TraceError(path, n, "requests: a decode step has one query per request")
+    wrong = verify_problem(requests)
+    if line["mode"] == "verify" and wrong:
+        raise TraceError(path, n, f"requests: {wrong}; give mode extend")
     count = line.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise TraceError(path, n, f"count: must be an integer from 1 to {MAX_COUNT}, got {count!r}")

@@ -35,8 +35,15 @@ def _run_rows(source: str):
     return table[["case_id", "impl", "backend", "status", "reason"]]
 
 
-def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tuple[str, list[script.Part]]:
-    """(script, parts) for one point of a run folder's rows or a scenario's points."""
+def _quiet(stage: str) -> None:
+    pass
+
+
+def for_point(source: str, case_id: str, impl: str, backend: str | None, progress=_quiet) \
+        -> tuple[str, list[script.Part]]:
+    """(script, parts) for one point of a run folder's rows or a scenario's points; ``progress(stage)`` hears each
+    stage begin (a full-size case takes a minute or two on the CPU)."""
+    progress(f"reading {source}")
     if impl not in registry.names():
         raise UserError(f"--impl: unknown implementation {impl!r}; known: {', '.join(registry.names())}")
     s = scenarios.load(source_file(source))
@@ -44,12 +51,16 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tupl
     where = f"run {source}" if rows is not None else s.name
     points = [p for p in s.points if rows is None or p.case.case_id in set(rows["case_id"])]
     cases = {p.case.case_id: p.case for p in points}
+    if rows is not None and not cases:
+        raise UserError(f"{source}: its {schema.SCENARIO} makes none of the cases its table holds: the folder's "
+                        f"scenario and table disagree, so no point of it can be written as a script")
     matches = sorted(i for i in cases if i.startswith(case_id)) if case_id else []
     if len(matches) != 1:
         listed = matches or sorted(cases)
         said = f"matches {len(matches)}: " if matches else f"matches none of {where}'s {len(cases)} cases; known: "
         more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
-        raise UserError(f"--case: {case_id!r} {said}{', '.join(listed[:8])}{more} (give a case_id or a unique "
+        shown = case_id if len(case_id) <= 40 else f"{case_id[:40]}... ({len(case_id)} characters)"
+        raise UserError(f"--case: {shown!r} {said}{', '.join(listed[:8])}{more} (give a case_id or a unique "
                         f"prefix; `swabench show {s.name} --cases` lists them)")
     case = cases[matches[0]]
     backends = [p.backend for p in points if p.case == case and p.impl == impl]
@@ -84,15 +95,16 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None) -> tupl
                            _wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
                                              _run_line(obj.library)]))
     parts = [script.Part(case, impl, backend)]
-    return _checked(parts, header), parts
+    return _checked(parts, header, progress=progress), parts
 
 
-def for_bug(ref: str) -> tuple[str, list[script.Part]]:
+def for_bug(ref: str, progress=_quiet) -> tuple[str, list[script.Part]]:
     """(script, parts) for a declared upstream bug, a known-bug or planted implementation, or the decode cliff,
-    on the smallest shipped case where it shows."""
+    on the smallest shipped case where it shows; ``progress(stage)`` hears each stage begin."""
     bug = bugs.get(ref)
     if bug is None:
         raise UserError(f"--bug: unknown bug {ref!r}; known: {', '.join(b.ref for b in bugs.catalogue())}")
+    progress(f"finding the smallest shipped case where {ref} shows ({', '.join(bugs.SEARCHED)})")
     try:
         parts, where = bugs.parts(bug)
     except LookupError as e:  # the shipped scenarios hold no case that shows it (a scenario file was edited)
@@ -102,7 +114,7 @@ def for_bug(ref: str) -> tuple[str, list[script.Part]]:
     header = script.Header(title, _lines(
         bug.summary, where + fixed, bug.url, f"swabench repro --bug {ref}", registry.get(bug.impl).library,
         timed=bool(bug.twin)))
-    return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None), parts
+    return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
 
 
 def _run_line(library: str, timed: bool = False) -> str:
@@ -124,11 +136,15 @@ def _lines(wrong: str, where: str, url: str, made_by: str, library: str, timed: 
     return _wrapped(lines)
 
 
-def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None) -> str:
+def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None,
+             progress=_quiet) -> str:
+    progress(f"tracing {', '.join(p.impl for p in parts)} on the CPU against a stand-in FlashInfer "
+             f"({parts[-1].case.label})")
     try:
         text = script.render(parts, header, threshold)
     except trace.Unrenderable as e:
         raise UserError(str(e)) from None
+    progress("checking the script against the suite, call by call")
     try:
         verify.check(parts, text)
     except verify.Drift as e:

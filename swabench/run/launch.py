@@ -109,7 +109,7 @@ def _state(folder: Path) -> str | None:
     may have finished with failed points, or crashed; only the folder tells which."""
     try:
         return json.loads((Path(folder) / META).read_text()).get("state")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
 
 

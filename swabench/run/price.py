@@ -88,6 +88,7 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
     from swabench.run import replay
 
     model = preset(model_name)
+    _refuse_wrong_paths(implementations)
     implementations = list(implementations) or engine_paths(device)
     steps = trace_steps(model, trace) if trace else template_steps(model)
     layered, kind = layer_steps(model, steps)
@@ -135,6 +136,17 @@ def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> No
                     f"({len(cases)} layer steps), about {minutes:.0f} min on {threads} CPU threads, past the "
                     f"{CPU_LIMIT_S // 60} min a price may take on the CPU; give a TRACE of shorter steps of "
                     f"{model.name}, or run it on a GPU (--device cuda)")
+
+
+def _refuse_wrong_paths(implementations) -> None:
+    """A price weighs correct paths only: a known bug's or a planted mistake's time answers nothing."""
+    from swabench.impls import registry
+
+    wrong = [n for n in implementations if n in registry.names() and registry.get(n).expected_to_fail]
+    if wrong:
+        allowed = [i.name for i in registry.all_implementations() if i.kind == "correct"]
+        raise UserError(f"--impl {wrong[0]}: a {registry.get(wrong[0]).kind} path; price weighs correct paths only: "
+                        f"{', '.join(allowed)}")
 
 
 def engine_paths(device) -> list[str]:

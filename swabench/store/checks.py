@@ -24,8 +24,8 @@ FINITE = ("value_us",)
 def table(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` itself, or ValueError naming the line, the column and what it may hold: every row names
     its point (and, in samples, its kind); a status is one of schema.STATUSES; a results table holds
-    each point once; times and counts are numbers >= 0 or empty; a timed row (repeats > 0) has its
-    median.  An untimed row's empty median is fine."""
+    each point once; times and counts are numbers >= 0 or empty, a median > 0; a timed row (repeats > 0) has
+    its median.  An untimed row's empty median is fine."""
     import pandas as pd
 
     def refuse(index, column: str, value, allowed: str):
@@ -53,6 +53,10 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
         if bad.any():
             allowed = "a finite number >= 0, or empty" if column in NON_NEGATIVE else "a finite number"
             raise refuse(bad.idxmax(), column, _plain(df.at[bad.idxmax(), column]), allowed)
+    if "median_us" in df.columns:
+        zero = pd.to_numeric(df["median_us"], errors="coerce") == 0
+        if zero.any():
+            raise refuse(zero.idxmax(), "median_us", 0, "a number > 0 where timed (a call takes time), or empty")
     if {"median_us", "repeats"} <= set(df.columns):
         untimed = df["median_us"].isna() & (pd.to_numeric(df["repeats"], errors="coerce") > 0)
         if untimed.any():

@@ -295,6 +295,9 @@ class RunStore:
                 row = json.loads(line)
                 key = tuple(row[k] for k in KEY)
                 hash(key)
+            except RecursionError:
+                raise RunFolderError(f"{path}: line {number} is nested too deeply to be a result row: the journal is "
+                                     f"damaged") from None
             except (json.JSONDecodeError, KeyError, TypeError):
                 if number == len(lines):  # the unterminated last line of an interrupted write
                     continue

@@ -132,7 +132,7 @@ def stored_version(folder) -> int:
     """The format version the folder was written in (before ``read_meta`` migrates it)."""
     try:
         return json.loads((Path(folder) / META).read_text()).get("format_version", 1)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return schema.FORMAT_VERSION
 
 
@@ -157,6 +157,8 @@ def read_meta(folder) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunFolderError(f"{path} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise RunFolderError(f"{path} is nested too deeply to be a run's metadata") from None
     if not isinstance(meta, dict):
         raise RunFolderError(f"{path} does not hold a JSON object")
     try:

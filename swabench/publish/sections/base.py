@@ -107,6 +107,19 @@ class Section:
         return self.head() + body if body else []
 
 
+TOPICS_FOLDER = "findings"  # the findings page's topic pages sit in this folder beside it
+
+
+def topic_name(module) -> str:
+    """A topic's page name under findings/: its module's name ('trees' for sections.trees)."""
+    return module.__name__.rsplit(".", 1)[1]
+
+
+def topic_link(module, words: str = "detail") -> str:
+    """A link from the findings page to a topic's page."""
+    return f"[{words}]({TOPICS_FOLDER}/{topic_name(module)}.md)"
+
+
 FIGURES = "plots"  # results/RUN's report and figures are published in plots/RUN/, beside results/
 
 

@@ -43,6 +43,8 @@ def compiles_said(run: Run) -> list[str]:
             f"({run.name})."]
 
 
+TOPIC = "Compile cost before the first timed call"
+
 SECTIONS = [
     Section("compiles", "Compile cost: what a path pays before its first timed call",
             f"Per path that records its first call (`compile_s`: its first plan and call, with Inductor's compile of "

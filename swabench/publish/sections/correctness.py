@@ -120,6 +120,8 @@ def _xpass(r: Run) -> list[str]:
     return out
 
 
+TOPIC = "Correctness: what the gate saw"
+
 SECTIONS = [
     Section("correctness", "Correctness", "", pages=frozenset({FINDINGS}), across=across_runs, profiled=True, trees=True),
     Section("correctness-matrix", "Correctness", "Points per status for each implementation and backend, the worst "

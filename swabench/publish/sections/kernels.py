@@ -53,6 +53,8 @@ def kernels_said(run: Run) -> list[str]:
     return ["\n".join(said)] if said else []
 
 
+TOPIC = "Under Nsight Systems: the kernels each path ran"
+
 SECTIONS = [
     Section("kernels", "Under Nsight Systems: the kernels each path ran",
             lambda: f"From a run made under Nsight Systems (`swabench profile`): per case and path, each kernel "

@@ -264,6 +264,8 @@ def step_limits(run: Run, mode: str, impl: str, backend: str) -> str:
     return f"{g['pct_of_floor'].median():.0f}% of its floor"
 
 
+TOPIC = "The machine's limit: roofline floors and the bytes each path reads"
+
 SECTIONS = [
     Section("roofline", "The machine's limit: each path against its roofline floor",
             "A point's floor is the larger of two times: the bytes a kernel reading whole pages of its table moves "

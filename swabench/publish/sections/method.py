@@ -118,6 +118,8 @@ def _launch_against_one(multi: Run, one: Run) -> str:
     return text + f". The gate gave the same status on {same} of the {len(both)} points both runs hold{sizes}."
 
 
+TOPIC = "Method: noise, workspace and several GPUs"
+
 SECTIONS = [
     Section("workspace", "Workspace", f"The float workspace the planner needed per shape (CUDA-graph wrappers plan "
             f"for the worst case): the largest `workspace_mib` over the shape's points, sized from the library's own "

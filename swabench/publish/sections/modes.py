@@ -74,6 +74,8 @@ def in_short(run: Run) -> list[str]:
     return said
 
 
+TOPIC = "CUDA-graph mode against plain wrappers"
+
 SECTIONS = [
     Section("wrapper-modes", "CUDA-graph mode against plain wrappers",
             "Each FlashInfer path on the same step with its wrappers built in CUDA-graph mode (fixed buffers, a "

@@ -130,6 +130,8 @@ def chunked_findings(run: Run) -> list[str]:
     return said
 
 
+TOPIC = "Beside the causal window: non-causal windows and chunked attention"
+
 SECTIONS = [
     Section("noncausal", "Non-causal windows: where flashinfer#4972 shows",
             "Non-causal points (a query at position p sees every key of its request from p - W on), per path: "

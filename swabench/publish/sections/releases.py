@@ -168,6 +168,8 @@ def across_releases(runs: list[Run]) -> list[str]:
     return said
 
 
+TOPIC = "Across releases"
+
 SECTIONS = [
     Section("releases", "Across releases",
             "One scenario run on several releases of a library (`swabench matrix` writes the full matrix and its "

@@ -67,6 +67,8 @@ def reproducers(runs: list[Run]) -> list[str]:
             markdown_table(pd.DataFrame(rows))]
 
 
+TOPIC = "Reproducers: each bug as a script to file"
+
 SECTIONS = [
     Section("repros", "Reproducers: each bug caught, as a script to file upstream", "", pages=frozenset({FINDINGS}),
             across=reproducers, every_release=True, profiled=True, trees=True),

@@ -149,6 +149,8 @@ def evicted_reads(run: Run) -> pd.DataFrame:
                          "output turned NaN": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
 
 
+TOPIC = "Serving: features, models, trace replay, whole-model price, evicted pages"
+
 SECTIONS = [
     Section("features", "Sinks, soft-cap and fp8 caches against their plain twins",
             "Time with the feature / time of the same shape without it, through the same path and backend (the "

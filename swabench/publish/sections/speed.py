@@ -257,6 +257,8 @@ def peers_rebuilt(runs: list[Run]) -> list[str]:
     return said
 
 
+TOPIC = "Speed: the window against the mask, the reference path and the peers"
+
 SECTIONS = [
     Section("headline", "Headline: speedup over the custom-mask path", headline_caption, headline, headline_said,
             timed=True),

@@ -236,6 +236,8 @@ def in_short(run: Run, runs: list[Run]) -> list[str]:
     return said
 
 
+TOPIC = "Draft trees"
+
 SECTIONS = [
     Section("trees", "Draft trees: which rows each path gets wrong",
             "Verify blocks laid out as draft trees (EAGLE/MTP with topk > 1) and chains of the same size, per path: "
