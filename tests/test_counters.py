@@ -263,7 +263,7 @@ def test_the_command_line_and_an_untrusted_counter(fake_ncu, tmp_path, monkeypat
     untrusted = Run(str(tmp_path / "bad"), *derived.load(tmp_path / "bad"))
     assert machine.trusted(counted_whole) and not machine.trusted(untrusted)
     said = machine.amplified([counted_whole, untrusted], "decode")
-    assert "`torch-trim [torch]` 500x counted a call at a time" in said and "50x" not in said.replace("500x", "")
+    assert "`torch-trim [torch]` 500x (calls)" in said and "50x" not in said.replace("500x", "")
     assert "none of this run's counts is to be trusted" in machine.bytes_said(untrusted)[0]
 
 

@@ -79,7 +79,7 @@ def test_the_page_says_how_it_was_made(page, cpu_run):
 def test_every_section_with_data_is_there(written):
     """The page holds the answers, the runs and a link per topic; each topic's sections are on its own page."""
     index, *topics = written
-    assert list(sections(index.read_text())) == ["Answers", "Runs", "Topics"]
+    assert list(sections(index.read_text())) == ["Answers", "Topics", "Runs"]
     assert {p.name: list(sections(p.read_text())) for p in topics} == {
         "correctness.md": ["Correctness"],
         "repros.md": ["Reproducers: each bug caught, as a script to file upstream"],

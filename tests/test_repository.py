@@ -1,5 +1,5 @@
-"""The repository stays small enough to clone: the shipped runs and figures under a budget, no big file;
-and the published pages name no machine's paths."""
+"""The repository stays small enough to clone: the shipped runs, figures and findings pages under a budget, no
+big file; the published pages name no machine's paths, and the findings page stays short enough to read."""
 
 import os
 import re
@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1_000_000
-PUBLISHED_BUDGET = 15 * MB  # results/ and plots/ together
+PUBLISHED_BUDGET = 15 * MB  # results/, plots/, findings/ and FINDINGS.md together
+PAGE_LIMIT, ANSWERS_LIMIT = 40_000, 10_000  # bytes of FINDINGS.md, and of its Answers
 FILE_LIMIT = 2 * MB
 
 
@@ -36,11 +37,12 @@ def largest(sizes: dict[str, int], n: int = 10) -> str:
     return "\n".join(f"  {size / MB:7.2f} MB  {name}" for name, size in top)
 
 
-def test_results_and_plots_stay_under_their_budget():
-    sizes = tracked_sizes("results", "plots")
+def test_results_plots_and_findings_stay_under_their_budget():
+    sizes = tracked_sizes("results", "plots", "findings", "FINDINGS.md")
     total = sum(sizes.values())
-    assert total < PUBLISHED_BUDGET, (f"results/ and plots/ hold {total / MB:.1f} MB in {len(sizes)} tracked files "
-                                      f"(budget {PUBLISHED_BUDGET / MB:.0f} MB); the largest:\n{largest(sizes)}")
+    assert total < PUBLISHED_BUDGET, (f"results/, plots/ and the findings pages hold {total / MB:.1f} MB in "
+                                      f"{len(sizes)} tracked files (budget {PUBLISHED_BUDGET / MB:.0f} MB); the "
+                                      f"largest:\n{largest(sizes)}")
 
 
 def test_no_tracked_file_is_over_the_limit():
@@ -54,7 +56,26 @@ ABSOLUTE_PATH = re.compile(r"(?<![\w.\-/~])/(?:[\w.\-]+/)+[\w.\-]*")  # /tmp/o/x
 
 
 def test_published_pages_name_no_machines_paths():
-    pages = [ROOT / "FINDINGS.md", *sorted((ROOT / "plots").glob("*/*.md"))]
+    pages = [ROOT / "FINDINGS.md", *sorted((ROOT / "findings").glob("*.md")), *sorted((ROOT / "plots").glob("*/*.md"))]
     found = {page.relative_to(ROOT).as_posix(): ABSOLUTE_PATH.findall(page.read_text()) for page in pages}
     assert len(pages) > 10 and not {page: hits for page, hits in found.items() if hits}
     assert ABSOLUTE_PATH.findall("`swabench run x --out /tmp/o/run` at 1.4 TB/s, h64/8, 2/3") == ["/tmp/o/run"]
+
+
+def test_the_findings_page_is_short_and_links_every_topic_page():
+    """FINDINGS.md keeps the answers (at most 10 KB), a link per topic and the runs; the topic pages it links are
+    the ones in findings/, every link on every page resolves, and the README links the page alone."""
+    page = (ROOT / "FINDINGS.md").read_text()
+    answers = page.split("\n## Answers\n")[1].split("\n## ")[0]
+    assert len(page.encode()) <= PAGE_LIMIT and len(answers.encode()) <= ANSWERS_LIMIT, \
+        (len(page.encode()), len(answers.encode()))
+    topics = sorted((ROOT / "findings").glob("*.md"))
+    linked = set(re.findall(r"\]\((findings/[\w-]+\.md)\)", page.split("\n## Topics\n")[1].split("\n## ")[0]))
+    assert linked == {p.relative_to(ROOT).as_posix() for p in topics} and len(topics) > 5
+    assert set(re.findall(r"\]\((findings/[\w-]+\.md)\)", answers)) <= linked  # each answer links its topic
+    for source in [ROOT / "FINDINGS.md", *topics]:
+        for target in re.findall(r"\]\(([^)#]+)\)", source.read_text()):
+            if "://" not in target:
+                assert (source.parent / target).exists(), f"{source.name} links {target}, which does not exist"
+    readme = (ROOT / "README.md").read_text()
+    assert "](FINDINGS.md)" in readme and "findings/" not in re.sub(r"`[^`]*`", "", readme)

@@ -39,9 +39,8 @@ def test_the_fastest_path_per_mode_and_where_graph_mode_changes_it():
     assert f.loc[48, "graph_path"] == "decode-tc-trim [fa2]" and f.loc[48, "plain_path"] == "decode-trim [fa2]"
     assert f.loc[48, "changes"] and not f.loc[1, "changes"]
     said = in_short(Run("r", table(), {}))
-    assert "decode: fa2 +1.75 us median (-2 to +6, 4 points), 1.11x the plain time" in said[0], said
-    assert "on 1 of 2 steps (decode 1 of 2)" in said[1]
-    assert "`decode-tc-trim [fa2]` 18.2 us in CUDA-graph mode, `decode-trim [fa2]` 13 us plain" in said[1]
+    assert said[0].startswith("- decode fa2 +1.75 us (1.11x)") and len(said) == 1, said
+    assert "on 1 of 2 steps, by up to 1.40x (`r`)." in said[0], said  # decode-tc-trim 18.2 us graph, decode-trim 13 plain
 
 
 def test_the_section_shows_both_times_and_says_nothing_without_plain_points():

@@ -42,8 +42,9 @@ def pages(runs: list[Run], command: str, index_name: str = "FINDINGS.md") -> dic
     topics = {m: body for m, body in topics.items() if body}
     links = [f"- [{m.TOPIC}]({TOPICS_FOLDER}/{sections.topic_name(m)}.md)" for m in topics]
     index = [made, "# Findings", "Every number names the run folder it comes from. The answers come first; each "
-             "links its topic, whose page holds the tables and sentences behind it."] + parts(sections.INDEX)
-    written = {"": "\n\n".join(index + ["## Topics", "\n".join(links)] if links else index) + "\n"}
+             "links its topic, whose page holds the tables and sentences behind it."] + parts((sections.answers,))
+    index += (["## Topics", "\n".join(links)] if links else []) + parts((sections.runs,))
+    written = {"": "\n\n".join(index) + "\n"}
     for m, body in topics.items():
         head = [made, f"# {m.TOPIC}", f"Part of [the findings]({'../' + index_name}): every number names the run "
                                      f"folder it comes from."]

@@ -2,7 +2,7 @@
 the findings page's sentences), in page order.  ``swabench report``, ``swabench findings`` and
 ``swabench summary`` draw their sections from here; adding a table is one Section in one module.
 
-The findings page holds the answers and the runs (INDEX); every other module is a topic (its ``TOPIC``
+The findings page holds the answers, a link per topic and the runs (INDEX); every other module is a topic (its ``TOPIC``
 is the title) with a page of its own under findings/, which the answers link."""
 
 from __future__ import annotations

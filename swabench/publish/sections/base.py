@@ -111,8 +111,8 @@ TOPICS_FOLDER = "findings"  # the findings page's topic pages sit in this folder
 
 
 def topic_name(module) -> str:
-    """A topic's page name under findings/: its module's name ('trees' for sections.trees)."""
-    return module.__name__.rsplit(".", 1)[1]
+    """A topic's page name under findings/: its module's name ('trees' for sections.trees, or its __name__)."""
+    return getattr(module, "__name__", module).rsplit(".", 1)[1]
 
 
 def topic_link(module, words: str = "detail") -> str:
@@ -190,6 +190,14 @@ def spread(ratios: pd.Series) -> str:
     if len(ratios) == 1:
         return f"{ratios.iloc[0]:.2f}x"
     return f"{ratios.median():.2f}x ({ratios.min():.2f}-{ratios.max():.2f}, {len(ratios)})"
+
+
+def merged(said: list[tuple[str, Run]]) -> list[str]:
+    """Sentences said of several runs, each once, ending with every run it was said of: 'X (`a`, `b`).'"""
+    runs_of: dict[str, list[str]] = {}
+    for text, run in said:
+        runs_of.setdefault(text, []).append(run.name)
+    return [f"{text} ({', '.join(dict.fromkeys(names))})." for text, names in runs_of.items()]
 
 
 def points(n: int) -> str:

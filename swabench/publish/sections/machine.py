@@ -119,9 +119,10 @@ def _correct_counted(run: Run) -> pd.DataFrame:
     return t[t["kind"] == "correct"]
 
 
-def cliff(run: Run, times: pd.Series | None = None) -> str:
+def cliff(run: Run, times: pd.Series | None = None, beside: int | None = None) -> str:
     """The worst read amplification of a correct path, in one sentence with its numbers: what it read, what its
-    window needs, the whole table where it read that, and the other paths on the same step; none for a run
+    window needs, the whole table where it read that, and the other paths on the same step (the ``beside`` that
+    read least, or all); none for a run
     counted a call at a time, whose sums name no kernel and hold the call's own intermediates."""
     t = _correct_counted(run)
     if t.empty or t["read_amplification"].max() < CLIFF or counted_whole(run):  # no kernel to name
@@ -138,7 +139,7 @@ def cliff(run: Run, times: pd.Series | None = None) -> str:
     whole = f": the whole K/V its page table holds ({_mb(table_bytes)} MB), every page read and the window " \
             f"applied to the scores only" if worst["dram_read_bytes"] >= 0.9 * table_bytes else ""
     others = [f"`{r['path']}` {_mb(r['dram_read_bytes'])} MB ({ratio(r['read_amplification'])}x){timed(r)}"
-              for _, r in same.iterrows() if r.name != worst.name]
+              for _, r in same.iterrows() if r.name != worst.name][:beside]
     return (f"On `{worst['case']}` ({worst['mode']}), `{worst['path']}` read {_mb(worst['dram_read_bytes'])} MB "
             f"from DRAM{timed(worst)} for a window that needs {_mb(worst['min_read_bytes'])} MB "
             f"({ratio(worst['read_amplification'])}x){whole}" + ("; on the same step " + ", ".join(others)
@@ -153,7 +154,7 @@ def worst_cliff(runs: list[Run]) -> str:
     if not found:
         return ""
     worst = max(found, key=lambda f: f[1])[0]
-    return cliff(worst, timed_twin(runs, worst))
+    return cliff(worst, timed_twin(runs, worst), beside=2)
 
 
 def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
@@ -189,10 +190,11 @@ def bytes_across(runs: list[Run]) -> list[str]:
     return [part for part in body if part]
 
 
-def amplified(runs: list[Run], mode: str) -> str:
-    """The paths that read more than AMPLIFIED times what their window needs on a step (median (least-most) over
-    their counted points of every trusted run), worst first, and how many read within it; '' where none was
-    counted; a path counted only a call at a time is marked so (its intermediates are in its bytes)."""
+def amplified(runs: list[Run], mode: str, most: int = 3, named: bool = True) -> str:
+    """The ``most`` paths that read the most past AMPLIFIED times what their window needs on a step (median
+    (least-most) over their counted points of every trusted run), worst first, and how many more read past it and
+    within it; '' where none was counted; a path counted only a call at a time is marked so (its intermediates are
+    in its bytes: "(calls)"); the runs named at the end unless not ``named``."""
     found = [counted_points(r.table).assign(run=r.name, whole=counted_whole(r)) for r in runs if trusted(r)]
     found = [f[f["mode"] == mode] for f in found]
     found = [f for f in found if len(f)]
@@ -203,11 +205,18 @@ def amplified(runs: list[Run], mode: str) -> str:
     per_path, low, high_end = amp.median().sort_values(ascending=False), amp.min(), amp.max()
     high = per_path[per_path > AMPLIFIED]
     words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
-             + (" counted a call at a time" if whole[p] else "") for p, a in high.items()]
+             + (" (calls)" if whole[p] else "") for p, a in high.items()][:most]
+    if len(high) > most:
+        words.append(f"{len(high) - most} more past {AMPLIFIED}x")
     within = len(per_path) - len(high)
     if within:
         words.append(f"the other {within} within {AMPLIFIED}x" if len(high) else f"all {within} within {AMPLIFIED}x")
-    return ", ".join(words) + f" ({', '.join(dict.fromkeys(f['run'].iloc[0] for f in found))})"
+    return ", ".join(words) + (f" ({', '.join(dict.fromkeys(f['run'].iloc[0] for f in found))})" if named else "")
+
+
+def counted_runs(runs: list[Run]) -> list[Run]:
+    """The runs whose counts the pages trust and that counted a point."""
+    return [r for r in runs if trusted(r) and len(counted_points(r.table))]
 
 
 def _floored(run: Run) -> pd.DataFrame:
@@ -256,12 +265,12 @@ def roofline_across(runs: list[Run]) -> list[str]:
 
 
 def step_limits(run: Run, mode: str, impl: str, backend: str) -> str:
-    """'42% of its floor' for a path on a step: its median ``pct_of_floor`` over the step's timed cases."""
+    """'42%' (of its floor) for a path on a step: its median ``pct_of_floor`` over the step's timed cases."""
     t = run.table
     g = t[(t["mode"] == mode) & (t["impl"] == impl) & (t["backend"] == backend)]
     if "pct_of_floor" not in g or g["pct_of_floor"].isna().all():
         return ""
-    return f"{g['pct_of_floor'].median():.0f}% of its floor"
+    return f"{g['pct_of_floor'].median():.0f}%"
 
 
 TOPIC = "The machine's limit: roofline floors and the bytes each path reads"

@@ -53,25 +53,19 @@ def changes(run: Run) -> list[str]:
 
 
 def in_short(run: Run) -> list[str]:
-    """For the answers: per step and backend, what graph mode costs over the paths and batches timed both ways,
-    and the steps whose fastest path it changes (per step, and the largest change)."""
+    """For the answers, in one line: per step and backend, the median of what graph mode costs over the paths and
+    batches timed both ways (us, and x the plain time), and the steps whose fastest path it changes (by how much at
+    most)."""
     m, f = wrapper_modes.pairs(run.table), wrapper_modes.fastest(run.table)
     if m.empty:
         return []
-    said = []
-    for mode in [x for x in MODES if x in set(m["mode"])]:
-        parts = [f"{backend} {g['cost_us'].median():+.3g} us median ({g['cost_us'].min():+.3g} to "
-                 f"{g['cost_us'].max():+.3g}, {points(len(g))}), {g['cost'].median():.2f}x the plain time"
-                 for backend, g in m[m["mode"] == mode].groupby("backend")]
-        said.append(f"- {mode}: {'; '.join(parts)} ({run.name}).")
+    steps = [f"{mode} " + ", ".join(f"{backend} {g['cost_us'].median():+.3g} us ({g['cost'].median():.2f}x)"
+                                    for backend, g in m[m["mode"] == mode].groupby("backend"))
+             for mode in [x for x in MODES if x in set(m["mode"])]]
     moved = f[f["changes"]]
-    per_step = ", ".join(f"{mode} {int(g['changes'].sum())} of {len(g)}" for mode, g in f.groupby("mode", sort=False))
-    worst = moved.loc[(moved["graph_us"] / moved["plain_us"]).idxmax()] if len(moved) else None
-    said.append(f"- It changes the fastest correct path on {len(moved)} of {len(f)} steps ({per_step})"
-                + (f"; the most on {worst['case']}: `{worst['graph_path']}` {micros(worst['graph_us'])} us in CUDA-graph "
-                   f"mode, `{worst['plain_path']}` {micros(worst['plain_us'])} us plain" if worst is not None else "")
-                + f" ({run.name}).")
-    return said
+    most = f", by up to {(moved['graph_us'] / moved['plain_us']).max():.2f}x" if len(moved) else ""
+    return [f"- {'; '.join(steps)}; it changes the fastest correct path on {len(moved)} of {len(f)} steps{most} "
+            f"({run.name})."]
 
 
 TOPIC = "CUDA-graph mode against plain wrappers"

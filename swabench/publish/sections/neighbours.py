@@ -41,10 +41,12 @@ def noncausal_table(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def noncausal_said(run: Run) -> list[str]:
+def noncausal_lead(run: Run) -> str:
+    """Whether the correct paths pass the run's non-causal points, and where a declared bug makes them wrong;
+    '' where the run has none."""
     table = noncausal_table(run)
     if table.empty:
-        return []
+        return ""
     bugs = sorted(set(_non_causal(run)["upstream"].dropna())) if "upstream" in run.table else []
     wrong = table[table["wrong where declared"] > 0]
     caught = ", ".join(f"`{p}` on {w} of {n}" for p, w, n in zip(wrong["path"], wrong["wrong where declared"],
@@ -53,12 +55,15 @@ def noncausal_said(run: Run) -> list[str]:
     failed = table[table["fail"] > 0]
     if len(failed):
         n = int(failed["fail"].sum())
-        lead = (f"{points(n)} of correct paths {'fails' if n == 1 else 'fail'} outside any declared bug ("
+        return (f"{points(n)} of correct paths {'fails' if n == 1 else 'fail'} outside any declared bug ("
                 + ", ".join(f"`{p}`" for p in failed["path"]) + ")" + (f"; {where}" if where else ""))
-    else:
-        lead = "every correct path passes its non-causal points" + (
-            f", except {where}; no point fails outside it" if where else "")
-    return [f"{library_versions(run.meta)}: {lead} ({run.name})."]
+    return "every correct path passes its non-causal points" + (
+        f", except {where}; no point fails outside it" if where else "")
+
+
+def noncausal_said(run: Run) -> list[str]:
+    lead = noncausal_lead(run)
+    return [f"{library_versions(run.meta)}: {lead} ({run.name})."] if lead else []
 
 
 def _chunked(run: Run) -> pd.DataFrame:
@@ -109,25 +114,27 @@ def chunked_said(run: Run) -> list[str]:
     return [f"Chunk {chunks}, {library_versions(run.meta)} ({run.name}).", *chunked_findings(run)]
 
 
-def chunked_findings(run: Run) -> list[str]:
-    """What the gate found on the chunked points: where the natural mistake was caught, whether the correct
-    paths passed."""
+def chunked_leads(run: Run) -> list[str]:
+    """What the gate found on the chunked points, each without its run: where the natural mistake was caught,
+    whether the correct paths passed."""
     t = _chunked(run)
     if t.empty:
         return []
     said = []
-    bugs = t[t["kind"] == "known-bug"]
-    for impl, g in bugs.groupby("impl", sort=False):
+    for impl, g in t[t["kind"] == "known-bug"].groupby("impl", sort=False):
         must = g["must_fail"].astype(str).str.lower() == "true"
         caught = int(((g["status"] == "xfail") & must).sum())
         said.append(f"`{impl}` is wrong on {caught} of {int(must.sum())} points where a query sees keys before its "
                     f"chunk start, and exact on the {int((~must & (g['status'] == 'pass')).sum())} where none does "
-                    f"({int((g['status'] == 'xpass').sum())} not caught) ({run.name}).")
-    correct = t[t["kind"] == "correct"]
-    failed = correct[correct["status"] == "fail"]
-    said.append(f"{len(failed)} points of the correct chunked paths fail ({run.name})." if len(failed) else
-                f"Every correct chunked path passes every point it ran ({run.name}).")
+                    f"({int((g['status'] == 'xpass').sum())} not caught)")
+    failed = t[(t["kind"] == "correct") & (t["status"] == "fail")]
+    said.append(f"{len(failed)} points of the correct chunked paths fail" if len(failed) else
+                "Every correct chunked path passes every point it ran")
     return said
+
+
+def chunked_findings(run: Run) -> list[str]:
+    return [f"{s} ({run.name})." for s in chunked_leads(run)]
 
 
 TOPIC = "Beside the causal window: non-causal windows and chunked attention"

@@ -8,7 +8,7 @@ from functools import lru_cache
 from swabench.analysis import matrix
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table
-from swabench.publish.sections.base import FINDINGS, Run, Section, ratio
+from swabench.publish.sections.base import FINDINGS, Run, Section, ratio, span
 
 
 def _release_set_key(r: Run) -> tuple:
@@ -99,7 +99,7 @@ def unexpected(m: matrix.Matrix) -> dict[str, str]:
 
 def in_short(runs: list[Run]) -> list[str]:
     """One line per release set for the Answers: which release has which declared bug, whether anything
-    else went wrong, and which releases are slower or faster than the newest."""
+    else went wrong, and which releases are slower or faster than the newest (on how many timed points, by how much)."""
     lines = []
     for library, group in release_sets(runs):
         m = matrix_of(library, group)
@@ -111,23 +111,25 @@ def in_short(runs: list[Run]) -> list[str]:
             parts.append(f"`{bug['upstream']}` shows on {', '.join(has) or 'none'}"
                          + (f" (fixed upstream in {fixed})" if fixed and fixed != "not yet" else ""))
         odd = unexpected(m)
-        parts.append("; ".join(f"on {v}: {what}" for v, what in odd.items()) if odd else
-                     "otherwise every correct path passed (or skipped, naming why) and every known bug was caught, "
-                     "on every release")
+        alike: dict[str, list[str]] = {}
+        for v, what in odd.items():
+            alike.setdefault(what, []).append(v)
+        parts.append("; ".join(f"on {' and '.join(vs)}: {what}" for what, vs in alike.items()) if odd else
+                     "nothing else wrong")
         for r in m.releases[:-1]:
             t = m.timings[m.timings["release"] == r.version]
             for verdict in ("slower", "faster"):
-                moved_points = t[t["verdict"] == verdict]
-                if len(moved_points):
-                    parts.append(f"{r.version} is {verdict} than {m.newest.version} on {len(moved_points)} of "
-                                 f"{len(t)} timed points: {moved(moved_points)}")
+                p = t[t["verdict"] == verdict]
+                if len(p):
+                    parts.append(f"{r.version} {verdict} on {len(p)} of {len(t)} points ({span(p['ratio'])}x "
+                                 f"{m.newest.version}'s time)")
             if len(t) and not t["verdict"].isin(["slower", "faster"]).any():
                 same = int((t["verdict"] == "same").sum())
-                parts.append(f"{r.version} times the same as {m.newest.version} on {same} of {len(t)} timed points"
+                parts.append(f"{r.version} the same as {m.newest.version} on {same} of {len(t)} points"
                              + (" (the rest too noisy to tell)" if same < len(t) else ""))
         names = ", ".join(f"`{r.folder}`" for r in m.releases)
-        lines.append(f"- {named(group)} on {library} {versions[0]} to {versions[-1]} ({len(versions)} releases): "
-                     + "; ".join(parts) + f" ({names}).")
+        lines.append(f"- {named(group)} on {library} {versions[0]} to {versions[-1]}: " + "; ".join(parts)
+                     + f" ({names}).")
     return lines
 
 

@@ -9,7 +9,8 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.core import trees
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import Run, Section, figure_link, micros, path_of, path_order, ratio
+from swabench.publish.sections.base import (Run, Section, figure_link, micros, path_of, path_order, ratio,
+                                            topic_link)
 
 SLOT = "tree-window-slot"  # the kernel's own window with a tree mask: exact on chains, timed there
 CORRECT = ("tree-trim-depth", "tree-mask-depth", "tree-branches", "tree-branches-sink")
@@ -173,8 +174,8 @@ def across_releases(runs: list[Run]) -> list[str]:
         caught = [(r.meta.get("libraries") or {}).get(library) for r, g in ran if (g["status"] == "xfail").any()]
         wrong = {frozenset(g.loc[g["status"] == "xfail", "case_id"]) for _, g in ran}
         said.append(f"The slot rule is caught on {len(caught)} of the {len(ran)} {library} releases it ran on "
-                    f"({', '.join(map(str, caught))}), " + ("on the same points on each" if len(wrong) == 1 else
-                                                           "not on the same points on each") + " ("
+                    f"({', '.join(map(str, caught))}), " + ("the same points on each" if len(wrong) == 1 else
+                                                           "not the same points on each") + " ("
                     + ", ".join(r.name for r, _ in ran) + ").")
     return said
 
@@ -186,53 +187,46 @@ def answer(runs: list[Run]) -> list[str]:
     best = max(timed, key=lambda x: x[:2], default=None)
     if not best or not best[0]:
         return []
-    said = in_short(best[2], runs)
-    lead = "**Draft trees** (EAGLE/MTP with topk > 1; detail under Draft trees):\n"
+    said = in_short(best[2])
+    lead = f"**Draft trees**, EAGLE/MTP with topk > 1 ({topic_link(__name__)}):\n"
     return [lead + "\n".join(f"- {s}" for s in said), figure_link(best[2], "tree_cost")] if said else []
 
 
-def in_short(run: Run, runs: list[Run]) -> list[str]:
-    """What the slot rule and SGLang's recipe get wrong on ``run``, on every release ``runs`` hold, and what the
-    cheapest correct path costs."""
+def in_short(run: Run) -> list[str]:
+    """What the slot rule and SGLang's recipe get wrong on ``run``, and what the correct paths cost."""
     t = _verify_blocks(run)
-    release, said = library_versions(run.meta), []
+    said = []
     slot = t[(t["impl"] == SLOT) & (t["status"] != "skip")]
     if len(slot):
         wrong, chain = slot[slot["status"] == "xfail"], is_chain(slot)
         inside = slot[~chain & (slot["prefix_len"] + slot["qo_len"] - 1 <= slot["window_left"])]
-        losses = (f" (every node whose slot is past its depth, up to {wrong['rows_losing'].max():.0%} of a step's "
-                  f"nodes, each missing up to {int(wrong['keys_lost'].max())} keys of its window)"
-                  if len(wrong) else "")
-        said.append(f"FlashInfer's window with a tree mask measures from a node's slot, not its depth (`{SLOT}`): "
-                    f"wrong on {len(wrong)} of {int((~chain).sum())} tree points, on exactly the rows the semantics "
-                    f"predict on {int(_yes(slot['rows_as_predicted']).sum())} of {len(slot)} points{losses}; right on "
-                    f"{int((slot[chain]['status'] == 'pass').sum())} of {int(chain.sum())} chains and on "
-                    f"{int((inside['status'] == 'pass').sum())} of the {len(inside)} trees whose context and nodes "
-                    f"fit inside the window ({release}, {run.name}).")
-    said += across_releases(runs)
+        losses = (f" (up to {wrong['rows_losing'].max():.0%} of a step's nodes, each missing up to "
+                  f"{int(wrong['keys_lost'].max())} keys)" if len(wrong) else "")
+        said.append(f"FlashInfer's window with a tree mask sits by a node's slot, not its depth (`{SLOT}`): wrong on "
+                    f"{len(wrong)} of {int((~chain).sum())} tree points, on exactly the predicted rows on "
+                    f"{int(_yes(slot['rows_as_predicted']).sum())} of {len(slot)}{losses}; right on "
+                    f"{int((slot[chain]['status'] == 'pass').sum())} of {int(chain.sum())} chains and "
+                    f"{int((inside['status'] == 'pass').sum())} of {len(inside)} trees inside the window "
+                    f"({library_versions(run.meta)}, {run.name}).")
     recipe = t[(t["impl"] == "sglang-verify-tree") & (t["status"] != "skip")]
     if len(recipe):
         past = recipe[recipe["prefix_len"] > recipe["window_left"]]
-        wrong = recipe[recipe["status"] == "xfail"]
-        said.append(f"SGLang's EAGLE target verify on an SWA layer (`sglang-verify-tree`, its FlashInfer backend) is "
-                    f"wrong on {len(wrong)} of {len(recipe)} points: {int((past['status'] == 'xfail').sum())} of the "
-                    f"{len(past)} whose context is past the window, trees and chains alike (it hands its tree mask at "
-                    f"topk = 1 too), and {len(wrong) - int((past['status'] == 'xfail').sum())} inside it. So EAGLE on "
-                    f"an SWA model there gives the target the wrong logits once a request outgrows the window, and "
-                    f"greedy speculative output can differ from non-speculative ({run.name}).")
+        caught = int((past["status"] == "xfail").sum())
+        said.append(f"SGLang's EAGLE verify on an SWA layer (`sglang-verify-tree`) is wrong on "
+                    f"{int((recipe['status'] == 'xfail').sum())} of {len(recipe)} points, {caught} of the {len(past)} "
+                    f"past the window, chains too: greedy speculative output can differ from non-speculative "
+                    f"({run.name}).")
     trim = trim_cost(run)
-    if trim:
-        said.append(f"The cheap correct path is `tree-trim-depth` [fa2] (the table trimmed to the window, the tree "
-                    f"and the window by depth in the custom mask): {trim} the slot rule's time on a chain of the same "
-                    f"size ({run.name}).")
     sink = t[(t["impl"] == "tree-sink-mask") & (t["status"] != "skip")]
     branches = t[(t["impl"] == "tree-branches-sink") & (t["status"] == "pass") & ~is_chain(t)]
-    if len(sink) and len(branches):
-        said.append(f"On a sink layer (GPT-OSS) the sink wrapper drops a tree mask (`tree-sink-mask` wrong on "
-                    f"{int((sink['status'] == 'xfail').sum())} of {len(sink)} points, chains too); the correct "
-                    f"FlashInfer path is one request per node (`tree-branches-sink`, one-token pages), "
-                    f"{micros(branches['median_us'].min())}-{micros(branches['median_us'].max())} us on "
-                    f"{len(branches)} tree steps ({run.name}).")
+    sinks = (f"on a sink layer the sink wrapper drops the tree mask (`tree-sink-mask` wrong on "
+             f"{int((sink['status'] == 'xfail').sum())} of {len(sink)}) and `tree-branches-sink` is correct, "
+             f"{micros(branches['median_us'].min())}-{micros(branches['median_us'].max())} us"
+             if len(sink) and len(branches) else "")
+    if trim or sinks:
+        said.append("; ".join(x for x in (f"`tree-trim-depth` [fa2] is correct at {trim} the slot rule's time on a "
+                                           f"chain of the same size" if trim else "", sinks) if x)
+                    + f" ({run.name}).")
     return said
 
 
@@ -245,6 +239,8 @@ SECTIONS = [
             "predict (a known mistake's: a node whose slot is past its depth, under the slot rule), the most keys of "
             "its window one node misses and the largest share of a step's nodes that miss any; or why it cannot run.",
             rows_table, findings, trees=True),
+    Section("tree-releases", "Draft trees on each release", "Where the slot rule was caught, per library release "
+            "that ran it.", across=across_releases, every_release=True, trees=True),
     Section("tree-cost", "Draft trees: what the correct paths cost",
             "Per tree step (layer, batch, context, page size; fa2): each correct path's kernel time in us, the chain "
             "of the same size through the slot rule (where it is exact) and through paged-trim (no custom mask at "
