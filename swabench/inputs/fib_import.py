@@ -50,19 +50,6 @@ def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
     return Imported(Path(out) if out is not None else None, path, len(lines), steps, window_from)
 
 
-class _Twice(Exception):
-    pass
-
-
-def _once(pairs: list) -> dict:
-    """A JSON object whose keys are each given once (json.loads would keep the last silently)."""
-    keys = [k for k, _ in pairs]
-    twice = next((k for k in keys if keys.count(k) > 1), None)
-    if twice is not None:
-        raise _Twice(twice)
-    return dict(pairs)
-
-
 def _regular(path: Path, what: str) -> Path:
     """``path``, where it is a regular file (a folder would fail to read, and a FIFO would wait forever)."""
     if not path.is_file():
@@ -73,8 +60,8 @@ def _regular(path: Path, what: str) -> Path:
 def _json(path: Path, what: str):
     _regular(path, what)
     try:
-        return json.loads(path.read_text(), object_pairs_hook=_once)
-    except _Twice as e:
+        return json.loads(path.read_text(), object_pairs_hook=traces.keys_once)
+    except traces.RepeatedKey as e:
         raise FibError(f"{path}: {what}: key {e.args[0]!r} is given twice") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FibError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or e})") from None
@@ -187,8 +174,8 @@ def _workload_records(root: Path, wanted: str):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text, object_pairs_hook=_once)
-            except _Twice as e:
+                record = json.loads(text, object_pairs_hook=traces.keys_once)
+            except traces.RepeatedKey as e:
                 raise FibError(f"{file}: line {n}: key {e.args[0]!r} is given twice") from None
             except json.JSONDecodeError as e:
                 raise FibError(f"{file}: line {n}: not JSON ({e.msg})") from None

@@ -101,12 +101,12 @@ def parse(data: bytes, path="<trace>") -> Counter:
         if not text.strip():
             continue
         try:
-            line = json.loads(text, object_pairs_hook=_no_repeats)
+            line = json.loads(text, object_pairs_hook=keys_once)
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not JSON ({e.msg})") from None
         except RecursionError:
             raise TraceError(path, n, "nested too deeply to be a trace line") from None
-        except _Repeated as e:
+        except RepeatedKey as e:
             raise TraceError(path, n, f"key {e.args[0]!r} given twice: give each key once") from None
         step, count = _step(path, n, line)
         axes.make_case(step.axes(), path, f"line {n}")
@@ -129,16 +129,16 @@ def verify_problem(requests, verify_max: int = VERIFY_MAX) -> str | None:
     return None
 
 
-class _Repeated(Exception):
+class RepeatedKey(Exception):
     pass
 
 
-def _no_repeats(pairs: list) -> dict:
+def keys_once(pairs: list) -> dict:
     """A JSON object whose keys are each given once (json.loads would keep the last silently)."""
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise _Repeated(key)
+            raise RepeatedKey(key)
         seen.add(key)
     return dict(pairs)
 
