@@ -13,6 +13,7 @@ from swabench.cli.options import (Bar, InputError, case_option, costs_option, de
                                   scenario_file)
 from swabench.run import launch, lifecycle, shards
 from swabench.inputs import scenarios
+from swabench.inputs.scenarios import matches
 from swabench.inputs.plan_calls import VERIFY_MAX
 
 MAX_BUCKET = 1 << 16  # coarser than this merges steps a window apart: no longer the server's steps
@@ -202,8 +203,7 @@ def warmup(scenarios, jobs, impls, cases, list_only):
     loaded = [load(name, impls) for name in scenarios]  # every file checked before any build
     points = [p for s in loaded for p in s.points]
     if cases:  # a filter need only match in some of them: each scenario keeps what it has of it
-        picked = [p for p in points if any(p.case.case_id.startswith(c) or c in p.case.label or c == p.group
-                                           for c in cases)]
+        picked = [p for p in points if matches(p, cases)]
         if not picked:
             load(scenarios[0], impls, cases)  # says which cases there are
         points = picked

@@ -284,13 +284,16 @@ def scenario_dirs() -> list[Path]:
     return list({d.resolve(): d for d in dirs}.values())
 
 
+def matches(point, cases) -> bool:
+    """Whether the point's case id starts with, its label contains, or its [[sweep]] group is, one of ``cases``."""
+    return any(point.case.case_id.startswith(c) or c in point.case.label or c == point.group for c in cases)
+
+
 def select(scenario: Scenario, cases) -> Scenario:
-    """Keep the points whose case id starts with, whose label contains, or whose [[sweep]] group is, one of
-    ``cases``."""
+    """Keep the points ``cases`` match (``matches``)."""
     if not cases:
         return scenario
-    keep = [p for p in scenario.points if any(p.case.case_id.startswith(c) or c in p.case.label or c == p.group
-                                              for c in cases)]
+    keep = [p for p in scenario.points if matches(p, cases)]
     if not keep:
         raise ScenarioError(scenario.path, "--case", f"no case of {scenario.name} matches {', '.join(cases)} "
                                                      f"(give a case_id prefix, part of a label or a group, see "
