@@ -1,12 +1,26 @@
 #!/usr/bin/env python3
-"""decode-trim-nowindow
+"""SGLang's decode recipe (kv_start_idx, window_left=-1) sees keys before the window
 
+Call: flashinfer.BatchDecodeWithPagedKVCacheWrapper(backend='fa2', use_tensor_cores=False,
+    use_cuda_graph=True), then plan(window_left=-1), run()
+Shape: batch 4; qo_len 1 each; kv_len 301 each; 32 query and 8 KV heads; head_dim 128; page_size 16 (scattered
+    pages); window_left 127; causal=True; no sinks; no soft-cap; bfloat16
 What is wrong: SGLang's decode recipe: trimmed table (kv_start_idx), window_left=-1 at plan: exact only when
     pages hold one token
 Where it shows: decode b4 p300 q1 W127 ps16 h32/8 d128 bfloat16 s0
+Rows, as the suite models the path: request 0: query 0 sees 13 keys outside its mask
+Matters: page_size > 1
+Expected: every row equals softmax attention over the keys its mask allows, computed in float32 by reference()
+    below: rel-L2 at most 0.01 over the output and 0.05 in every row and head (swabench's gate)
+Observed: not yet run; the line above says where the suite finds it
+Fault: the caller: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx with window_left=-1), exact
+    only at page size 1.
+Control: the correct call, decode-trim (decode wrapper, CUDA-core kernel, table from the page holding key
+    kv_len-1-W, window_left=W); its verdict is printed beside the bug's
 Made by: swabench repro --bug decode-trim-nowindow
-Run it with python3 on a machine with torch, flashinfer and a CUDA GPU. It prints the versions and the GPU,
-    the errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right.
+Run: python3 on a machine with torch, flashinfer and a CUDA GPU (FlashInfer builds its kernels on first use,
+    which can take minutes). It prints the verdict first (REPRODUCED, with the wrong rows, or NOT REPRODUCED),
+    the control's, the environment; it exits 1 when reproduced, else 0.
 """
 
 import sys
@@ -23,167 +37,13 @@ TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random in
 DEVICE = "cuda"
 
 
-def make_inputs(case, device):
-    """The case's tensors as swabench builds them: pages in a seeded random order (unless contiguous),
-    the pages wholly before a request's first window pointed elsewhere when evicted (one shared null
-    page, or pages other requests still hold), then N(0, 1) data from one seeded generator on the device."""
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-              "float8_e4m3": torch.float8_e4m3fn}
-    qo_lens, kv_lens, ps = case["qo_lens"], case["kv_lens"], case["page_size"]
-    h, hkv, d, w = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"], case["window_left"]
-    n = len(kv_lens)
-    slot_start = [sum(kv_lens[:b]) for b in range(n + 1)]
-    x = {"qo_indptr": torch.tensor([sum(qo_lens[:b]) for b in range(n + 1)], dtype=torch.int32)}
-    spare_pages = []
-    if case["storage"] == "paged":
-        pages = [-(-k // ps) for k in kv_lens]
-        indptr = [sum(pages[:b]) for b in range(n + 1)]
-        order = torch.arange(indptr[-1])
-        if case["page_layout"] != "contiguous":
-            order = torch.randperm(indptr[-1], generator=torch.Generator().manual_seed(case["seed"] + 1))
-        indices = order.tolist()
-        if case["page_layout"].startswith("evicted") and w >= 0:
-            gone = [max(0, k - q - w) // ps for q, k in zip(qo_lens, kv_lens)]
-            spare = max(indices) + 1
-            pool = [(b, p) for b in range(n) for p in indices[indptr[b] + gone[b]:indptr[b + 1]]]
-            turn = 0
-            for b in range(n):
-                shared = case["page_layout"] == "evicted-reused" and any(owner != b for owner, _ in pool)
-                for i in range(gone[b]):
-                    if not shared:
-                        indices[indptr[b] + i] = spare
-                        continue
-                    while pool[turn % len(pool)][0] == b:
-                        turn += 1
-                    indices[indptr[b] + i] = pool[turn % len(pool)][1]
-                    turn += 1
-            spare_pages = [spare] if spare in indices else []
-        num_pages = max(indices + [indptr[-1] - 1]) + 1
-        x["kv_indptr"] = torch.tensor(indptr, dtype=torch.int32)
-        x["kv_indices"] = torch.tensor(indices, dtype=torch.int32)
-        x["kv_last_page_len"] = torch.tensor([k - (p - 1) * ps for k, p in zip(kv_lens, pages)], dtype=torch.int32)
-        request = torch.repeat_interleave(torch.arange(n), torch.tensor(kv_lens))
-        j = torch.arange(slot_start[-1]) - torch.tensor(slot_start[:-1])[request]  # each key's position
-        x["slots"] = torch.tensor(indices)[torch.tensor(indptr[:-1])[request] + j // ps] * ps + j % ps
-        shape = (num_pages, ps, hkv, d)
-    else:
-        x["kv_indptr"] = torch.tensor(slot_start, dtype=torch.int32)
-        x["slots"] = torch.arange(slot_start[-1])
-        shape = (slot_start[-1], hkv, d)
-    x["slot_start"] = slot_start
-    g = torch.Generator(device=device).manual_seed(case["seed"])
-    x["q"] = torch.randn((sum(qo_lens), h, d), generator=g, device=device).to(dtypes[case["dtype"]])
-    for name in ("k_cache", "v_cache"):
-        x[name] = torch.randn(shape, generator=g, device=device).to(dtypes[case["cache_dtype"]])
-    cap, scale = case["soft_cap"], case["sm_scale"]
-    if cap:  # logits around 0.3 cap (std 0.1 cap), where tanh bends them
-        x["q"].mul_(0.1 * cap / scale / (d - 1) ** 0.5)
-        x["q"][..., 0] = 0.3 * cap / scale
-        x["k_cache"][..., 0] = 1
-    x["sinks"] = None
-    if case["sinks"]:
-        gs = torch.Generator(device=device).manual_seed(case["seed"] + 7)
-        x["sinks"] = 3.0 + 2.0 * torch.randn((h,), generator=gs, device=device)
-    for name in ("k_cache", "v_cache"):  # what an evicted page holds: a leaked key's logit rules its row
-        if spare_pages:
-            x[name][spare_pages] = 100.0
-    return x
-
-
-def table_slice(case, x, starts, ends, requests=None):
-    """The page table of keys [start, end) of each entry's request (entry b is request b unless
-    ``requests`` says otherwise): (indptr, indices, last_page_len), int32 on the host."""
-    ps, requests = case["page_size"], requests or list(range(len(starts)))
-    indptr, indices, last = [0], [], []
-    for b, s, e in zip(requests, starts, ends):
-        first = int(x["kv_indptr"][b])
-        indices += x["kv_indices"][first + s // ps:first - (-e // ps)].tolist()
-        indptr.append(len(indices))
-        last.append(e - (-(-e // ps) - 1) * ps)
-    return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
-
-
-def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, future=0, latest_start=None,
-            key_offset=0, device=None):
-    """Bool [qo_len, kv_len - key_offset], True where query i (at position kv_len - qo_len + i) sees key j:
-    j >= p - window_left, j >= its chunk's start, j >= first_key (the earliest start clipped to latest_start),
-    and j <= p + future when causal."""
-    p = torch.arange(kv_len - qo_len, kv_len, device=device)
-    lo = torch.full_like(p, first_key)
-    if window_left >= 0:
-        lo = torch.maximum(lo, p - window_left)
-    if chunk > 0:
-        lo = torch.maximum(lo, p - p % chunk)
-    if latest_start is not None:
-        lo = torch.clamp(lo, max=latest_start)
-    hi = torch.clamp(p + future, max=kv_len - 1) if causal else torch.full_like(p, kv_len - 1)
-    j = torch.arange(key_offset, kv_len, device=device)
-    return (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
-
-
-def reference(case, x):
-    """The exact output in float32: per request, softmax(scale * q k^T) v over the keys its page table holds,
-    with the soft-cap cap * tanh(s / cap), the window/chunk/causal mask, and each head's sink logit in
-    the denominator."""
-    h, hkv, d = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"]
-    k_all, v_all = x["k_cache"].reshape(-1, hkv, d), x["v_cache"].reshape(-1, hkv, d)
-    out, row = torch.empty(x["q"].shape, dtype=torch.float32, device=x["q"].device), 0
-    for b, (qo, kv) in enumerate(zip(case["qo_lens"], case["kv_lens"])):
-        slots = x["slots"][x["slot_start"][b]:x["slot_start"][b + 1]].to(x["q"].device)
-        k = k_all[slots].float().repeat_interleave(h // hkv, dim=1)
-        v = v_all[slots].float().repeat_interleave(h // hkv, dim=1)
-        s = torch.einsum("qhd,khd->hqk", x["q"][row:row + qo].float(), k) * case["sm_scale"]
-        if case["soft_cap"]:
-            s = case["soft_cap"] * torch.tanh(s / case["soft_cap"])
-        mask = visible(qo, kv, case["window_left"], case["causal"], case["chunk"], device=s.device)
-        s = s.masked_fill(~mask, float("-inf"))
-        if x["sinks"] is not None:
-            s = torch.cat([s, x["sinks"].float()[:, None, None].expand(-1, qo, 1)], dim=-1)
-        p = torch.softmax(s, dim=-1)[..., :kv]
-        out[row:row + qo] = torch.einsum("hqk,khd->qhd", p, v)
-        row += qo
-    return out
-
-
-def report(case, out, ref, tolerance):
-    """Print the errors and the wrong (request, rows) ranges; return 1 when the output is wrong, else 0.
-    A row is wrong where some head's rel-L2 error passes the row tolerance or it was never written (NaN)."""
-    out = out.float()
-    diff = torch.where(torch.isnan(out), torch.full_like(out, float("inf")), out - ref)
-    rel = float(diff.norm() / ref.norm())
-    row_err = (diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).amax(dim=-1)
-    wrong = row_err > tolerance["row_rel_l2"]
-    print(f"max abs error {float(diff.abs().max()):.4g}, rel-L2 {rel:.4g} (tolerance {tolerance['rel_l2']:g}), "
-          f"worst row rel-L2 {float(row_err.max()):.4g} (tolerance {tolerance['row_rel_l2']:g})")
-    row = 0
-    for b, qo in enumerate(case["qo_lens"]):
-        bad = wrong[row:row + qo].nonzero().flatten().tolist()
-        runs = []
-        for i in bad:
-            if runs and runs[-1][1] == i - 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
-        if runs:
-            print(f"request {b}: rows " + ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in runs)
-                  + f" of {qo} wrong")
-        row += qo
-    failed = rel > tolerance["rel_l2"] or bool(wrong.any())
-    print("WRONG" if failed else "RIGHT")
-    return 1 if failed else 0
-
-
 def main():
     dev = torch.device(DEVICE)
-    print(f"torch {torch.__version__}, flashinfer {flashinfer.__version__}, "
-          + (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"))
+    env = environment()  # before any call: a crash can take the CUDA context with it
     # decode-trim-nowindow on flashinfer (fa2): SGLang's decode recipe: trimmed table (kv_start_idx),
     # window_left=-1 at plan: exact only when pages hold one token
     x = make_inputs(CASE, dev)
-    q = x["q"]
-    k_cache = x["k_cache"]
-    v_cache = x["v_cache"]
-    kv_indptr = x["kv_indptr"]
+    q, k_cache, v_cache, kv_indptr = x["q"], x["k_cache"], x["v_cache"], x["kv_indptr"]
     out = torch.empty_like(x["q"])
     workspace = torch.empty((268435456,), dtype=torch.uint8, device=dev)
     decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -200,11 +60,173 @@ def main():
     def step():
         decode_wrapper.run(q, (k_cache, v_cache), out=out)
 
-    out.fill_(float("nan"))  # a row the call never writes reads as wrong
-    step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    return report(CASE, out, reference(CASE, x), TOLERANCE)
+    # Control: the correct call, decode-trim (decode wrapper, CUDA-core kernel, table from the page holding
+    # key kv_len-1-W, window_left=W)
+    out_control = torch.empty_like(x["q"])
+    workspace_control = torch.empty((268435456,), dtype=torch.uint8, device=dev)
+    decode_wrapper_control = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace_control, "NHD", backend="fa2", use_tensor_cores=False, use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.empty((5,), dtype=torch.int32, device=dev),
+        paged_kv_indices_buffer=torch.empty((76,), dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buffer=torch.empty((4,), dtype=torch.int32, device=dev))
+    kv_indptr_1_control, kv_indices_1_control, kv_last_page_len_1_control = table_slice(
+        CASE, x, starts=[160] * 4, ends=[301] * 4)
+    decode_wrapper_control.plan(
+        kv_indptr_1_control, kv_indices_1_control, kv_last_page_len_1_control, num_qo_heads=32, num_kv_heads=8,
+        q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.08838834764831845, head_dim=128,
+        window_left=127, page_size=16)
+
+    def step_control():
+        decode_wrapper_control.run(q, (k_cache, v_cache), out=out_control)
+
+    wrong, what, detail = outcome(CASE, x, step, out, TOLERANCE)
+    verdict = "NOT REPRODUCED" if not wrong else "REPRODUCED (crash)" if what.startswith("crash") else "REPRODUCED"
+    print(f"{verdict}: {what}", *detail, sep="\n")
+    print('CONTROL, the correct call, decode-trim (decode wrapper, CUDA-core kernel, table from the page holding key kv_len-1-W, window_left=W): '
+          + outcome(CASE, x, step_control, out_control, TOLERANCE)[1])
+    print(*env, sep="\n")
+    return 1 if wrong else 0
+
+
+def make_inputs(case, device):
+    """The case's tensors as swabench builds them: the page table (pages in a seeded random order unless
+    contiguous), then N(0, 1) data from one seeded generator on the device."""
+    qo_lens, kv_lens, ps = case["qo_lens"], case["kv_lens"], case["page_size"]
+    n = len(kv_lens)
+    slot_start = [sum(kv_lens[:b]) for b in range(n + 1)]
+    x = {"qo_indptr": torch.tensor([sum(qo_lens[:b]) for b in range(n + 1)], dtype=torch.int32)}
+    pages = [-(-k // ps) for k in kv_lens]
+    indptr = [sum(pages[:b]) for b in range(n + 1)]
+    indices = torch.randperm(indptr[-1], generator=torch.Generator().manual_seed(case["seed"] + 1)).tolist()
+    num_pages = max(indices + [indptr[-1] - 1]) + 1
+    x["kv_indptr"] = torch.tensor(indptr, dtype=torch.int32)
+    x["kv_indices"] = torch.tensor(indices, dtype=torch.int32)
+    x["kv_last_page_len"] = torch.tensor([k - (p - 1) * ps for k, p in zip(kv_lens, pages)], dtype=torch.int32)
+    request = torch.repeat_interleave(torch.arange(n), torch.tensor(kv_lens))
+    j = torch.arange(slot_start[-1]) - torch.tensor(slot_start[:-1])[request]  # each key's position
+    x["slots"] = torch.tensor(indices)[torch.tensor(indptr[:-1])[request] + j // ps] * ps + j % ps
+    shape = (num_pages, ps, case["num_kv_heads"], case["head_dim"])
+    x["slot_start"] = slot_start
+    dtypes = {"float8_e4m3": torch.float8_e4m3fn}
+    g = torch.Generator(device=device).manual_seed(case["seed"])
+    x["q"] = torch.randn((sum(qo_lens), case["num_qo_heads"], case["head_dim"]), generator=g, device=device).to(
+        dtypes.get(case["dtype"]) or getattr(torch, case["dtype"]))
+    for name in ("k_cache", "v_cache"):
+        x[name] = torch.randn(shape, generator=g, device=device).to(
+            dtypes.get(case["cache_dtype"]) or getattr(torch, case["cache_dtype"]))
+    return x
+
+
+def table_slice(case, x, starts, ends, requests=None):
+    """The page table of keys [start, end) of each entry's request (entry b is request b unless
+    ``requests`` says otherwise): (indptr, indices, last_page_len), int32 on the host."""
+    ps, requests = case["page_size"], requests or list(range(len(starts)))
+    indptr, indices, last = [0], [], []
+    for b, s, e in zip(requests, starts, ends):
+        first = int(x["kv_indptr"][b])
+        indices += x["kv_indices"][first + s // ps:first - (-e // ps)].tolist()
+        indptr.append(len(indices))
+        last.append(e - (-(-e // ps) - 1) * ps)
+    return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
+
+
+def seen(case, b, device):
+    """Bool [qo_len, kv_len] of request b: True where query i, at position kv_len - qo_len + i, sees key j."""
+    qo, kv = case["qo_lens"][b], case["kv_lens"][b]
+    position = torch.arange(kv - qo, kv, device=device)[:, None]
+    key = torch.arange(kv, device=device)[None, :]
+    allowed = torch.ones(qo, kv, dtype=torch.bool, device=device)
+    allowed &= key <= position
+    allowed &= key >= position - case["window_left"]
+    return allowed
+
+
+def reference(case, x):
+    """The exact output in float32: per request, softmax(scale * q k^T) v over the keys its page table holds,
+    masked as ``seen`` says."""
+    h, hkv, d = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"]
+    k_all, v_all = x["k_cache"].reshape(-1, hkv, d), x["v_cache"].reshape(-1, hkv, d)
+    out, row = torch.empty(x["q"].shape, dtype=torch.float32, device=x["q"].device), 0
+    for b, (qo, kv) in enumerate(zip(case["qo_lens"], case["kv_lens"])):
+        slots = x["slots"][x["slot_start"][b]:x["slot_start"][b + 1]].to(x["q"].device)
+        k = k_all[slots].float().repeat_interleave(h // hkv, dim=1)
+        v = v_all[slots].float().repeat_interleave(h // hkv, dim=1)
+        s = torch.einsum("qhd,khd->hqk", x["q"][row:row + qo].float(), k) * case["sm_scale"]
+        s = s.masked_fill(~seen(case, b, s.device), float("-inf"))
+        out[row:row + qo] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1)[..., :kv], v)
+        row += qo
+    return out
+
+
+def outcome(case, x, step, out, tolerance):
+    """Run ``step`` into ``out`` (NaN first: a row it never writes reads as wrong) and hold it to the reference:
+    (wrong, what, detail).  A row is wrong where some head's rel-L2 error passes the row tolerance; a CUDA error is
+    a crash."""
+    out.fill_(float("nan"))
+    try:
+        step()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+    except RuntimeError as e:  # an illegal memory access or a launch failure: the call never finished
+        return True, f"crash: {str(e).strip().splitlines()[0]}", []
+    ref, got = reference(case, x), out.float()
+    diff = (got - ref).nan_to_num(nan=float("inf"))
+    rel = float(diff.norm() / ref.norm())
+    row_err = (diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).amax(dim=-1)
+    bad = row_err > tolerance["row_rel_l2"]
+    errors = f"rel-L2 {rel:.3g}, worst row {float(row_err.max()):.3g}; tolerances {tolerance['rel_l2']:g}, " \
+             f"{tolerance['row_rel_l2']:g}"
+    if rel <= tolerance["rel_l2"] and not bad.any():
+        return False, f"right ({errors})", []
+    w = int(row_err.argmax())
+    h = int((diff[w].norm(dim=-1) / ref[w].norm(dim=-1).clamp_min(1e-6)).argmax())
+    b = sum(1 for start in torch.tensor(case["qo_lens"]).cumsum(0).tolist()[:-1] if start <= w)
+    values = [f"{name} {[round(v, 3) for v in t[w, h, :4].tolist()]}" for name, t in (("expected", ref), ("got", got))]
+    where = f"request {b} row {w - sum(case['qo_lens'][:b])}, head {h}"
+    return True, f"{wrong_rows(case, bad)} ({errors})", [f"worst: {where}, first values " + ", ".join(values)]
+
+
+def wrong_rows(case, bad):
+    """'request 0: rows 0-863 wrong': each request's wrong rows as ranges, neighbouring requests with the same
+    ranges said once ('requests 0-31: rows 0-7 wrong')."""
+    said, row = [], 0
+    for b, qo in enumerate(case["qo_lens"]):
+        runs = []
+        for i in bad[row:row + qo].nonzero().flatten().tolist():
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        text = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in runs)
+        if text and said and said[-1][2] == text and said[-1][1] == b - 1:
+            said[-1][1] = b
+        elif text:
+            said.append([b, b, text])
+        row += qo
+    return "; ".join((f"request {a}" if a == z else f"requests {a}-{z}") + f": rows {text} wrong"
+                     for a, z, text in said) or "no row past the row tolerance"
+
+
+def environment():
+    """What a maintainer asks first: Python, torch and its CUDA, the GPU (compute capability, SMs) and its driver,
+    the flashinfer packages; then FlashInfer's own report (python -m flashinfer.collect_env) where the release has
+    one."""
+    import importlib.metadata
+    import platform
+    import subprocess
+    import sys
+
+    lines = [f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})"]
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.split()
+        lines.append(f"{props.name}: compute capability {props.major}.{props.minor}, {props.multi_processor_count} "
+                     f"SMs, driver {smi[0] if smi else 'unknown'}")
+    lines += [f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
+              if (d.metadata["Name"] or "").lower().startswith("flashinfer")]
+    report = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True)
+    return lines + ([report.stdout.rstrip()] if report.returncode == 0 else [])
 
 
 if __name__ == "__main__":

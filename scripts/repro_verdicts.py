@@ -13,7 +13,9 @@ A call that crashes the process's CUDA context counts as a failed gate, as in th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def suite_verdict(ref: str) -> dict:
-    """The suite's verdict on the bug's parts, in this process."""
+    """The suite's verdict on the bug's parts, in this process: each part's case and gate verdict (a control planned
+    with its keywords as the script plans it), and for the cliff both paths' times from the suite's timer."""
     import torch
 
     from swabench.core import gate, workloads
@@ -36,7 +39,8 @@ def suite_verdict(ref: str) -> dict:
     for p in parts:
         w = workloads.build(p.case, "cuda")
         runner = registry.get(p.impl).make(w, p.backend)
-        runner.plan()
+        with planned_with(dict(p.plan_keywords)):
+            runner.plan()
         if p.role == "first":
             runner.run()
             torch.cuda.synchronize()
@@ -46,19 +50,54 @@ def suite_verdict(ref: str) -> dict:
             passed, reason = result.passed, result.reason
         except Exception as e:  # as the sweep records it: a call that crashes is a failed point
             passed, reason = False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
-            said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": passed, "reason": reason})
+            said["parts"].append({"impl": p.impl, "role": p.role, "case": p.case.label, "passed": passed,
+                                  "reason": reason})
             break
-        said["parts"].append({"impl": p.impl, "case": p.case.label, "passed": passed, "reason": reason})
+        said["parts"].append({"impl": p.impl, "role": p.role, "case": p.case.label, "passed": passed,
+                              "reason": reason})
         if p.role == "timed":
             kernel, _ = timing.cuda_graph_time(runner.run)
             times.append(kernel.median_us)
-    wrong = not all(part["passed"] for part in said["parts"])
+    checked = [part for part in said["parts"] if part["role"] != "control"]
+    wrong = not all(part["passed"] for part in checked)
+    controls = [part["passed"] for part in said["parts"] if part["role"] == "control"]
+    said["control_right"] = all(controls) if controls else None
     if times:
         said["times_us"] = times
         said["ratio"] = times[0] / times[1]
         said["slow"] = said["ratio"] > bugs.CLIFF_THRESHOLD
     said["exit"] = 1 if wrong or said.get("slow") else 0
     return said
+
+
+@contextlib.contextmanager
+def planned_with(keywords: dict):
+    """Every FlashInfer wrapper's plan() given ``keywords`` too, as a control's script plans (disable_split_kv)."""
+    if not keywords:
+        yield
+        return
+    import flashinfer
+
+    from swabench.repro import standin
+
+    saved = {name: getattr(flashinfer, name).plan for name in standin.WRAPPERS if hasattr(flashinfer, name)}
+    for name, plan in saved.items():
+        setattr(getattr(flashinfer, name), "plan", lambda self, *a, _plan=plan, **k: _plan(self, *a, **{**k, **keywords}))
+    try:
+        yield
+    finally:
+        for name, plan in saved.items():
+            setattr(getattr(flashinfer, name), "plan", plan)
+
+
+def script_case(path: Path) -> str:
+    """The case the script was written for: its top comment's 'Where it shows' line, cut before what follows the
+    case's label (its SM count, the head_dim run first, the keys in the table)."""
+    lines = path.read_text().split('"""')[1].splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
+    text = " ".join([lines[at].removeprefix("Where it shows: ")] +
+                    [line.strip() for line in lines[at + 1:at + 3] if line.startswith("    ")])
+    return re.split(r" on |, |: ", text)[0]
 
 
 def main(out: Path, refs: list[str]) -> int:
@@ -73,15 +112,22 @@ def main(out: Path, refs: list[str]) -> int:
                                 timeout=600, cwd=ROOT)
         suite = json.loads(judged.stdout.strip().splitlines()[-1]) if judged.returncode == 0 else \
             {"exit": None, "error": judged.stderr[-2000:]}
-        agree = suite.get("exit") == ran.returncode
+        lines = ran.stdout.splitlines()
+        verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
+        control = next((line for line in lines if line.startswith("CONTROL")), "")
+        case = script_case(path)
+        same_case = all(part["case"] == case for part in suite.get("parts", []) if part["role"] != "first")
+        control_agree = suite.get("control_right") is None or (": right (" in control) == suite["control_right"]
+        agree = suite.get("exit") == ran.returncode and same_case and control_agree
         disagree += not agree
-        rows.append({"ref": ref, "script_exit": ran.returncode, "suite": suite, "agree": agree,
-                     "script_said": ran.stdout.strip().splitlines()[-3:]})
+        rows.append({"ref": ref, "case": case, "script_exit": ran.returncode, "suite": suite, "same_case": same_case,
+                     "control_agree": control_agree, "agree": agree, "script_said": [verdict, control]})
         print(f"{ref:32s} script exit {ran.returncode}  suite {suite.get('exit')}  {'agree' if agree else 'DISAGREE'}"
               + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else ""), flush=True)
-    path = out / "verdicts.json"  # a later call for some bugs replaces their rows and keeps the rest
-    kept = [r for r in json.loads(path.read_text()) if r["ref"] not in refs] if path.exists() else []
-    path.write_text(json.dumps(sorted(kept + rows, key=lambda r: r["ref"]), indent=1) + "\n")
+        path = out / "verdicts.json"  # after each bug, so a call cut short keeps what it judged; a later call for
+        # some bugs replaces their rows and keeps the rest
+        kept = [r for r in json.loads(path.read_text()) if r["ref"] not in refs] if path.exists() else []
+        path.write_text(json.dumps(sorted(kept + rows, key=lambda r: r["ref"]), indent=1) + "\n")
     return 1 if disagree else 0
 
 

@@ -347,7 +347,7 @@ def test_repro_shortens_a_long_case_and_says_when_the_folder_disagrees(tmp_path)
 
 def test_repro_says_what_it_is_doing():
     r = invoke("repro", "--bug", "planted-wide")
-    assert r.exit_code == 0 and "repro [" in r.output and "tracing planted-wide on the CPU" in r.output
+    assert r.exit_code == 0 and "repro [" in r.output and "tracing planted-wide, torch-trim on the CPU" in r.output
     assert "checking the script against the suite" in r.output
 
 

@@ -184,7 +184,7 @@ def test_the_script_builds_the_suites_inputs_and_reference(write_scenario, layou
         w, x = workloads.build(case, "cpu"), kit.make_inputs(script.case_literals(case), "cpu")
         for ours, theirs in ((w.q, x["q"]), (w.k_store, x["k_cache"]), (w.v_store, x["v_cache"]), (w.slots, x["slots"])):
             assert ours.dtype == theirs.dtype and torch.equal(ours.float(), theirs.float())
-        assert (w.sinks is None) == (x["sinks"] is None) and (w.sinks is None or torch.equal(w.sinks, x["sinks"]))
+        assert (w.sinks is None) == (x.get("sinks") is None) and (w.sinks is None or torch.equal(w.sinks, x["sinks"]))
         if case.storage == "paged":
             assert torch.equal(w.kv_indices_host.int(), x["kv_indices"])
             assert torch.equal(w.kv_last_page_len, x["kv_last_page_len"])
@@ -201,12 +201,14 @@ def test_an_embedded_script_runs_on_its_own_and_says_right_or_wrong(every_path, 
     right = tmp_path / "right.py"
     right.write_text(script.render([script.Part(p.case, "torch-trim", p.backend)], script.Header("torch-trim")))
     ran = run_script(right)
-    assert ran.returncode == 0 and "RIGHT" in ran.stdout and "torch " in ran.stdout, ran.stdout + ran.stderr
+    assert ran.returncode == 0 and ran.stdout.startswith("NOT REPRODUCED: right (") and "torch " in ran.stdout, \
+        ran.stdout + ran.stderr
     p = every_path["planted-wide"]
     wrong = tmp_path / "wrong.py"
     wrong.write_text(script.render([script.Part(p.case, "planted-wide", p.backend)], script.Header("planted-wide")))
     ran = run_script(wrong)
-    assert ran.returncode == 1 and "WRONG" in ran.stdout and "request 0: rows" in ran.stdout, ran.stdout + ran.stderr
+    assert ran.returncode == 1 and ran.stdout.startswith("REPRODUCED: requests 0-1: rows "), ran.stdout + ran.stderr
+    assert "worst: request " in ran.stdout and "expected [" in ran.stdout  # the worst row's values
 
 
 def test_every_declared_and_known_bug_has_a_script():
@@ -223,7 +225,9 @@ def test_repro_bug_writes_the_smallest_case_where_it_shows(tmp_path):
     text = out.read_text()
     assert "Made by: swabench repro --bug planted-future" in text and "What is wrong:" in text
     ran = run_script(out)
-    assert ran.returncode == 1 and "WRONG" in ran.stdout, ran.stdout + ran.stderr
+    assert ran.returncode == 1 and ran.stdout.startswith("REPRODUCED: "), ran.stdout + ran.stderr
+    control = next(line for line in ran.stdout.splitlines() if line.startswith("CONTROL"))
+    assert control.startswith("CONTROL, the correct call, torch-trim") and ": right (" in control
     assert invoke("repro", "--bug", "planted-future", "--out", out).exit_code == 2  # exists: --force replaces it
 
 
@@ -284,7 +288,7 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
     runner.plan()
     assert gate.check(runner, w).passed is not wrong
     assert ran.returncode == int(wrong), ran.stdout + ran.stderr
-    assert ("WRONG" if wrong else "RIGHT") in ran.stdout and "NVIDIA" in ran.stdout
+    assert ran.stdout.startswith("REPRODUCED: " if wrong else "NOT REPRODUCED: ") and "NVIDIA" in ran.stdout
 
 
 def committed_where(path) -> str:
@@ -324,7 +328,7 @@ def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_
     path = tmp_path / "sinks.py"
     path.write_text(text)
     ran = run_script(path)
-    assert ran.returncode == 0 and "RIGHT" in ran.stdout, ran.stdout + ran.stderr
+    assert ran.returncode == 0 and ran.stdout.startswith("NOT REPRODUCED: right"), ran.stdout + ran.stderr
 
 
 @pytest.mark.parametrize("args, says", [

@@ -17,8 +17,13 @@ from swabench.cli.options import InputError, opt
 @opt("--bug", metavar="REF", help="A known bug instead: an upstream issue (flashinfer#4972), a known-bug or planted "
                                   "implementation, or decode-cliff; on the smallest shipped case where it shows.")
 @opt("--out", type=click.Path(dir_okay=False), help="Write the script here (default: print it).")
+@opt("--observed", "observed", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="LOG",
+     help="The output of a run of the script (repeatable, one per release or GPU): its verdict goes into the top "
+          "comment as what was observed there.")
+@opt("--issue", is_flag=True, help="With --bug and --out: also write the issue body to file beside the script "
+                                   "(FILE.md: what happens, expected, the control, the script and its output).")
 @opt("--force", is_flag=True, help="Replace an existing --out file.")
-def repro(source, case_id, impl, backend, bug, out, force):
+def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
     """Write a script that reproduces one point, or a known bug, with torch and the library only.
 
     The script builds the case's inputs as the suite does, makes the path's own calls (traced from the
@@ -30,6 +35,13 @@ def repro(source, case_id, impl, backend, bug, out, force):
 
     if bug and (source or case_id or impl or backend):
         raise InputError("--bug takes no RUN, SCENARIO, --case, --impl or --backend")
+    if (observed or issue) and not bug:
+        raise InputError("--observed and --issue go with --bug REF")
+    if issue and not out:
+        raise InputError("--issue writes FILE.md beside the script: give --out FILE")
+    from swabench.repro import issue as filing
+
+    seen = [filing.read(log) for log in observed]  # every log read before any work
     if not bug and not (source and case_id and impl):
         raise InputError("give RUN or SCENARIO with --case and --impl, or --bug REF "
                          "(`swabench repro --help` lists the forms)")
@@ -38,17 +50,22 @@ def repro(source, case_id, impl, backend, bug, out, force):
 
         reads = ([source, make.source_file(source)] if source else bugs.shipped_files())
         out = outputs.file_path(out, reads)
-        if out.exists() and not force:
-            raise InputError(f"--out {out} exists; give --force to replace it")
+        for path in [out] + ([out.with_suffix(".md")] if issue else []):
+            if path.exists() and not force:
+                raise InputError(f"--out: {path} exists; give --force to replace it")
     started = time.perf_counter()
 
     def progress(stage: str) -> None:
         click.echo(f"repro [{time.perf_counter() - started:5.1f} s] {stage}", err=True)
 
-    text, _ = make.for_bug(bug, progress) if bug else make.for_point(source, case_id, impl, backend, progress)
+    text, _ = make.for_bug(bug, progress, seen) if bug else make.for_point(source, case_id, impl, backend, progress)
     if not out:
         click.echo(text, nl=False)
         return
+    if issue:
+        body = out.with_suffix(".md")
+        run_folder.atomic_write(body, make.issue_body(bug, text, out.name, seen))
+        click.echo(f"wrote {body}: the issue body", err=True)
     run_folder.atomic_write(out, text)
     click.echo(f"wrote {out}: run it with `python3 {out}`", err=True)
 

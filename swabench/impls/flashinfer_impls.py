@@ -321,12 +321,14 @@ register_variant("paged-mask", "full KV, window and causality as a custom mask (
                  baseline=True, noncausal=True, chunked=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
                  Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True)
-register_variant("paged-plan-no-window", "plan() without window_left, then deprecated forward(window_left=W): "
-                 "the kernel without the window mask is chosen at plan time",
+register_variant("paged-plan-no-window", "plan() without window_left, then the deprecated forward(window_left=W): "
+                 "plan() builds the kernel without the window mask, yet run() hands it W; on fa2 W only skips key "
+                 "tiles, and where plan() split a request along KV the kernel lays its partial rows out for W and "
+                 "the merge reads them for the whole length, so a row takes later rows' results (future keys)",
                  Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",
                  visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW))
-register_variant("paged-trim-causal", "trim at prefix - W per request, causal, no window at plan: "
-                 "query j of the block sees j keys too many",
+register_variant("paged-trim-causal", "table trimmed at the page holding key prefix - W, planned causal without "
+                 "a window: query j sees every key from that page's start, j more than the first query does",
                  Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",
                  visibility=lambda w, prefix, ps: semantics.Visibility(
                      semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix, w, ps)))

@@ -135,15 +135,27 @@ EXTEND_API = fi.missing_api([("BatchPrefillWithRaggedKVCacheWrapper", "plan", "w
                               ("BatchPrefillWithPagedKVCacheWrapper", "plan", "custom_mask")])
 
 
-def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None):
+def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None,
+                     seen=None):
     def make(w, backend):
         with ws.resource_errors():
             return SGLangExtendRunner(w, backend, prefix_mask, ragged_window)
 
-    extra = {"visibility": visibility} if visibility else {}
+    extra = {k: v for k, v in (("visibility", visibility), ("seen", seen)) if v}
     register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
                             backends=fi.BACKENDS, modes=("extend",), wrapper_modes=WRAPPER_MODES, needs_cuda=True,
                             unsupported=_extend_unsupported, available=EXTEND_API, **extra), __name__)
+
+
+def _nomask_seen(case, qo_lens, kv_lens) -> list:
+    """What the recipe without the prefix mask shows each query: every key of the prefix table trimmed at the page
+    holding the first query's window start, and the new tokens inside its own window."""
+    masks = []
+    for q, k in zip(qo_lens, kv_lens):
+        mask = semantics.Visibility(case.window_left).mask(q, k)
+        mask[:, semantics.trim_start(k - q, 0, case.window_left, case.page_size or 1):k - q] = True
+        masks.append(mask)
+    return masks
 
 
 def _nomask_visibility(window_left, prefix_len, page_size):
@@ -155,8 +167,10 @@ def _nomask_visibility(window_left, prefix_len, page_size):
 
 _register_extend("sglang-extend", "SGLang's extend on a cached prefix: ragged (window at plan) for the new tokens + "
                  "paged over the prefix trimmed to W with its custom mask + merge_state", True, True)
-_register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask: query i of the chunk sees i "
-                 "prefix keys too many", False, True, kind="known-bug", visibility=_nomask_visibility)
+_register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask: the prefix part unmasked, so "
+                 "every query sees the whole prefix table (trimmed at the page of the first query's window start), "
+                 "keys before its own window too", False, True, kind="known-bug", visibility=_nomask_visibility,
+                 seen=_nomask_seen)
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "
                  "without a window and given W at run, which only skips whole tiles: a query sees new tokens before "
                  "its window",

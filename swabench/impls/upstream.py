@@ -64,7 +64,7 @@ _DECLARED: list[UpstreamBug] = [
         "flashinfer#1679", "https://github.com/flashinfer-ai/flashinfer/pull/1679", "flashinfer",
         "the sink wrapper's JIT module is named by query dtype, window and backend only (since the wrapper came in "
         "flashinfer#1679; 0.7.4 adds the head_dims and cache dtype, no upstream report found): a process that built "
-        "it at one head_dim runs that module again at another, rows unwritten or wrong",
+        "it at one head_dim runs that module again at another: rows unwritten or wrong, or the CUDA context lost",
         frozenset({"sink-window"}), _sink_head_dims_mixed, fixed_in="0.7.4"),
     UpstreamBug(
         "flashinfer#4972", "https://github.com/flashinfer-ai/flashinfer/issues/4972", "flashinfer",

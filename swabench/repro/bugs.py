@@ -35,13 +35,97 @@ class Bug:
     url: str = ""
     twin: str = ""  # a performance bug: the correct path it is timed against
     fixed_in: str | None = None
+    fault: str = ""  # whose mistake it is, and where it is reported
+    matters: str = ""  # the arguments that decide it, and why
+    control: str = ""  # the correct path run beside it on the same inputs, or its own name planned otherwise
+    control_keywords: tuple = ()  # (name, value) pairs the control adds to its plan()
+    title: str = ""  # in the library's terms
+
+
+# Per bug: whose mistake it is and where to take it, what decides it, and the control that pins the cause (the
+# correct path, or its own path planned with keywords).
+FAULTS: dict[str, tuple[str, str, str, tuple]] = {
+    "flashinfer#4972": (
+        "FlashInfer: fa2's split-KV scheduler under a non-causal window. Reported as issue flashinfer#4972 (a fix is "
+        "proposed in pull request flashinfer#4992): add this as a comment there.",
+        "backend='fa2', causal=False with window_left >= 0; fa2 splits a long request along KV by the GPU's SM count "
+        "(so the wrong rows depend on the GPU) and in CUDA-graph mode (use_cuda_graph=True) whatever the length",
+        "", (("disable_split_kv", True),)),
+    "flashinfer#1679": (
+        "FlashInfer before 0.7.4, fixed there: the sink wrapper's JIT module is named without its head_dim. "
+        "flashinfer#1679 is the pull request that added the wrapper, not a bug report: this script is a regression "
+        "test, nothing to file.",
+        "two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process (the second runs the "
+        "first's module)", "", ()),
+    "decode-cliff": (
+        "FlashInfer, as a performance request: the CUDA-core decode kernel reads every page plan() is given, "
+        "whatever window_left says.",
+        "use_tensor_cores=False (the CUDA-core kernel) with window_left >= 0 and a page table longer than the window",
+        "", ()),
+    "paged-plan-no-window": ("the caller: plan() without window_left, then the deprecated forward(window_left=W).",
+                             "window_left given to forward() instead of plan()", "paged-window", ()),
+    "paged-trim-causal": ("the caller: a table trimmed at prefix - W planned causal without a window.",
+                          "the trimmed table with window_left=-1 at plan()", "paged-trim", ()),
+    "decode-trim-nowindow": ("the caller: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx with "
+                             "window_left=-1), exact only at page size 1.", "page_size > 1", "decode-trim", ()),
+    "paged-sinks-dropped": ("the caller: the prefill wrapper has no sink term; sinks go through "
+                            "BatchAttentionWithAttentionSinkWrapper.", "sinks= given to the prefill wrapper's run()",
+                            "sink-window", ()),
+    "sglang-extend-nomask": ("the caller: SGLang's FlashInfer extend path before its PR 26513 added the mask.",
+                             "the prefix planned without the window mask", "sglang-extend", ()),
+    "sglang-extend-ragged-nowindow": ("the caller: SGLang's FlashInfer extend path at 0005834c (the ragged part "
+                                      "planned without a window).", "window_left at run() only", "sglang-extend", ()),
+    "eagle-verify-untrimmed": ("the caller: SGLang's EAGLE verify on SWA layers (SGLang issue 22679).",
+                               "the KV length cut without kv_start_idx", "paged-trim", ()),
+    "chunk-as-window": ("the caller: a chunk planned as a sliding window (window_left = C - 1).",
+                        "window_left = C - 1 in place of a chunked table", "chunk-trim", ()),
+    "tree-window-slot": ("the caller, within FlashInfer's API: window_left counts from a query's slot, and a draft "
+                         "tree needs its depth; the window belongs in the custom mask.",
+                         "custom_mask (a draft tree) with window_left >= 0 at plan()", "tree-trim-depth", ()),
+    "tree-sink-mask": ("FlashInfer: BatchAttentionWithAttentionSinkWrapper.plan() takes custom_mask and its "
+                       "AttentionSink variant never reads it.", "custom_mask given to the sink wrapper",
+                       "tree-branches-sink", ()),
+    "sglang-verify-tree": ("the caller: SGLang's EAGLE target verify on SWA layers with FlashInfer "
+                           "(flashinfer_backend.py at 0005834cdb2a).", "a context past the window",
+                           "tree-trim-depth", ()),
+    "vllm-tree-window": ("the caller: vLLM's tree attention measures the window by slot.", "a draft tree past the "
+                         "window", "torch-trim", ()),
+}
+PLANTED = ("nobody's: a mistake planted to show the gate catches it.", "", "torch-trim", ())
+TITLES = {  # each bug in the library's terms, as the title of an issue
+    'flashinfer#4972': "BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a"
+        " split-KV chunk are wrong",
+    'flashinfer#1679': "BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's"
+        " module",
+    'decode-cliff': "BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever"
+        " window_left says",
+    'paged-plan-no-window': 'plan() without window_left, then forward(window_left=W): not the window W asks for',
+    'paged-trim-causal': 'a table trimmed at prefix - W, planned causal without a window: keys before the window',
+    'decode-trim-nowindow': "SGLang's decode recipe (kv_start_idx, window_left=-1) sees keys before the window",
+    'paged-sinks-dropped': 'BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) leaves the sinks out',
+    'sglang-extend-nomask': "SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
+    'sglang-extend-ragged-nowindow': "SGLang's extend at 0005834c: the ragged part shows new tokens before the"
+        " window",
+    'eagle-verify-untrimmed': 'EAGLE verify on an SWA layer cuts the KV length without kv_start_idx: the wrong keys',
+    'chunk-as-window': 'a chunk of C planned as window_left = C - 1 reaches into the previous chunk',
+    'tree-window-slot': "a draft tree as custom_mask with window_left: the window counts from the slot, not the"
+        " depth",
+    'tree-sink-mask': 'BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask',
+    'sglang-verify-tree': "SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
+    'vllm-tree-window': "vLLM's tree attention counts the window from a node's slot, not its depth",
+}
 
 
 def catalogue() -> list[Bug]:
     """Every bug with a script, upstream ones first."""
-    bugs = [Bug(b.ref, sorted(b.impls)[0], b.summary, b.url, fixed_in=b.fixed_in) for b in upstream.declared()]
-    bugs += [Bug(i.name, i.name, i.summary) for i in registry.all_implementations() if i.expected_to_fail]
-    bugs.append(Bug("decode-cliff", "decode-window", "the CUDA-core decode kernel reads every page of the table "
+    def bug(ref, impl, summary, **more) -> Bug:
+        fault, matters, control, keywords = FAULTS.get(ref, PLANTED)
+        return Bug(ref, impl, summary, fault=fault, matters=matters, control=control, control_keywords=keywords,
+                   title=TITLES.get(ref, f"a planted mistake: {summary}"), **more)
+
+    bugs = [bug(b.ref, sorted(b.impls)[0], b.summary, url=b.url, fixed_in=b.fixed_in) for b in upstream.declared()]
+    bugs += [bug(i.name, i.name, i.summary) for i in registry.all_implementations() if i.expected_to_fail]
+    bugs.append(bug("decode-cliff", "decode-window", "the CUDA-core decode kernel reads every page of the table "
                     "plan() gets, whatever window_left says: with the full table a decode step reads the whole "
                     "context where its window needs the last W + 1 keys", twin="decode-trim"))
     return bugs
@@ -100,7 +184,8 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
         # the smallest such case of any scenario: the cliff shows wherever the table outgrows the window, and a
         # script builds its case on the CPU too
         p = min((p for p in points if wide(p)), key=lambda p: _size(p.case))
-        return ([Part(p.case, bug.impl, p.backend, "timed"), Part(p.case, bug.twin, p.backend, "timed", "_twin")],
+        return ([Part(p.case, bug.impl, p.backend, "timed", says="the full page table"),
+                 Part(p.case, bug.twin, p.backend, "timed", "_twin", says="the table trimmed to the window")],
                 f"{p.case.label}: {sum(workloads.request_lengths(p.case)[1])} keys in the table")
     if bug.ref == "flashinfer#1679":
         p = next(p for p in points if p.backend == "fa2")
@@ -114,10 +199,72 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
             rows = upstream.fa2_noncausal_wrong_rows(bug.impl, p.case, num_sms) if noncausal else []
             if any(len(r) for r in rows):
                 wrong = ", ".join(f"request {b}: rows {r.start}-{r.stop - 1}" for b, r in enumerate(rows) if len(r))
-                return [Part(p.case, bug.impl, p.backend)], f"{p.case.label} on {num_sms} SMs ({wrong})"
+                return [Part(p.case, bug.impl, p.backend), *control(bug, p)], f"{p.case.label} on {num_sms} SMs ({wrong})"
         raise LookupError(f"no shipped case shows {bug.ref} on {num_sms} SMs")
     for p in points:
         qo, kv = workloads.request_lengths(p.case)
         if impl.must_fail(p.case, qo, kv) and _shows_on_random(impl, p.case):
-            return [Part(p.case, bug.impl, p.backend)], p.case.label
+            return [Part(p.case, bug.impl, p.backend), *control(bug, p)], p.case.label
     raise LookupError(f"no shipped case shows {bug.ref} on random inputs")
+
+
+def control(bug: Bug, point) -> list[Part]:
+    """The control beside the bug's call on the same inputs: its own path planned with the control's keywords, or
+    the correct path on the first backend it runs the case on; none where the bug names no control or its path
+    cannot run the case."""
+    if bug.control_keywords:
+        said = ", ".join(f"{k}={v!r}" for k, v in bug.control_keywords)
+        return [Part(point.case, bug.impl, point.backend, "control", "_control", f"the same plan with {said}",
+                     bug.control_keywords)]
+    if not bug.control:
+        return []
+    impl = registry.get(bug.control)
+    runs = [b for b in impl.runs_on(list(dict.fromkeys([point.backend, *impl.backends])))
+            if impl.skip_reason(point.case, b, None) is None]
+    return [Part(point.case, bug.control, runs[0], "control", "_control",
+                 f"the correct call, {bug.control} ({impl.summary})")] if runs else []
+
+
+def rows_off(part: Part) -> str:
+    """How the part's first request sees the wrong keys as the suite models the path: per run of queries, how many
+    keys outside the exact mask it sees (or of it misses), as 'queries 0-126 see 13 + i keys outside its mask,
+    queries 127-399 see 140 ...'; '' for a correct path or one that ignores a feature of the case."""
+    import torch
+
+    from swabench.core import semantics, trees
+
+    impl, case = registry.get(part.impl), part.case
+    if impl.kind == "correct" or impl.ignores & case.features:
+        return ""
+    qo, kv = (v[0] for v in workloads.request_lengths(case))
+    tree = (trees.of_case(case) or [None])[0]
+    exact = semantics.of_case(case).mask(qo, kv, tree=tree)
+    got = impl.seen(case, [qo], [kv])[0] if impl.seen else impl.computes(case, kv - qo).mask(qo, kv, tree=tree)
+    said = [_runs((got & ~exact).sum(dim=1).tolist(), ("sees", "see"), "outside its mask"),
+            _runs((exact & ~got).sum(dim=1).tolist(), ("misses", "miss"), "of its mask")]
+    return "request 0: " + "; ".join(s for s in said if s) if any(said) else ""
+
+
+def _runs(counts: list[int], verbs: tuple[str, str], where: str, most: int = 4) -> str:
+    """'queries 0-126 see 13 + i keys outside its mask, queries 127-399 see 140': ``counts`` per query as runs of a
+    constant or a step of one, at most ``most`` of them (then the largest count); ``verbs``: (one, several)."""
+    runs, i = [], 0
+    while i < len(counts):
+        step = counts[i + 1] - counts[i] if i + 1 < len(counts) and abs(counts[i + 1] - counts[i]) <= 1 else 0
+        j = i
+        while j + 1 < len(counts) and counts[j + 1] - counts[j] == step:
+            j += 1
+        runs.append((i, j, counts[i], step))
+        i = j + 1
+    runs = [r for r in runs if r[2] or r[3]]
+    if not runs:
+        return ""
+    if len(runs) > most:
+        return f"{len([c for c in counts if c])} queries {verbs[1]} up to {max(counts)} keys {where}"
+
+    def amount(first, start, step):
+        base = first - start * step
+        return str(first) if not step else ("i" if not base else f"{base} {'+' if step > 0 else '-'} i")
+
+    return ", ".join((f"queries {a}-{b} {verbs[1]}" if b > a else f"query {a} {verbs[0]}") +
+                     f" {amount(first, a, step)} keys {where}" for a, b, first, step in runs)

@@ -1,46 +1,29 @@
-"""The helpers every reproducer script carries, copied into it verbatim: they import torch only, so a
-script reads on its own.  ``make_inputs`` builds a case's tensors exactly as ``core.workloads.build``
-does (the tests hold the two equal); ``reference`` and ``report`` are the gate's random-input check
-written out plainly.  Each function here must stand alone: no module-level names but ``torch``."""
+"""The helpers a reproducer script carries below its call, copied into it and cut to the case
+(``script.specialize``): an ``if`` that reads only ``case[...]`` keeps the branch the case takes, so a script
+holds no code its case never runs.  They import torch only.  ``make_inputs`` builds a case's tensors exactly as
+``core.workloads.build`` does (the tests hold the two equal); ``reference`` and ``outcome`` are the gate's
+random-input check written out plainly.  Each function here must stand alone: no module-level names but
+``torch``, and ``case[...]`` in every test that depends on the case."""
 
 import torch
 
 
 def make_inputs(case, device):
-    """The case's tensors as swabench builds them: pages in a seeded random order (unless contiguous),
-    the pages wholly before a request's first window pointed elsewhere when evicted (one shared null
-    page, or pages other requests still hold), then N(0, 1) data from one seeded generator on the device."""
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-              "float8_e4m3": torch.float8_e4m3fn}
+    """The case's tensors as swabench builds them: the page table (pages in a seeded random order unless
+    contiguous), then N(0, 1) data from one seeded generator on the device."""
     qo_lens, kv_lens, ps = case["qo_lens"], case["kv_lens"], case["page_size"]
-    h, hkv, d, w = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"], case["window_left"]
     n = len(kv_lens)
     slot_start = [sum(kv_lens[:b]) for b in range(n + 1)]
     x = {"qo_indptr": torch.tensor([sum(qo_lens[:b]) for b in range(n + 1)], dtype=torch.int32)}
-    spare_pages = []
     if case["storage"] == "paged":
         pages = [-(-k // ps) for k in kv_lens]
         indptr = [sum(pages[:b]) for b in range(n + 1)]
-        order = torch.arange(indptr[-1])
-        if case["page_layout"] != "contiguous":
-            order = torch.randperm(indptr[-1], generator=torch.Generator().manual_seed(case["seed"] + 1))
-        indices = order.tolist()
-        if case["page_layout"].startswith("evicted") and w >= 0:
-            gone = [max(0, k - q - w) // ps for q, k in zip(qo_lens, kv_lens)]
-            spare = max(indices) + 1
-            pool = [(b, p) for b in range(n) for p in indices[indptr[b] + gone[b]:indptr[b + 1]]]
-            turn = 0
-            for b in range(n):
-                shared = case["page_layout"] == "evicted-reused" and any(owner != b for owner, _ in pool)
-                for i in range(gone[b]):
-                    if not shared:
-                        indices[indptr[b] + i] = spare
-                        continue
-                    while pool[turn % len(pool)][0] == b:
-                        turn += 1
-                    indices[indptr[b] + i] = pool[turn % len(pool)][1]
-                    turn += 1
-            spare_pages = [spare] if spare in indices else []
+        if case["page_layout"] == "contiguous":
+            indices = list(range(indptr[-1]))
+        else:
+            indices = torch.randperm(indptr[-1], generator=torch.Generator().manual_seed(case["seed"] + 1)).tolist()
+        if case["page_layout"].startswith("evicted") and case["window_left"] >= 0:
+            spare = evict_pages(case, indptr, indices)
         num_pages = max(indices + [indptr[-1] - 1]) + 1
         x["kv_indptr"] = torch.tensor(indptr, dtype=torch.int32)
         x["kv_indices"] = torch.tensor(indices, dtype=torch.int32)
@@ -48,29 +31,52 @@ def make_inputs(case, device):
         request = torch.repeat_interleave(torch.arange(n), torch.tensor(kv_lens))
         j = torch.arange(slot_start[-1]) - torch.tensor(slot_start[:-1])[request]  # each key's position
         x["slots"] = torch.tensor(indices)[torch.tensor(indptr[:-1])[request] + j // ps] * ps + j % ps
-        shape = (num_pages, ps, hkv, d)
+        shape = (num_pages, ps, case["num_kv_heads"], case["head_dim"])
     else:
         x["kv_indptr"] = torch.tensor(slot_start, dtype=torch.int32)
         x["slots"] = torch.arange(slot_start[-1])
-        shape = (slot_start[-1], hkv, d)
+        shape = (slot_start[-1], case["num_kv_heads"], case["head_dim"])
     x["slot_start"] = slot_start
+    dtypes = {"float8_e4m3": torch.float8_e4m3fn}
     g = torch.Generator(device=device).manual_seed(case["seed"])
-    x["q"] = torch.randn((sum(qo_lens), h, d), generator=g, device=device).to(dtypes[case["dtype"]])
+    x["q"] = torch.randn((sum(qo_lens), case["num_qo_heads"], case["head_dim"]), generator=g, device=device).to(
+        dtypes.get(case["dtype"]) or getattr(torch, case["dtype"]))
     for name in ("k_cache", "v_cache"):
-        x[name] = torch.randn(shape, generator=g, device=device).to(dtypes[case["cache_dtype"]])
-    cap, scale = case["soft_cap"], case["sm_scale"]
-    if cap:  # logits around 0.3 cap (std 0.1 cap), where tanh bends them
-        x["q"].mul_(0.1 * cap / scale / (d - 1) ** 0.5)
+        x[name] = torch.randn(shape, generator=g, device=device).to(
+            dtypes.get(case["cache_dtype"]) or getattr(torch, case["cache_dtype"]))
+    if case["soft_cap"]:  # logits around 0.3 cap (std 0.1 cap), where tanh bends them
+        cap, scale = case["soft_cap"], case["sm_scale"]
+        x["q"].mul_(0.1 * cap / scale / (case["head_dim"] - 1) ** 0.5)
         x["q"][..., 0] = 0.3 * cap / scale
         x["k_cache"][..., 0] = 1
-    x["sinks"] = None
     if case["sinks"]:
         gs = torch.Generator(device=device).manual_seed(case["seed"] + 7)
-        x["sinks"] = 3.0 + 2.0 * torch.randn((h,), generator=gs, device=device)
-    for name in ("k_cache", "v_cache"):  # what an evicted page holds: a leaked key's logit rules its row
-        if spare_pages:
-            x[name][spare_pages] = 100.0
+        x["sinks"] = 3.0 + 2.0 * torch.randn((case["num_qo_heads"],), generator=gs, device=device)
+    if case["storage"] == "paged" and case["page_layout"].startswith("evicted") and case["window_left"] >= 0:
+        for name in ("k_cache", "v_cache"):  # what an evicted page holds: a leaked key's logit rules its row
+            x[name][spare] = 100.0
     return x
+
+
+def evict_pages(case, indptr, indices):
+    """Point the pages wholly before each request's first window elsewhere, as a server that evicts them
+    does (one shared null page, or pages other requests still hold); the null page's index, or []."""
+    ps, n, w = case["page_size"], len(case["kv_lens"]), case["window_left"]
+    gone = [max(0, k - q - w) // ps for q, k in zip(case["qo_lens"], case["kv_lens"])]
+    spare = max(indices) + 1
+    pool = [(b, p) for b in range(n) for p in indices[indptr[b] + gone[b]:indptr[b + 1]]]
+    turn = 0
+    for b in range(n):
+        shared = case["page_layout"] == "evicted-reused" and any(owner != b for owner, _ in pool)
+        for i in range(gone[b]):
+            if not shared:
+                indices[indptr[b] + i] = spare
+                continue
+            while pool[turn % len(pool)][0] == b:
+                turn += 1
+            indices[indptr[b] + i] = pool[turn % len(pool)][1]
+            turn += 1
+    return [spare] if spare in indices else []
 
 
 def taken_by(fn, **keywords):
@@ -131,6 +137,12 @@ def table_slice(case, x, starts, ends, requests=None):
     return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
 
 
+def key_slots(x, starts, ends):
+    """The cache slots of keys [start, end) of each request, concatenated (where a recipe copies them)."""
+    return torch.cat([x["slots"][x["slot_start"][b] + s:x["slot_start"][b] + e]
+                      for b, (s, e) in enumerate(zip(starts, ends))])
+
+
 def window_mask(case, starts, ends, device=None, window_left=None):
     """The flattened custom mask of each request's keys [start, end): its rows of the exact visibility (its draft
     tree's, where it has one), with ``window_left`` in place of the case's where given (-1: the tree alone, for a
@@ -142,10 +154,33 @@ def window_mask(case, starts, ends, device=None, window_left=None):
     return torch.cat([r.reshape(-1) for r in rows])
 
 
+def seen(case, b, device):
+    """Bool [qo_len, kv_len] of request b: True where query i, at position kv_len - qo_len + i, sees key j."""
+    qo, kv = case["qo_lens"][b], case["kv_lens"][b]
+    position = torch.arange(kv - qo, kv, device=device)[:, None]
+    key = torch.arange(kv, device=device)[None, :]
+    allowed = torch.ones(qo, kv, dtype=torch.bool, device=device)
+    if case.get("parents"):  # a draft tree: a node sits at prefix + its depth, and sees its ancestors of the draft
+        parents, prefix, depth = case["parents"][b], kv - qo, [0] * qo
+        ancestors = torch.eye(qo, dtype=torch.bool, device=device)
+        for i in range(1, qo):
+            depth[i] = depth[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        position = prefix + torch.tensor(depth, device=device)[:, None]
+        key = torch.cat([key[0, :prefix], position[:, 0]])[None, :]
+        allowed[:, prefix:] = ancestors
+    if case["causal"]:
+        allowed &= key <= position
+    if case["window_left"] >= 0:
+        allowed &= key >= position - case["window_left"]
+    if case["chunk"] > 0:
+        allowed &= key >= position - position % case["chunk"]
+    return allowed
+
+
 def reference(case, x):
     """The exact output in float32: per request, softmax(scale * q k^T) v over the keys its page table holds,
-    with the soft-cap cap * tanh(s / cap), the window/chunk/causal mask (a draft tree's, by depth), and each
-    head's sink logit in the denominator."""
+    masked as ``seen`` says."""
     h, hkv, d = case["num_qo_heads"], case["num_kv_heads"], case["head_dim"]
     k_all, v_all = x["k_cache"].reshape(-1, hkv, d), x["v_cache"].reshape(-1, hkv, d)
     out, row = torch.empty(x["q"].shape, dtype=torch.float32, device=x["q"].device), 0
@@ -156,40 +191,114 @@ def reference(case, x):
         s = torch.einsum("qhd,khd->hqk", x["q"][row:row + qo].float(), k) * case["sm_scale"]
         if case["soft_cap"]:
             s = case["soft_cap"] * torch.tanh(s / case["soft_cap"])
-        mask = visible(qo, kv, case["window_left"], case["causal"], case["chunk"], device=s.device,
-                       parents=(case.get("parents") or [None] * (b + 1))[b])
-        s = s.masked_fill(~mask, float("-inf"))
-        if x["sinks"] is not None:
+        s = s.masked_fill(~seen(case, b, s.device), float("-inf"))
+        if case["sinks"]:  # each head's sink logit joins the denominator
             s = torch.cat([s, x["sinks"].float()[:, None, None].expand(-1, qo, 1)], dim=-1)
-        p = torch.softmax(s, dim=-1)[..., :kv]
-        out[row:row + qo] = torch.einsum("hqk,khd->qhd", p, v)
+        out[row:row + qo] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1)[..., :kv], v)
         row += qo
     return out
 
 
-def report(case, out, ref, tolerance):
-    """Print the errors and the wrong (request, rows) ranges; return 1 when the output is wrong, else 0.
-    A row is wrong where some head's rel-L2 error passes the row tolerance or it was never written (NaN)."""
-    out = out.float()
-    diff = torch.where(torch.isnan(out), torch.full_like(out, float("inf")), out - ref)
+def outcome(case, x, step, out, tolerance):
+    """Run ``step`` into ``out`` (NaN first: a row it never writes reads as wrong) and hold it to the reference:
+    (wrong, what, detail).  A row is wrong where some head's rel-L2 error passes the row tolerance; a CUDA error is
+    a crash."""
+    out.fill_(float("nan"))
+    try:
+        step()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+    except RuntimeError as e:  # an illegal memory access or a launch failure: the call never finished
+        return True, f"crash: {str(e).strip().splitlines()[0]}", []
+    ref, got = reference(case, x), out.float()
+    diff = (got - ref).nan_to_num(nan=float("inf"))
     rel = float(diff.norm() / ref.norm())
     row_err = (diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).amax(dim=-1)
-    wrong = row_err > tolerance["row_rel_l2"]
-    print(f"max abs error {float(diff.abs().max()):.4g}, rel-L2 {rel:.4g} (tolerance {tolerance['rel_l2']:g}), "
-          f"worst row rel-L2 {float(row_err.max()):.4g} (tolerance {tolerance['row_rel_l2']:g})")
-    row = 0
+    bad = row_err > tolerance["row_rel_l2"]
+    errors = f"rel-L2 {rel:.3g}, worst row {float(row_err.max()):.3g}; tolerances {tolerance['rel_l2']:g}, " \
+             f"{tolerance['row_rel_l2']:g}"
+    if rel <= tolerance["rel_l2"] and not bad.any():
+        return False, f"right ({errors})", []
+    w = int(row_err.argmax())
+    h = int((diff[w].norm(dim=-1) / ref[w].norm(dim=-1).clamp_min(1e-6)).argmax())
+    b = sum(1 for start in torch.tensor(case["qo_lens"]).cumsum(0).tolist()[:-1] if start <= w)
+    values = [f"{name} {[round(v, 3) for v in t[w, h, :4].tolist()]}" for name, t in (("expected", ref), ("got", got))]
+    where = f"request {b} row {w - sum(case['qo_lens'][:b])}, head {h}"
+    return True, f"{wrong_rows(case, bad)} ({errors})", [f"worst: {where}, first values " + ", ".join(values)]
+
+
+def wrong_rows(case, bad):
+    """'request 0: rows 0-863 wrong': each request's wrong rows as ranges, neighbouring requests with the same
+    ranges said once ('requests 0-31: rows 0-7 wrong')."""
+    said, row = [], 0
     for b, qo in enumerate(case["qo_lens"]):
-        bad = wrong[row:row + qo].nonzero().flatten().tolist()
         runs = []
-        for i in bad:
+        for i in bad[row:row + qo].nonzero().flatten().tolist():
             if runs and runs[-1][1] == i - 1:
                 runs[-1][1] = i
             else:
                 runs.append([i, i])
-        if runs:
-            print(f"request {b}: rows " + ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in runs)
-                  + f" of {qo} wrong")
+        text = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in runs)
+        if text and said and said[-1][2] == text and said[-1][1] == b - 1:
+            said[-1][1] = b
+        elif text:
+            said.append([b, b, text])
         row += qo
-    failed = rel > tolerance["rel_l2"] or bool(wrong.any())
-    print("WRONG" if failed else "RIGHT")
-    return 1 if failed else 0
+    return "; ".join((f"request {a}" if a == z else f"requests {a}-{z}") + f": rows {text} wrong"
+                     for a, z, text in said) or "no row past the row tolerance"
+
+
+def graph_time_us(step):
+    """Microseconds a call of ``step`` as swabench times it: a CUDA graph of k calls (k for ~2 ms replays), an L2
+    flush captured before each call and a graph of the flushes alone subtracted, the median of 20 replays."""
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
+
+    def replay_us(graph):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000
+
+    def captured(body, k):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(k):
+                body()
+        torch.cuda.synchronize()
+        return graph
+
+    once = replay_us(captured(step, 1))
+    k = max(1, min(200, int(2000 / max(once, 1.0)) + 1))
+    work, base = captured(lambda: (flush.zero_(), step()), k), captured(flush.zero_, k)
+    replay_us(work), replay_us(base)  # the first replay uploads the graph
+    samples = sorted((replay_us(work) - replay_us(base)) / k for _ in range(20))
+    return samples[len(samples) // 2]
+
+
+def environment():
+    """What a maintainer asks first: Python, torch and its CUDA, the GPU (compute capability, SMs) and its driver,
+    the flashinfer packages; then FlashInfer's own report (python -m flashinfer.collect_env) where the release has
+    one."""
+    import importlib.metadata
+    import platform
+    import subprocess
+    import sys
+
+    lines = [f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})"]
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.split()
+        lines.append(f"{props.name}: compute capability {props.major}.{props.minor}, {props.multi_processor_count} "
+                     f"SMs, driver {smi[0] if smi else 'unknown'}")
+    lines += [f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
+              if (d.metadata["Name"] or "").lower().startswith("flashinfer")]
+    report = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True)
+    return lines + ([report.stdout.rstrip()] if report.returncode == 0 else [])

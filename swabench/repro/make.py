@@ -13,7 +13,6 @@ from swabench.inputs import scenarios
 from swabench.repro import bugs, command, script, trace, verify
 from swabench.store import schema
 
-RUN_LINE = "Run it with python3 on a machine with torch{lib}{gpu}. It prints the versions and the GPU, the "
 
 
 def source_file(source: str) -> Path:
@@ -98,9 +97,10 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     return _checked(parts, header, progress=progress), parts
 
 
-def for_bug(ref: str, progress=_quiet) -> tuple[str, list[script.Part]]:
+def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Part]]:
     """(script, parts) for a declared upstream bug, a known-bug or planted implementation, or the decode cliff,
-    on the smallest shipped case where it shows; ``progress(stage)`` hears each stage begin."""
+    on the smallest shipped case where it shows; ``observed``: what runs of the script printed (issue.Observed),
+    for its top comment; ``progress(stage)`` hears each stage begin."""
     bug = bugs.get(ref)
     if bug is None:
         raise UserError(f"--bug: unknown bug {ref!r}; known: {', '.join(b.ref for b in bugs.catalogue())}")
@@ -110,30 +110,49 @@ def for_bug(ref: str, progress=_quiet) -> tuple[str, list[script.Part]]:
     except LookupError as e:  # the shipped scenarios hold no case that shows it (a scenario file was edited)
         raise UserError(f"--bug {ref}: {e}") from None
     fixed = f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""
-    title = bug.ref + (f" on {bug.impl}" if bug.impl != bug.ref else "") + (f" against {bug.twin}" if bug.twin else "")
-    header = script.Header(title, _lines(
-        bug.summary, where + fixed, bug.url, f"swabench repro --bug {ref}", registry.get(bug.impl).library,
-        timed=bool(bug.twin)))
+    control = next((p for p in parts if p.role == "control" or p.label == "_twin"), None)
+    lines = [f"What is wrong: {bug.summary}", f"Where it shows: {where}{fixed}"]
+    lines += [f"Rows, as the suite models the path: {rows}" for rows in [bugs.rows_off(parts[-1] if bug.ref == "flashinfer#1679" else parts[0])]
+              if rows]
+    lines += [f"Matters: {bug.matters}"] if bug.matters else []
+    lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most {bugs.CLIFF_THRESHOLD}x): "
+                                 f"the kernel skips the pages before the window" if bug.twin else EXPECTED))
+    lines += [f"Observed on {o.where}: {o.verdict}" for o in observed] or \
+        ["Observed: not yet run; the line above says where the suite finds it"]
+    lines += [f"Fault: {bug.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
+    lines.append(f"Control: {control.says}; its verdict is printed beside the bug's" if control else
+                 "Control: none in one process" + ("; the same script on the release that fixed it is right"
+                                                   if bug.fixed_in else ""))
+    lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
+    header = script.Header(bug.title, _wrapped(lines))
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
 
 
+def issue_body(ref: str, text: str, name: str, observed) -> str:
+    """The issue body for bug ``ref``'s script ``text`` (filed as ``name``): a comment on its upstream issue where
+    one reports it."""
+    from swabench.repro import issue
+
+    bug = bugs.get(ref)
+    header = text.split('"""')[1].splitlines()[2:]
+    comment_on = bug.ref if "/issues/" in bug.url else ""
+    return issue.body(bug.title, header, name, text, list(observed), comment_on)
+
+
+EXPECTED = ("every row equals softmax attention over the keys its mask allows, computed in float32 by reference() "
+            "below: rel-L2 at most 0.01 over the output and 0.05 in every row and head (swabench's gate)")
+
+
 def _run_line(library: str, timed: bool = False) -> str:
-    lib = ", flashinfer" if library == script.FLASHINFER else ""
-    gpu = " and a CUDA GPU" if lib else " (a CUDA GPU where there is one)"
-    verdict = ("errors of each path, both times and their ratio, and exits 1 when a path is wrong or the first "
-               "takes more than THRESHOLD times its twin's time, else 0.") if timed else \
-        "errors and the wrong (request, rows) ranges, and exits 1 when the output is wrong, 0 when it is right."
-    return RUN_LINE.format(lib=lib, gpu=gpu) + verdict
+    needs = "torch, flashinfer and a CUDA GPU (FlashInfer builds its kernels on first use, which can take minutes)" \
+        if library == script.FLASHINFER else "torch (and a CUDA GPU where there is one)"
+    verdict = "the timing verdict first, each path's output against the reference, the environment" if timed else \
+        "the verdict first (REPRODUCED, with the wrong rows, or NOT REPRODUCED), the control's, the environment"
+    return f"Run: python3 on a machine with {needs}. It prints {verdict}; it exits 1 when reproduced, else 0."
 
 
 def _wrapped(lines: list[str]) -> list[str]:
     return [wrapped for line in lines for wrapped in textwrap.wrap(line, 110, subsequent_indent="    ")]
-
-
-def _lines(wrong: str, where: str, url: str, made_by: str, library: str, timed: bool = False) -> list[str]:
-    lines = [f"What is wrong: {wrong}", f"Where it shows: {where}"] + ([f"Upstream: {url}"] if url else []) \
-        + [f"Made by: {made_by}", _run_line(library, timed)]
-    return _wrapped(lines)
 
 
 def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None,

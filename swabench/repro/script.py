@@ -1,11 +1,13 @@
-"""A reproducer script from traced paths: the case as literals, the helpers it needs (``kit``), each
-path's traced lines, then the check against the reference (exit 1 when wrong) or the timing of a path
-against its correct twin (exit 1 past a stated ratio).  The script imports torch and the library
-under test only.
+"""A reproducer script from traced paths.  Its first screen is the top comment (the call in the library's own
+terms, what is expected and observed, whose fault it is, the control) and ``main()``: the case's inputs, each
+path's traced lines, then the verdict, one line first (REPRODUCED or NOT REPRODUCED), the control's beside it
+and the environment.  The helpers follow, cut to the case (``specialize``).  The script imports torch and the
+library under test only, and exits 1 when the bug shows.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import textwrap
 from dataclasses import dataclass, field
@@ -17,23 +19,27 @@ from swabench.impls import registry
 from swabench.repro import kit, standin, trace
 
 FLASHINFER = "flashinfer"
+BUILTINS = {"len", "any", "all", "min", "max", "sum"}  # what a test ``specialize`` evaluates may call besides case
 
 
 @dataclass(frozen=True)
 class Part:
-    """One path on one case in the script: ``checked`` against the reference, run ``first`` (to leave
-    the state a later part meets), or ``timed`` against the other timed part."""
+    """One path on one case in the script: ``checked`` against the reference, run ``first`` (to leave the state
+    a later part meets), ``timed`` against the other timed part, or a ``control``: a call beside the checked one
+    on the same inputs that pins the cause (the correct call, or the same one planned with ``plan_keywords``)."""
     case: cases_mod.Case
     impl: str
     backend: str
     role: str = "checked"
-    label: str = ""  # the suffix of its names ("_first")
+    label: str = ""  # the suffix of its names ("_first", "_control")
+    says: str = ""  # what the call is, in the library's terms, where the output names it
+    plan_keywords: tuple = ()  # (name, value) pairs added to its plan() call
 
 
 @dataclass
 class Header:
     title: str
-    lines: list[str] = field(default_factory=list)  # what is wrong, where it shows, upstream, the command
+    lines: list[str] = field(default_factory=list)  # the top comment under the title
 
 
 def case_literals(c: cases_mod.Case) -> dict:
@@ -47,8 +53,14 @@ def case_literals(c: cases_mod.Case) -> dict:
                 **({"parents": [list(t.parents) for t in drafts]} if drafts else {}))
 
 
-def traced(part: Part) -> trace.Tracer:
-    """Run the part's path on the CPU against the stand-in, tracing its calls."""
+def _shares_inputs(part: Part, parts: list[Part]) -> bool:
+    """A control on the checked part's case reads the checked part's inputs, not a copy of its own."""
+    return part.role == "control" and any(p.role == "checked" and p.case == part.case for p in parts)
+
+
+def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
+    """Run the part's path on the CPU against the stand-in, tracing its calls; ``inputs``: the suffix of the CASE,
+    x and input names it reads (its own label unless it shares another part's)."""
     impl = registry.get(part.impl)
     if impl.library not in (FLASHINFER, "torch"):
         raise trace.Unrenderable(
@@ -58,7 +70,7 @@ def traced(part: Part) -> trace.Tracer:
     x = kit.make_inputs(literals, "cpu")
     w = workloads.build(part.case, "cpu")
     tracer = trace.Tracer(literals, x, {"q": w.q, "k_cache": w.k_store, "v_cache": w.v_store, "sinks": w.sinks},
-                          impl, part.case, part.label)
+                          impl, part.case, part.label, part.label if inputs is None else inputs, dict(part.plan_keywords))
     with standin.installed(tracer.library_call):
         runner = impl.make(w, part.backend)
         tracer.owned(runner)
@@ -71,61 +83,136 @@ def traced(part: Part) -> trace.Tracer:
 
 
 def render(parts: list[Part], header: Header, threshold: float | None = None) -> str:
-    """The script's text.  With ``threshold`` its two timed parts are timed and it exits 1 when the first
-    takes more than ``threshold`` times the second; else it exits 1 when the checked part is wrong."""
-    tracers = [traced(p) for p in parts]
+    """The script's text.  With ``threshold`` its two timed parts are timed and it exits 1 when the first takes
+    more than ``threshold`` times the second; else it exits 1 when the checked part is wrong."""
+    tracers = [traced(p, "" if _shares_inputs(p, parts) else None) for p in parts]
     flashinfer = any(registry.get(p.impl).library == FLASHINFER for p in parts)
-    body = [line for p, t in zip(parts, tracers) for line in _part(p, t)]
+    body, declared = ["env = environment()  # before any call: a crash can take the CUDA context with it"], set()
+    for p, t in zip(parts, tracers):
+        body += _part(p, t, parts, declared)
     body += _timing(parts) if threshold else _check(parts)
     text = "\n".join(body)
-    helpers = [kit.make_inputs] + [f for f in (kit.taken_by, kit.table_slice, kit.window_mask)
-                                   if f.__name__ + "(" in text] + [kit.visible, kit.reference, kit.report]
+    case = case_literals(next(p.case for p in parts if p.role in ("checked", "timed")))
+    wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.table_slice, kit.key_slots, kit.window_mask,
+              kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows, kit.graph_time_us, kit.environment]
+    helpers = _needed(wanted, text, case)
     dtype = parts[-1].case.dtype
     tol = gate.TOLERANCES[dtype]
-    out = ["#!/usr/bin/env python3", '"""' + header.title, "", *header.lines, '"""', "", "import sys", "",
+    first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
+    said = [w for line in (_call_line(first), _shape_line(case)) for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
+    out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
            "import torch"]
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
     out += [""] + [trace.call(f"CASE{p.label} = dict", [], {k: trace.literal(v) for k, v in case_literals(p.case).items()})
-                   for p in parts]
+                   for p in parts if not _shares_inputs(p, parts)]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")
     if threshold:
-        out.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its correct twin's time")
+        out.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
     out.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
-    for f in helpers + ([time_us] if threshold else []):
-        out += ["", "", inspect.getsource(f).rstrip()]
-    version = "flashinfer {flashinfer.__version__}, " if flashinfer else ""
-    out += ["", "", "def main():", "    dev = torch.device(DEVICE)",
-            f'    print(f"torch {{torch.__version__}}, {version}"',
-            '          + (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"))']
-    out += _indent(body)
+    out += ["", "", "def main():", "    dev = torch.device(DEVICE)"] + _indent(body)
+    for f in helpers:
+        out += ["", "", specialize(f, case)]
     out += ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""]
     return "\n".join(out)
 
 
-def time_us(step, repeats=200):
-    """Microseconds a call of ``step``: CUDA events around ``repeats`` calls, after 10 to warm up."""
-    for _ in range(10):
-        step()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / repeats
+def _call_line(t: trace.Tracer) -> str:
+    """The checked call in the library's terms: each wrapper, then the calls made on it with their keywords (a
+    PyTorch path makes no library call: its torch calls are main()'s lines)."""
+    if not t.api:
+        return "Call: PyTorch only, written out in main()"
+    return "Call: " + "; ".join(calls[0] + (", then " + ", ".join(calls[1:]) if len(calls) > 1 else "")
+                                if name != "flashinfer" else ", ".join(f"flashinfer.{c}" for c in calls)
+                                for name, calls in t.api.items())
 
 
-def _part(p: Part, t: trace.Tracer) -> list[str]:
-    """One part's lines: its inputs, its output buffer, its construction and plan, its step."""
-    s = p.label
+def _shape_line(c: dict) -> str:
+    """The case as a maintainer reads a shape: batch, lengths, heads, head_dim, pages, window, causal, features."""
+    n = len(c["kv_lens"])
+
+    def lengths(values):
+        return str(values[0]) + (" each" if n > 1 else "") if len(set(values)) == 1 else str(values)
+
+    said = [f"batch {n}", f"qo_len {lengths(c['qo_lens'])}", f"kv_len {lengths(c['kv_lens'])}",
+            f"{c['num_qo_heads']} query and {c['num_kv_heads']} KV heads", f"head_dim {c['head_dim']}",
+            f"page_size {c['page_size']} ({c['page_layout']} pages)" if c["storage"] == "paged" else "ragged KV",
+            f"window_left {c['window_left']}", f"causal={c['causal']}"]
+    said += [f"chunks of {c['chunk']}"] if c["chunk"] else []
+    said += ["a draft tree per request (parents in CASE)"] if c.get("parents") else []
+    said += ["sinks" if c["sinks"] else "no sinks", f"soft-cap {c['soft_cap']}" if c["soft_cap"] else "no soft-cap"]
+    said.append(c["dtype"] + (f" (a {c['cache_dtype']} cache)" if c["cache_dtype"] != c["dtype"] else ""))
+    return "Shape: " + "; ".join(said)
+
+
+def _needed(helpers, text: str, case: dict) -> list:
+    """The helpers ``text`` calls, and those they call in turn (each cut to ``case``), in ``helpers``' order."""
+    named = {f.__name__: f for f in helpers}
+    wanted, todo = set(), [text]
+    while todo:
+        source = todo.pop()
+        for name, f in named.items():
+            if name not in wanted and f"{name}(" in source:
+                wanted.add(name)
+                todo.append(specialize(f, case))
+    return [f for f in helpers if f.__name__ in wanted]
+
+
+def specialize(fn, case: dict) -> str:
+    """``fn``'s source with every ``if`` whose test reads only ``case`` (and builtins) cut to the branch ``case``
+    takes; a comment on the ``if`` line stays, above the branch."""
+    lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
+    while True:
+        tree = ast.parse("\n".join(lines))
+        node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and _reads_only_case(n.test)), None)
+        if node is None:
+            return "\n".join(lines)
+        taken = node.body if eval(compile(ast.Expression(node.test), "<test>", "eval"), {"case": case}) \
+            else node.orelse
+        pad = " " * node.col_offset
+        said = lines[node.lineno - 1].partition("#")[2].strip() if taken else ""
+        kept = [line[4:] if line.strip() else line for line in lines[taken[0].lineno - 1:taken[-1].end_lineno]] \
+            if taken else []
+        if not kept and _alone(tree, node):
+            kept = [pad + "pass"]
+        lines[node.lineno - 1:node.end_lineno] = ([pad + "# " + said] if said else []) + kept
+
+
+def _reads_only_case(test) -> bool:
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    return "case" in names and names - {"case"} <= BUILTINS
+
+
+def _alone(tree, node) -> bool:
+    """Whether ``node`` is the only statement of its block (removing it would leave the block empty)."""
+    return any(getattr(parent, name, None) == [node] for parent in ast.walk(tree) for name in ("body", "orelse"))
+
+
+def _part(p: Part, t: trace.Tracer, parts: list[Part], declared: set) -> list[str]:
+    """One part's lines: its inputs (a control on the checked case reads the checked part's), its output buffer,
+    its construction and plan, its step."""
+    s, shared = p.label, _shares_inputs(p, parts)
     impl = registry.get(p.impl)
-    used = [n for n in trace.INPUTS if n in t.used]
-    said = f"{impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "") + f": {impl.summary}"
-    lines = textwrap.wrap(said, 106, initial_indent="# ", subsequent_indent="# ") + [f"x{s} = make_inputs(CASE{s}, dev)"]
-    lines += [f'{n}{s} = x{s}["{n}"]' for n in used]
-    lines.append(f'out{s} = torch.empty_like(x{s}["q"])')
+    said = (p.says or f"{impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "")
+            + f": {impl.summary}")
+    lines = textwrap.wrap(("Control: " if p.role == "control" else "") + said, 106, initial_indent="# ",
+                          subsequent_indent="# ")
+    x = "x" if shared else f"x{s}"
+    if not shared:
+        lines.append(f"{x} = make_inputs(CASE{s}, dev)")
+    names = [(name if shared else name + s, name) for name in trace.INPUTS if name in t.used]
+    names = [(local, name) for local, name in names if local not in declared]
+    declared.update(local for local, _ in names)
+    groups: list[list] = []  # as many inputs a line as fit
+    for pair in names:
+        line = groups[-1] + [pair] if groups else [pair]
+        if groups and len(_unpacked(line, x)) <= 106:
+            groups[-1] = line
+        else:
+            groups.append([pair])
+    lines += [_unpacked(g, x) for g in groups]
+    lines.append(f'out{s} = torch.empty_like({x}["q"])')
     lines += t.setup
     lines += ["", f"def step{s}():"] + _indent(t.step) + [""]
     if p.role == "first":
@@ -133,28 +220,41 @@ def _part(p: Part, t: trace.Tracer) -> list[str]:
     return lines
 
 
+def _unpacked(pairs, x: str) -> str:
+    return ", ".join(local for local, _ in pairs) + " = " + ", ".join(f'{x}["{name}"]' for _, name in pairs)
+
+
 def _indent(lines: list[str]) -> list[str]:
     return ["    " + line if line else "" for entry in lines for line in entry.split("\n")]
 
 
 def _check(parts: list[Part]) -> list[str]:
-    s = next(p.label for p in parts if p.role == "checked")
-    return [f'out{s}.fill_(float("nan"))  # a row the call never writes reads as wrong', f"step{s}()",
-            'if dev.type == "cuda":', "    torch.cuda.synchronize()",
-            f"return report(CASE{s}, out{s}, reference(CASE{s}, x{s}), TOLERANCE)"]
+    """The verdict line first, the worst row's values, the control's verdict, the environment."""
+    checked = next(p for p in parts if p.role == "checked")
+    s = checked.label
+    lines = [f"wrong, what, detail = outcome(CASE{s}, x{s}, step{s}, out{s}, TOLERANCE)",
+             'verdict = "NOT REPRODUCED" if not wrong else "REPRODUCED (crash)" if what.startswith("crash") else '
+             '"REPRODUCED"',
+             'print(f"{verdict}: {what}", *detail, sep="\\n")']
+    for c in (p for p in parts if p.role == "control"):
+        x = "x" if _shares_inputs(c, parts) else f"x{c.label}"
+        case = f"CASE{s}" if _shares_inputs(c, parts) else f"CASE{c.label}"
+        lines += [f"print({'CONTROL, ' + (c.says or c.impl) + ': '!r}",
+                  f"      + outcome({case}, {x}, step{c.label}, out{c.label}, TOLERANCE)[1])"]
+    return lines + ['print(*env, sep="\\n")', "return 1 if wrong else 0"]
 
 
 def _timing(parts: list[Part]) -> list[str]:
-    """Both timed parts checked first (each must be right), then timed."""
+    """Both timed parts held to the reference (each must be right), then timed as the suite times them."""
     bug, twin = (p for p in parts if p.role == "timed")
-    lines = ["wrong = 0"]
-    for p in (bug, twin):
-        s = p.label
-        lines += [f"step{s}()", 'if dev.type == "cuda":', "    torch.cuda.synchronize()", f'print("{p.impl}: ", end="")',
-                  f"wrong |= report(CASE{s}, out{s}, reference(CASE{s}, x{s}), TOLERANCE)"]
-    lines += [f"slow, fast = time_us(step{bug.label}), time_us(step{twin.label})",
-              f'print(f"{bug.impl} {{slow:.1f}} us, {twin.impl} {{fast:.1f}} us a call: {{slow / fast:.2f}}x '
-              f'(threshold {{THRESHOLD}}x)")',
-              'print("SLOW" if slow > THRESHOLD * fast else "FAST")',
-              "return 1 if wrong or slow > THRESHOLD * fast else 0"]
-    return lines
+    return [f"wrong, what, _ = outcome(CASE{bug.label}, x{bug.label}, step{bug.label}, out{bug.label}, TOLERANCE)",
+            f"wrong_twin, what_twin, _ = outcome(CASE{twin.label}, x{twin.label}, step{twin.label}, out{twin.label}, "
+            f"TOLERANCE)",
+            f"slow, fast = graph_time_us(step{bug.label}), graph_time_us(step{twin.label})",
+            f"print(('REPRODUCED' if slow > THRESHOLD * fast else 'NOT REPRODUCED') + f': {bug.says or bug.impl} "
+            f"takes {{slow:.1f}} us a call, {{slow / fast:.2f}}x the {{fast:.1f}} us of {twin.says or twin.impl} "
+            f"(threshold {{THRESHOLD}}x; CUDA graphs, L2 flushed before each call)')",
+            f"print({(bug.says or bug.impl) + ': '!r} + what)",
+            f"print({'CONTROL, ' + (twin.says or twin.impl) + ': '!r} + what_twin)",
+            'print(*env, sep="\\n")',
+            "return 1 if slow > THRESHOLD * fast or wrong or wrong_twin else 0"]

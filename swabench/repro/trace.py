@@ -37,9 +37,12 @@ class Tracer(TorchFunctionMode):
     ``case``: the script's CASE dict; ``x``: its inputs built on the CPU (``kit.make_inputs``); ``names``:
     the suite workload's own tensors by the names the script gives them."""
 
-    def __init__(self, case: dict, x: dict, names: dict, impl, suite_case, suffix: str = ""):
+    def __init__(self, case: dict, x: dict, names: dict, impl, suite_case, suffix: str = "", inputs: str | None = None,
+                 plan_keywords: dict | None = None):
         super().__init__()
         self.case, self.x, self.impl, self.suite_case, self.suffix = case, x, impl, suite_case, suffix
+        self.inputs = suffix if inputs is None else inputs  # the suffix of the CASE, x and inputs it reads
+        self.plan_keywords = plan_keywords or {}  # added to its plan() (a control's disable_split_kv)
         self.names: dict[int, str] = {}
         self.alive: list = []  # tensors named here stay alive, so their ids are not reused
         self.used: set[str] = set()  # the case's inputs the lines read
@@ -50,8 +53,9 @@ class Tracer(TorchFunctionMode):
         self.counts: dict[str, int] = {}
         self.owner_attrs: dict[int, str] = {}
         self.tables: list[tuple[list, list]] = []  # (starts, ends) of the tables this path planned
+        self.api: dict[str, list[str]] = {}  # per wrapper (or "flashinfer"): its calls with their scalar keywords
         for name, t in names.items():
-            self.name(t, name + suffix)
+            self.name(t, name + self.inputs)
 
     # ---------------------------------------------------------------- names
 
@@ -115,7 +119,7 @@ class Tracer(TorchFunctionMode):
     def tensor(self, t: torch.Tensor, buffer: bool = False) -> str:
         if id(t) in self.names:
             name = self.names[id(t)]
-            self.used.add(name.removesuffix(self.suffix))
+            self.used.add(name.removesuffix(self.inputs) if self.inputs else name)
             return name
         for other in self.alive:  # a new view of a named tensor (the shared workspace)
             if isinstance(other, torch.Tensor) and other.data_ptr() == t.data_ptr() and other.shape == t.shape \
@@ -143,12 +147,17 @@ class Tracer(TorchFunctionMode):
             ref = self.x.get(name)
             if isinstance(ref, torch.Tensor) and ref.shape == t.shape and ref.dtype == t.dtype and torch.equal(ref, t):
                 self.used.add(name)
-                return name + self.suffix
+                return name + self.inputs
         if t.dtype in (torch.int32, torch.int64) and t.dim() == 1:
+            to = ("" if t.dtype == self.x["slots"].dtype else f".to({DTYPES[t.dtype]})") + ("" if host else ".to(dev)")
             span = _slice_of(self.x["slots"], t)
             if span is not None:
                 self.used.add("slots")
-                return self._assign(f"slots{self.suffix}[{span[0]}:{span[1]}]" + ("" if host else ".to(dev)"), t)
+                return self._assign(f"slots{self.inputs}[{span[0]}:{span[1]}]{to}", t)
+            ranges = _key_ranges(self.x, t)
+            if ranges is not None:
+                return self._assign(f"key_slots(x{self.inputs}, starts={literal(ranges[0])}, "
+                                    f"ends={literal(ranges[1])}){to}", t)
         if t.dtype == torch.bool:
             expr = self._mask(t)
             if expr:
@@ -175,7 +184,7 @@ class Tracer(TorchFunctionMode):
                         else None
                     if m is not None and m.shape == t.shape and torch.equal(m, t):
                         alone = "" if window is None else ", window_left=-1"
-                        return (f"window_mask(CASE{self.suffix}, starts={literal(starts)}, ends={literal(ends)}"
+                        return (f"window_mask(CASE{self.inputs}, starts={literal(starts)}, ends={literal(ends)}"
                                 f"{device}{alone})")
             return None
         if t.dim() != 2:
@@ -191,7 +200,7 @@ class Tracer(TorchFunctionMode):
                 got = kit.visible(qo, kv, key_offset=kv - m, parents=parents, **args)
                 if torch.equal(got, t):
                     kwargs = "".join(f", {k}={v!r}" for k, v in args.items())
-                    tree = f', parents=CASE{self.suffix}["parents"][{b}]' if parents else ""
+                    tree = f', parents=CASE{self.inputs}["parents"][{b}]' if parents else ""
                     return f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{tree}{device})"
         return None
 
@@ -202,7 +211,7 @@ class Tracer(TorchFunctionMode):
                 indices.shape == x["kv_indices"].shape and torch.equal(indices, x["kv_indices"]) and \
                 torch.equal(last, x["kv_last_page_len"]):
             for name, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), (indptr, indices, last)):
-                self.name(t, name + self.suffix)
+                self.name(t, name + self.inputs)
             return None
         requests, starts, ends, request = [], [], [], 0
         full = [x["kv_indices"][int(x["kv_indptr"][b]):int(x["kv_indptr"][b + 1])].tolist()
@@ -226,7 +235,7 @@ class Tracer(TorchFunctionMode):
         for name, t in zip(names, (indptr, indices, last)):
             self.name(t, name)
         self.used.add("kv_indptr")
-        self._declare(call(f"{', '.join(names)} = table_slice", [f"CASE{self.suffix}", f"x{self.suffix}"],
+        self._declare(call(f"{', '.join(names)} = table_slice", [f"CASE{self.inputs}", f"x{self.inputs}"],
                            {"starts": literal(starts), "ends": literal(ends),
                             **({} if identity else {"requests": literal(requests)})}))
         return names[0]
@@ -247,6 +256,7 @@ class Tracer(TorchFunctionMode):
                              else _empty(v) for k, v in kwargs.items()})
                 self._emit(f"{name} = {line}")
                 self.name(obj, name)
+                self.api[name] = [f"flashinfer.{cls_name}({_scalars(kwargs)})"]
                 return None
             target = "flashinfer" if obj is None else self.names[id(obj)]
             if method == "__setattr__":
@@ -258,6 +268,8 @@ class Tracer(TorchFunctionMode):
                 if tables and cls_name != "BatchPrefillWithRaggedKVCacheWrapper":
                     i = tables[-1]
                     self.table(*args[i:i + 3])
+            if method == "plan":
+                kwargs.update(self.plan_keywords)
             optional = {k: kwargs.pop(k) for k in standin.OPTIONAL_PLAN_KEYWORDS if k in kwargs} \
                 if method == "plan" else {}
             rendered = {k: self.value(v, buffer=k in ("out", "lse")) for k, v in kwargs.items()}
@@ -265,6 +277,9 @@ class Tracer(TorchFunctionMode):
                 rendered["**taken_by"] = f"{target}.plan, " + ", ".join(f"{k}={self.value(v)}"
                                                                           for k, v in optional.items())
             line = call(f"{target}.{method}", [self.value(a) for a in args], rendered)
+            said = f"{method}({_scalars({**kwargs, **optional})})"
+            if said not in self.api.setdefault(target, []):
+                self.api[target].append(said)
             if method == "forward":
                 result = torch.empty_like(args[0])
                 self._emit(f"{self.name(result, self._fresh('t'))} = {line}")
@@ -310,6 +325,18 @@ class Tracer(TorchFunctionMode):
         raise Unrenderable(f"{self.impl.name} calls {func!r}, which a script cannot name")
 
 
+SHAPE_KEYWORDS = {"num_qo_heads", "num_kv_heads", "head_dim", "head_dim_qk", "head_dim_vo", "q_data_type",
+                  "kv_data_type", "data_type", "o_data_type", "sm_scale", "page_size", "return_lse"}
+
+
+def _scalars(kwargs: dict) -> str:
+    """The keywords a reader of the call needs: the scalars that are not the shape (the header says that), and
+    a mask by its name alone."""
+    said = [f"{k}={v!r}" for k, v in kwargs.items() if k not in SHAPE_KEYWORDS and
+            (v is None or isinstance(v, (bool, int, float, str)))]
+    return ", ".join(said + [f"{k}=..." for k, v in kwargs.items() if "mask" in k and isinstance(v, torch.Tensor)])
+
+
 def literal(v) -> str:
     """A Python literal, with a list of one repeated number written ``[n] * count``."""
     if isinstance(v, list) and len(v) > 3 and all(isinstance(e, (int, float)) for e in v) and len(set(v)) == 1:
@@ -341,6 +368,20 @@ def call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
         else:
             lines.append("    " + piece)
     return "\n".join(lines)
+
+
+def _key_ranges(x: dict, t: torch.Tensor) -> tuple[list, list] | None:
+    """(starts, ends) where ``t`` is the slots of keys [start, end) of each request in turn (``kit.key_slots``)."""
+    slots, first, values, at = x["slots"].tolist(), x["slot_start"], t.tolist(), 0
+    starts, ends = [], []
+    for b in range(len(first) - 1):
+        mine = slots[first[b]:first[b + 1]]
+        s = mine.index(values[at]) if at < len(values) and values[at] in mine else len(mine)
+        e = s
+        while e < len(mine) and at < len(values) and mine[e] == values[at]:
+            e, at = e + 1, at + 1
+        starts.append(s), ends.append(e)
+    return (starts, ends) if at == len(values) and len(values) else None
 
 
 def _slice_of(base: torch.Tensor, t: torch.Tensor) -> tuple[int, int] | None:

@@ -23,8 +23,12 @@ class Drift(Exception):
     """The script's calls are not the suite's."""
 
 
-def _recorder(calls: list):
+def _recorder(calls: list, plan_keywords: dict | None = None):
+    """The stand-in's callback, recording each call; ``plan_keywords`` (a dict the caller fills per part) joins
+    every plan() call's keywords, as a control's script adds them."""
     def on_call(obj, cls_name, method, args, kwargs):
+        if method == "plan" and plan_keywords:
+            kwargs = {**kwargs, **plan_keywords}
         buffers = method in ("__init__", "merge_state_in_place")
         calls.append((cls_name, method, _snap(args, buffers), {k: _snap(v, buffers or k in BUFFERS)
                                                                  for k, v in kwargs.items()}))
@@ -53,12 +57,15 @@ def _same(a, b) -> bool:
 def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
     """The suite's own calls for the parts, in the script's order (each part built and planned in turn, a
     part run ``first`` run at once, the others after every part is planned), and their outputs."""
-    calls, outputs, later = [], [], []
-    with standin.installed(_recorder(calls)):
+    calls, outputs, later, extra = [], [], [], {}
+    with standin.installed(_recorder(calls, extra)):
         for p in parts:
             w = workloads.build(p.case, "cpu")
             runner = registry.get(p.impl).make(w, p.backend)
+            extra.clear()
+            extra.update(p.plan_keywords)
             runner.plan()
+            extra.clear()
             if p.role == "first":
                 runner.run()
             else:
@@ -70,13 +77,19 @@ def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
 
 
 def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
-    """The script's calls on the CPU, and the outputs it checks (its reference, report and timing left out)."""
+    """The script's calls on the CPU, and the outputs it checks (its reference, verdict, timing and environment
+    left out)."""
     calls, outputs = [], []
     ns = {"__name__": "swabench_repro_script"}
+
+    def outcome(case, x, step, out, tolerance):
+        step()
+        outputs.append(out.clone())
+        return False, "", []
+
     with standin.installed(_recorder(calls)), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(text, "<repro script>", "exec"), ns)
-        ns.update(DEVICE="cpu", reference=lambda case, x: None, time_us=lambda step: 1.0,
-                  report=lambda case, out, ref, tol: outputs.append(out.clone()) or 0)
+        ns.update(DEVICE="cpu", outcome=outcome, graph_time_us=lambda step: 1.0, environment=lambda: [])
         ns["main"]()
     return calls, outputs
 

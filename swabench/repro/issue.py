@@ -1,0 +1,76 @@
+"""What a reproducer printed, read back (``Observed``), and the issue body a maintainer files with it: the title,
+what happens on each release run, what was expected, the control, the script, its output and the environment it
+printed.  For a bug already reported upstream the body is a comment on that issue."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from swabench.errors import UserError
+
+VERDICTS = ("REPRODUCED", "NOT REPRODUCED")
+GPU_LINE = re.compile(r"^(?P<name>.+): compute capability (?P<cc>[\d.]+), (?P<sms>\d+) SMs")
+PACKAGE_LINE = re.compile(r"^flashinfer[-_]python (?P<version>\S+)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Observed:
+    where: str  # "flashinfer 0.7.4, NVIDIA H200 (132 SMs)"
+    verdict: str  # the script's first verdict line
+    control: str  # its CONTROL line, or ""
+    text: str  # everything it printed
+
+
+def read(log) -> Observed:
+    """A reproducer's output, as its run saved it (stdout, maybe stderr after it); UserError naming the file when it
+    holds no verdict line."""
+    path = Path(log)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"--observed {log}: cannot read it ({e.strerror})") from None
+    lines = text.splitlines()
+    verdict = next((line for line in lines if line.startswith(VERDICTS)), None)
+    if verdict is None:
+        raise UserError(f"--observed {log}: no line starts with REPRODUCED or NOT REPRODUCED; give the output of a "
+                        f"script `swabench repro` wrote")
+    gpu = next((m for m in map(GPU_LINE.match, lines) if m), None)
+    version = next((m["version"] for m in map(PACKAGE_LINE.match, lines) if m), None)
+    where = ", ".join(x for x in (f"flashinfer {version}" if version else "",
+                                  f"{gpu['name']} ({gpu['sms']} SMs)" if gpu else "") if x) or "an unnamed machine"
+    control = next((line for line in lines if line.startswith("CONTROL")), "")
+    return Observed(where, verdict, control, text.rstrip())
+
+
+def body(title: str, header: list[str], script_name: str, script_text: str, observed: list[Observed],
+         comment_on: str = "") -> str:
+    """The Markdown to file: ``header`` is the script's top comment (its Call, Shape, Expected, Fault and Control
+    lines are quoted); ``comment_on``: the upstream issue the body comments on, where there is one."""
+    said = _fields(header)
+    runs = [f"- On {o.where}: `{o.verdict}`" + (f"; `{o.control}`" if o.control else "") for o in observed]
+    lines = [f"Reproducer for {comment_on}, as a comment there." if comment_on else f"# {title}", ""]
+    lines += ["**What happens.**", *runs, ""] if runs else ["**What happens.** Not yet run.", ""]
+    lines += [f"**{name}.** {said[name]}" + "\n" for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault")
+              if said.get(name)]
+    lines += ["**Reproducer.** Torch and flashinfer only; it builds the inputs, makes the call, checks it against a "
+              f"float32 reference written out in it, and exits 1 when the bug shows: `python3 {script_name}`.", "",
+              f"<details><summary>{script_name}</summary>", "", "```python", script_text.rstrip(), "```", "",
+              "</details>", ""]
+    for o in observed:
+        lines += [f"**Its output on {o.where}** (the environment at the end, FlashInfer's collect_env report included):",
+                  "", "<details><summary>output</summary>", "", "```", o.text, "```", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _fields(header: list[str]) -> dict[str, str]:
+    """'Name: text' lines of a top comment (continuations indented) as {name: text}."""
+    fields, name = {}, None
+    for line in header:
+        if line.startswith("    ") and name:
+            fields[name] += " " + line.strip()
+            continue
+        name, _, text = line.partition(": ")
+        fields[name] = text
+    return fields

@@ -1,0 +1,152 @@
+"""Reproducers a maintainer can file as they are: the call and shape in the library's terms at the top, whose fault
+it is, a control beside the call, helpers cut to the case, the verdict first, and the issue body written from a
+run's output."""
+
+import textwrap
+
+import pytest
+import torch
+from conftest import invoke
+
+from swabench.core import workloads
+from swabench.inputs import scenarios
+from swabench.repro import bugs, issue, kit, make, script
+
+QUICK = [b.ref for b in bugs.catalogue() if b.ref not in ("chunk-as-window", "vllm-tree-window", "decode-cliff")]
+LOG = """REPRODUCED: request 0: rows 0-863 wrong (rel-L2 0.67, worst row 1.2; tolerances 0.01, 0.05)
+worst: request 0 row 5, head 0, first values expected [0.1], got [0.9]
+CONTROL, the same plan with disable_split_kv=True: right (rel-L2 0.002, worst row 0.004; tolerances 0.01, 0.05)
+python 3.12.3, torch 2.11.0+cu130 (CUDA 13.0)
+NVIDIA H200: compute capability 9.0, 132 SMs, driver 580.159.04
+flashinfer-python 0.7.4
+"""
+
+
+def header(text: str) -> dict[str, str]:
+    return issue._fields(text.split('"""')[1].splitlines()[2:])
+
+
+@pytest.fixture(scope="module")
+def written():
+    return {ref: make.for_bug(ref) for ref in QUICK}
+
+
+@pytest.mark.parametrize("ref", QUICK)
+def test_each_script_says_its_call_shape_fault_and_control_first(written, ref):
+    text, parts = written[ref]
+    said = header(text)
+    assert {"Call", "Shape", "Expected", "Fault", "Control", "Made by", "Run"} <= set(said), said
+    assert said["Call"].startswith(("flashinfer.", "torch")) or "Batch" in said["Call"] or ref.startswith("planted")
+    lines = text.splitlines()
+    first_call = next(i for i, line in enumerate(lines) if "def step(" in line)
+    assert first_call < 100, f"{ref}: the call starts at line {first_call}"
+    controls = [p for p in parts if p.role == "control"]
+    bug = bugs.get(ref)
+    if bug.control or bug.control_keywords:
+        assert len(controls) == 1 and "CONTROL, " in text and said["Control"].startswith(controls[0].says)
+    assert lines.index("def main():") < min(i for i, line in enumerate(lines) if line.startswith("def make_inputs"))
+
+
+def test_the_non_causal_bug_is_controlled_by_the_same_plan_without_split_kv(written):
+    text, parts = written["flashinfer#4972"]
+    control = next(p for p in parts if p.role == "control")
+    assert control.impl == parts[0].impl and control.plan_keywords == (("disable_split_kv", True),)
+    assert text.count("disable_split_kv=True") >= 2 and "comment there" in header(text)["Fault"]
+
+
+def test_a_recipe_is_controlled_by_the_correct_call_on_the_same_inputs(written):
+    text, parts = written["sglang-extend-nomask"]
+    control = next(p for p in parts if p.role == "control")
+    assert control.impl == "sglang-extend" and control.case == parts[0].case
+    assert text.count("make_inputs(CASE") == 1  # one set of inputs, read by both calls
+    said = header(text)
+    assert said["Fault"].startswith("the caller: SGLang's")
+    assert "queries 0-127 see 13 + i keys outside its mask, queries 128-199 see 140" in said[
+        "Rows, as the suite models the path"]
+
+
+def test_the_helpers_hold_only_what_the_case_runs(written):
+    text, _ = written["flashinfer#4972"]
+    for gone in ("evict_pages", "soft_cap", "sinks", "parents", "chunk", "key_slots"):
+        assert gone not in text.split('"""', 2)[2].split("def main")[1], gone
+    ragged = scenarios.load(scenarios.shipped_dir() / "default.toml").cases
+    case = script.case_literals(next(c for c in ragged if c.storage == "ragged"))
+    cut = script.specialize(kit.make_inputs, case)
+    assert "kv_indices" not in cut and "randperm" not in cut and "slots" in cut
+
+
+@pytest.mark.parametrize("features", ["", "sinks = true", "logits_soft_cap = 30.0", 'page_layout = "evicted-reused"',
+                                      "attention_chunk = 8", 'tree = "eagle:2:2"', "causal = false"])
+def test_helpers_cut_to_a_case_compute_what_the_whole_ones_do(write_scenario, features):
+    """Every kit function cut to a case gives the same tensors as the whole function on that case."""
+    path = write_scenario(textwrap.dedent(f"""
+        name = "cut"
+        description = "cut"
+        implementations = ["torch-trim"]
+        [fixed]
+        num_qo_heads = 4
+        num_kv_heads = 2
+        head_dim = 64
+        dtype = "bfloat16"
+        batch_size = 2
+        [[sweep]]
+        mode = "verify"
+        draft_tokens = 5
+        prefix_len = [9, 30]
+        {"" if "chunk" in features else "window_left = 6"}
+        page_size = 4
+        {features}
+        """))
+    for c in scenarios.load(path).cases:
+        case = script.case_literals(c)
+        names = {"torch": torch}
+        for f in (kit.evict_pages, kit.make_inputs, kit.seen, kit.reference):
+            exec(script.specialize(f, case), names)
+        whole, cut = kit.make_inputs(case, "cpu"), names["make_inputs"](case, "cpu")
+        assert all(torch.equal(whole[k].float(), cut[k].float()) for k in ("q", "k_cache", "v_cache", "slots"))
+        assert torch.equal(kit.reference(case, whole), names["reference"](case, cut))
+        assert torch.equal(workloads.build(c, "cpu").q.float(), cut["q"].float())
+
+
+def test_wrong_rows_says_each_request_and_groups_neighbours():
+    case = {"qo_lens": [4, 4, 4, 3]}
+    bad = torch.tensor([1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1], dtype=torch.bool)
+    assert kit.wrong_rows(case, bad) == "requests 0-1: rows 0-1 wrong; request 3: rows 1-2 wrong"
+    assert kit.wrong_rows(case, torch.zeros(15, dtype=torch.bool)) == "no row past the row tolerance"
+
+
+def test_a_call_that_crashes_is_reproduced_as_a_crash():
+    case = {"qo_lens": [2]}
+
+    def crash():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    wrong, what, _ = kit.outcome(case, {}, crash, torch.zeros(2, 1, 1), {"rel_l2": 0.01, "row_rel_l2": 0.05})
+    assert wrong and what == "crash: CUDA error: an illegal memory access was encountered"
+
+
+def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
+    log = tmp_path / "0.7.4.log"
+    log.write_text(LOG)
+    out = tmp_path / "flashinfer-4972.py"
+    r = invoke("repro", "--bug", "flashinfer#4972", "--out", out, "--observed", log, "--issue")
+    assert r.exit_code == 0, r.output
+    said = header(out.read_text())
+    assert said["Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs)"].startswith("REPRODUCED: request 0: rows 0-863")
+    body = out.with_suffix(".md").read_text()
+    assert body.startswith("Reproducer for flashinfer#4972, as a comment there.")
+    assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
+    assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
+    assert "**Expected.** every row equals softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bug", "flashinfer#4972", "--observed", "{log}"], "no line starts with REPRODUCED"),
+    (["--bug", "flashinfer#4972", "--issue"], "--issue writes FILE.md beside the script: give --out FILE"),
+    (["repro-cpu", "--case", "x", "--impl", "paged-window", "--issue"], "--observed and --issue go with --bug"),
+])
+def test_bad_filing_input_exits_2(tmp_path, args, says):
+    log = tmp_path / "empty.log"
+    log.write_text("torch 2.11\n")
+    r = invoke("repro", *[a.format(log=log) for a in args])
+    assert r.exit_code == 2 and says in r.output, r.output
