@@ -82,7 +82,8 @@ def planned_with(keywords: dict):
 
     saved = {name: getattr(flashinfer, name).plan for name in standin.WRAPPERS if hasattr(flashinfer, name)}
     for name, plan in saved.items():
-        setattr(getattr(flashinfer, name), "plan", lambda self, *a, _plan=plan, **k: _plan(self, *a, **{**k, **keywords}))
+        setattr(getattr(flashinfer, name), "plan",
+                lambda self, *a, _plan=plan, **k: _plan(self, *a, **{**k, **keywords}))
     try:
         yield
     finally:

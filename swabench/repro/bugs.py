@@ -199,7 +199,8 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
             rows = upstream.fa2_noncausal_wrong_rows(bug.impl, p.case, num_sms) if noncausal else []
             if any(len(r) for r in rows):
                 wrong = ", ".join(f"request {b}: rows {r.start}-{r.stop - 1}" for b, r in enumerate(rows) if len(r))
-                return [Part(p.case, bug.impl, p.backend), *control(bug, p)], f"{p.case.label} on {num_sms} SMs ({wrong})"
+                return ([Part(p.case, bug.impl, p.backend), *control(bug, p)],
+                        f"{p.case.label} on {num_sms} SMs ({wrong})")
         raise LookupError(f"no shipped case shows {bug.ref} on {num_sms} SMs")
     for p in points:
         qo, kv = workloads.request_lengths(p.case)

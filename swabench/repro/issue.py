@@ -52,14 +52,14 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
     runs = [f"- On {o.where}: `{o.verdict}`" + (f"; `{o.control}`" if o.control else "") for o in observed]
     lines = [f"Reproducer for {comment_on}, as a comment there." if comment_on else f"# {title}", ""]
     lines += ["**What happens.**", *runs, ""] if runs else ["**What happens.** Not yet run.", ""]
-    lines += [f"**{name}.** {said[name]}" + "\n" for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault")
+    lines += [f"**{name}.** {said[name]}\n" for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault")
               if said.get(name)]
     lines += ["**Reproducer.** Torch and flashinfer only; it builds the inputs, makes the call, checks it against a "
               f"float32 reference written out in it, and exits 1 when the bug shows: `python3 {script_name}`.", "",
               f"<details><summary>{script_name}</summary>", "", "```python", script_text.rstrip(), "```", "",
               "</details>", ""]
     for o in observed:
-        lines += [f"**Its output on {o.where}** (the environment at the end, FlashInfer's collect_env report included):",
+        lines += [f"**Its output on {o.where}** (the environment last, FlashInfer's collect_env report included):",
                   "", "<details><summary>output</summary>", "", "```", o.text, "```", "", "</details>", ""]
     return "\n".join(lines)
 

@@ -112,11 +112,12 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     fixed = f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""
     control = next((p for p in parts if p.role == "control" or p.label == "_twin"), None)
     lines = [f"What is wrong: {bug.summary}", f"Where it shows: {where}{fixed}"]
-    lines += [f"Rows, as the suite models the path: {rows}" for rows in [bugs.rows_off(parts[-1] if bug.ref == "flashinfer#1679" else parts[0])]
-              if rows]
+    rows = bugs.rows_off(next(p for p in parts if p.role in ("checked", "timed")))
+    lines += [f"Rows, as the suite models the path: {rows}"] if rows else []
     lines += [f"Matters: {bug.matters}"] if bug.matters else []
-    lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most {bugs.CLIFF_THRESHOLD}x): "
-                                 f"the kernel skips the pages before the window" if bug.twin else EXPECTED))
+    lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most "
+                                 f"{bugs.CLIFF_THRESHOLD}x): the kernel skips the pages before the window"
+                                 if bug.twin else EXPECTED))
     lines += [f"Observed on {o.where}: {o.verdict}" for o in observed] or \
         ["Observed: not yet run; the line above says where the suite finds it"]
     lines += [f"Fault: {bug.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])

@@ -69,8 +69,9 @@ def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
     literals = case_literals(part.case)
     x = kit.make_inputs(literals, "cpu")
     w = workloads.build(part.case, "cpu")
-    tracer = trace.Tracer(literals, x, {"q": w.q, "k_cache": w.k_store, "v_cache": w.v_store, "sinks": w.sinks},
-                          impl, part.case, part.label, part.label if inputs is None else inputs, dict(part.plan_keywords))
+    names = {"q": w.q, "k_cache": w.k_store, "v_cache": w.v_store, "sinks": w.sinks}
+    tracer = trace.Tracer(literals, x, names, impl, part.case, part.label, part.label if inputs is None else inputs,
+                          dict(part.plan_keywords))
     with standin.installed(tracer.library_call):
         runner = impl.make(w, part.backend)
         tracer.owned(runner)
@@ -99,12 +100,14 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     dtype = parts[-1].case.dtype
     tol = gate.TOLERANCES[dtype]
     first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
-    said = [w for line in (_call_line(first), _shape_line(case)) for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
+    said = [w for line in (_call_line(first), _shape_line(case))
+            for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
     out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
            "import torch"]
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
-    out += [""] + [trace.call(f"CASE{p.label} = dict", [], {k: trace.literal(v) for k, v in case_literals(p.case).items()})
+    out += [""] + [trace.call(f"CASE{p.label} = dict", [],
+                              {k: trace.literal(v) for k, v in case_literals(p.case).items()})
                    for p in parts if not _shares_inputs(p, parts)]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")
