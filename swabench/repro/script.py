@@ -53,9 +53,16 @@ def case_literals(c: cases_mod.Case) -> dict:
                 **({"parents": [list(t.parents) for t in drafts]} if drafts else {}))
 
 
+def _inputs_of(part: Part, parts: list[Part]) -> str:
+    """The label of the inputs a part reads: those of the first part on the same case (a control, or the cliff's
+    twin, reads the checked call's inputs, not a copy), else its own."""
+    if part.role not in ("control", "timed"):
+        return part.label
+    return next(p for p in parts if p.case == part.case and p.role != "first").label
+
+
 def _shares_inputs(part: Part, parts: list[Part]) -> bool:
-    """A control on the checked part's case reads the checked part's inputs, not a copy of its own."""
-    return part.role == "control" and any(p.role == "checked" and p.case == part.case for p in parts)
+    return _inputs_of(part, parts) != part.label
 
 
 def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
@@ -86,7 +93,7 @@ def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
 def render(parts: list[Part], header: Header, threshold: float | None = None) -> str:
     """The script's text.  With ``threshold`` its two timed parts are timed and it exits 1 when the first takes
     more than ``threshold`` times the second; else it exits 1 when the checked part is wrong."""
-    tracers = [traced(p, "" if _shares_inputs(p, parts) else None) for p in parts]
+    tracers = [traced(p, _inputs_of(p, parts)) for p in parts]
     flashinfer = any(registry.get(p.impl).library == FLASHINFER for p in parts)
     body, declared = ["env = environment()  # before any call: a crash can take the CUDA context with it"], set()
     for p, t in zip(parts, tracers):
@@ -193,18 +200,18 @@ def _alone(tree, node) -> bool:
 
 
 def _part(p: Part, t: trace.Tracer, parts: list[Part], declared: set) -> list[str]:
-    """One part's lines: its inputs (a control on the checked case reads the checked part's), its output buffer,
-    its construction and plan, its step."""
-    s, shared = p.label, _shares_inputs(p, parts)
+    """One part's lines: its inputs (a part on an earlier part's case reads that part's), its output buffer, its
+    construction and plan, its step."""
+    s, owner = p.label, _inputs_of(p, parts)
     impl = registry.get(p.impl)
     said = (p.says or f"{impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "")
             + f": {impl.summary}")
     lines = textwrap.wrap(("Control: " if p.role == "control" else "") + said, 106, initial_indent="# ",
                           subsequent_indent="# ")
-    x = "x" if shared else f"x{s}"
-    if not shared:
+    x = f"x{owner}"
+    if owner == s:
         lines.append(f"{x} = make_inputs(CASE{s}, dev)")
-    names = [(name if shared else name + s, name) for name in trace.INPUTS if name in t.used]
+    names = [(name + owner, name) for name in trace.INPUTS if name in t.used]
     names = [(local, name) for local, name in names if local not in declared]
     declared.update(local for local, _ in names)
     groups: list[list] = []  # as many inputs a line as fit
@@ -240,23 +247,22 @@ def _check(parts: list[Part]) -> list[str]:
              '"REPRODUCED"',
              'print(f"{verdict}: {what}", *detail, sep="\\n")']
     for c in (p for p in parts if p.role == "control"):
-        x = "x" if _shares_inputs(c, parts) else f"x{c.label}"
-        case = f"CASE{s}" if _shares_inputs(c, parts) else f"CASE{c.label}"
+        o = _inputs_of(c, parts)
         lines += [f"print({'CONTROL, ' + (c.says or c.impl) + ': '!r}",
-                  f"      + outcome({case}, {x}, step{c.label}, out{c.label}, TOLERANCE)[1])"]
+                  f"      + outcome(CASE{o}, x{o}, step{c.label}, out{c.label}, TOLERANCE)[1])"]
     return lines + ['print(*env, sep="\\n")', "return 1 if wrong else 0"]
 
 
 def _timing(parts: list[Part]) -> list[str]:
     """Both timed parts held to the reference (each must be right), then timed as the suite times them."""
     bug, twin = (p for p in parts if p.role == "timed")
+    o = _inputs_of(twin, parts)
     return [f"wrong, what, _ = outcome(CASE{bug.label}, x{bug.label}, step{bug.label}, out{bug.label}, TOLERANCE)",
-            f"wrong_twin, what_twin, _ = outcome(CASE{twin.label}, x{twin.label}, step{twin.label}, out{twin.label}, "
-            f"TOLERANCE)",
+            f"wrong_twin, what_twin, _ = outcome(CASE{o}, x{o}, step{twin.label}, out{twin.label}, TOLERANCE)",
             f"slow, fast = graph_time_us(step{bug.label}), graph_time_us(step{twin.label})",
-            f"print(('REPRODUCED' if slow > THRESHOLD * fast else 'NOT REPRODUCED') + f': {bug.says or bug.impl} "
-            f"takes {{slow:.1f}} us a call, {{slow / fast:.2f}}x the {{fast:.1f}} us of {twin.says or twin.impl} "
-            f"(threshold {{THRESHOLD}}x; CUDA graphs, L2 flushed before each call)')",
+            "print(('REPRODUCED' if slow > THRESHOLD * fast else 'NOT REPRODUCED')",
+            f"      + f': {bug.says or bug.impl} takes {{slow:.1f}} us a call, {{slow / fast:.2f}}x the {{fast:.1f}} us'",
+            f"      + f' of {twin.says or twin.impl} (threshold {{THRESHOLD}}x; CUDA graphs, L2 flushed before each call)')",
             f"print({(bug.says or bug.impl) + ': '!r} + what)",
             f"print({'CONTROL, ' + (twin.says or twin.impl) + ': '!r} + what_twin)",
             'print(*env, sep="\\n")',
