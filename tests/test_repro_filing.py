@@ -137,7 +137,7 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     assert body.startswith("Reproducer for flashinfer#4972, as a comment there.")
     assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
-    assert "**Expected.** every row equals softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
+    assert "**Expected.** Every row equals softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
 
 
 @pytest.mark.parametrize("args, says", [

@@ -52,8 +52,8 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
     runs = [f"- On {o.where}: `{o.verdict}`" + (f"; `{o.control}`" if o.control else "") for o in observed]
     lines = [f"Reproducer for {comment_on}, as a comment there." if comment_on else f"# {title}", ""]
     lines += ["**What happens.**", *runs, ""] if runs else ["**What happens.** Not yet run.", ""]
-    lines += [f"**{name}.** {said[name]}\n" for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault")
-              if said.get(name)]
+    lines += [f"**{name}.** {said[name][:1].upper()}{said[name][1:]}\n"
+              for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault") if said.get(name)]
     lines += ["**Reproducer.** Torch and flashinfer only; it builds the inputs, makes the call, checks it against a "
               f"float32 reference written out in it, and exits 1 when the bug shows: `python3 {script_name}`.", "",
               f"<details><summary>{script_name}</summary>", "", "```python", script_text.rstrip(), "```", "",
