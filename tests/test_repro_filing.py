@@ -52,6 +52,9 @@ def test_the_non_causal_bug_is_controlled_by_the_same_plan_without_split_kv(writ
     control = next(p for p in parts if p.role == "control")
     assert control.impl == parts[0].impl and control.plan_keywords == (("disable_split_kv", True),)
     assert text.count("disable_split_kv=True") >= 2 and "comment there" in header(text)["Fault"]
+    main = text.split("def main():")[1].split("\ndef ")[0]
+    assert main.count("flashinfer.BatchPrefillWithPagedKVCacheWrapper(") == 1  # the same wrapper, planned again
+    assert main.index("disable_split_kv=True") > main.index("print(f\"{verdict}")  # after the bug's own verdict
 
 
 def test_a_recipe_is_controlled_by_the_correct_call_on_the_same_inputs(written):

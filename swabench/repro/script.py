@@ -8,6 +8,7 @@ library under test only, and exits 1 when the bug shows.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import textwrap
 from dataclasses import dataclass, field
@@ -61,6 +62,13 @@ def _inputs_of(part: Part, parts: list[Part]) -> str:
     return next(p for p in parts if p.case == part.case and p.role != "first").label
 
 
+def replans(part: Part, parts: list[Part]) -> bool:
+    """Whether the part is a control that plans the checked call's own wrapper again with its keywords (#4972's
+    ``disable_split_kv=True``): the script re-plans and runs it once more, with no second wrapper."""
+    return part.role == "control" and bool(part.plan_keywords) and any(
+        q.role == "checked" and (q.impl, q.case, q.backend) == (part.impl, part.case, part.backend) for q in parts)
+
+
 def _shares_inputs(part: Part, parts: list[Part]) -> bool:
     return _inputs_of(part, parts) != part.label
 
@@ -93,12 +101,14 @@ def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
 def render(parts: list[Part], header: Header, threshold: float | None = None) -> str:
     """The script's text.  With ``threshold`` its two timed parts are timed and it exits 1 when the first takes
     more than ``threshold`` times the second; else it exits 1 when the checked part is wrong."""
-    tracers = [traced(p, _inputs_of(p, parts)) for p in parts]
+    checked = next((p for p in parts if p.role == "checked"), None)
+    tracers = [traced(dataclasses.replace(p, label=checked.label) if replans(p, parts) else p, _inputs_of(p, parts))
+               for p in parts]
     flashinfer = any(registry.get(p.impl).library == FLASHINFER for p in parts)
     body, declared = ["env = environment()  # before any call: a crash can take the CUDA context with it"], set()
     for p, t in zip(parts, tracers):
-        body += _part(p, t, parts, declared)
-    body += _timing(parts) if threshold else _check(parts)
+        body += [] if replans(p, parts) else _part(p, t, parts, declared)
+    body += _timing(parts) if threshold else _check(parts, tracers)
     text = "\n".join(body)
     case = case_literals(next(p.case for p in parts if p.role in ("checked", "timed")))
     wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.table_slice, kit.key_slots, kit.window_mask,
@@ -238,18 +248,21 @@ def _indent(lines: list[str]) -> list[str]:
     return ["    " + line if line else "" for entry in lines for line in entry.split("\n")]
 
 
-def _check(parts: list[Part]) -> list[str]:
-    """The verdict line first, the worst row's values, the control's verdict, the environment."""
+def _check(parts: list[Part], tracers: list[trace.Tracer]) -> list[str]:
+    """The verdict line first, the worst row's values, the control's verdict (a re-planning control plans the
+    checked wrapper again first), the environment."""
     checked = next(p for p in parts if p.role == "checked")
     s = checked.label
     lines = [f"wrong, what, detail = outcome(CASE{s}, x{s}, step{s}, out{s}, TOLERANCE)",
              'verdict = "NOT REPRODUCED" if not wrong else "REPRODUCED (crash)" if what.startswith("crash") else '
              '"REPRODUCED"',
              'print(f"{verdict}: {what}", *detail, sep="\\n")']
-    for c in (p for p in parts if p.role == "control"):
-        o = _inputs_of(c, parts)
+    for c, t in ((p, t) for p, t in zip(parts, tracers) if p.role == "control"):
+        o, run = _inputs_of(c, parts), s if replans(c, parts) else c.label
+        if replans(c, parts):
+            lines += [f"# Control: {c.says}"] + [line for line in t.setup if ".plan(" in line.split("\n")[0]]
         lines += [f"print({'CONTROL, ' + (c.says or c.impl) + ': '!r}",
-                  f"      + outcome(CASE{o}, x{o}, step{c.label}, out{c.label}, TOLERANCE)[1])"]
+                  f"      + outcome(CASE{o}, x{o}, step{run}, out{run}, TOLERANCE)[1])"]
     return lines + ['print(*env, sep="\\n")', "return 1 if wrong else 0"]
 
 

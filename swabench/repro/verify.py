@@ -13,7 +13,7 @@ import torch
 
 from swabench.core import workloads
 from swabench.impls import registry
-from swabench.repro import standin
+from swabench.repro import script, standin
 from swabench.repro.script import Part
 
 BUFFERS = ("out", "lse")  # run() keywords that take an output buffer
@@ -57,20 +57,27 @@ def _same(a, b) -> bool:
 def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
     """The suite's own calls for the parts, in the script's order (each part built and planned in turn, a
     part run ``first`` run at once, the others after every part is planned), and their outputs."""
-    calls, outputs, later, extra = [], [], [], {}
+    calls, outputs, later, extra, checked = [], [], [], {}, None
     with standin.installed(_recorder(calls, extra)):
         for p in parts:
+            if script.replans(p, parts):  # the checked runner, planned again once it has run
+                later.append((checked, dict(p.plan_keywords)))
+                continue
             w = workloads.build(p.case, "cpu")
             runner = registry.get(p.impl).make(w, p.backend)
-            extra.clear()
+            checked = runner if p.role == "checked" else checked
             extra.update(p.plan_keywords)
             runner.plan()
             extra.clear()
             if p.role == "first":
                 runner.run()
             else:
-                later.append(runner)
-        for runner in later:
+                later.append((runner, None))
+        for runner, keywords in later:
+            if keywords is not None:
+                extra.update(keywords)
+                runner.plan()
+                extra.clear()
             runner.run()
             outputs.append(runner.out.clone())
     return calls, outputs
