@@ -42,7 +42,7 @@ def test_each_script_says_its_call_shape_fault_and_control_first(written, ref):
     assert first_call < 100, f"{ref}: the call starts at line {first_call}"
     controls = [p for p in parts if p.role == "control"]
     bug = bugs.get(ref)
-    if bug.control or bug.control_keywords:
+    if bug.filing.control or bug.filing.keywords:
         assert len(controls) == 1 and "CONTROL, " in text and said["Control"].startswith(controls[0].says)
     assert lines.index("def main():") < min(i for i, line in enumerate(lines) if line.startswith("def make_inputs"))
 

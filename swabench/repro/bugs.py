@@ -28,6 +28,18 @@ CLIFF_THRESHOLD = 3.0
 
 
 @dataclass(frozen=True)
+class Filing:
+    """How a bug is filed: its title in the library's terms, whose mistake it is and where to take it, the
+    arguments that decide it, and the control that pins the cause: the correct path run beside it on the same
+    inputs (``control``), or its own call planned again with ``keywords``."""
+    title: str
+    fault: str
+    matters: str = ""
+    control: str = ""
+    keywords: tuple = ()
+
+
+@dataclass(frozen=True)
 class Bug:
     ref: str
     impl: str  # the path it shows on
@@ -35,93 +47,125 @@ class Bug:
     url: str = ""
     twin: str = ""  # a performance bug: the correct path it is timed against
     fixed_in: str | None = None
-    fault: str = ""  # whose mistake it is, and where it is reported
-    matters: str = ""  # the arguments that decide it, and why
-    control: str = ""  # the correct path run beside it on the same inputs, or its own name planned otherwise
-    control_keywords: tuple = ()  # (name, value) pairs the control adds to its plan()
-    title: str = ""  # in the library's terms
+    filing: Filing | None = None  # how it is filed: title, fault, what matters, control
 
 
-# Per bug: whose mistake it is and where to take it, what decides it, and the control that pins the cause (the
-# correct path, or its own path planned with keywords).
-FAULTS: dict[str, tuple[str, str, str, tuple]] = {
-    "flashinfer#4972": (
-        "FlashInfer: fa2's split-KV scheduler under a non-causal window. Reported as issue flashinfer#4972 (a fix is "
-        "proposed in pull request flashinfer#4992): add this as a comment there.",
-        "backend='fa2', causal=False with window_left >= 0; fa2 splits a long request along KV by the GPU's SM count "
-        "(so the wrong rows depend on the GPU) and in CUDA-graph mode (use_cuda_graph=True) whatever the length",
-        "", (("disable_split_kv", True),)),
-    "flashinfer#1679": (
-        "FlashInfer before 0.7.4, fixed there: the sink wrapper's JIT module is named without its head_dim. "
-        "flashinfer#1679 is the pull request that added the wrapper, not a bug report: this script is a regression "
-        "test, nothing to file.",
-        "two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process (the second runs the "
-        "first's module)", "", ()),
-    "decode-cliff": (
-        "FlashInfer, as a performance request: the CUDA-core decode kernel reads every page plan() is given, "
-        "whatever window_left says.",
-        "use_tensor_cores=False (the CUDA-core kernel) with window_left >= 0 and a page table longer than the window",
-        "", ()),
-    "paged-plan-no-window": ("the caller: plan() without window_left, then the deprecated forward(window_left=W).",
-                             "window_left given to forward() instead of plan()", "paged-window", ()),
-    "paged-trim-causal": ("the caller: a table trimmed at prefix - W planned causal without a window.",
-                          "the trimmed table with window_left=-1 at plan()", "paged-trim", ()),
-    "decode-trim-nowindow": ("the caller: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx with "
-                             "window_left=-1), exact only at page size 1.", "page_size > 1", "decode-trim", ()),
-    "paged-sinks-dropped": ("the caller: the prefill wrapper has no sink term; sinks go through "
-                            "BatchAttentionWithAttentionSinkWrapper.", "sinks= given to the prefill wrapper's run()",
-                            "sink-window", ()),
-    "sglang-extend-nomask": ("the caller: SGLang's FlashInfer extend path before its PR 26513 added the mask.",
-                             "the prefix planned without the window mask", "sglang-extend", ()),
-    "sglang-extend-ragged-nowindow": ("the caller: SGLang's FlashInfer extend path at 0005834c (the ragged part "
-                                      "planned without a window).", "window_left at run() only", "sglang-extend", ()),
-    "eagle-verify-untrimmed": ("the caller: SGLang's EAGLE verify on SWA layers (SGLang issue 22679).",
-                               "the KV length cut without kv_start_idx", "paged-trim", ()),
-    "chunk-as-window": ("the caller: a chunk planned as a sliding window (window_left = C - 1).",
-                        "window_left = C - 1 in place of a chunked table", "chunk-trim", ()),
-    "tree-window-slot": ("the caller, within FlashInfer's API: window_left counts from a query's slot, and a draft "
-                         "tree needs its depth; the window belongs in the custom mask.",
-                         "custom_mask (a draft tree) with window_left >= 0 at plan()", "tree-trim-depth", ()),
-    "tree-sink-mask": ("FlashInfer: BatchAttentionWithAttentionSinkWrapper.plan() takes custom_mask and its "
-                       "AttentionSink variant never reads it.", "custom_mask given to the sink wrapper",
-                       "tree-branches-sink", ()),
-    "sglang-verify-tree": ("the caller: SGLang's EAGLE target verify on SWA layers with FlashInfer "
-                           "(flashinfer_backend.py at 0005834cdb2a).", "a context past the window",
-                           "tree-trim-depth", ()),
-    "vllm-tree-window": ("the caller: vLLM's tree attention measures the window by slot.", "a draft tree past the "
-                         "window", "torch-trim", ()),
+FILINGS: dict[str, Filing] = {
+    "flashinfer#4972": Filing(
+        title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV "
+              "chunk are wrong",
+        fault="FlashInfer: fa2's split-KV scheduler under a non-causal window. Reported as issue "
+              "flashinfer#4972 (a fix is proposed in pull request flashinfer#4992): add this as a comment "
+              "there.",
+        matters="backend='fa2', causal=False with window_left >= 0; fa2 splits a long request along KV by the "
+                "GPU's SM count (so the wrong rows depend on the GPU) and in CUDA-graph mode "
+                "(use_cuda_graph=True) whatever the length",
+        keywords=(("disable_split_kv", True),),
+    ),
+    "flashinfer#1679": Filing(
+        title="BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's "
+              "module",
+        fault="FlashInfer before 0.7.4, fixed there: the sink wrapper's JIT module is named without its "
+              "head_dim. flashinfer#1679 is the pull request that added the wrapper, not a bug report: this "
+              "script is a regression test, nothing to file.",
+        matters="two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process (the "
+                "second runs the first's module)",
+    ),
+    "decode-cliff": Filing(
+        title="BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever "
+              "window_left says",
+        fault="FlashInfer, as a performance request: the CUDA-core decode kernel reads every page plan() is "
+              "given, whatever window_left says.",
+        matters="use_tensor_cores=False (the CUDA-core kernel) with window_left >= 0 and a page table longer "
+                "than the window",
+    ),
+    "paged-plan-no-window": Filing(
+        title="plan() without window_left, then forward(window_left=W): not the window W asks for",
+        fault="the caller: plan() without window_left, then the deprecated forward(window_left=W).",
+        matters="window_left given to forward() instead of plan()",
+        control="paged-window",
+    ),
+    "paged-trim-causal": Filing(
+        title="a table trimmed at prefix - W, planned causal without a window: keys before the window",
+        fault="the caller: a table trimmed at prefix - W planned causal without a window.",
+        matters="the trimmed table with window_left=-1 at plan()",
+        control="paged-trim",
+    ),
+    "decode-trim-nowindow": Filing(
+        title="SGLang's decode recipe (kv_start_idx, window_left=-1) sees keys before the window",
+        fault="the caller: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx with "
+              "window_left=-1), exact only at page size 1.",
+        matters="page_size > 1",
+        control="decode-trim",
+    ),
+    "paged-sinks-dropped": Filing(
+        title="BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) leaves the sinks out",
+        fault="the caller: the prefill wrapper has no sink term; sinks go through "
+              "BatchAttentionWithAttentionSinkWrapper.",
+        matters="sinks= given to the prefill wrapper's run()",
+        control="sink-window",
+    ),
+    "sglang-extend-nomask": Filing(
+        title="SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
+        fault="the caller: SGLang's FlashInfer extend path before its PR 26513 added the mask.",
+        matters="the prefix planned without the window mask",
+        control="sglang-extend",
+    ),
+    "sglang-extend-ragged-nowindow": Filing(
+        title="SGLang's extend at 0005834c: the ragged part shows new tokens before the window",
+        fault="the caller: SGLang's FlashInfer extend path at 0005834c (the ragged part planned without a "
+              "window).",
+        matters="window_left at run() only",
+        control="sglang-extend",
+    ),
+    "eagle-verify-untrimmed": Filing(
+        title="EAGLE verify on an SWA layer cuts the KV length without kv_start_idx: the wrong keys",
+        fault="the caller: SGLang's EAGLE verify on SWA layers (SGLang issue 22679).",
+        matters="the KV length cut without kv_start_idx",
+        control="paged-trim",
+    ),
+    "chunk-as-window": Filing(
+        title="a chunk of C planned as window_left = C - 1 reaches into the previous chunk",
+        fault="the caller: a chunk planned as a sliding window (window_left = C - 1).",
+        matters="window_left = C - 1 in place of a chunked table",
+        control="chunk-trim",
+    ),
+    "tree-window-slot": Filing(
+        title="a draft tree as custom_mask with window_left: the window counts from the slot, not the depth",
+        fault="the caller, within FlashInfer's API: window_left counts from a query's slot, and a draft tree "
+              "needs its depth; the window belongs in the custom mask.",
+        matters="custom_mask (a draft tree) with window_left >= 0 at plan()",
+        control="tree-trim-depth",
+    ),
+    "tree-sink-mask": Filing(
+        title="BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask",
+        fault="FlashInfer: BatchAttentionWithAttentionSinkWrapper.plan() takes custom_mask and its "
+              "AttentionSink variant never reads it.",
+        matters="custom_mask given to the sink wrapper",
+        control="tree-branches-sink",
+    ),
+    "sglang-verify-tree": Filing(
+        title="SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
+        fault="the caller: SGLang's EAGLE target verify on SWA layers with FlashInfer (flashinfer_backend.py "
+              "at 0005834cdb2a).",
+        matters="a context past the window",
+        control="tree-trim-depth",
+    ),
+    "vllm-tree-window": Filing(
+        title="vLLM's tree attention counts the window from a node's slot, not its depth",
+        fault="the caller: vLLM's tree attention measures the window by slot.",
+        matters="a draft tree past the window",
+        control="torch-trim",
+    ),
 }
-PLANTED = ("nobody's: a mistake planted to show the gate catches it.", "", "torch-trim", ())
-TITLES = {  # each bug in the library's terms, as the title of an issue
-    'flashinfer#4972': "BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a"
-        " split-KV chunk are wrong",
-    'flashinfer#1679': "BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's"
-        " module",
-    'decode-cliff': "BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever"
-        " window_left says",
-    'paged-plan-no-window': 'plan() without window_left, then forward(window_left=W): not the window W asks for',
-    'paged-trim-causal': 'a table trimmed at prefix - W, planned causal without a window: keys before the window',
-    'decode-trim-nowindow': "SGLang's decode recipe (kv_start_idx, window_left=-1) sees keys before the window",
-    'paged-sinks-dropped': 'BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) leaves the sinks out',
-    'sglang-extend-nomask': "SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
-    'sglang-extend-ragged-nowindow': "SGLang's extend at 0005834c: the ragged part shows new tokens before the"
-        " window",
-    'eagle-verify-untrimmed': 'EAGLE verify on an SWA layer cuts the KV length without kv_start_idx: the wrong keys',
-    'chunk-as-window': 'a chunk of C planned as window_left = C - 1 reaches into the previous chunk',
-    'tree-window-slot': "a draft tree as custom_mask with window_left: the window counts from the slot, not the"
-        " depth",
-    'tree-sink-mask': 'BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask',
-    'sglang-verify-tree': "SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
-    'vllm-tree-window': "vLLM's tree attention counts the window from a node's slot, not its depth",
-}
+PLANTED = Filing("", "nobody's: a mistake planted to show the gate catches it.", control="torch-trim")
 
 
 def catalogue() -> list[Bug]:
     """Every bug with a script, upstream ones first."""
     def bug(ref, impl, summary, **more) -> Bug:
-        fault, matters, control, keywords = FAULTS.get(ref, PLANTED)
-        return Bug(ref, impl, summary, fault=fault, matters=matters, control=control, control_keywords=keywords,
-                   title=TITLES.get(ref, f"a planted mistake: {summary}"), **more)
+        filing = FILINGS.get(ref) or dataclasses.replace(PLANTED, title=f"a planted mistake: {summary}")
+        return Bug(ref, impl, summary, filing=filing, **more)
 
     bugs = [bug(b.ref, sorted(b.impls)[0], b.summary, url=b.url, fixed_in=b.fixed_in) for b in upstream.declared()]
     bugs += [bug(i.name, i.name, i.summary) for i in registry.all_implementations() if i.expected_to_fail]
@@ -213,17 +257,18 @@ def control(bug: Bug, point) -> list[Part]:
     """The control beside the bug's call on the same inputs: its own path planned with the control's keywords, or
     the correct path on the first backend it runs the case on; none where the bug names no control or its path
     cannot run the case."""
-    if bug.control_keywords:
-        said = ", ".join(f"{k}={v!r}" for k, v in bug.control_keywords)
+    filing = bug.filing
+    if filing.keywords:
+        said = ", ".join(f"{k}={v!r}" for k, v in filing.keywords)
         return [Part(point.case, bug.impl, point.backend, "control", "_control", f"the same plan with {said}",
-                     bug.control_keywords)]
-    if not bug.control:
+                     filing.keywords)]
+    if not filing.control:
         return []
-    impl = registry.get(bug.control)
+    impl = registry.get(filing.control)
     runs = [b for b in impl.runs_on(list(dict.fromkeys([point.backend, *impl.backends])))
             if impl.skip_reason(point.case, b, None) is None]
-    return [Part(point.case, bug.control, runs[0], "control", "_control",
-                 f"the correct call, {bug.control} ({impl.summary})")] if runs else []
+    return [Part(point.case, filing.control, runs[0], "control", "_control",
+                 f"the correct call, {filing.control} ({impl.summary})")] if runs else []
 
 
 def rows_off(part: Part) -> str:

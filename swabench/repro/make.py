@@ -114,18 +114,18 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines = [f"What is wrong: {bug.summary}", f"Where it shows: {where}{fixed}"]
     rows = bugs.rows_off(next(p for p in parts if p.role in ("checked", "timed")))
     lines += [f"Rows, as the suite models the path: {rows}"] if rows else []
-    lines += [f"Matters: {bug.matters}"] if bug.matters else []
+    lines += [f"Matters: {bug.filing.matters}"] if bug.filing.matters else []
     lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most "
                                  f"{bugs.CLIFF_THRESHOLD}x): the kernel skips the pages before the window"
                                  if bug.twin else EXPECTED))
     lines += [f"Observed on {o.where}: {o.verdict}" for o in observed] or \
         ["Observed: not yet run; the line above says where the suite finds it"]
-    lines += [f"Fault: {bug.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
+    lines += [f"Fault: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
     lines.append(f"Control: {control.says}; its verdict is printed beside the bug's" if control else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
-    header = script.Header(bug.title, _wrapped(lines))
+    header = script.Header(bug.filing.title, _wrapped(lines))
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
 
 
@@ -137,7 +137,7 @@ def issue_body(ref: str, text: str, name: str, observed) -> str:
     bug = bugs.get(ref)
     header = text.split('"""')[1].splitlines()[2:]
     comment_on = bug.ref if "/issues/" in bug.url else ""
-    return issue.body(bug.title, header, name, text, list(observed), comment_on)
+    return issue.body(bug.filing.title, header, name, text, list(observed), comment_on)
 
 
 EXPECTED = ("every row equals softmax attention over the keys its mask allows, computed in float32 by reference() "
