@@ -33,8 +33,9 @@ def suite_verdict(ref: str) -> dict:
     from swabench.measure import timing
     from swabench.repro import bugs
 
-    parts, where = bugs.parts(bugs.get(ref), torch.cuda.get_device_properties(0).multi_processor_count)
-    said = {"where": where, "parts": []}
+    bug = bugs.get(ref)
+    parts, where = bugs.parts(bug, torch.cuda.get_device_properties(0).multi_processor_count)
+    said = {"where": where + (f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""), "parts": []}
     times = []
     for p in parts:
         w = workloads.build(p.case, "cuda")
@@ -91,17 +92,9 @@ def planned_with(keywords: dict):
             setattr(getattr(flashinfer, name), "plan", plan)
 
 
-def script_case(path: Path) -> str:
-    """The case the script was written for: its top comment's 'Where it shows' line, cut before what follows the
-    case's label (its SM count, the head_dim run first, the keys in the table)."""
-    lines = path.read_text().split('"""')[1].splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
-    text = " ".join([lines[at].removeprefix("Where it shows: ")] +
-                    [line.strip() for line in lines[at + 1:at + 3] if line.startswith("    ")])
-    return re.split(r" on |, |: ", text)[0]
-
-
 def main(out: Path, refs: list[str]) -> int:
+    from swabench.repro import make
+
     out.mkdir(parents=True, exist_ok=True)
     refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
     rows, disagree = [], 0
@@ -116,15 +109,18 @@ def main(out: Path, refs: list[str]) -> int:
         lines = ran.stdout.splitlines()
         verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
         control = next((line for line in lines if line.startswith("CONTROL")), "")
-        case = script_case(path)
-        same_case = all(part["case"] == case for part in suite.get("parts", []) if part["role"] != "first")
+        case = make.shown_where(path.read_text())
+        same_case = case == suite.get("where")
         control_agree = suite.get("control_right") is None or (": right (" in control) == suite["control_right"]
         agree = suite.get("exit") == ran.returncode and same_case and control_agree
         disagree += not agree
         rows.append({"ref": ref, "case": case, "script_exit": ran.returncode, "suite": suite, "same_case": same_case,
                      "control_agree": control_agree, "agree": agree, "script_said": [verdict, control]})
+        why = [] if same_case else ["another case"]
+        why += [] if control_agree else ["the controls differ"]
         print(f"{ref:32s} script exit {ran.returncode}  suite {suite.get('exit')}  {'agree' if agree else 'DISAGREE'}"
-              + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else ""), flush=True)
+              + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else "") + "".join(f"  ({w})" for w in why),
+              flush=True)
         path = out / "verdicts.json"  # after each bug, so a call cut short keeps what it judged; a later call for
         # some bugs replaces their rows and keeps the rest
         kept = [r for r in json.loads(path.read_text()) if r["ref"] not in refs] if path.exists() else []
@@ -133,8 +129,8 @@ def main(out: Path, refs: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     if sys.argv[1:2] == ["--suite"]:
-        sys.path.insert(0, str(ROOT))
         print(json.dumps(suite_verdict(sys.argv[2])))
     else:
         sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))

@@ -15,7 +15,7 @@ import torch
 from swabench.core import reference, workloads
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, kit, script, trace, verify
+from swabench.repro import bugs, kit, make, script, trace, verify
 from tests.conftest import invoke
 
 # one small point for every implementation: each group is what its paths model
@@ -291,18 +291,6 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
     assert ran.stdout.startswith("REPRODUCED: " if wrong else "NOT REPRODUCED: ") and "NVIDIA" in ran.stdout
 
 
-def committed_where(path) -> str:
-    """The 'Where it shows' line of a committed script's top comment, unwrapped."""
-    lines = path.read_text().split('"""')[1].splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
-    rest = []
-    for line in lines[at + 1:]:
-        if not line.startswith("    "):
-            break
-        rest.append(line.strip())
-    return " ".join([lines[at].removeprefix("Where it shows: ")] + rest)
-
-
 @pytest.mark.slow
 def test_each_committed_script_is_on_the_case_the_search_finds_now():
     """repro/ holds the scripts the H200 ran and scripts/repro_verdicts.py judges the parts bugs.parts finds:
@@ -316,7 +304,7 @@ def test_each_committed_script_is_on_the_case_the_search_finds_now():
         ref = path.stem.replace("flashinfer-", "flashinfer#")
         _, where = bugs.parts(bugs.get(ref))
         fixed = bugs.get(ref).fixed_in
-        assert committed_where(path) == where + (f"; fixed in {fixed}" if fixed else ""), path.name
+        assert make.shown_where(path.read_text()) == where + (f"; fixed in {fixed}" if fixed else ""), path.name
 
 
 def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_path):

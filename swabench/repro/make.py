@@ -129,6 +129,18 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
 
 
+def shown_where(text: str) -> str:
+    """The 'Where it shows' line of a script's top comment, unwrapped: the case's label and what follows it."""
+    lines = text.split('"""')[1].splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
+    rest = []
+    for line in lines[at + 1:]:
+        if not line.startswith("    "):
+            break
+        rest.append(line.strip())
+    return " ".join([lines[at].removeprefix("Where it shows: ")] + rest)
+
+
 def issue_body(ref: str, text: str, name: str, observed) -> str:
     """The issue body for bug ``ref``'s script ``text`` (filed as ``name``): a comment on its upstream issue where
     one reports it."""
