@@ -17,6 +17,8 @@ Expected: every row equals softmax attention over the keys its mask allows, comp
     below: rel-L2 at most 0.01 over the output and 0.05 in every row and head (swabench's gate)
 Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-7: rows 0-6 wrong (rel-L2 0.247,
     worst row 1.93; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-7: rows 0-6 wrong (rel-L2
+    0.247, worst row 1.93; tolerances 0.01, 0.05)
 Fault: FlashInfer: BatchAttentionWithAttentionSinkWrapper.plan() takes custom_mask and its AttentionSink
     variant never reads it.
 Control: the correct call, tree-branches-sink (the sink wrapper with one request per node (SGLang's fa3

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY, invoke, pages_text
 
-from swabench.publish.sections import Run, base, by_key, correctness, speed
+from swabench.publish.markdown import REPO
+from swabench.publish.sections import Run, base, by_key, correctness, repros, speed
 from swabench.analysis import derived
 from swabench.publish import findings
 from swabench.run import sweep
@@ -108,12 +109,31 @@ def test_every_link_on_every_page_resolves(written, tmp_path):
 
 
 def test_each_bug_caught_has_its_repro_command_and_script(page):
-    rows = [line for line in section(page, "Reproducers") if line.startswith("| `")]
+    rows = [line for line in section(page, "Reproducers") if line.startswith("| `") and "swabench repro --bug" in line]
     said = {line.split("`")[1]: line for line in rows}
     assert "`swabench repro --bug planted-wide`" in said["planted-wide"]  # caught on the CPU run
     assert "[`repro/paged-trim-causal.py`](../repro/paged-trim-causal.py)" in said["paged-trim-causal"]
     assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # repro/h200-*/verdicts.json
     assert "flashinfer#1679" not in said  # nothing in these runs shows it
+    assert "issue body" not in said["paged-trim-causal"]  # the caller's mistake: nothing to file upstream
+
+
+def test_each_script_on_the_node_is_tabled_beside_the_suite(page):
+    """One row per committed verdict: the script's own verdict and control, the suite's, and whether they agree."""
+    rows = [line for line in section(page, "Reproducers") if line.startswith("| `") and "swabench repro" not in line]
+    assert len(rows) == sum(len(json.loads(p.read_text())) for p in REPO.glob("repro/h200-*/verdicts.json"))
+    cliff = next(line for line in rows if line.startswith("| `decode-cliff` | 0.7.4 |"))
+    assert re.search(r"\| \d+\.\d\dx \(\d+\.\d vs \d+\.\d us\) \|", cliff)  # the suite's own timer
+
+
+def test_the_suite_and_control_verdicts_read_plainly():
+    crash = {"parts": [{"role": "checked", "passed": False, "reason": "AcceleratorError: CUDA error: lost"}]}
+    assert repros._suite_said(crash) == "crashed (`AcceleratorError: CUDA error: lost`)"
+    gate = {"parts": [{"role": "checked", "passed": False, "reason": "row 3 rel-L2 0.4 > 0.05"},
+                      {"role": "control", "passed": True, "reason": ""}]}
+    assert repros._suite_said(gate) == "wrong; control right"
+    assert repros._control_said("CONTROL, the same plan with x=True: right (rel-L2 0.002)") == "right (rel-L2 0.002)"
+    assert repros._control_said("CONTROL, f (a: b): requests 0-3: rows 0 wrong") == "requests 0-3: rows 0 wrong"
 
 
 def test_runs_section_names_each_folder_once_with_its_environment(page, cpu_run):

@@ -141,6 +141,8 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
     assert "**Expected.** Every row equals softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
+    assert "**Call.** flashinfer.BatchPrefillWithPagedKVCacheWrapper(" in body  # code keeps its case
+    assert "**Matters.** backend='fa2'" in body and "**Shape.** Batch 1; qo_len 1024" in body
 
 
 @pytest.mark.parametrize("args, says", [

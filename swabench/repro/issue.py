@@ -52,7 +52,7 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
     runs = [f"- On {o.where}: `{o.verdict}`" + (f"; `{o.control}`" if o.control else "") for o in observed]
     lines = [f"Reproducer for {comment_on}, as a comment there." if comment_on else f"# {title}", ""]
     lines += ["**What happens.**", *runs, ""] if runs else ["**What happens.** Not yet run.", ""]
-    lines += [f"**{name}.** {said[name][:1].upper()}{said[name][1:]}\n"
+    lines += [f"**{name}.** {_sentence(said[name])}\n"
               for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault") if said.get(name)]
     lines += ["**Reproducer.** Torch and flashinfer only; it builds the inputs, makes the call, checks it against a "
               f"float32 reference written out in it, and exits 1 when the bug shows: `python3 {script_name}`.", "",
@@ -62,6 +62,11 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
         lines += [f"**Its output on {o.where}** (the environment last, FlashInfer's collect_env report included):",
                   "", "<details><summary>output</summary>", "", "```", o.text, "```", "", "</details>", ""]
     return "\n".join(lines)
+
+
+def _sentence(text: str) -> str:
+    """``text`` with a capital first letter where it begins with a plain word, not with code ('backend=...')."""
+    return text[:1].upper() + text[1:] if re.match(r"[a-z]+[,;:]?( |$)", text) else text
 
 
 def _fields(header: list[str]) -> dict[str, str]:

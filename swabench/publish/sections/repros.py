@@ -5,6 +5,7 @@ node beside the suite's verdict on the same case (``repro/h200-RELEASE/verdicts.
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 
@@ -34,13 +35,51 @@ def caught(runs: list[Run]) -> dict[str, list[str]]:
 
 def _on_the_node(ref: str) -> str:
     """What the committed script said on each release the node ran it on, and whether the suite agreed."""
-    said = []
-    for path in sorted(REPO.glob("repro/h200-*/verdicts.json")):
-        row = next((v for v in json.loads(path.read_text()) if v["ref"] == ref), None)
-        if row:
-            release = path.parent.name.removeprefix("h200-")
-            said.append(f"{release}: exit {row['script_exit']}" + ("" if row["agree"] else " (the suite disagrees)"))
-    return "; ".join(said)
+    return "; ".join(f"{release}: exit {row['script_exit']}" + ("" if row["agree"] else " (the suite disagrees)")
+                     for release, row in _verdicts() if row["ref"] == ref)
+
+
+def _verdicts() -> list[tuple[str, dict]]:
+    """(release, row) for each row of each release's ``repro/h200-RELEASE/verdicts.json``."""
+    return [(path.parent.name.removeprefix("h200-"), row) for path in sorted(REPO.glob("repro/h200-*/verdicts.json"))
+            for row in json.loads(path.read_text())]
+
+
+def _control_said(line: str) -> str:
+    """A script's CONTROL line without the control's description: its verdict only."""
+    m = re.search(r": (right \(|requests? \d|crash: |no row)", line)
+    return line[m.start() + 2:] if m else line
+
+
+def _suite_said(suite: dict) -> str:
+    """The suite's verdict on the same parts: the cliff's ratio under its graph timer, else the checked part's gate
+    (with the error where the call crashed)."""
+    if "ratio" in suite:
+        slow, fast = suite["times_us"]
+        return f"{suite['ratio']:.2f}x ({slow:.1f} vs {fast:.1f} us)"
+    checked = [p for p in suite.get("parts", []) if p["role"] == "checked"]
+    if not checked:
+        return suite.get("error", "no verdict")[-80:]
+    failed = next((p for p in checked if not p["passed"]), None)
+    crashed = failed and re.match(r"\w+Error: ", failed["reason"])  # as the driver records an exception
+    said = "right" if failed is None else f"crashed (`{failed['reason']}`)" if crashed else "wrong"
+    controls = [p for p in suite.get("parts", []) if p["role"] == "control"]
+    return said + ("; control " + ("right" if all(p["passed"] for p in controls) else "wrong") if controls else "")
+
+
+def on_the_node() -> list[str]:
+    """Each committed script's own output on the node beside the suite's verdict on the same case."""
+    rows = [{"bug": f"`{row['ref']}`", "flashinfer": release, "the script printed": f"`{row['script_said'][0]}`",
+             "its control": f"`{_control_said(row['script_said'][1])}`" if row["script_said"][1] else "",
+             "the suite, same case": _suite_said(row["suite"]), "agree": "yes" if row["agree"] else "**no**"}
+            for release, row in sorted(_verdicts(), key=lambda v: (v[1]["ref"], v[0]))]
+    if not rows:
+        return []
+    return ["What each committed script printed on the H200, run on its own, beside the suite's verdict on the "
+            "same parts in a fresh process (`scripts/repro_verdicts.py`; the logs and `verdicts.json` are in "
+            "`repro/h200-RELEASE/`). The cliff's script and the suite both time under CUDA graphs with L2 flushed; "
+            "a row agrees where the case, the exit status and the control's verdict are the same.",
+            markdown_table(pd.DataFrame(rows))]
 
 
 def reproducers(runs: list[Run]) -> list[str]:
@@ -56,7 +95,8 @@ def reproducers(runs: list[Run]) -> list[str]:
         rows.append({"bug": f"`{bug.ref}`", "caught in": ", ".join(names[:2]) + (f" and {len(names) - 2} more"
                                                                                   if len(names) > 2 else ""),
                      "command": f"`swabench repro --bug {bug.ref}`",
-                     "script": f"[`repro/{script.name}`](repro/{script.name})" if script.exists() else "",
+                     "script": (f"[`repro/{script.name}`](repro/{script.name})" if script.exists() else "")
+                     + (f" ([issue body](repro/{script.stem}.md))" if script.with_suffix(".md").exists() else ""),
                      "on the H200 (script exit; 1 = shows)": _on_the_node(bug.ref)})
     if not rows:
         return []
@@ -64,7 +104,7 @@ def reproducers(runs: list[Run]) -> list[str]:
             "suite builds, makes the path's own calls, checks against a reference written out in it and exits 1 "
             "where the output is wrong (the cliff: where the full table takes more than its threshold times the "
             "trimmed one). `swabench repro RUN --case ID --impl NAME` writes one for any point of a run.",
-            markdown_table(pd.DataFrame(rows))]
+            markdown_table(pd.DataFrame(rows))] + on_the_node()
 
 
 TOPIC = "Reproducers: each bug as a script to file"
