@@ -12,19 +12,13 @@ Matters: use_tensor_cores=False (the CUDA-core kernel) with window_left >= 0 and
     window
 Expected: the full table takes about the trimmed table's time (at most 3.0x): the kernel skips the pages
     before the window
-Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: the full page table takes 142.5 us a call,
-    12.05x the 11.8 us of the table trimmed to the window (threshold 3.0x; CUDA graphs, L2 flushed before each
-    call)
-Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: the full page table takes 142.6 us a
-    call, 12.11x the 11.8 us of the table trimmed to the window (threshold 3.0x; CUDA graphs, L2 flushed
-    before each call)
+Observed: not yet run; the line above says where the suite finds it
 Fault: FlashInfer, as a performance request: the CUDA-core decode kernel reads every page plan() is given,
     whatever window_left says.
 Control: the table trimmed to the window; its verdict is printed beside the bug's
 Made by: swabench repro --bug decode-cliff
-Run: python3 on a machine with torch, flashinfer and a CUDA GPU (FlashInfer builds its kernels on first use,
-    which can take minutes). It prints the timing verdict first, each path's output against the reference, the
-    environment; it exits 1 when reproduced, else 0.
+Run: python3 with torch, flashinfer and a CUDA GPU (kernels build on first use: minutes). It prints the timing
+    verdict, each path's check, the environment; exits 1 when reproduced.
 """
 
 import sys
@@ -34,9 +28,8 @@ import torch
 import flashinfer
 
 CASE = dict(
-    qo_lens=[1] * 32, kv_lens=[8193] * 32, num_qo_heads=8, num_kv_heads=8, head_dim=64, storage='paged',
-    page_size=1, page_layout='scattered', window_left=127, causal=True, chunk=0, soft_cap=0.0, sinks=False,
-    sm_scale=0.125, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
+    qo_lens=[1] * 32, kv_lens=[8193] * 32, num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=1,
+    window_left=127, sm_scale=0.125, dtype='bfloat16', cache_dtype='bfloat16', seed=0)
 TOLERANCE = {'rel_l2': 0.01, 'row_rel_l2': 0.05}  # swabench's gate on random inputs, bfloat16
 THRESHOLD = 3.0  # the most the path may take, in multiples of its control's time
 DEVICE = "cuda"
@@ -96,29 +89,25 @@ def main():
 def make_inputs(case, device):
     """The case's tensors as swabench builds them: the page table (pages in a seeded random order unless
     contiguous), then N(0, 1) data from one seeded generator on the device."""
-    qo_lens, kv_lens, ps = case["qo_lens"], case["kv_lens"], case["page_size"]
-    n = len(kv_lens)
+    qo_lens, kv_lens, ps, n = case["qo_lens"], case["kv_lens"], case["page_size"], len(case["kv_lens"])
     slot_start = [sum(kv_lens[:b]) for b in range(n + 1)]
-    x = {"qo_indptr": torch.tensor([sum(qo_lens[:b]) for b in range(n + 1)], dtype=torch.int32)}
+    x = {"qo_indptr": torch.tensor([sum(qo_lens[:b]) for b in range(n + 1)], dtype=torch.int32),
+         "slot_start": slot_start}
     pages = [-(-k // ps) for k in kv_lens]
     indptr = [sum(pages[:b]) for b in range(n + 1)]
     indices = torch.randperm(indptr[-1], generator=torch.Generator().manual_seed(case["seed"] + 1)).tolist()
-    num_pages = max(indices + [indptr[-1] - 1]) + 1
     x["kv_indptr"] = torch.tensor(indptr, dtype=torch.int32)
     x["kv_indices"] = torch.tensor(indices, dtype=torch.int32)
     x["kv_last_page_len"] = torch.tensor([k - (p - 1) * ps for k, p in zip(kv_lens, pages)], dtype=torch.int32)
     request = torch.repeat_interleave(torch.arange(n), torch.tensor(kv_lens))
     j = torch.arange(slot_start[-1]) - torch.tensor(slot_start[:-1])[request]  # each key's position
     x["slots"] = torch.tensor(indices)[torch.tensor(indptr[:-1])[request] + j // ps] * ps + j % ps
-    shape = (num_pages, ps, case["num_kv_heads"], case["head_dim"])
-    x["slot_start"] = slot_start
-    dtypes = {"float8_e4m3": torch.float8_e4m3fn}
+    shape = (max(indices + [indptr[-1] - 1]) + 1, ps, case["num_kv_heads"], case["head_dim"])
+    dtype, cache_dtype = ({"float8_e4m3": torch.float8_e4m3fn}.get(d) or getattr(torch, d)
+                          for d in (case["dtype"], case["cache_dtype"]))
     g = torch.Generator(device=device).manual_seed(case["seed"])
-    x["q"] = torch.randn((sum(qo_lens), case["num_qo_heads"], case["head_dim"]), generator=g, device=device).to(
-        dtypes.get(case["dtype"]) or getattr(torch, case["dtype"]))
-    for name in ("k_cache", "v_cache"):
-        x[name] = torch.randn(shape, generator=g, device=device).to(
-            dtypes.get(case["cache_dtype"]) or getattr(torch, case["cache_dtype"]))
+    x["q"] = torch.randn((sum(qo_lens), case["num_qo_heads"], case["head_dim"]), generator=g, device=device).to(dtype)
+    x["k_cache"], x["v_cache"] = (torch.randn(shape, generator=g, device=device).to(cache_dtype) for _ in "kv")
     return x
 
 
@@ -165,8 +154,7 @@ def reference(case, x):
 
 def outcome(case, x, step, out, tolerance):
     """Run ``step`` into ``out`` (NaN first: a row it never writes reads as wrong) and hold it to the reference:
-    (wrong, what, detail).  A row is wrong where some head's rel-L2 error passes the row tolerance; a CUDA error is
-    a crash."""
+    (wrong, what, the worst row's values).  A row is wrong where a head's rel-L2 error passes the row tolerance."""
     out.fill_(float("nan"))
     try:
         step()
@@ -176,38 +164,34 @@ def outcome(case, x, step, out, tolerance):
         return True, f"crash: {str(e).strip().splitlines()[0]}", []
     ref, got = reference(case, x), out.float()
     diff = (got - ref).nan_to_num(nan=float("inf"))
-    rel = float(diff.norm() / ref.norm())
-    row_err = (diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).amax(dim=-1)
+    rel, head_err = float(diff.norm() / ref.norm()), diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)
+    row_err = head_err.amax(dim=-1)
     bad = row_err > tolerance["row_rel_l2"]
     errors = f"rel-L2 {rel:.3g}, worst row {float(row_err.max()):.3g}; tolerances {tolerance['rel_l2']:g}, " \
              f"{tolerance['row_rel_l2']:g}"
     if rel <= tolerance["rel_l2"] and not bad.any():
         return False, f"right ({errors})", []
-    w = int(row_err.argmax())
-    h = int((diff[w].norm(dim=-1) / ref[w].norm(dim=-1).clamp_min(1e-6)).argmax())
-    b = sum(1 for start in torch.tensor(case["qo_lens"]).cumsum(0).tolist()[:-1] if start <= w)
-    values = [f"{name} {[round(v, 3) for v in t[w, h, :4].tolist()]}" for name, t in (("expected", ref), ("got", got))]
-    where = f"request {b} row {w - sum(case['qo_lens'][:b])}, head {h}"
-    return True, f"{wrong_rows(case, bad)} ({errors})", [f"worst: {where}, first values " + ", ".join(values)]
+    w, starts = int(row_err.argmax()), [0] + torch.tensor(case["qo_lens"]).cumsum(0).tolist()
+    b, h = sum(start <= w for start in starts[1:-1]), int(head_err[w].argmax())
+    values = ", ".join(f"{name} {[round(v, 3) for v in t[w, h, :4].tolist()]}" for name, t in (("expected", ref),
+                                                                                               ("got", got)))
+    return True, f"{wrong_rows(case, bad)} ({errors})", [f"worst: request {b} row {w - starts[b]}, head {h}, "
+                                                          f"first values {values}"]
 
 
 def wrong_rows(case, bad):
     """'request 0: rows 0-863 wrong': each request's wrong rows as ranges, neighbouring requests with the same
     ranges said once ('requests 0-31: rows 0-7 wrong')."""
-    said, row = [], 0
-    for b, qo in enumerate(case["qo_lens"]):
-        runs = []
-        for i in bad[row:row + qo].nonzero().flatten().tolist():
-            if runs and runs[-1][1] == i - 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
+    said = []
+    for b, rows in enumerate(bad.split(case["qo_lens"])):
+        i = rows.nonzero().flatten().tolist()
+        runs = zip([r for k, r in enumerate(i) if k == 0 or i[k - 1] < r - 1],
+                   [r for k, r in enumerate(i) if k == len(i) - 1 or i[k + 1] > r + 1])
         text = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in runs)
-        if text and said and said[-1][2] == text and said[-1][1] == b - 1:
+        if text and said and said[-1][1:] == [b - 1, text]:
             said[-1][1] = b
         elif text:
             said.append([b, b, text])
-        row += qo
     return "; ".join((f"request {a}" if a == z else f"requests {a}-{z}") + f": rows {text} wrong"
                      for a, z, text in said) or "no row past the row tolerance"
 
@@ -250,18 +234,14 @@ def environment():
     """What a maintainer asks first: Python, torch and its CUDA, the GPU (compute capability, SMs) and its driver,
     the flashinfer packages; then FlashInfer's own report (python -m flashinfer.collect_env) where the release has
     one."""
-    import importlib.metadata
-    import platform
-    import subprocess
-    import sys
+    import importlib.metadata, platform, subprocess, sys
 
     lines = [f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})"]
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.split()
-        lines.append(f"{props.name}: compute capability {props.major}.{props.minor}, {props.multi_processor_count} "
-                     f"SMs, driver {smi[0] if smi else 'unknown'}")
+        p, smi = torch.cuda.get_device_properties(0), "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+        driver = subprocess.run(smi.split(), capture_output=True, text=True).stdout.split() or ["unknown"]
+        lines.append(f"{p.name}: compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs, "
+                     f"driver {driver[0]}")
     lines += [f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
               if (d.metadata["Name"] or "").lower().startswith("flashinfer")]
     report = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True)

@@ -2,6 +2,7 @@
 it is, a control beside the call, helpers cut to the case, the verdict first, and the issue body written from a
 run's output."""
 
+import re
 import textwrap
 
 import pytest
@@ -72,6 +73,10 @@ def test_the_helpers_hold_only_what_the_case_runs(written):
     text, _ = written["flashinfer#4972"]
     for gone in ("evict_pages", "soft_cap", "sinks", "parents", "chunk", "key_slots"):
         assert gone not in text.split('"""', 2)[2].split("def main")[1], gone
+    case_block = text.split("CASE = dict(")[1].split(")\n")[0]
+    assert "sinks=" not in case_block and "causal=" not in case_block and "window_left=333" in case_block
+    read = set(re.findall(r'case\["(\w+)"\]', text))
+    assert read and all(f"{key}=" in case_block for key in read)  # CASE holds what the helpers read, no more
     ragged = scenarios.load(scenarios.shipped_dir() / "default.toml").cases
     case = script.case_literals(next(c for c in ragged if c.storage == "ragged"))
     cut = script.specialize(kit.make_inputs, case)
@@ -140,7 +145,7 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     assert body.startswith("Reproducer for flashinfer#4972, as a comment there.")
     assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
-    assert "**Expected.** Every row equals softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
+    assert "**Expected.** Every row is float32 softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
     assert "**Call.** flashinfer.BatchPrefillWithPagedKVCacheWrapper(" in body  # code keeps its case
     assert "**Matters.** backend='fa2'" in body and "**Shape.** Batch 1; qo_len 1024" in body
 

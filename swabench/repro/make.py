@@ -152,16 +152,15 @@ def issue_body(ref: str, text: str, name: str, observed) -> str:
     return issue.body(bug.filing.title, header, name, text, list(observed), comment_on)
 
 
-EXPECTED = ("every row equals softmax attention over the keys its mask allows, computed in float32 by reference() "
-            "below: rel-L2 at most 0.01 over the output and 0.05 in every row and head (swabench's gate)")
+EXPECTED = ("every row is float32 softmax attention over the keys its mask allows (reference() below), within "
+            "swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head")
 
 
 def _run_line(library: str, timed: bool = False) -> str:
-    needs = "torch, flashinfer and a CUDA GPU (FlashInfer builds its kernels on first use, which can take minutes)" \
+    needs = "torch, flashinfer and a CUDA GPU (kernels build on first use: minutes)" \
         if library == script.FLASHINFER else "torch (and a CUDA GPU where there is one)"
-    verdict = "the timing verdict first, each path's output against the reference, the environment" if timed else \
-        "the verdict first (REPRODUCED, with the wrong rows, or NOT REPRODUCED), the control's, the environment"
-    return f"Run: python3 on a machine with {needs}. It prints {verdict}; it exits 1 when reproduced, else 0."
+    verdict = "the timing verdict, each path's check" if timed else "REPRODUCED or NOT REPRODUCED, the control's verdict"
+    return f"Run: python3 with {needs}. It prints {verdict}, the environment; exits 1 when reproduced."
 
 
 def _wrapped(lines: list[str]) -> list[str]:

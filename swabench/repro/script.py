@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 from dataclasses import dataclass, field
 
@@ -113,7 +114,8 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     case = case_literals(next(p.case for p in parts if p.role in ("checked", "timed")))
     wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.table_slice, kit.key_slots, kit.window_mask,
               kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows, kit.graph_time_us, kit.environment]
-    helpers = _needed(wanted, text, case)
+    helpers = [specialize(f, case) for f in _needed(wanted, text, case)]
+    read = _case_keys(text, helpers)
     dtype = parts[-1].case.dtype
     tol = gate.TOLERANCES[dtype]
     first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
@@ -124,7 +126,7 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
     out += [""] + [trace.call(f"CASE{p.label} = dict", [],
-                              {k: trace.literal(v) for k, v in case_literals(p.case).items()})
+                              {k: trace.literal(v) for k, v in case_literals(p.case).items() if k in read})
                    for p in parts if not _shares_inputs(p, parts)]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")
@@ -132,10 +134,16 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
         out.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
     out.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
     out += ["", "", "def main():", "    dev = torch.device(DEVICE)"] + _indent(body)
-    for f in helpers:
-        out += ["", "", specialize(f, case)]
+    for source in helpers:
+        out += ["", "", source]
     out += ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""]
     return "\n".join(out)
+
+
+def _case_keys(text: str, helpers: list[str]) -> set[str]:
+    """The CASE keys the script reads once its helpers are cut to the case: CASE holds those only."""
+    keys = {m for source in helpers for m in re.findall(r'case(?:\["|\.get\(")(\w+)"', source)}
+    return keys | set(re.findall(r'CASE\w*\["(\w+)"\]', text))
 
 
 def _call_line(t: trace.Tracer) -> str:
@@ -216,8 +224,8 @@ def _part(p: Part, t: trace.Tracer, parts: list[Part], declared: set) -> list[st
     impl = registry.get(p.impl)
     said = (p.says or f"{impl.name} on {impl.library}" + (f" ({p.backend})" if impl.backends else "")
             + f": {impl.summary}")
-    lines = textwrap.wrap(("Control: " if p.role == "control" else "") + said, 106, initial_indent="# ",
-                          subsequent_indent="# ")
+    lines = [] if p.role == "checked" else textwrap.wrap(  # the checked call is the top comment's
+        ("Control: " if p.role == "control" else "") + said, 106, initial_indent="# ", subsequent_indent="# ")
     x = f"x{owner}"
     if owner == s:
         lines.append(f"{x} = make_inputs(CASE{s}, dev)")
