@@ -12,7 +12,10 @@ Rows, as the suite models the path: request 0: query 0 sees 8191 keys outside it
 Matters: window_left = C - 1 in place of a chunked table
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-31: rows 0 wrong (rel-L2 1, worst
+    row 1; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-31: rows 0 wrong (rel-L2 1,
+    worst row 1; tolerances 0.01, 0.05)
 Fault: the caller: a chunk planned as a sliding window (window_left = C - 1).
 Control: the correct call, chunk-trim (table trimmed to the first query's chunk start, plan(causal=True)
     without a window: one chunk per request's block); its verdict is printed beside the bug's

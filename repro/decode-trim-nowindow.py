@@ -12,7 +12,10 @@ Rows, as the suite models the path: request 0: query 0 sees 13 keys outside its 
 Matters: page_size > 1
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0 wrong (rel-L2 0.31,
+    worst row 1.16; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0 wrong (rel-L2
+    0.31, worst row 1.16; tolerances 0.01, 0.05)
 Fault: the caller: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx with window_left=-1), exact
     only at page size 1.
 Control: the correct call, decode-trim (decode wrapper, CUDA-core kernel, table from the page holding key

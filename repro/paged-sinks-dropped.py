@@ -10,7 +10,10 @@ Where it shows: verify b4 p300 q8 W127 ps16 h64/8 d64 bfloat16 sinks s0
 Matters: sinks= given to the prefill wrapper's run()
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0-7 wrong (rel-L2 0.302,
+    worst row 4.34; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0-7 wrong (rel-L2
+    0.302, worst row 4.34; tolerances 0.01, 0.05)
 Fault: the caller: the prefill wrapper has no sink term; sinks go through
     BatchAttentionWithAttentionSinkWrapper.
 Control: the correct call, sink-window (BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True,

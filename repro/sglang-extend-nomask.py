@@ -14,7 +14,10 @@ Rows, as the suite models the path: request 0: queries 0-127 see 13 + i keys out
 Matters: the prefix planned without the window mask
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-1: rows 0-199 wrong (rel-L2 0.645,
+    worst row 2.71; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-1: rows 0-199 wrong (rel-L2
+    0.645, worst row 2.71; tolerances 0.01, 0.05)
 Fault: the caller: SGLang's FlashInfer extend path before its PR 26513 added the mask.
 Control: the correct call, sglang-extend (SGLang's extend on a cached prefix: ragged (window at plan) for the
     new tokens + paged over the prefix trimmed to W with its custom mask + merge_state); its verdict is

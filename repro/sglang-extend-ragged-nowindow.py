@@ -14,7 +14,10 @@ Rows, as the suite models the path: request 0: queries 128-199 see -127 + i keys
 Matters: window_left at run() only
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-1: rows 129-159, 161-191, 193-199
+    wrong (rel-L2 0.185, worst row 1.96; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-1: rows 129-159, 161-191,
+    193-199 wrong (rel-L2 0.185, worst row 1.96; tolerances 0.01, 0.05)
 Fault: the caller: SGLang's FlashInfer extend path at 0005834c (the ragged part planned without a window).
 Control: the correct call, sglang-extend (SGLang's extend on a cached prefix: ragged (window at plan) for the
     new tokens + paged over the prefix trimmed to W with its custom mask + merge_state); its verdict is

@@ -14,7 +14,10 @@ Rows, as the suite models the path: request 0: 16 queries see up to 143 keys out
 Matters: a context past the window
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0-15 wrong (rel-L2 1.4,
+    worst row 3.47; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 0-15 wrong (rel-L2
+    1.4, worst row 3.47; tolerances 0.01, 0.05)
 Fault: the caller: SGLang's EAGLE target verify on SWA layers with FlashInfer (flashinfer_backend.py at
     0005834cdb2a).
 Control: the correct call, tree-trim-depth (table from the page holding key prefix - W, custom mask = tree AND

@@ -14,7 +14,10 @@ Rows, as the suite models the path: request 0: queries 2-4 miss -1 + i keys of i
 Matters: custom_mask (a draft tree) with window_left >= 0 at plan()
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
-Observed: not yet run; the line above says where the suite finds it
+Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 2-15 wrong (rel-L2 0.218,
+    worst row 0.876; tolerances 0.01, 0.05)
+Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: requests 0-3: rows 2-15 wrong (rel-L2
+    0.218, worst row 0.876; tolerances 0.01, 0.05)
 Fault: the caller, within FlashInfer's API: window_left counts from a query's slot, and a draft tree needs its
     depth; the window belongs in the custom mask.
 Control: the correct call, tree-trim-depth (table from the page holding key prefix - W, custom mask = tree AND
