@@ -22,8 +22,7 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
-                    "causal": True, "attention_chunk": 0,
-                    "wrapper_mode": "cuda-graph", "tree": None}  # a case at these values keeps the id it had before the axis existed
+                    "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "tree": None, "block": 0}
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -110,10 +109,10 @@ def parse_accept(value) -> tuple[str, float]:
 
 
 def features_of(sinks: bool, logits_soft_cap: float, cache_dtype: str, attention_chunk: int = 0,
-                tree: str | None = None) -> frozenset[str]:
+                tree: str | None = None, block: int = 0) -> frozenset[str]:
     """The serving features these axis values ask for (Case.features)."""
     asked = {"sinks": sinks, "soft_cap": bool(logits_soft_cap), "fp8_kv": str(cache_dtype).startswith("float8"),
-             "chunk": bool(attention_chunk), "tree": tree is not None}
+             "chunk": bool(attention_chunk), "tree": tree is not None, "block": bool(block)}
     return frozenset(name for name, on in asked.items() if on)
 
 
@@ -145,6 +144,7 @@ class Case:
     attention_chunk: int = 0  # C > 0: chunked local attention, a query sees its own chunk up to itself (no window)
     wrapper_mode: str = "cuda-graph"  # "plain": the wrapper built as a server's uncaptured prefill builds it
     tree: str | None = None  # a verify block laid out as a draft tree (core.trees): 'chain', 'eagle:K:D', choices
+    block: int = 0  # B > 0: the step's queries in blocks of B that see each other both ways (DFlash's draft block)
 
     @property
     def scale(self) -> float:
@@ -163,8 +163,9 @@ class Case:
     @property
     def features(self) -> frozenset[str]:
         """What the case asks of an implementation beyond the window: 'sinks', 'soft_cap', 'fp8_kv', 'chunk',
-        'tree'."""
-        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype, self.attention_chunk, self.tree)
+        'tree', 'block'."""
+        return features_of(self.sinks, self.logits_soft_cap, self.cache_dtype, self.attention_chunk, self.tree,
+                           self.block)
 
     @property
     def sliding_window(self) -> int:
@@ -196,7 +197,7 @@ class Case:
     def label(self) -> str:
         ctx = f"p{length_label(self.prefix_len)}" if self.prefix_len is not None else f"s{length_label(self.seq_len)}"
         q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "") \
-            + (f" tree {trees.label(self.tree)}" if self.tree else "")
+            + (f" tree {trees.label(self.tree)}" if self.tree else "") + (f" block{self.block}" if self.block else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             + (f" {self.page_layout}" if str(self.page_layout).startswith("evicted") else "") \
             if self.storage == "paged" else "ragged"

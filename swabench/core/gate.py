@@ -139,7 +139,8 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
         reasons.append(f"random: row rel-L2 {worst_random:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     worst_probe, unwritten = 0.0, rnd.unwritten
     tree = w.trees is not None
-    for s in range(probes.passes(w.case.num_qo_heads, w.case.window_left, w.case.attention_chunk, tree)):
+    c = w.case
+    for s in range(probes.passes(c.num_qo_heads, c.window_left, c.attention_chunk, tree, c.block)):
         edge = probes.fill(w, s, seed)
         pr = run_checked(runner, w)
         wrong |= (pr.row_rel_l2 > tol.row_rel_l2).any(dim=1)
@@ -149,7 +150,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
             worst_probe = row_max
         if not row_max <= tol.row_rel_l2 and len(reasons) < 3:
             t, h = divmod(int(pr.row_rel_l2.argmax()), w.case.num_qo_heads)
-            name = probes.edge_name(w.case.window_left, int(edge[t, h]), w.case.causal, w.case.attention_chunk, tree)
+            name = probes.edge_name(c.window_left, int(edge[t, h]), c.causal, c.attention_chunk, tree, c.block)
             reasons.append(f"probe ({name}): row rel-L2 {row_max:.3g} > {tol.row_rel_l2:g} at {_where(w, t, h)}")
     w.fill_random(seed)
     as_predicted = None if predicted is None else bool((wrong.cpu() == predicted.cpu()).all())

@@ -24,7 +24,9 @@ definition puts it.  On a draft tree the window edges count from the node's posi
 land on the cached key, or the ancestor, at that position: a path that measures the window from the node's
 slot instead loses the window-edge key of every node whose slot is past its depth.  The near edges count
 from the node's own column, and a fifth edge tunes a row to the last draft key before it that is not its
-ancestor (a sibling or a cousin), which a path without the tree mask lets in.
+ancestor (a sibling or a cousin), which a path without the tree mask lets in.  In bidirectional blocks three
+edges count from the row's block: its last key and its first (both seen, whatever the window) and the key just
+after it (not seen): a causal path loses the first, and a path with the wrong blocks gains or loses the others.
 """
 
 from __future__ import annotations
@@ -37,15 +39,19 @@ SCALE = 8.0  # nats per unit of profile; the smallest gap (2 units) is 16 nats, 
 SHIFT = 1  # the feature sin(pi x): zero at every integer, so free to carry the shift
 
 
-def edges(window_left: int, causal: bool = True, chunk: int = 0, tree: bool = False) -> list[tuple[int, str, str]]:
+def edges(window_left: int, causal: bool = True, chunk: int = 0, tree: bool = False,
+          block: int = 0) -> list[tuple[int, str, str]]:
     """(distance a row is tuned to, name, what the distance counts from) for every edge the window has: 'position'
     (the row's position: ``prefix + depth`` on a tree), 'slot' (the row's own key), 'chunk' (the row's chunk
-    start) or 'cousin' (the last draft key before the row that is not its ancestor).  Without ``causal`` the
-    first future key is visible: a row tuned to it catches a path that drops future keys.  Under chunked
-    attention the edges are the chunk's first key and the key before it."""
+    start), 'cousin' (the last draft key before the row that is not its ancestor), 'block end' or 'block start'
+    (its bidirectional block's last or first key).  Without ``causal`` the first future key is visible: a row
+    tuned to it catches a path that drops future keys.  Under chunked attention the edges are the chunk's first
+    key and the key before it."""
     near = [(-1, "future key" if causal else "future key (visible)", "slot"), (0, "diagonal", "slot")]
     if tree:
         near.append((0, "non-ancestor", "cousin"))
+    if block:
+        near += [(0, "block end", "block end"), (-1, "after block", "block end"), (0, "block start", "block start")]
     if chunk > 0:
         return [(1, "before chunk", "chunk"), (0, "chunk start", "chunk")] + near
     if window_left < 0:
@@ -85,15 +91,19 @@ def profile(x: torch.Tensor, n_freq: int) -> torch.Tensor:
     return sum(torch.cos(torch.remainder(x, 2 ** (i + 1)).double() * (math.pi / 2 ** i)) for i in range(n_freq))
 
 
-def passes(num_qo_heads: int, window_left: int, chunk: int = 0, tree: bool = False) -> int:
+def passes(num_qo_heads: int, window_left: int, chunk: int = 0, tree: bool = False, block: int = 0) -> int:
     """Probe passes needed so that every row meets every edge in some head."""
-    return math.ceil(len(edges(window_left, chunk=chunk, tree=tree)) / num_qo_heads)
+    return math.ceil(len(edges(window_left, chunk=chunk, tree=tree, block=block)) / num_qo_heads)
 
 
 def _targets(w, found) -> torch.Tensor:
     """The key column each row is tuned to for each edge: ``[rows, edges]``."""
     c, column = w.case, w.query_position  # each row's own key
     branch = _Nodes(w) if w.trees is not None else None
+    if c.block:  # each row's block: the first key of its run of B queries, counted from the request's first
+        prefix = torch.tensor(w.prefix_lens, device=column.device)[w.query_request]
+        first = prefix + (column - prefix) // c.block * c.block
+        last = torch.minimum(first + c.block - 1, torch.tensor(w.kv_lens, device=column.device)[w.query_request] - 1)
     out = []
     for distance, _, base in found:
         if base == "position":
@@ -102,6 +112,10 @@ def _targets(w, found) -> torch.Tensor:
             target = column - column % c.attention_chunk - distance
         elif base == "cousin":
             target = branch.cousin
+        elif base == "block end":
+            target = last - distance
+        elif base == "block start":
+            target = first - distance
         else:
             target = column - distance
         out.append(target)
@@ -142,7 +156,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     """Write probe data into the workload's buffers in place; return the edge index of every
     (query row, head), for naming the row that failed."""
     c = w.case
-    found = edges(c.window_left, c.causal, c.attention_chunk, w.trees is not None)
+    found = edges(c.window_left, c.causal, c.attention_chunk, w.trees is not None, c.block)
     n_freq = frequencies_needed(max(w.kv_lens), c.window_left)
     need = required_head_dim(max(w.kv_lens), c.window_left)
     if need > c.head_dim:
@@ -165,5 +179,6 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     return edge
 
 
-def edge_name(window_left: int, index: int, causal: bool = True, chunk: int = 0, tree: bool = False) -> str:
-    return edges(window_left, causal, chunk, tree)[index][1]
+def edge_name(window_left: int, index: int, causal: bool = True, chunk: int = 0, tree: bool = False,
+              block: int = 0) -> str:
+    return edges(window_left, causal, chunk, tree, block)[index][1]

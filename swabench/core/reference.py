@@ -5,7 +5,8 @@ no value) written out from their definitions (docs/semantics.md).  An fp8 cache 
 It reads K/V back through the workload's page table, so it sees exactly the numbers the
 implementation under test reads.  It shares no code with the implementations: the mask is built
 here from the definition (``p - W <= j <= p``; without ``causal``, every ``j >= p - W`` of the
-request; under chunked attention ``floor(p / C) * C <= j <= p``; for a draft tree, each node's own
+request; under chunked attention ``floor(p / C) * C <= j <= p``; in bidirectional blocks of B, also every key
+of the query's own block, the queries counted in B's from the first; for a draft tree, each node's own
 branch: the cached keys from ``prefix + depth - W`` on and its ancestors, walked up its parents), not
 from ``semantics.Visibility``.
 """
@@ -43,7 +44,9 @@ def attention(w: Workload) -> torch.Tensor:
             lo = 0 if c.window_left < 0 else max(0, int(pos[0]) - c.window_left)
             if c.attention_chunk:
                 lo = int(pos[0]) - int(pos[0]) % c.attention_chunk
-            hi = int(pos[-1]) + 1 if c.causal else kv_len
+            if c.block:  # a block wider than the window reaches further back than the window
+                lo = min(lo, kv_len - qo_len + i0 - i0 % c.block)
+            hi = int(pos[-1]) + 1 if c.causal and not c.block else kv_len
             keys = w.keys(b, lo, hi).to(acc).repeat_interleave(group, dim=1)  # [n, H, D]
             values = w.values(b, lo, hi).to(acc).repeat_interleave(group, dim=1)
             j = torch.arange(lo, hi, device=w.device)
@@ -53,6 +56,10 @@ def attention(w: Workload) -> torch.Tensor:
                 visible &= j[None, :] >= pos[:, None] - c.window_left
             if c.attention_chunk:  # its own chunk only: from floor(p / C) * C on
                 visible &= j[None, :] >= pos[:, None] - pos[:, None] % c.attention_chunk
+            if c.block:  # and its own block, both ways: the B queries' keys from prefix + floor(i / B) * B
+                i = pos[:, None] - (kv_len - qo_len)
+                first = kv_len - qo_len + i - i % c.block
+                visible |= (j[None, :] >= first) & (j[None, :] < first + c.block)
             out[row + i0:row + i1] = _attend(w, queries[i0:i1], keys, values, visible)
         row += qo_len
     return out

@@ -6,6 +6,10 @@ and ``qo_len`` queries, query ``i`` sits at ``p = kv_len - qo_len + i``.  Every 
 interval of key positions, so masks, trims, pair counts and "does this bug show here" are all
 interval arithmetic.
 
+A bidirectional block is an interval too.  With ``block = B`` the step's queries fall in blocks of B from
+the first one on; a query sees every key of its own block, both ways, and causally the keys before it from
+``p - W`` on (FlashInfer's ranges wrapper with each query's span its block, ``range_window_left = 0``).
+
 One exception, in one place: a verify block laid out as a draft tree (``core.trees``).  Node ``i`` sits at
 position ``prefix + depth`` and sees the cached keys of its window plus its ancestors among the draft keys: an
 interval over the cache and a set over the draft (``TreeView``).  On a chain the two are the same interval.
@@ -52,6 +56,10 @@ class Visibility:
     ``>= p - W``, future ones included.  ``chunk=C`` is chunked local attention (Llama 4's
     ``attention_chunk_size``): a query sees, causally, only its own chunk, keys ``floor(p / C) * C``
     through ``p``; a window of ``C - 1`` keys is not the same (it reaches into the previous chunk).
+    ``block=B`` splits the queries into blocks of B (from the first query on) that attend both ways within
+    themselves: a query sees ``[min(p - W, its block's first key), its block's last key]``, the causal window
+    and its whole block (a block wider than the window keeps all of itself).  ``interval`` then needs every
+    query of the request, in order, to know where the blocks start.
     """
 
     window_left: int
@@ -61,6 +69,7 @@ class Visibility:
     causal: bool = True
     chunk: int = 0
     by_slot: bool = False  # on a draft tree: the window measured from a node's slot (its row), not its depth
+    block: int = 0
 
     def interval(self, positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -73,6 +82,10 @@ class Visibility:
             lo = torch.clamp(lo, max=self.latest_start)
         hi = torch.clamp(positions + self.future, max=kv_len - 1) if self.causal \
             else torch.full_like(positions, kv_len - 1)
+        if self.block > 0:
+            first = kv_len - len(positions)  # the first query's position: blocks count from it
+            start = first + (positions - first) // self.block * self.block
+            lo, hi = torch.minimum(lo, start), torch.maximum(hi, torch.clamp(start + self.block - 1, max=kv_len - 1))
         return lo, hi
 
     def mask(self, qo_len: int, kv_len: int, key_offset: int = 0, device=None, tree: Tree | None = None) \
@@ -89,8 +102,8 @@ class Visibility:
 
 
 def of_case(case) -> Visibility:
-    """The exact semantics of a case: its window, its causality and its chunk."""
-    return Visibility(case.window_left, causal=case.causal, chunk=case.attention_chunk)
+    """The exact semantics of a case: its window, its causality, its chunk and its blocks."""
+    return Visibility(case.window_left, causal=case.causal, chunk=case.attention_chunk, block=case.block)
 
 
 def chunk_start(position: int, chunk: int) -> int:
@@ -206,17 +219,20 @@ def _sum_to(n: int) -> int:
 
 
 def useful_pairs(qo_len: int, kv_len: int, window_left: int, causal: bool = True, chunk: int = 0,
-                 tree: Tree | None = None) -> int:
+                 tree: Tree | None = None, block: int = 0) -> int:
     """Exact count of (query, key) pairs inside causal ∩ window for one request and one head.
 
     Query at p sees min(p, W) + 1 keys (p + 1 without a window); sum over p in [prefix, kv_len).
     Without ``causal`` it sees kv_len - max(0, p - W) keys (every key without a window).  Under
     chunked attention it sees p % C + 1 keys.  A draft tree's node sees its window of the cache and its
-    ancestors (TreeView).
+    ancestors (TreeView).  In bidirectional blocks it sees its interval (``Visibility.interval``).
     """
     first, last = kv_len - qo_len, kv_len - 1
     if qo_len <= 0:
         return 0
+    if block > 0:
+        lo, hi = Visibility(window_left, block=block).interval(query_positions(qo_len, kv_len), kv_len)
+        return int((hi - lo + 1).sum())
     if tree is not None:
         return int(TreeView(Visibility(window_left), tree, qo_len, kv_len).counts().sum())
     if chunk > 0:

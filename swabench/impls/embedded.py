@@ -114,17 +114,18 @@ def _gather(visibility, trim, chunk_visibility=None):
 BOTH = ("paged", "ragged")
 register(Implementation(
     "torch-trim", "torch", BOTH, "gather only the keys the block's windows reach, SDPA with the window mask",
-    _gather(exact, trim=True), noncausal=True, chunked=True, tree=True), __name__)
+    _gather(exact, trim=True), noncausal=True, chunked=True, tree=True, block=True), __name__)
 register(Implementation(
     "torch-mask", "torch", BOTH, "gather every key, SDPA with a dense causal+window mask (naive)",
-    _gather(exact, trim=False), baseline=True, noncausal=True, chunked=True, tree=True), __name__)
+    _gather(exact, trim=False), baseline=True, noncausal=True, chunked=True, tree=True, block=True), __name__)
 
 
 register(Implementation(
     "torch-batch", "torch", BOTH, "gather each request's window into one padded batch, one SDPA call (peer)",
     lambda workload, backend: BatchedSdpaRunner(workload),
     unsupported=lambda case, backend: "SDPA has no soft-cap or sink term (torch-trim writes those scores out)"
-    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True, tree=True, peer=True), __name__)
+    if case.logits_soft_cap or case.sinks else None, noncausal=True, chunked=True, tree=True, block=True, peer=True),
+    __name__)
 
 
 def _planted(name, summary, visibility):

@@ -318,9 +318,9 @@ register_variant("paged-trim", "page table starts at the window (kv_start_idx tr
 register_variant("ragged-window", "ragged wrapper, plan(causal=True, window_left=W)", Variant("ragged"),
                  reference="fa2", noncausal=True)
 register_variant("paged-mask", "full KV, window and causality as a custom mask (naive)", Variant("paged", mask=True),
-                 baseline=True, noncausal=True, chunked=True)
+                 baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
-                 Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True)
+                 Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("paged-plan-no-window", "plan() without window_left, then the deprecated forward(window_left=W): "
                  "plan() builds the kernel without the window mask, yet run() hands it W; on fa2 W only skips key "
                  "tiles, and where plan() split a request along KV the kernel lays its partial rows out for W and "

@@ -56,7 +56,8 @@ def computed(case, prefix_len: int, visibility=exact, chunk_visibility=None) -> 
     if case.attention_chunk:
         return chunk_visibility(case.attention_chunk, prefix_len, page_size) if chunk_visibility \
             else semantics.of_case(case)
-    return dataclasses.replace(visibility(case.window_left, prefix_len, page_size), causal=case.causal)
+    return dataclasses.replace(visibility(case.window_left, prefix_len, page_size), causal=case.causal,
+                               block=case.block)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class Implementation:
     chunk_visibility: Callable[[int, int, int], semantics.Visibility] | None = None
     # Whether it verifies draft trees (Case.tree): a path that does not skips such a case, saying so.
     tree: bool = False
+    # Whether it takes bidirectional blocks (Case.block > 0: DFlash's draft block); a path that does not skips
+    # such a case, saying so.
+    block: bool = False
     # What it shows each query where no Visibility says it (a mask read out of step with its table): (case,
     # qo_lens, kv_lens) -> one bool [qo_len, kv_len] mask per request, over the request's key positions.
     seen: Callable[..., list] | None = None
@@ -198,6 +202,8 @@ class Implementation:
             return "takes no chunked attention (attention_chunk)"
         if case.tree not in (None, trees.CHAIN) and not self.tree:
             return "verifies chains only: it has no draft-tree mask (tree)"
+        if case.block and not self.block:
+            return "takes no bidirectional blocks (block)"
         return (self.availability(device) if device is not None else None) or self.unsupported(case, backend)
 
 

@@ -128,13 +128,14 @@ AXES = {
     "attention_chunk": _int(0, "an integer >= 0 (0 = off; Llama 4 uses 8192)"),
     "wrapper_mode": _choice(WRAPPER_MODES),
     "tree": trees.parse,
+    "block": _int(0, "an integer >= 0 (0 = off; DFlash's draft block is 8 or 16)"),
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph"}
+            "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "block": 0}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -214,6 +215,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
             raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
                                                          f"the draft block of {qo_len}")
     tree = _check_tree(p, mode, qo_len, path, where)
+    _check_block(p, mode, tree, path, where)
     ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
     _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
     if p["num_qo_heads"] % p["num_kv_heads"]:
@@ -229,7 +231,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
-                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree)
+                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree, block=p["block"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
@@ -271,6 +273,19 @@ def _check_tree(p: dict, mode: str, qo_len, path, where) -> str | None:
     if wrong:
         raise ScenarioError(path, field if tree.startswith("[") else f"{where}.draft_tokens", wrong)
     return tree
+
+
+def _check_block(p: dict, mode: str, tree, path, where) -> None:
+    """Bidirectional blocks split a step of several queries; outside its block a query stays causal."""
+    if not p["block"]:
+        return
+    field = f"{where}.block"
+    if mode == "decode":
+        raise ScenarioError(path, field, "a decode step has one query: give block with mode extend, verify or "
+                                         "draft_extend")
+    if not p["causal"] or p["attention_chunk"] or tree is not None:
+        raise ScenarioError(path, field, "blocks are the bidirectional part of a causal sliding-window (or global) "
+                                         "layer: leave out causal = false, attention_chunk and tree")
 
 
 def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:

@@ -248,6 +248,7 @@ def _not_exportable(case) -> str | None:
            f"mode {case.mode} (a trace's modes are {', '.join(STAGES)})" if case.mode not in STAGES else
            f"chunked attention (attention_chunk {case.attention_chunk}), not a window" if case.attention_chunk else
            "non-causal (the definitions are causal)" if not case.causal else
+           f"bidirectional blocks of {case.block} (the definitions are causal)" if case.block else
            "no window (window_left -1): that layer is FlashInfer-Bench's own causal definition"
            if case.window_left < 0 else None)
 

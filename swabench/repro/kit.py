@@ -82,12 +82,13 @@ def taken_by(fn, **keywords):
 
 
 def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, future=0, latest_start=None,
-            key_offset=0, device=None, parents=None, by_slot=False):
+            key_offset=0, device=None, parents=None, by_slot=False, block=0):
     """Bool [qo_len, kv_len - key_offset], True where query i (at position kv_len - qo_len + i) sees key j:
     j >= p - window_left, j >= its chunk's start, j >= first_key (the earliest start clipped to latest_start),
     and j <= p + future when causal.  With ``parents`` (a draft tree, parent slot of each node, -1 for the root)
     node i sits at position prefix + its depth and sees, of the draft keys, itself and its ancestors, each at its
-    own depth; ``by_slot`` measures both positions by slot instead, as a kernel that knows no tree does."""
+    own depth; ``by_slot`` measures both positions by slot instead, as a kernel that knows no tree does.  With
+    ``block`` each query also sees its own block of that many queries (counted from the first), both ways."""
     prefix = kv_len - qo_len
     p = torch.arange(prefix, kv_len, device=device)
     j = torch.arange(key_offset, kv_len, device=device)
@@ -116,7 +117,11 @@ def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, f
     if latest_start is not None:
         lo = torch.clamp(lo, max=latest_start)
     hi = torch.clamp(p + future, max=kv_len - 1) if causal else torch.full_like(p, kv_len - 1)
-    return allowed & (key_at[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+    seen = allowed & (key_at[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+    if block > 0:
+        first = prefix + (p - prefix) // block * block
+        seen |= (j[None, :] >= first[:, None]) & (j[None, :] < first[:, None] + block)
+    return seen
 
 
 def table_slice(case, x, starts, ends, requests=None):
@@ -144,7 +149,8 @@ def window_mask(case, starts, ends, device=None, window_left=None):
     plan() that applies the window itself)."""
     w = case["window_left"] if window_left is None else window_left
     trees = case.get("parents") or [None] * len(starts)
-    rows = [visible(q, k, w, case["causal"], case["chunk"], device=device, parents=t)[:, s:e]
+    rows = [visible(q, k, w, case["causal"], case["chunk"], device=device, parents=t,
+                    block=case.get("block", 0))[:, s:e]
             for q, k, s, e, t in zip(case["qo_lens"], case["kv_lens"], starts, ends, trees)]
     return torch.cat([r.reshape(-1) for r in rows])
 
@@ -170,6 +176,9 @@ def seen(case, b, device):
         allowed &= key >= position - case["window_left"]
     if case["chunk"] > 0:
         allowed &= key >= position - position % case["chunk"]
+    if case.get("block"):  # and its own block of B queries (counted from the first), both ways
+        first = kv - qo + torch.arange(qo, device=device)[:, None] // case["block"] * case["block"]
+        allowed |= (key >= first) & (key < first + case["block"])
     return allowed
 
 

@@ -52,7 +52,8 @@ def case_literals(c: cases_mod.Case) -> dict:
                 head_dim=c.head_dim, storage=c.storage, page_size=c.page_size or 1, page_layout=c.page_layout or "",
                 window_left=c.window_left, causal=c.causal, chunk=c.attention_chunk, soft_cap=c.logits_soft_cap,
                 sinks=c.sinks, sm_scale=c.scale, dtype=c.dtype, cache_dtype=c.cache_dtype, seed=c.seed,
-                **({"parents": [list(t.parents) for t in drafts]} if drafts else {}))
+                **({"parents": [list(t.parents) for t in drafts]} if drafts else {}),
+                **({"block": c.block} if c.block else {}))
 
 
 def _inputs_of(part: Part, parts: list[Part]) -> str:

@@ -115,7 +115,7 @@ def cpu_work(scenario, device) -> int:
     runners = Counter(p.case for p in scenario.points if not registry.get(p.impl).availability(device))
     work = 0
     for case, n in runners.items():
-        passes = 1 + probes.passes(case.num_qo_heads, case.window_left, case.attention_chunk)
+        passes = 1 + probes.passes(case.num_qo_heads, case.window_left, case.attention_chunk, block=case.block)
         work += footprint.dense_multiply_adds(case) * (passes * (1 + n) + n * (host.warmup + host.min_repeats))
     return work
 

@@ -65,7 +65,7 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device, l
     if w is not None or lengths is not None:
         qo_lens, kv_lens = (w.qo_lens, w.kv_lens) if w is not None else lengths
         drafts = trees.of_case(c) or [None] * len(qo_lens)
-        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk, t)
+        pairs = sum(semantics.useful_pairs(q, k, c.window_left, c.causal, c.attention_chunk, t, c.block)
                     for q, k, t in zip(qo_lens, kv_lens, drafts))
         page = c.page_size if c.storage == "paged" and c.page_size else 1
         read, written = semantics.minimum_traffic(qo_lens, kv_lens, c.window_left, c.num_qo_heads, c.num_kv_heads,
