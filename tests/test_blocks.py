@@ -189,3 +189,39 @@ def test_a_block_step_is_not_exported_as_a_causal_definition():
     from swabench.inputs import fib
 
     assert fib._not_exportable(case(storage="paged")) == "bidirectional blocks of 4 (the definitions are causal)"
+
+
+def test_the_ranges_wrapper_gets_each_querys_block_and_the_window_on_the_causal_part():
+    """ranges-window's calls, on the repro stand-in: built for the case's dtypes and head_dim, planned on the whole
+    table with neither causal nor window_left (its variant owns the mask), run with each row's block as its span,
+    causal_window_left = W and unclamped spans; its script writes the spans as block_ranges(CASE)."""
+    from swabench.repro import script, standin, verify
+
+    c = case(window_left=5, block=4, prefix_len=13, draft_tokens=8, dtype="bfloat16", page_size=4, batch_size=2)
+    w = workloads.build(c)
+    calls = []
+    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((cls, method, args, kwargs))):
+        runner = registry.get("ranges-window").make(w, "fa2")
+        runner.plan()
+        runner.run()
+    (_, _, _, built), (_, _, planned_args, planned), (_, _, ran_args, ran) = \
+        [call for call in calls if call[1] in ("__init__", "plan", "run")]
+    assert built["head_dim_qk"] == 64 and built["q_data_type"] == torch.bfloat16 and built["use_cuda_graph"]
+    assert "causal" not in planned and "window_left" not in planned and planned["page_size"] == 4
+    assert torch.equal(planned_args[2], w.kv_indices_host.to(torch.int32))  # the whole table
+    spans = ran_args[2]
+    assert spans.dtype == torch.int32 and spans.is_contiguous() and spans.shape == (16, 2)
+    assert spans[:8].tolist() == [[13, 16]] * 4 + [[17, 20]] * 4  # request 0: prefix 13, blocks of 4
+    assert ran["causal_window_left"] == 5 and ran["range_window_left"] == 0
+    parts = [script.Part(c, "ranges-window", "fa2")]
+    text = script.render(parts, script.Header("ranges-window"))
+    verify.check(parts, text)
+    assert "block_ranges(CASE)" in text and "def block_ranges(case):" in text
+
+
+def test_the_ranges_wrapper_says_where_it_cannot_run():
+    impl = registry.get("ranges-window")
+    assert impl.skip_reason(case(dtype="bfloat16", block=0), "fa2", None) == "runs only cases with block"
+    assert "soft-cap" in impl.skip_reason(case(dtype="bfloat16", logits_soft_cap=30.0), "fa2", None)
+    assert "no sink term" in impl.skip_reason(case(dtype="bfloat16", sinks=True), "fa2", None)
+    assert impl.skip_reason(case(dtype="bfloat16"), "fa3", None) == "has kernels on fa2 only, not fa3"

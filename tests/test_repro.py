@@ -102,6 +102,15 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 1
     sinks = true
+    [[sweep]]
+    group = "blocks"
+    implementations = ["ranges-window"]
+    mode = "verify"
+    draft_tokens = 8
+    block = 4
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 4
     """)
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)

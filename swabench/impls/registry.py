@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 KINDS = ("correct", "known-bug", "planted")
 # each registers its implementations on import
-MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify")
+MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify",
+           "ranges")
 
 
 class Unsupported(Exception):

@@ -224,7 +224,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             seen.add(same)
             case, step = None, _rule_namespace(combo, label)
             features = features_of(step["sinks"], step["logits_soft_cap"], step["kv_dtype"], step["attention_chunk"],
-                                   step["tree"])
+                                   step["tree"], step["block"])
             for impl_name in impls:
                 impl = registry.get(impl_name)
                 if not impl.models(step["storage"], step["mode"], features, step["wrapper_mode"]):

@@ -124,6 +124,16 @@ def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, f
     return seen
 
 
+def block_ranges(case):
+    """Each query's bidirectional span, the first and last key of its block of ``case["block"]`` queries (counted
+    from its request's first): int32 ``[total_q, 2]``, the ranges wrapper's ``bidirectional_ranges``."""
+    spans = []
+    for qo, kv in zip(case["qo_lens"], case["kv_lens"]):
+        first = kv - qo + torch.arange(qo) // case["block"] * case["block"]
+        spans.append(torch.stack([first, torch.clamp(first + case["block"] - 1, max=kv - 1)], dim=1))
+    return torch.cat(spans).to(torch.int32).contiguous()
+
+
 def table_slice(case, x, starts, ends, requests=None):
     """The page table of keys [start, end) of each entry's request (entry b is request b unless
     ``requests`` says otherwise): (indptr, indices, last_page_len), int32 on the host."""

@@ -17,6 +17,7 @@ WRAPPERS = {  # class -> the variable a script names its object
     "BatchDecodeWithPagedKVCacheWrapper": "decode_wrapper",
     "BatchAttentionWithAttentionSinkWrapper": "sink_wrapper",
     "BatchDecodeWithAttentionSinkWrapper": "sink_decode_wrapper",
+    "BatchPrefillWithCausalBidirectionalRangesWrapper": "ranges_wrapper",
 }
 # plan() keywords the suite passes only where the installed release takes them (FlashInferRunner's hint)
 OPTIONAL_PLAN_KEYWORDS = ("uniform_q_len",)

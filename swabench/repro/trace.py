@@ -158,6 +158,10 @@ class Tracer(TorchFunctionMode):
             if ranges is not None:
                 return self._assign(f"key_slots(x{self.inputs}, starts={literal(ranges[0])}, "
                                     f"ends={literal(ranges[1])}){to}", t)
+        if t.dim() == 2 and t.shape[-1] == 2 and self.case.get("block"):  # the ranges wrapper's spans
+            spans = kit.block_ranges(self.case)
+            if spans.shape == t.shape and torch.equal(spans, t.cpu().to(spans.dtype)):
+                return self._assign(f"block_ranges(CASE{self.inputs})" + ("" if host else ".to(dev)"), t)
         if t.dtype == torch.bool:
             expr = self._mask(t)
             if expr:
