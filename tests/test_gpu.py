@@ -299,3 +299,21 @@ def test_bidirectional_blocks_pass_on_the_gpu(impl, window_left, prefix, qo, blo
     w = workloads.build(c, "cuda")
     runner, result = gated(impl, w, "fa2" if registry.get(impl).backends else "torch")
     assert result.passed, result.reason
+
+
+XQA_SHAPES = [(127, 1000, 1, 16), (127, 3000, 4, 64), (1023, 5000, 8, 16), (4095, 4200, 1, 32), (127, 60, 3, 128)]
+
+
+@pytest.mark.parametrize("window_left,prefix,qo,page_size", XQA_SHAPES)
+@pytest.mark.parametrize("impl", ["xqa-window", "xqa-window-off-by-one"])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_xqa_passes_and_its_off_by_one_fails_where_it_must(impl, window_left, prefix, qo, page_size, sinks):
+    """XQA on GPT-OSS's heads (64/8, head_dim 64), decode and chains: FlashInfer's call (W + 1 keys to the kernel)
+    passes; W given as XQA's key count fails exactly where a window reaches its oldest key."""
+    c = axes.make_case(dict(mode="verify" if qo > 1 else "decode", prefix_len=prefix, window_left=window_left,
+                            num_qo_heads=64, num_kv_heads=8, head_dim=64, dtype="bfloat16", batch_size=3,
+                            page_size=page_size, sinks=sinks, **({"qo_len": qo} if qo > 1 else {})))
+    w = workloads.build(c, "cuda")
+    runner, result = gated(impl, w, "xqa")
+    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens)
+    assert result.passed is not must, (must, result.reason)

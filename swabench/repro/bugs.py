@@ -16,6 +16,7 @@ from functools import lru_cache
 from swabench.core import gate, workloads
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
+from swabench.repro import script
 from swabench.repro.script import Part
 
 # The shipped scenarios searched, in this order: the first that shows a bug gives its smallest case there.
@@ -168,7 +169,8 @@ def catalogue() -> list[Bug]:
         return Bug(ref, impl, summary, filing=filing, **more)
 
     bugs = [bug(b.ref, sorted(b.impls)[0], b.summary, url=b.url, fixed_in=b.fixed_in) for b in upstream.declared()]
-    bugs += [bug(i.name, i.name, i.summary) for i in registry.all_implementations() if i.expected_to_fail]
+    bugs += [bug(i.name, i.name, i.summary) for i in registry.all_implementations()
+             if i.expected_to_fail and not script.no_script(i)]
     bugs.append(bug("decode-cliff", "decode-window", "the CUDA-core decode kernel reads every page of the table "
                     "plan() gets, whatever window_left says: with the full table a decode step reads the whole "
                     "context where its window needs the last W + 1 keys", twin="decode-trim"))

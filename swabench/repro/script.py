@@ -75,14 +75,24 @@ def _shares_inputs(part: Part, parts: list[Part]) -> bool:
     return _inputs_of(part, parts) != part.label
 
 
+def no_script(impl) -> str | None:
+    """Why an implementation has no standalone script, or None."""
+    if impl.library not in (FLASHINFER, "torch"):
+        return (f"{impl.name} ({impl.library}) has no standalone script: its block mask is built by swabench's own "
+                f"layout code from the page table, which a script would have to carry")
+    if impl.wrapper == "xqa":
+        return (f"{impl.name} has no standalone script yet: XQA is a function taking block tables, uint32 lengths "
+                f"and a packed chain mask, which the script writer does not rebuild")
+    return None
+
+
 def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
     """Run the part's path on the CPU against the stand-in, tracing its calls; ``inputs``: the suffix of the CASE,
     x and input names it reads (its own label unless it shares another part's)."""
     impl = registry.get(part.impl)
-    if impl.library not in (FLASHINFER, "torch"):
-        raise trace.Unrenderable(
-            f"{impl.name} ({impl.library}) has no standalone script: its block mask is built by swabench's own "
-            f"layout code from the page table, which a script would have to carry")
+    why = no_script(impl)
+    if why:
+        raise trace.Unrenderable(why)
     literals = case_literals(part.case)
     x = kit.make_inputs(literals, "cpu")
     w = workloads.build(part.case, "cpu")

@@ -19,6 +19,7 @@ WRAPPERS = {  # class -> the variable a script names its object
     "BatchDecodeWithAttentionSinkWrapper": "sink_decode_wrapper",
     "BatchPrefillWithCausalBidirectionalRangesWrapper": "ranges_wrapper",
 }
+FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache")
 # plan() keywords the suite passes only where the installed release takes them (FlashInferRunner's hint)
 OPTIONAL_PLAN_KEYWORDS = ("uniform_q_len",)
 
@@ -53,6 +54,12 @@ def module(on_call: OnCall) -> types.ModuleType:
     for cls_name in WRAPPERS:
         setattr(fake, cls_name, wrapper_class(cls_name))
     fake.merge_state_in_place = lambda *args, **kwargs: on_call(None, None, "merge_state_in_place", args, kwargs)
+    for name in FUNCTIONS:  # module functions: flashinfer.xqa, flashinfer.decode.xqa_batch_decode_with_kv_cache
+        where, _, leaf = name.rpartition(".")
+        owner = fake if not where else getattr(fake, where, None) or types.SimpleNamespace()
+        setattr(owner, leaf, lambda *args, _name=name, **kwargs: on_call(None, None, _name, args, kwargs))
+        if where:
+            setattr(fake, where, owner)
     return fake
 
 

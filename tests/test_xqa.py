@@ -1,0 +1,92 @@
+"""XQA through FlashInfer (impls.xqa), held on the repro stand-in: XQA counts its window in keys (``sliding_win_size
+= N`` keeps N, the current one included), so FlashInfer's call hands it W + 1 and the direct call with W is the
+off-by-one the gate must catch, exactly where a query's window reaches its oldest key; the chain mask is causal;
+the cases XQA cannot run are skipped, saying why."""
+
+import pytest
+import torch
+
+from swabench.core import semantics, workloads
+from swabench.impls import registry
+from swabench.impls.xqa import SEMAPHORE_BYTES, chain_mask
+from swabench.inputs import axes
+from swabench.repro import standin
+
+
+def case(**kw):
+    base = dict(mode="verify", draft_tokens=3, prefix_len=(30, 13), window_left=5, num_qo_heads=8, num_kv_heads=2,
+                head_dim=64, dtype="bfloat16", batch_size=2, page_size=16, backend="xqa")
+    return axes.make_case({k: v for k, v in {**base, **kw}.items() if v is not None and k != "backend"})
+
+
+def calls_of(name, c):
+    w = workloads.build(c)
+    calls = []
+    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((method, args, kwargs))):
+        runner = registry.get(name).make(w, "xqa")
+        runner.plan()
+        runner.run()
+    return w, calls
+
+
+def test_flashinfers_call_gets_the_window_and_the_tables():
+    w, [(method, args, kwargs)] = calls_of("xqa-window", case())
+    assert method == "decode.xqa_batch_decode_with_kv_cache"
+    q, kv, workspace, tables, seq_lens, max_len = args
+    assert q is w.q and kv == (w.k_store, w.v_store) and bool((workspace == 0).all())
+    assert seq_lens.dtype == torch.uint32 and seq_lens.tolist() == w.kv_lens and max_len == max(w.kv_lens)
+    for b in range(2):  # each request's pages, in order, zero-padded
+        first, last = int(w.kv_indptr_host[b]), int(w.kv_indptr_host[b + 1])
+        assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()
+    assert kwargs["window_left"] == 5 and kwargs["q_len_per_req"] == 3 and kwargs["bmm1_scale"] == w.sm_scale
+    assert torch.equal(kwargs["mask"], chain_mask(2, 3, "cpu"))
+
+
+def test_the_direct_call_passes_window_left_as_the_key_count():
+    w, [(method, args, kwargs)] = calls_of("xqa-window-off-by-one", case())
+    assert method == "xqa" and kwargs["sliding_win_size"] == 5 and kwargs["q_seq_len"] == 3
+    assert args[0].shape == (2, 1, 3, 8, 64) and args[4].shape == (2, 1)
+    assert args[7].numel() == SEMAPHORE_BYTES and bool((args[7] == 0).all())  # the semaphores, zeroed
+    assert kwargs["q_scale"] == pytest.approx(w.sm_scale * 64 ** 0.5)
+
+
+def test_the_chain_mask_is_causal_bit_by_bit():
+    for q in (1, 3, 31, 32, 33, 70):
+        words = chain_mask(2, q, "cpu").view(torch.int32)  # the uint32 words, viewed back
+        assert words.shape == (2, q, -(-q // 32))
+        for r in range(q):
+            bits = [(int(words[1, r, j // 32]) >> (j % 32)) & 1 for j in range(q)]
+            assert bits == [1] * (r + 1) + [0] * (q - r - 1), (q, r)
+
+
+@pytest.mark.parametrize("window_left, prefix, must", [(5, (30, 13), True), (40, (30, 13), False),
+                                                       (0, (30, 13), True), (-1, (30, 13), False)])
+def test_the_off_by_one_must_fail_where_a_window_reaches_its_oldest_key(window_left, prefix, must):
+    """W + 1 keys the truth; W the mistake: a query whose window holds W + 1 keys loses one.  With no window both
+    see everything; with a window past every request, nothing is lost; W = 0 means no window at all to XQA."""
+    c = case(window_left=window_left, prefix_len=prefix)
+    impl = registry.get("xqa-window-off-by-one")
+    w = workloads.build(c)
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must
+    if window_left == 0:
+        assert impl.computes(c, 30) == semantics.Visibility(semantics.NO_WINDOW)
+
+
+@pytest.mark.parametrize("fields, says", [
+    (dict(page_size=1), "XQA takes pages of 16, 32, 64, 128 tokens"),
+    (dict(logits_soft_cap=30.0), "no soft-cap"),
+    (dict(mode="draft_extend", accept="uniform", draft_tokens=4), "models decode and verify steps"),
+    (dict(head_dim=72, num_qo_heads=8), "multiple of 16"),
+    (dict(draft_tokens=(3, 4)), "one draft length for the batch"),
+])
+def test_xqa_says_where_it_cannot_run(fields, says):
+    reason = registry.get("xqa-window").skip_reason(case(**fields), "xqa", None)
+    assert reason and says in reason, reason
+
+
+def test_xqa_is_asked_for_by_name_and_takes_sinks():
+    impl = registry.get("xqa-window")
+    assert impl.runs_on(["fa2", "fa3"]) == [] and impl.runs_on(["fa2", "xqa"]) == ["xqa"]
+    assert impl.skip_reason(case(sinks=True), "xqa", None) is None
+    w, [(_, _, kwargs)] = calls_of("xqa-window", case(sinks=True))
+    assert kwargs["sinks"] is w.sinks
