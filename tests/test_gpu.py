@@ -317,3 +317,22 @@ def test_xqa_passes_and_its_off_by_one_fails_where_it_must(impl, window_left, pr
     runner, result = gated(impl, w, "xqa")
     must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens)
     assert result.passed is not must, (must, result.reason)
+
+
+@pytest.mark.parametrize("window_left,prefix,qo,page_size", [(127, 1000, 16, 16), (1023, 3000, 256, 64),
+                                                              (4095, 4200, 16, 32), (127, 0, 2048, 16)])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_fmha_v2_window_passes(window_left, prefix, qo, page_size, sinks):
+    c = axes.make_case(dict(mode="extend", extend_len=qo, prefix_len=prefix, window_left=window_left,
+                            num_qo_heads=64, num_kv_heads=8, head_dim=64, dtype="bfloat16", batch_size=2,
+                            page_size=page_size, sinks=sinks))
+    runner, result = gated("fmha-v2-window", workloads.build(c, "cuda"), "fmha-v2")
+    assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("chunk,prefix,qo", [(16, 40, 6), (8192, 8184, 16), (64, 120, 40)])
+def test_fmha_v2_chunked_passes(chunk, prefix, qo):
+    c = axes.make_case(dict(mode="verify", qo_len=qo, prefix_len=prefix, attention_chunk=chunk, num_qo_heads=8,
+                            num_kv_heads=2, head_dim=128, dtype="bfloat16", batch_size=3, page_size=16))
+    runner, result = gated("fmha-v2-chunked", workloads.build(c, "cuda"), "fmha-v2")
+    assert result.passed, result.reason

@@ -112,6 +112,24 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 16
     [[sweep]]
+    group = "fmha-v2"
+    implementations = ["fmha-v2-window"]
+    backend = "fmha-v2"
+    mode = "verify"
+    draft_tokens = 4
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 16
+    [[sweep]]
+    group = "fmha-v2-chunked"
+    implementations = ["fmha-v2-chunked"]
+    backend = "fmha-v2"
+    mode = "verify"
+    draft_tokens = 4
+    prefix_len = [30, 13]
+    attention_chunk = 16
+    page_size = 16
+    [[sweep]]
     group = "blocks"
     implementations = ["ranges-window"]
     mode = "verify"
@@ -122,7 +140,7 @@ EVERY_PATH = textwrap.dedent("""
     page_size = 4
     """)
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
-XQA = ("xqa-window", "xqa-window-off-by-one")
+XQA = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked")  # TRT-LLM's functions
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 
@@ -174,7 +192,7 @@ def test_flexattention_says_why_it_has_no_script(every_path, impl):
 @pytest.mark.parametrize("impl", XQA)
 def test_xqa_says_why_it_has_no_script_yet(every_path, impl):
     p = every_path[impl]
-    with pytest.raises(trace.Unrenderable, match="XQA is a function"):
+    with pytest.raises(trace.Unrenderable, match="TRT-LLM.s kernels are functions"):
         script.render([script.Part(p.case, impl, p.backend)], script.Header(impl))
 
 

@@ -85,13 +85,13 @@ def test_fill_random_is_deterministic_and_not_zero():
 # ---------------------------------------------------------------- memory footprint, before allocation
 
 def _held_bytes(w) -> int:
-    """nbytes of every tensor the workload holds, each storage once (ragged shares an indptr)."""
+    """Bytes of every storage the workload holds, each once (ragged shares an indptr; paged K and V are one)."""
     import dataclasses
     seen = {}
     for f in dataclasses.fields(w):
         t = getattr(w, f.name)
         if isinstance(t, torch.Tensor):
-            seen[t.untyped_storage().data_ptr()] = t.nbytes
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values())
 
 

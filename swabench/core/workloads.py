@@ -186,7 +186,8 @@ def build(case: Case, device="cpu") -> Workload:
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
         evicted = (pos // ps) < torch.tensor(evicted_before(case, kv_lens, qo_lens))[req] \
             if evicted_pages is not None else None
-        k_store = torch.empty(num_pages, ps, hkv, d, dtype=kv_dtype, device=device)
+        # K and V as the two halves of one allocation, V after K (TRT-LLM's kernels address V from K's base)
+        k_store, v_store = torch.empty(2, num_pages, ps, hkv, d, dtype=kv_dtype, device=device).unbind(0)
         kv_indices = kv_indices_host.to(device, torch.int32)
         kv_last = torch.tensor(last, dtype=torch.int32, device=device)
     else:
@@ -194,10 +195,11 @@ def build(case: Case, device="cpu") -> Workload:
         evicted = evicted_pages = None
         slots = torch.arange(int(slot_indptr[-1]))
         k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=kv_dtype, device=device)
+        v_store = torch.empty_like(k_store)
         kv_indices = kv_last = None
     w = Workload(case=case, device=device, dtype=dtype, qo_lens=qo_lens, kv_lens=kv_lens,
                  q=torch.empty(sum(qo_lens), h, d, dtype=dtype, device=device),
-                 k_store=k_store, v_store=torch.empty_like(k_store),
+                 k_store=k_store, v_store=v_store,
                  qo_indptr=_indptr(qo_lens).to(device, torch.int32), qo_indptr_host=_indptr(qo_lens).tolist(),
                  kv_indptr=kv_indptr_host.to(device, torch.int32), kv_indices=kv_indices,
                  kv_last_page_len=kv_last, kv_indptr_host=kv_indptr_host,

@@ -11,6 +11,7 @@ from .registry import Library, register_library
 BACKENDS = ("fa2", "fa3", "auto")
 CUDNN = "cudnn"  # cuDNN's paged decode graph, on Hopper the decode wrapper's one backend beyond fa2/fa3
 XQA = "xqa"  # TRT-LLM's XQA decode kernel, called as a function (impls.xqa), asked for by name
+FMHA_V2 = "fmha-v2"  # TRT-LLM's fmha v2 prefill kernels, called as a function (impls.fmha_v2), asked for by name
 CUDA_CORE_BACKENDS = ("fa2", "auto", CUDNN)  # "auto": fa2's CUDA-core kernel on Hopper, cuDNN where its rule says
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -63,7 +64,7 @@ def _shared_module(impl: str, case, backend: str):
 
 
 LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
-                                   module="flashinfer", backends=BACKENDS + (CUDNN, XQA), chooser="auto",
-                                   opt_in=(CUDNN, XQA),
+                                   module="flashinfer", backends=BACKENDS + (CUDNN, XQA, FMHA_V2),
+                                   chooser="auto", opt_in=(CUDNN, XQA, FMHA_V2),
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module))

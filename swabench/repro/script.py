@@ -80,9 +80,9 @@ def no_script(impl) -> str | None:
     if impl.library not in (FLASHINFER, "torch"):
         return (f"{impl.name} ({impl.library}) has no standalone script: its block mask is built by swabench's own "
                 f"layout code from the page table, which a script would have to carry")
-    if impl.wrapper == "xqa":
-        return (f"{impl.name} has no standalone script yet: XQA is a function taking block tables, uint32 lengths "
-                f"and a packed chain mask, which the script writer does not rebuild")
+    if impl.wrapper in ("xqa", "fmha-v2"):
+        return (f"{impl.name} has no standalone script yet: TRT-LLM's kernels are functions taking block tables "
+                f"(and XQA uint32 lengths and a packed chain mask), which the script writer does not rebuild")
     return None
 
 

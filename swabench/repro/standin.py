@@ -19,7 +19,7 @@ WRAPPERS = {  # class -> the variable a script names its object
     "BatchDecodeWithAttentionSinkWrapper": "sink_decode_wrapper",
     "BatchPrefillWithCausalBidirectionalRangesWrapper": "ranges_wrapper",
 }
-FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache")
+FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache", "trtllm_fmha_v2_prefill")
 # plan() keywords the suite passes only where the installed release takes them (FlashInferRunner's hint)
 OPTIONAL_PLAN_KEYWORDS = ("uniform_q_len",)
 
