@@ -55,7 +55,8 @@ whl = next(tmp.glob("flashinfer_python-*.whl"))
 out = tmp / "site"
 zipfile.ZipFile(whl).extractall(out)
 fi = out / "flashinfer"
-drop = [p for p in (fi / "data" / "csrc").iterdir() if p.is_dir()]
+keep = {"xqa", "fmha_v2"}  # the sources TRT-LLM's XQA and fmha v2 JIT-build from (impls.xqa, impls.fmha_v2)
+drop = [p for p in (fi / "data" / "csrc").iterdir() if p.is_dir() and p.name not in keep]
 drop += [fi / "data/cutlass/examples", fi / "data/cutlass/python", fi / "data/cccl/python", fi / "moe_ep/kernel_src"]
 drop += list((fi / "experimental").glob("*/csrc"))
 for p in drop:

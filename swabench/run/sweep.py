@@ -241,14 +241,14 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
 def tiny_case(c: Case) -> Case:
     """A small case that runs the same modules as ``c``: its step, storage, head shape and features, a window
     where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
-    verifies a tree."""
+    verifies a tree, its blocks where it has them."""
     queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
     return make_case(dict(
         mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
         attention_chunk=2 * (c.page_size or 16) if c.attention_chunk else 0, storage=c.storage,
         page_size=c.page_size or 16, num_qo_heads=c.num_qo_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
         dtype=c.dtype, sinks=c.sinks, logits_soft_cap=c.logits_soft_cap, kv_dtype=c.kv_dtype,
-        tree="chain" if c.tree else None, **queries))
+        tree="chain" if c.tree else None, block=c.block, **queries))
 
 
 def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
