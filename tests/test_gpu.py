@@ -336,3 +336,15 @@ def test_fmha_v2_chunked_passes(chunk, prefix, qo):
                             num_kv_heads=2, head_dim=128, dtype="bfloat16", batch_size=3, page_size=16))
     runner, result = gated("fmha-v2-chunked", workloads.build(c, "cuda"), "fmha-v2")
     assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("mode,prefix,qo,page_size", [("decode", 4000, 1, 1), ("decode", 4000, 1, 16),
+                                                      ("verify", 4000, 8, 16), ("verify", 300, 8, 1)])
+def test_batch_attention_on_a_trimmed_table_is_right_exactly_where_the_trim_is_the_window(mode, prefix, qo, page_size):
+    c = axes.make_case(dict(mode=mode, prefix_len=prefix, window_left=1023, num_qo_heads=32, num_kv_heads=8,
+                            head_dim=128, dtype="bfloat16", batch_size=4, page_size=page_size,
+                            **({"qo_len": qo} if qo > 1 else {})))
+    w = workloads.build(c, "cuda")
+    runner, result = gated("batch-attention-trim", w, "fa2")
+    must = registry.get("batch-attention-trim").must_fail(c, w.qo_lens, w.kv_lens)
+    assert result.passed is not must, (must, result.reason)

@@ -20,7 +20,7 @@ BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6], "cudnn": OKABE_ITO[2]}
 
 
-MARKERS = "osD^vX"  # with the eight colours, a look of its own for each of 48 implementations
+MARKERS = "osD^vXP*<>hp"  # with the eight colours, a look of its own for each of 96 implementations
 
 
 def look(impl: str) -> dict:

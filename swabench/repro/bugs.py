@@ -22,7 +22,7 @@ from swabench.repro.script import Part
 # The shipped scenarios searched, in this order: the first that shows a bug gives its smallest case there.
 # ``release`` holds every FlashInfer path and known bug where it shows at serving-like windows; ``edges``
 # (windows of 0 keys, two-key requests) comes late, since a mistake there may hide inside one key tile.
-SEARCHED = ("release", "serving", "chunked", "noncausal", "tree", "evicted", "default", "edges")
+SEARCHED = ("release", "serving", "chunked", "noncausal", "tree", "evicted", "default", "edges", "shelf")
 H200_SMS = 132  # flashinfer#4972's rows hang on the SM count: the H200's where no GPU is here
 CLIFF_AMPLIFICATION = 32  # the cliff case reads at least this many times the keys its window needs
 CLIFF_THRESHOLD = 3.0
@@ -90,6 +90,13 @@ FILINGS: dict[str, Filing] = {
         title="a table trimmed at prefix - W, planned causal without a window: keys before the window",
         fault="the caller: a table trimmed at prefix - W planned causal without a window.",
         matters="the trimmed table with window_left=-1 at plan()",
+        control="paged-trim",
+    ),
+    "batch-attention-trim": Filing(
+        title="BatchAttention on a table trimmed to the window: keys before a query's own window",
+        fault="the caller: BatchAttention's plan() takes no window_left, so a table trimmed to the window's first "
+              "page is all a window can be there; it is exact only on decode steps at page size 1.",
+        matters="the trimmed table, causal=True, and no window_left to give",
         control="paged-trim",
     ),
     "decode-trim-nowindow": Filing(
@@ -212,9 +219,12 @@ def _shipped(name: str):
 
 
 def _points(impl: str):
-    """The implementation's points, scenario by scenario in SEARCHED's order, smallest first within each."""
+    """The implementation's points that it can run, scenario by scenario in SEARCHED's order, smallest first within
+    each."""
+    runs = registry.get(impl)
     return [p for name in SEARCHED
-            for p in sorted((p for p in _shipped(name) if p.impl == impl), key=lambda p: (_size(p.case), p.backend != "fa2"))]
+            for p in sorted((p for p in _shipped(name) if p.impl == impl and runs.skip_reason(p.case, p.backend, None)
+                             is None), key=lambda p: (_size(p.case), p.backend != "fa2"))]
 
 
 def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:

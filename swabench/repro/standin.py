@@ -18,6 +18,7 @@ WRAPPERS = {  # class -> the variable a script names its object
     "BatchAttentionWithAttentionSinkWrapper": "sink_wrapper",
     "BatchDecodeWithAttentionSinkWrapper": "sink_decode_wrapper",
     "BatchPrefillWithCausalBidirectionalRangesWrapper": "ranges_wrapper",
+    "BatchAttention": "holistic",
 }
 FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache", "trtllm_fmha_v2_prefill")
 # plan() keywords the suite passes only where the installed release takes them (FlashInferRunner's hint)

@@ -253,9 +253,8 @@ class Tracer(TorchFunctionMode):
                 name = standin.WRAPPERS[cls_name] + self.suffix
                 if name in self.names.values():
                     name = self._fresh(standin.WRAPPERS[cls_name])
-                first, rest = args[0], args[1:]
-                line = call(f"flashinfer.{cls_name}", [self.tensor(first, buffer=True)]
-                            + [self.value(a, buffer=True) for a in rest],
+                first = [self.tensor(args[0], buffer=True)] if args else []  # the workspace, where it takes one
+                line = call(f"flashinfer.{cls_name}", first + [self.value(a, buffer=True) for a in args[1:]],
                             {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
                              else _empty(v) for k, v in kwargs.items()})
                 self._emit(f"{name} = {line}")

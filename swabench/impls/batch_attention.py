@@ -1,0 +1,82 @@
+"""FlashInfer's persistent "holistic" kernel, ``flashinfer.BatchAttention``: one launch for a batch's prefill and
+decode requests.  Its ``plan()`` takes no ``window_left`` (``attention/_core.py`` in 0.7.4), so a window can only be
+a table trimmed to it.
+
+``batch-attention-trim`` plans each request's table from the page that holds the oldest key its queries can see,
+causal.  A table starts on a page boundary and nothing masks the keys before a query's own window, so it is exact
+only where the trim is: a decode step at page size 1.  Elsewhere a query sees from its request's trim start (up
+to ``page_size - 1 + qo_len - 1`` keys too many): declared so, and timed where exact.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from swabench.core import semantics, workloads
+from .flashinfer_impls import Variant, unsupported
+from .flashinfer_library import LIBRARY, _import_error
+from .flashinfer_workspace import resource_errors
+from .registry import Implementation, register
+
+
+class BatchAttentionRunner:
+    """``BatchAttention`` planned causal on each request's trimmed table (its own workspaces, held by the object)."""
+
+    def __init__(self, w, backend: str):
+        import flashinfer
+
+        self.w, self.resolved_backend = w, "holistic"
+        self.out = torch.empty_like(w.q)
+        self.lse = torch.empty(w.q.shape[:2], dtype=torch.float32, device=w.device)
+        with resource_errors():
+            self.wrapper = flashinfer.BatchAttention(kv_layout="NHD", device=w.device)
+
+    def plan(self) -> None:
+        w, c, i32 = self.w, self.w.case, torch.int32
+        starts = [semantics.trim_start(k, q, c.window_left, w.page_size) for q, k in zip(w.qo_lens, w.kv_lens)]
+        indptr, indices, _ = workloads.slice_page_table(w.kv_indptr_host, w.kv_indices_host, starts, w.kv_lens,
+                                                        w.page_size)
+        kept = torch.tensor([k - s for k, s in zip(w.kv_lens, starts)], dtype=i32)
+        with resource_errors():
+            self.wrapper.plan(torch.tensor(w.qo_indptr_host, dtype=i32), indptr.to(i32),
+                              indices.to(device=w.device, dtype=i32), kept, c.num_qo_heads, c.num_kv_heads,
+                              c.head_dim, c.head_dim, w.page_size, causal=True, sm_scale=w.sm_scale,
+                              logits_soft_cap=c.logits_soft_cap or None, q_data_type=w.dtype, kv_data_type=w.kv_dtype)
+        self.layout = "trimmed table, causal"
+
+    def run(self) -> None:
+        w = self.w
+        self.wrapper.run(w.q, (w.k_store, w.v_store), out=self.out, lse=self.lse,
+                         logits_soft_cap=w.case.logits_soft_cap or 0.0)
+
+
+def _computes(window_left: int, prefix_len: int, page_size: int) -> semantics.Visibility:
+    """From the request's trim start on, causal, no window: the trimmed table is the only window."""
+    return semantics.Visibility(semantics.NO_WINDOW, first_key=semantics.buggy_trim_start(prefix_len, window_left,
+                                                                                         page_size))
+
+
+@lru_cache(maxsize=1)
+def _available() -> str | None:
+    error = _import_error()
+    if error:
+        return error
+    import flashinfer
+
+    return None if hasattr(flashinfer, "BatchAttention") else f"flashinfer {LIBRARY.version()} has no BatchAttention"
+
+
+def _unsupported(case, backend: str) -> str | None:
+    if case.window_left < 0:
+        return "trims the table to the window: it models a sliding-window layer (window_left >= 0)"
+    return unsupported(Variant("paged"))(case, backend)
+
+
+register(Implementation(
+    "batch-attention-trim", LIBRARY.name, ("paged",),
+    "BatchAttention (the persistent holistic kernel; its plan() takes no window_left) on the table trimmed to the "
+    "window's first page, causal: exact only where the trim is (decode at page size 1)",
+    BatchAttentionRunner, kind="known-bug", wrapper="holistic", backends=("fa2",), needs_cuda=True,
+    visibility=_computes, timed_where_exact=True, unsupported=_unsupported, available=_available), __name__)

@@ -1,0 +1,52 @@
+"""The persistent holistic kernel (BatchAttention, impls.batch_attention), held on the repro stand-in: its plan()
+takes no window, so the table is trimmed to the window's first page and planned causal; that is exact on decode at
+page size 1 and wrong elsewhere exactly where a query sees keys before its own window, which the gate is told."""
+
+import pytest
+import torch
+
+from swabench.core import semantics, workloads
+from swabench.impls import registry
+from swabench.inputs import axes
+from swabench.repro import standin
+
+
+def case(**kw):
+    base = dict(mode="verify", draft_tokens=4, prefix_len=(30, 13), window_left=5, num_qo_heads=8, num_kv_heads=2,
+                head_dim=64, dtype="bfloat16", batch_size=2, page_size=4)
+    return axes.make_case({k: v for k, v in {**base, **kw}.items() if v is not None})
+
+
+def test_the_plan_is_causal_on_the_trimmed_table():
+    w = workloads.build(case())
+    calls = []
+    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((method, args, kwargs))):
+        runner = registry.get("batch-attention-trim").make(w, "fa2")
+        runner.plan()
+        runner.run()
+    (_, _, built), (_, planned, shape), (_, ran, ran_kw) = calls
+    assert built == {"kv_layout": "NHD", "device": w.device}
+    qo_indptr, indptr, indices, kept = planned[:4]
+    starts = [semantics.trim_start(k, q, 5, 4) for q, k in zip(w.qo_lens, w.kv_lens)]
+    assert kept.tolist() == [k - s for k, s in zip(w.kv_lens, starts)] and starts == [24, 8]
+    assert indices.tolist() == w.kv_indices_host[6:9].tolist() + w.kv_indices_host[9 + 2:9 + 5].tolist()
+    assert planned[4:9] == (8, 2, 64, 64, 4) and shape["causal"] and "window_left" not in shape
+    assert ran[0] is w.q and ran_kw["out"] is runner.out
+
+
+@pytest.mark.parametrize("fields, must", [
+    (dict(mode="decode", draft_tokens=None, page_size=1), False),  # the trim is the window
+    (dict(mode="decode", draft_tokens=None, page_size=16, prefix_len=(40, 30)), True),  # the page's earlier keys
+    (dict(), True),  # a block of queries: the later ones see keys before their windows
+    (dict(window_left=100), False),  # a window past every request: nothing trimmed, nothing extra
+])
+def test_it_must_fail_where_the_trim_is_not_the_window(fields, must):
+    c = case(**fields)
+    w = workloads.build(c)
+    impl = registry.get("batch-attention-trim")
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must and impl.timed_where_exact
+
+
+def test_it_models_a_sliding_window_layer():
+    reason = registry.get("batch-attention-trim").skip_reason(case(window_left=-1), "fa2", None)
+    assert reason and "sliding-window layer" in reason
