@@ -103,3 +103,17 @@ def write_scenario(tmp_path):
 def pages_text(written) -> str:
     """The findings page and its topic pages (``findings.write``'s paths) as one text, the page first."""
     return "\n".join(Path(p).read_text() for p in written)
+
+
+def standin_calls(impl: str, w, backend: str) -> list:
+    """(class or None, method, args, kwargs) of every FlashInfer call ``impl`` makes building, planning and running
+    on ``w``, against the repro stand-in (the CPU sees a path's exact arguments)."""
+    from swabench.impls import registry
+    from swabench.repro import standin
+
+    calls = []
+    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((cls, method, args, kwargs))):
+        runner = registry.get(impl).make(w, backend)
+        runner.plan()
+        runner.run()
+    return calls

@@ -195,17 +195,14 @@ def test_the_ranges_wrapper_gets_each_querys_block_and_the_window_on_the_causal_
     """ranges-window's calls, on the repro stand-in: built for the case's dtypes and head_dim, planned on the whole
     table with neither causal nor window_left (its variant owns the mask), run with each row's block as its span,
     causal_window_left = W and unclamped spans; its script writes the spans as block_ranges(CASE)."""
-    from swabench.repro import script, standin, verify
+    from conftest import standin_calls
+
+    from swabench.repro import script, verify
 
     c = case(window_left=5, block=4, prefix_len=13, draft_tokens=8, dtype="bfloat16", page_size=4, batch_size=2)
     w = workloads.build(c)
-    calls = []
-    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((cls, method, args, kwargs))):
-        runner = registry.get("ranges-window").make(w, "fa2")
-        runner.plan()
-        runner.run()
     (_, _, _, built), (_, _, planned_args, planned), (_, _, ran_args, ran) = \
-        [call for call in calls if call[1] in ("__init__", "plan", "run")]
+        [call for call in standin_calls("ranges-window", w, "fa2") if call[1] in ("__init__", "plan", "run")]
     assert built["head_dim_qk"] == 64 and built["q_data_type"] == torch.bfloat16 and built["use_cuda_graph"]
     assert "causal" not in planned and "window_left" not in planned and planned["page_size"] == 4
     assert torch.equal(planned_args[2], w.kv_indices_host.to(torch.int32))  # the whole table

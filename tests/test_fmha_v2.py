@@ -5,11 +5,11 @@ cannot run are skipped, saying why."""
 
 import pytest
 import torch
+from conftest import standin_calls
 
 from swabench.core import workloads
 from swabench.impls import registry
 from swabench.inputs import axes
-from swabench.repro import standin
 
 
 def case(**kw):
@@ -20,12 +20,7 @@ def case(**kw):
 
 def call_of(name, c):
     w = workloads.build(c)
-    calls = []
-    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((method, args, kwargs))):
-        runner = registry.get(name).make(w, "fmha-v2")
-        runner.plan()
-        runner.run()
-    [(method, args, kwargs)] = calls
+    [(_, method, args, kwargs)] = standin_calls(name, w, "fmha-v2")
     assert method == "trtllm_fmha_v2_prefill"
     return w, args, kwargs
 

@@ -5,12 +5,12 @@ the cases XQA cannot run are skipped, saying why."""
 
 import pytest
 import torch
+from conftest import standin_calls
 
 from swabench.core import semantics, workloads
 from swabench.impls import registry
 from swabench.impls.xqa import SEMAPHORE_BYTES, chain_mask
 from swabench.inputs import axes
-from swabench.repro import standin
 
 
 def case(**kw):
@@ -21,12 +21,7 @@ def case(**kw):
 
 def calls_of(name, c):
     w = workloads.build(c)
-    calls = []
-    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append((method, args, kwargs))):
-        runner = registry.get(name).make(w, "xqa")
-        runner.plan()
-        runner.run()
-    return w, calls
+    return w, [call[1:] for call in standin_calls(name, w, "xqa")]
 
 
 def test_flashinfers_call_gets_the_window_and_the_tables():

@@ -53,7 +53,7 @@ class XqaRunner:
             self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=w.device)
 
     def plan(self) -> None:
-        w, c = self.w, self.w.case
+        w = self.w
         pages = (w.kv_indptr_host[1:] - w.kv_indptr_host[:-1]).tolist()
         tables = torch.zeros(w.batch_size, max(pages), dtype=torch.int32)
         for b, n in enumerate(pages):

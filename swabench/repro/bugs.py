@@ -287,8 +287,6 @@ def rows_off(part: Part) -> str:
     """How the part's first request sees the wrong keys as the suite models the path: per run of queries, how many
     keys outside the exact mask it sees (or of it misses), as 'queries 0-126 see 13 + i keys outside its mask,
     queries 127-399 see 140 ...'; '' for a correct path or one that ignores a feature of the case."""
-    import torch
-
     from swabench.core import semantics, trees
 
     impl, case = registry.get(part.impl), part.case

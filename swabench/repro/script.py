@@ -14,7 +14,6 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-import torch
 
 from swabench.core import cases as cases_mod, gate, trees, workloads
 from swabench.impls import registry

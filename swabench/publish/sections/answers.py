@@ -9,7 +9,7 @@ import pandas as pd
 from swabench.analysis import price, replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
-from swabench.publish.markdown import library_versions, markdown_table, trace_name
+from swabench.publish.markdown import markdown_table, trace_name
 from swabench.publish.sections import machine, modes, neighbours, releases, serving, speed, trees
 from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, ratio, run_for_step,
                                             topic_link)

@@ -8,7 +8,7 @@ import pandas as pd
 from swabench.analysis import wrapper_modes
 from swabench.analysis.replay import layer_label
 from swabench.core.cases import MODES
-from swabench.publish.sections.base import Run, Section, micros, path_of, path_order, points, ratio
+from swabench.publish.sections.base import Run, Section, micros, path_of, path_order, ratio
 
 
 def modes_table(run: Run) -> pd.DataFrame:
