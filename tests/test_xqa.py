@@ -35,6 +35,7 @@ def test_flashinfers_call_gets_the_window_and_the_tables():
         assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()
     assert kwargs["window_left"] == 5 and kwargs["q_len_per_req"] == 3 and kwargs["bmm1_scale"] == w.sm_scale
     assert torch.equal(kwargs["mask"], chain_mask(2, 3, "cpu"))
+    assert kwargs["out"].shape == (2, 3, 8, 64)  # viewed as the queries are
 
 
 def test_the_direct_call_passes_window_left_as_the_key_count():

@@ -69,10 +69,11 @@ class XqaRunner:
         import flashinfer
 
         w, c = self.w, self.w.case
-        if not self.direct:
+        if not self.direct:  # it views the queries as [batch, q_len, heads, dim]: the output it is given too
+            out = self.out.view(w.batch_size, self.q_len, c.num_qo_heads, c.head_dim) if self.q_len > 1 else self.out
             flashinfer.decode.xqa_batch_decode_with_kv_cache(
                 w.q, (w.k_store, w.v_store), self.workspace, self.tables, self.seq_lens, max(w.kv_lens),
-                bmm1_scale=w.sm_scale, bmm2_scale=1.0, window_left=c.window_left, out=self.out, sinks=w.sinks,
+                bmm1_scale=w.sm_scale, bmm2_scale=1.0, window_left=c.window_left, out=out, sinks=w.sinks,
                 kv_layout="NHD", q_len_per_req=self.q_len, mask=self.mask)
             return
         shape = (w.batch_size, 1, self.q_len, c.num_qo_heads, c.head_dim) if self.q_len > 1 else \
