@@ -14,7 +14,7 @@
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
 #   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed
-#                      (its prefill/decode JIT sources are kept whole)
+#                      (its prefill/decode JIT sources are kept whole, and csrc/xqa and csrc/fmha_v2 for the shelf)
 #   deb/               libdw1 and libelf1, which the Nsight Systems report importer needs (when apt can fetch them)
 #   jitcache.tar.xz    only with JIT_CACHE: FlashInfer JIT modules compiled for this RELEASE on the node's GPU.
 #                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
