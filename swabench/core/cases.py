@@ -14,15 +14,17 @@ from dataclasses import asdict, dataclass, field
 
 from swabench.core import semantics, trees
 
-MODES = ("extend", "verify", "draft_extend", "decode")
+MODES = ("extend", "verify", "draft_extend", "decode", "mixed")
 STORAGES = ("paged", "ragged")
 WRAPPER_MODES = ("cuda-graph", "plain")  # how a library's wrappers are built: fixed buffers for capture, or not
 ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
-QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens"}  # its query count
+QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens",
+            "mixed": "extend_len"}  # its query count (a mixed step's prefill chunk)
 # Axes added after results were published: a case leaves them out of its id while they hold these
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
-                    "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "tree": None, "block": 0}
+                    "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "tree": None, "block": 0,
+                    "prefills": 0}
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -145,6 +147,7 @@ class Case:
     wrapper_mode: str = "cuda-graph"  # "plain": the wrapper built as a server's uncaptured prefill builds it
     tree: str | None = None  # a verify block laid out as a draft tree (core.trees): 'chain', 'eagle:K:D', choices
     block: int = 0  # B > 0: the step's queries in blocks of B that see each other both ways (DFlash's draft block)
+    prefills: int = 0  # a mixed step: its first P requests run a prefill chunk of qo_len, the others decode one token
 
     @property
     def scale(self) -> float:
@@ -179,12 +182,16 @@ class Case:
         return hashlib.sha1(blob).hexdigest()[:12]
 
     def drawn(self, field: str) -> list[int]:
-        """Each request's value of the length axis ``field`` (prefix_len, seq_len or qo_len)."""
+        """Each request's value of the length axis ``field`` (prefix_len, seq_len or qo_len); a mixed step's query
+        counts are its prefill chunks, then one per decode."""
+        if field == "qo_len" and self.mode == "mixed":
+            return [self.qo_len] * self.prefills + [1] * (self.batch_size - self.prefills)
         return draw_lengths(getattr(self, field), self.batch_size, self.seed, LENGTH_SALT[field])
 
     @property
     def uniform_lengths(self) -> bool:
-        return all(isinstance(getattr(self, f), int) or getattr(self, f) is None for f in LENGTH_SALT)
+        return self.mode != "mixed" and all(isinstance(getattr(self, f), int) or getattr(self, f) is None
+                                            for f in LENGTH_SALT)
 
     def largest(self) -> tuple[int, int]:
         """(qo_len, kv_len) bounds of the largest request, by arithmetic alone (draft_extend draws at
@@ -197,7 +204,8 @@ class Case:
     def label(self) -> str:
         ctx = f"p{length_label(self.prefix_len)}" if self.prefix_len is not None else f"s{length_label(self.seq_len)}"
         q = f"q{length_label(self.qo_len)}" + (f"~{self.accept}" if self.accept else "") \
-            + (f" tree {trees.label(self.tree)}" if self.tree else "") + (f" block{self.block}" if self.block else "")
+            + (f" tree {trees.label(self.tree)}" if self.tree else "") + (f" block{self.block}" if self.block else "") \
+            + (f" x{self.prefills} + q1 x{self.batch_size - self.prefills}" if self.mode == "mixed" else "")
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             + (f" {self.page_layout}" if str(self.page_layout).startswith("evicted") else "") \
             if self.storage == "paged" else "ragged"

@@ -129,13 +129,15 @@ AXES = {
     "wrapper_mode": _choice(WRAPPER_MODES),
     "tree": trees.parse,
     "block": _int(0, "an integer >= 0 (0 = off; DFlash's draft block is 8 or 16)"),
+    "prefills": _int(0, "an integer >= 0 (a mixed step's requests that run a prefill chunk; the rest decode)"),
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
 DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout": "scattered",
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
-            "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "block": 0}
+            "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "block": 0,
+            "prefills": 0}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -216,6 +218,7 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                                                          f"the draft block of {qo_len}")
     tree = _check_tree(p, mode, qo_len, path, where)
     _check_block(p, mode, tree, path, where)
+    _check_mixed(p, mode, qo_len, path, where)
     ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
     _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
     if p["num_qo_heads"] % p["num_kv_heads"]:
@@ -231,7 +234,8 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 head_dim=p["head_dim"], dtype=p["dtype"], seed=p["seed"], sinks=p["sinks"],
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
-                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree, block=p["block"])
+                attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree, block=p["block"],
+                prefills=p["prefills"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
@@ -286,6 +290,20 @@ def _check_block(p: dict, mode: str, tree, path, where) -> None:
     if not p["causal"] or p["attention_chunk"] or tree is not None:
         raise ScenarioError(path, field, "blocks are the bidirectional part of a causal sliding-window (or global) "
                                          "layer: leave out causal = false, attention_chunk and tree")
+
+
+def _check_mixed(p: dict, mode: str, qo_len, path, where) -> None:
+    """A mixed step batches some requests' prefill chunks (one size) with the others' decodes."""
+    if mode != "mixed":
+        if p["prefills"]:
+            raise ScenarioError(path, f"{where}.prefills", f"applies to mode 'mixed', not {mode!r}")
+        return
+    b = p["batch_size"]
+    if not 1 <= p["prefills"] < b:
+        raise ScenarioError(path, f"{where}.prefills", f"a mixed step needs 1 to batch_size - 1 = {b - 1} prefill "
+                                                       f"requests (the rest decode); got {p['prefills']}")
+    if not isinstance(qo_len, int):
+        raise ScenarioError(path, f"{where}.extend_len", f"a mixed step's prefill chunks are one size; got {qo_len!r}")
 
 
 def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:

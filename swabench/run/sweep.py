@@ -241,8 +241,9 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
 def tiny_case(c: Case) -> Case:
     """A small case that runs the same modules as ``c``: its step, storage, head shape and features, a window
     where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
-    verifies a tree, its blocks where it has them."""
-    queries = {"decode": {}, "extend": {"extend_len": 4}}.get(c.mode, {"qo_len": 4})
+    verifies a tree, its blocks where it has them, one prefill and one decode where it is a mixed step."""
+    queries = {"decode": {}, "extend": {"extend_len": 4},
+               "mixed": {"extend_len": 4, "prefills": 1, "batch_size": 2}}.get(c.mode, {"qo_len": 4})
     return make_case(dict(
         mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
         attention_chunk=2 * (c.page_size or 16) if c.attention_chunk else 0, storage=c.storage,

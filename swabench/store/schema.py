@@ -35,7 +35,7 @@ COLUMNS = [
     "reason", "must_fail", "keys_lost", "rows_losing", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
     "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
-    "causal", "attention_chunk", "tree", "block", "seed", "device", "gpu_id",
+    "causal", "attention_chunk", "tree", "block", "prefills", "seed", "device", "gpu_id",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "wrong_rows", "rows_as_predicted",
     "reads_evicted",
     "plan_us", "compile_s", "workspace_mib", "timer", "l2", "graph_calls", "repeats", "median_us", "iqr_us",
@@ -120,7 +120,7 @@ def migrate_table(df):
     df["wrapper_mode"] = df["wrapper_mode"].where(df["wrapper_mode"].isin(WRAPPER_MODES), "cuda-graph")
     if df.empty:
         return df
-    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0, "block": 0}
+    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0, "block": 0, "prefills": 0}
     if "dtype" in df.columns:
         fill["kv_dtype"] = df["dtype"]
     if "head_dim" in df.columns:
@@ -156,8 +156,8 @@ def migrate(meta: dict) -> dict:
     clock columns and the counters' columns exist.  Version 8 differs in the table only: ``wrapper_mode`` is
     an axis and the runner's description ``layout`` (``migrate_table``); version 9 too: the ``tree`` axis, the
     ``keys_lost`` and ``rows_losing`` columns, and the gate's ``wrong_rows`` and ``rows_as_predicted``, empty in
-    older tables (every earlier verify was a chain); version 10 too: the ``block`` axis, 0 in older tables (no
-    earlier case had bidirectional blocks)."""
+    older tables (every earlier verify was a chain); version 10 too: the ``block`` and ``prefills`` axes (the
+    ``mixed`` mode), 0 in older tables (no earlier case had bidirectional blocks or mixed steps)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):
