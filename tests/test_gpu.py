@@ -348,3 +348,14 @@ def test_batch_attention_on_a_trimmed_table_is_right_exactly_where_the_trim_is_t
     runner, result = gated("batch-attention-trim", w, "fa2")
     must = registry.get("batch-attention-trim").must_fail(c, w.qo_lens, w.kv_lens)
     assert result.passed is not must, (must, result.reason)
+
+
+@pytest.mark.parametrize("impl", ["pod-window", "mixed-two-calls", "paged-trim", "paged-window"])
+@pytest.mark.parametrize("extend,prefix,page_size", [(1984, 16384, 16), (512, 3000, 1), (8128, 16384, 64)])
+def test_a_mixed_step_passes_each_way(impl, extend, prefix, page_size):
+    """One prefill chunk batched with 64 decodes: POD's one launch, the two calls, and one prefill-wrapper call."""
+    c = axes.make_case(dict(mode="mixed", extend_len=extend, prefills=1, batch_size=65, prefix_len=prefix,
+                            window_left=1023, num_qo_heads=32, num_kv_heads=16, head_dim=128, dtype="bfloat16",
+                            page_size=page_size))
+    runner, result = gated(impl, workloads.build(c, "cuda"), "fa2")
+    assert result.passed, result.reason

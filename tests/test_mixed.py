@@ -83,3 +83,43 @@ def test_a_mixed_scenario_runs_end_to_end_on_the_cpu(tmp_path):
     assert set(table.loc[table["kind"] == "correct", "status"]) == {"pass"}
     assert set(table.loc[table["impl"] == "planted-wide", "status"]) == {"xfail"}
     assert (table["total_qo"] == table["prefills"] * table["qo_len"] + 6 - table["prefills"]).all()
+
+
+def test_two_calls_cut_the_step_into_its_prefill_and_its_decodes():
+    from conftest import standin_calls
+
+    w = workloads.build(case(dtype="bfloat16"))
+    calls = standin_calls("mixed-two-calls", w, "fa2")
+    plans = {cls: (args, kwargs) for cls, method, args, kwargs in calls if method == "plan"}
+    runs = {cls: (args, kwargs) for cls, method, args, kwargs in calls if method == "run"}
+    (qo_p, indptr_p, indices_p, last_p, *_), prefill = plans["BatchPrefillWithPagedKVCacheWrapper"]
+    (indptr_d, indices_d, last_d, *_), decode = plans["BatchDecodeWithPagedKVCacheWrapper"]
+    cut = int(w.kv_indptr_host[2])
+    assert qo_p.tolist() == [0, 12, 24] and indptr_p.tolist() == w.kv_indptr_host[:3].tolist()
+    assert indices_p.tolist() == w.kv_indices_host[:cut].tolist() and indices_d.tolist() == w.kv_indices_host[cut:].tolist()
+    assert indptr_d.tolist() == (w.kv_indptr_host[2:] - cut).tolist() and len(last_d) == 3
+    assert prefill["causal"] and prefill["window_left"] == decode["window_left"] == 7
+    (q_p, _), run_p = runs["BatchPrefillWithPagedKVCacheWrapper"]
+    (q_d, _), run_d = runs["BatchDecodeWithPagedKVCacheWrapper"]
+    assert q_p.shape[0] == 24 and q_d.shape[0] == 3 and run_p["out"].shape[0] == 24 and run_d["out"].shape[0] == 3
+    row_bytes = w.q[0].numel() * w.q.element_size()
+    assert run_d["out"].data_ptr() - run_p["out"].data_ptr() == 24 * row_bytes  # the two halves of one buffer
+
+
+def test_pod_plans_both_halves_with_one_window():
+    from conftest import standin_calls
+
+    w = workloads.build(case(dtype="bfloat16"))
+    calls = standin_calls("pod-window", w, "fa2")
+    [(planned, shape)] = [(args, kwargs) for _, method, args, kwargs in calls if method == "plan"]
+    [(ran, ran_kw)] = [(args, kwargs) for _, method, args, kwargs in calls if method == "run"]
+    assert planned[0].tolist() == [0, 12, 24] and planned[4].tolist() == [0, 1, 2, 3]  # 2 chunks; 3 decodes
+    assert planned[8:12] == (4, 2, 64, 4) and shape["window_left"] == 7
+    assert ran[0].shape[0] == 24 and ran[2].shape[0] == 3 and ran_kw["causal_p"]
+
+
+def test_the_mixed_paths_say_where_they_cannot_run():
+    c = case(dtype="bfloat16", sinks=True)
+    assert "no sink term" in registry.get("mixed-two-calls").skip_reason(c, "fa2", None)
+    assert registry.get("pod-window").skip_reason(case(dtype="bfloat16"), "fa3", None) == "has kernels on fa2 only, not fa3"
+    assert not registry.get("pod-window").models("paged", "verify", frozenset(), "cuda-graph")

@@ -138,6 +138,16 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 4
     [[sweep]]
+    group = "mixed"
+    implementations = ["mixed-two-calls", "pod-window"]
+    mode = "mixed"
+    batch_size = 4
+    prefills = 1
+    extend_len = 6
+    prefix_len = [30, 13, 20, 9]
+    window_left = 5
+    page_size = 4
+    [[sweep]]
     group = "blocks"
     implementations = ["ranges-window"]
     mode = "verify"
@@ -148,7 +158,8 @@ EVERY_PATH = textwrap.dedent("""
     page_size = 4
     """)
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
-NO_SCRIPT_YET = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked", "batch-attention-trim")
+NO_SCRIPT_YET = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked", "batch-attention-trim",
+                 "mixed-two-calls", "pod-window")
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 KINDS = ("correct", "known-bug", "planted")
 # each registers its implementations on import
 MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify",
-           "ranges", "xqa", "fmha_v2", "batch_attention")
+           "ranges", "xqa", "fmha_v2", "batch_attention", "mixed")
 
 
 class Unsupported(Exception):

@@ -82,6 +82,9 @@ def no_script(impl) -> str | None:
     if impl.wrapper in ("xqa", "fmha-v2"):
         return (f"{impl.name} has no standalone script yet: TRT-LLM's kernels are functions taking block tables "
                 f"(and XQA uint32 lengths and a packed chain mask), which the script writer does not rebuild")
+    if impl.modes == ("mixed",):
+        return (f"{impl.name} has no standalone script yet: its two calls write views of the step's output, which "
+                f"the script writer does not name")
     if impl.wrapper == "holistic":
         return (f"{impl.name} has no standalone script yet: BatchAttention keeps the kv_indices plan() gets for its "
                 f"run, so they must be on the GPU, which a trace on the CPU cannot tell from a host table")
