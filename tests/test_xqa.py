@@ -11,6 +11,7 @@ from swabench.core import semantics, workloads
 from swabench.impls import registry
 from swabench.impls.xqa import SEMAPHORE_BYTES, chain_mask
 from swabench.inputs import axes
+from swabench.repro import standin
 
 
 def case(**kw):
@@ -86,3 +87,15 @@ def test_xqa_is_asked_for_by_name_and_takes_sinks():
     assert impl.skip_reason(case(sinks=True), "xqa", None) is None
     w, [(_, _, kwargs)] = calls_of("xqa-window", case(sinks=True))
     assert kwargs["sinks"] is w.sinks
+
+
+def test_a_path_says_which_release_lacks_its_api(monkeypatch):
+    """has_api walks a dotted name on the installed module: a function in a submodule, or a class at the top."""
+    from swabench.impls import flashinfer_library
+
+    monkeypatch.setattr(flashinfer_library, "_import_error", lambda: None)
+    with standin.installed(lambda *call: None):
+        assert flashinfer_library.has_api("decode.xqa_batch_decode_with_kv_cache")() is None
+        assert flashinfer_library.has_api("BatchAttention")() is None
+        said = flashinfer_library.has_api("decode.nothing_here")()
+        assert said.startswith("flashinfer ") and said.endswith(" has no decode.nothing_here")

@@ -10,13 +10,11 @@ to ``page_size - 1 + qo_len - 1`` keys too many): declared so, and timed where e
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from swabench.core import semantics, workloads
 from .flashinfer_impls import Variant, unsupported
-from .flashinfer_library import LIBRARY, _import_error
+from .flashinfer_library import LIBRARY, has_api
 from .flashinfer_workspace import resource_errors
 from .registry import Implementation, register
 
@@ -58,16 +56,6 @@ def _computes(window_left: int, prefix_len: int, page_size: int) -> semantics.Vi
                                                                                          page_size))
 
 
-@lru_cache(maxsize=1)
-def _available() -> str | None:
-    error = _import_error()
-    if error:
-        return error
-    import flashinfer
-
-    return None if hasattr(flashinfer, "BatchAttention") else f"flashinfer {LIBRARY.version()} has no BatchAttention"
-
-
 def _unsupported(case, backend: str) -> str | None:
     if case.window_left < 0:
         return "trims the table to the window: it models a sliding-window layer (window_left >= 0)"
@@ -79,4 +67,4 @@ register(Implementation(
     "BatchAttention (the persistent holistic kernel; its plan() takes no window_left) on the table trimmed to the "
     "window's first page, causal: exact only where the trim is (decode at page size 1)",
     BatchAttentionRunner, kind="known-bug", wrapper="holistic", backends=("fa2",), needs_cuda=True,
-    visibility=_computes, timed_where_exact=True, unsupported=_unsupported, available=_available), __name__)
+    visibility=_computes, timed_where_exact=True, unsupported=_unsupported, available=has_api("BatchAttention")), __name__)

@@ -68,3 +68,20 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
                                    chooser="auto", opt_in=(CUDNN, XQA, FMHA_V2),
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
+
+
+def has_api(name: str):
+    """``available`` of a path that calls ``flashinfer.NAME`` (dotted: ``decode.xqa_batch_decode_with_kv_cache``):
+    why the installed FlashInfer cannot run it (not importable, or a release without it), or None."""
+    @lru_cache(maxsize=1)
+    def check() -> str | None:
+        error = _import_error()
+        if error:
+            return error
+        import flashinfer
+
+        found = flashinfer
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        return None if found is not None else f"flashinfer {LIBRARY.version()} has no {name}"
+    return check

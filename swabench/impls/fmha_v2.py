@@ -16,13 +16,11 @@ a long first build.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_impls import Variant, unsupported
-from .flashinfer_library import FMHA_V2, LIBRARY, _import_error
+from .flashinfer_library import FMHA_V2, LIBRARY, has_api
 from .flashinfer_workspace import MIB, resource_errors
 from .registry import Implementation, register
 
@@ -84,22 +82,11 @@ def _unsupported(chunks: bool):
     return check
 
 
-@lru_cache(maxsize=1)
-def _available() -> str | None:
-    error = _import_error()
-    if error:
-        return error
-    import flashinfer
-
-    return None if callable(getattr(flashinfer, "trtllm_fmha_v2_prefill", None)) else \
-        f"flashinfer {LIBRARY.version()} has no trtllm_fmha_v2_prefill"
-
-
 def _register(name: str, summary: str, chunks: bool, **roles) -> None:
     register(Implementation(
         name, LIBRARY.name, ("paged",), summary, lambda w, backend: FmhaV2Runner(w, backend, chunks),
         wrapper="fmha-v2", backends=(FMHA_V2,), modes=("extend", "verify", "draft_extend"),
-        wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_unsupported(chunks), available=_available,
+        wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_unsupported(chunks), available=has_api("trtllm_fmha_v2_prefill"),
         **roles), __name__)
 
 

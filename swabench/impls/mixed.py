@@ -13,12 +13,10 @@ The prefill requests are the step's first; each half gets its rows of the querie
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from .flashinfer_impls import Variant, unsupported
-from .flashinfer_library import LIBRARY, _import_error
+from .flashinfer_library import LIBRARY, has_api
 from .flashinfer_workspace import WORKSPACE_BYTES, resource_errors, workspace
 from .registry import Implementation, register
 
@@ -95,18 +93,6 @@ class PodRunner:
         self.out[h.rows:].copy_(out_d)
 
 
-def _available(cls_name: str):
-    @lru_cache(maxsize=1)
-    def check() -> str | None:
-        error = _import_error()
-        if error:
-            return error
-        import flashinfer
-
-        return None if hasattr(flashinfer, cls_name) else f"flashinfer {LIBRARY.version()} has no {cls_name}"
-    return check
-
-
 def _pod_unsupported(case, backend: str) -> str | None:
     if case.logits_soft_cap:
         return "POD applies no soft-cap"
@@ -117,9 +103,9 @@ register(Implementation(
     "mixed-two-calls", LIBRARY.name, ("paged",), "a mixed step as two calls: the prefill wrapper over the prefill "
     "requests, then the tensor-core decode wrapper over the decodes, both planned with window_left=W",
     TwoCallsRunner, wrapper="prefill", backends=("fa2", "fa3"), modes=("mixed",), needs_cuda=True,
-    unsupported=unsupported(Variant("paged")), available=_available("BatchDecodeWithPagedKVCacheWrapper")), __name__)
+    unsupported=unsupported(Variant("paged")), available=has_api("BatchDecodeWithPagedKVCacheWrapper")), __name__)
 register(Implementation(
     "pod-window", LIBRARY.name, ("paged",), "POD-Attention (BatchPODWithPagedKVCacheWrapper): the prefill chunks and "
     "the decodes in one launch, one window_left planned for both; its outputs copied into the step's buffer",
     PodRunner, wrapper="pod", backends=("fa2",), modes=("mixed",), needs_cuda=True, unsupported=_pod_unsupported,
-    available=_available("BatchPODWithPagedKVCacheWrapper")), __name__)
+    available=has_api("BatchPODWithPagedKVCacheWrapper")), __name__)

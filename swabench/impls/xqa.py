@@ -17,14 +17,13 @@ FlashInfer's decode wrapper builds for its own MTP route.  The KV cache holds th
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
 
 import torch
 
 from swabench.core import semantics
 from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_impls import Variant, unsupported
-from .flashinfer_library import LIBRARY, XQA, _import_error
+from .flashinfer_library import LIBRARY, XQA, has_api
 from .flashinfer_workspace import MIB, resource_errors
 from .registry import Implementation, register
 
@@ -99,25 +98,11 @@ def _unsupported(case, backend: str) -> str | None:
     return unsupported(dataclasses.replace(Variant("paged"), sinks="apply"))(case, backend)
 
 
-def _available(name: str):
-    """Whether the installed FlashInfer has the function (every release from 0.6.18.post1 on does)."""
-    @lru_cache(maxsize=1)
-    def check() -> str | None:
-        error = _import_error()
-        if error:
-            return error
-        import flashinfer
-
-        fn = flashinfer.xqa if name == "xqa" else getattr(getattr(flashinfer, "decode", None), name, None)
-        return None if callable(fn) else f"flashinfer {LIBRARY.version()} has no {name}"
-    return check
-
-
 def _register(name: str, summary: str, direct: bool, **roles) -> None:
     register(Implementation(
         name, LIBRARY.name, ("paged",), summary, lambda w, backend: XqaRunner(w, backend, direct), wrapper="xqa",
         backends=(XQA,), modes=("decode", "verify"), wrapper_modes=WRAPPER_MODES, needs_cuda=True,
-        unsupported=_unsupported, available=_available("xqa" if direct else "xqa_batch_decode_with_kv_cache"),
+        unsupported=_unsupported, available=has_api("xqa" if direct else "decode.xqa_batch_decode_with_kv_cache"),
         **roles), __name__)
 
 
