@@ -38,6 +38,7 @@ def test_the_window_call_reads_k_and_v_through_one_pool():
         pages = w.kv_indices_host[first:last].tolist()
         assert tables[b, 0, :len(pages)].tolist() == pages
         assert tables[b, 1, :len(pages)].tolist() == [p + pool for p in pages]  # V is the allocation's second half
+        assert not tables[b, :, len(pages):].any()  # the padding past a request's pages
     assert w.v_store.data_ptr() - w.k_store.data_ptr() == w.k_store.numel() * w.k_store.element_size()
     assert kwargs["mask_mode"] == "sliding_window" and kwargs["window_left"] == 5 and kwargs["out"] is not q
 

@@ -287,6 +287,16 @@ def slice_page_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, starts, 
     return _indptr(pages.tolist()), kv_indices[begin[req] + offset], last
 
 
+def block_tables(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, add: int = 0) -> torch.Tensor:
+    """The page table as TRT-LLM's kernels take it: a row of page indices per request (each plus ``add``),
+    zero-padded to the longest, int32 ``[batch, pages]`` on the CPU."""
+    pages = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
+    tables = torch.zeros(len(pages), max(pages), dtype=torch.int32)
+    req, offset = _owners(pages)
+    tables[req, offset] = (kv_indices[kv_indptr[:-1][req] + offset] + add).to(torch.int32)
+    return tables
+
+
 class QueryBatch:
     """A workload's queries as a ``[batch, heads, rows, dim]`` batch, rows = the longest request's queries,
     as batched peers take them: a view where every request has as many queries, else a padded copy made

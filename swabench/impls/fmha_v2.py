@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from swabench.core import workloads
 from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_impls import Variant, unsupported
 from .flashinfer_library import FMHA_V2, LIBRARY, has_api
@@ -40,17 +41,12 @@ class FmhaV2Runner:
 
     def plan(self) -> None:
         w, i32 = self.w, torch.int32
-        pages = (w.kv_indptr_host[1:] - w.kv_indptr_host[:-1]).tolist()
         page_bytes = w.k_store[0].numel() * w.k_store.element_size()
         v_offset = (w.v_store.data_ptr() - w.k_store.data_ptr()) // page_bytes  # V's pages, counted from K's base
-        tables = torch.zeros(w.batch_size, 2, max(pages), dtype=i32)
-        for b, n in enumerate(pages):
-            first = int(w.kv_indptr_host[b])
-            tables[b, 0, :n] = w.kv_indices_host[first:first + n]
-            tables[b, 1, :n] = w.kv_indices_host[first:first + n] + v_offset
-        self.tables = tables.to(w.device)
+        self.tables = torch.stack([workloads.block_tables(w.kv_indptr_host, w.kv_indices_host, add)
+                                   for add in (0, v_offset)], dim=1).to(w.device)
         self.cum_q = torch.tensor(w.qo_indptr_host, dtype=i32, device=w.device)
-        self.cum_kv = torch.tensor([0, *torch.tensor(w.kv_lens).cumsum(0).tolist()], dtype=i32, device=w.device)
+        self.cum_kv = w.slot_indptr.to(device=w.device, dtype=i32)  # each request's keys, summed
         self.seq_lens = torch.tensor(w.kv_lens, dtype=i32, device=w.device)
         self.layout = f"Q_PAGED_KV_NHD, mask_mode={'chunked' if self.chunks else 'sliding_window'}"
 

@@ -20,7 +20,7 @@ import dataclasses
 
 import torch
 
-from swabench.core import semantics
+from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_impls import Variant, unsupported
 from .flashinfer_library import LIBRARY, XQA, has_api
@@ -53,12 +53,7 @@ class XqaRunner:
 
     def plan(self) -> None:
         w = self.w
-        pages = (w.kv_indptr_host[1:] - w.kv_indptr_host[:-1]).tolist()
-        tables = torch.zeros(w.batch_size, max(pages), dtype=torch.int32)
-        for b, n in enumerate(pages):
-            first = int(w.kv_indptr_host[b])
-            tables[b, :n] = w.kv_indices_host[first:first + n]
-        self.tables = tables.to(w.device)
+        self.tables = workloads.block_tables(w.kv_indptr_host, w.kv_indices_host).to(w.device)
         self.seq_lens = torch.tensor(w.kv_lens, dtype=torch.uint32, device=w.device)  # the drafts' keys included
         self.q_len = w.qo_lens[0]
         self.mask = chain_mask(w.batch_size, self.q_len, w.device) if self.q_len > 1 else None
