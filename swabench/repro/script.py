@@ -131,7 +131,7 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.block_ranges, kit.table_slice, kit.key_slots,
               kit.window_mask,
               kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows, kit.graph_time_us, kit.environment]
-    helpers = [specialize(f, case) for f in _needed(wanted, text, case)]
+    helpers = _needed(wanted, text, case)
     read = _case_keys(text, helpers)
     dtype = parts[-1].case.dtype
     tol = gate.TOLERANCES[dtype]
@@ -191,17 +191,18 @@ def _shape_line(c: dict) -> str:
     return "Shape: " + "; ".join(said)
 
 
-def _needed(helpers, text: str, case: dict) -> list:
-    """The helpers ``text`` calls, and those they call in turn (each cut to ``case``), in ``helpers``' order."""
+def _needed(helpers, text: str, case: dict) -> list[str]:
+    """The sources of the helpers ``text`` calls, and of those they call in turn, each cut to ``case``, in
+    ``helpers``' order."""
     named = {f.__name__: f for f in helpers}
-    wanted, todo = set(), [text]
+    cut, todo = {}, [text]
     while todo:
         source = todo.pop()
         for name, f in named.items():
-            if name not in wanted and f"{name}(" in source:
-                wanted.add(name)
-                todo.append(specialize(f, case))
-    return [f for f in helpers if f.__name__ in wanted]
+            if name not in cut and f"{name}(" in source:
+                cut[name] = specialize(f, case)
+                todo.append(cut[name])
+    return [cut[f.__name__] for f in helpers if f.__name__ in cut]
 
 
 def specialize(fn, case: dict) -> str:
