@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from conftest import TINY, invoke, pages_text
 
-from swabench.publish.markdown import REPO
 from swabench.publish.sections import Run, base, by_key, correctness, repros, speed
 from swabench.analysis import derived
 from swabench.publish import findings
@@ -17,6 +16,7 @@ from swabench.run import sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
+VERDICTS = Path(__file__).resolve().parent / "fixtures" / "published" / "repro"  # frozen repro/h200-*/verdicts.json
 
 
 
@@ -32,7 +32,9 @@ def cpu_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def written(cpu_run, tmp_path_factory):
-    return findings.write([H200_RUN, cpu_run], tmp_path_factory.mktemp("page") / "FINDINGS.md")
+    with pytest.MonkeyPatch.context() as m:  # the scripts' verdicts on the node, as frozen
+        m.setattr(repros, "VERDICTS", VERDICTS)
+        return findings.write([H200_RUN, cpu_run], tmp_path_factory.mktemp("page") / "FINDINGS.md")
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +115,7 @@ def test_each_bug_caught_has_its_repro_command_and_script(page):
     said = {line.split("`")[1]: line for line in rows}
     assert "`swabench repro --bug planted-wide`" in said["planted-wide"]  # caught on the CPU run
     assert "[`repro/paged-trim-causal.py`](../repro/paged-trim-causal.py)" in said["paged-trim-causal"]
-    assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # repro/h200-*/verdicts.json
+    assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # the frozen verdicts
     assert "flashinfer#1679" not in said  # nothing in these runs shows it
     assert "issue body" not in said["paged-trim-causal"]  # the caller's mistake: nothing to file upstream
 
@@ -121,7 +123,7 @@ def test_each_bug_caught_has_its_repro_command_and_script(page):
 def test_each_script_on_the_node_is_tabled_beside_the_suite(page):
     """One row per committed verdict: the script's own verdict and control, the suite's, and whether they agree."""
     rows = [line for line in section(page, "Reproducers") if line.startswith("| `") and "swabench repro" not in line]
-    assert len(rows) == sum(len(json.loads(p.read_text())) for p in REPO.glob("repro/h200-*/verdicts.json"))
+    assert len(rows) == sum(len(json.loads(p.read_text())) for p in VERDICTS.glob("h200-*/verdicts.json")) == 28
     cliff = next(line for line in rows if line.startswith("| `decode-cliff` | 0.7.4 |"))
     assert re.search(r"\| \d+\.\d\dx \(\d+\.\d vs \d+\.\d us\) \|", cliff)  # the suite's own timer
 

@@ -13,6 +13,7 @@ from swabench.publish.markdown import REPO, markdown_table
 from swabench.publish.sections.base import FINDINGS, Run, Section
 
 CLIFF = "decode-cliff"
+VERDICTS = REPO / "repro"  # where the node's runs of the committed scripts are: h200-RELEASE/verdicts.json
 
 
 def caught(runs: list[Run]) -> dict[str, list[str]]:
@@ -41,7 +42,7 @@ def _on_the_node(ref: str) -> str:
 
 def _verdicts() -> list[tuple[str, dict]]:
     """(release, row) for each row of each release's ``repro/h200-RELEASE/verdicts.json``."""
-    return [(path.parent.name.removeprefix("h200-"), row) for path in sorted(REPO.glob("repro/h200-*/verdicts.json"))
+    return [(path.parent.name.removeprefix("h200-"), row) for path in sorted(VERDICTS.glob("h200-*/verdicts.json"))
             for row in json.loads(path.read_text())]
 
 
