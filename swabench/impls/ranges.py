@@ -41,9 +41,8 @@ class RangesRunner(FlashInferRunner):
         import flashinfer
 
         c = w.case
-        self.w, self.backend, self.resolved_backend = w, backend, backend
+        self.w, self.resolved_backend = w, backend
         self.graph_wrapper = c.wrapper_mode == "cuda-graph"
-        self.variant, self.hint = Variant("paged"), False
         self.out = torch.empty_like(w.q)
         bufs = graph_buffers(w, paged=True) if self.graph_wrapper else {}
         cls = getattr(flashinfer, WRAPPER)  # its JIT module is chosen at construction: dtypes and head_dim
