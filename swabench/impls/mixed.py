@@ -46,11 +46,10 @@ class TwoCallsRunner:
         self.out = torch.empty_like(w.q)
         self.halves = Halves(w)
         with resource_errors():
-            self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(w.device, WORKSPACE_BYTES),
-                                                                          "NHD", backend=backend)
-            self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=w.device), "NHD", use_tensor_cores=True,
-                backend=backend)
+            shared = workspace(w.device, WORKSPACE_BYTES)  # one float workspace for both, as the recipes share it
+            self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(shared, "NHD", backend=backend)
+            self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(shared, "NHD", use_tensor_cores=True,
+                                                                        backend=backend)
 
     def plan(self) -> None:
         w, c, h = self.w, self.w.case, self.halves
