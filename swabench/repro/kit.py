@@ -82,13 +82,12 @@ def taken_by(fn, **keywords):
 
 
 def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, future=0, latest_start=None,
-            key_offset=0, device=None, parents=None, by_slot=False, block=0):
+            key_offset=0, device=None, parents=None, by_slot=False):
     """Bool [qo_len, kv_len - key_offset], True where query i (at position kv_len - qo_len + i) sees key j:
     j >= p - window_left, j >= its chunk's start, j >= first_key (the earliest start clipped to latest_start),
     and j <= p + future when causal.  With ``parents`` (a draft tree, parent slot of each node, -1 for the root)
     node i sits at position prefix + its depth and sees, of the draft keys, itself and its ancestors, each at its
-    own depth; ``by_slot`` measures both positions by slot instead, as a kernel that knows no tree does.  With
-    ``block`` each query also sees its own block of that many queries (counted from the first), both ways."""
+    own depth; ``by_slot`` measures both positions by slot instead, as a kernel that knows no tree does."""
     prefix = kv_len - qo_len
     p = torch.arange(prefix, kv_len, device=device)
     j = torch.arange(key_offset, kv_len, device=device)
@@ -117,11 +116,15 @@ def visible(qo_len, kv_len, window_left=-1, causal=True, chunk=0, first_key=0, f
     if latest_start is not None:
         lo = torch.clamp(lo, max=latest_start)
     hi = torch.clamp(p + future, max=kv_len - 1) if causal else torch.full_like(p, kv_len - 1)
-    seen = allowed & (key_at[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
-    if block > 0:
-        first = prefix + (p - prefix) // block * block
-        seen |= (j[None, :] >= first[:, None]) & (j[None, :] < first[:, None] + block)
-    return seen
+    return allowed & (key_at[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+
+
+def block_visible(qo_len, kv_len, block, key_offset=0, device=None):
+    """Bool [qo_len, kv_len - key_offset], True where key j is in query i's own block of ``block`` queries
+    (counted from the first), which it sees both ways whatever its window says."""
+    first = kv_len - qo_len + torch.arange(qo_len, device=device)[:, None] // block * block
+    j = torch.arange(key_offset, kv_len, device=device)[None, :]
+    return (j >= first) & (j < first + block)
 
 
 def block_ranges(case):
@@ -159,9 +162,11 @@ def window_mask(case, starts, ends, device=None, window_left=None):
     plan() that applies the window itself)."""
     w = case["window_left"] if window_left is None else window_left
     trees = case.get("parents") or [None] * len(starts)
-    rows = [visible(q, k, w, case["causal"], case["chunk"], device=device, parents=t,
-                    block=case.get("block", 0))[:, s:e]
+    rows = [visible(q, k, w, case["causal"], case["chunk"], device=device, parents=t)[:, s:e]
             for q, k, s, e, t in zip(case["qo_lens"], case["kv_lens"], starts, ends, trees)]
+    if case.get("block"):  # and each query's own block of queries, both ways
+        rows = [r | block_visible(q, k, case["block"], device=device)[:, s:e]
+                for r, q, k, s, e in zip(rows, case["qo_lens"], case["kv_lens"], starts, ends)]
     return torch.cat([r.reshape(-1) for r in rows])
 
 

@@ -128,9 +128,9 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     body += _timing(parts) if threshold else _check(parts, tracers)
     text = "\n".join(body)
     case = case_literals(next(p.case for p in parts if p.role in ("checked", "timed")))
-    wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.block_ranges, kit.table_slice, kit.key_slots,
-              kit.window_mask,
-              kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows, kit.graph_time_us, kit.environment]
+    wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.block_visible, kit.block_ranges, kit.table_slice,
+              kit.key_slots, kit.window_mask, kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
+              kit.graph_time_us, kit.environment]
     helpers = _needed(wanted, text, case)
     read = _case_keys(text, helpers)
     dtype = parts[-1].case.dtype

@@ -201,11 +201,16 @@ class Tracer(TorchFunctionMode):
             for vis in (self.impl.computes(self.suite_case, kv - qo), semantics.of_case(self.suite_case)):
                 args = {f.name: getattr(vis, f.name) for f in dataclasses.fields(vis)
                         if getattr(vis, f.name) != f.default}
+                block = args.pop("block", 0)
                 got = kit.visible(qo, kv, key_offset=kv - m, parents=parents, **args)
+                if block:
+                    got = got | kit.block_visible(qo, kv, block, key_offset=kv - m)
                 if torch.equal(got, t):
                     kwargs = "".join(f", {k}={v!r}" for k, v in args.items())
                     tree = f', parents=CASE{self.inputs}["parents"][{b}]' if parents else ""
-                    return f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{tree}{device})"
+                    said = f"visible({qo}, {kv}{kwargs}, key_offset={kv - m}{tree}{device})"
+                    return said if not block else \
+                        f"({said} | block_visible({qo}, {kv}, {block}, key_offset={kv - m}{device}))"
         return None
 
     def table(self, indptr, indices, last) -> str | None:
