@@ -61,6 +61,10 @@
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
 #            the logged ones against)
+#   shelf-warmup  build every module shelf.toml needs (XQA, fmha v2, POD, BatchAttention, the ranges wrapper), 16 at
+#            once, within $WARMUP_S seconds (default 540), then pack the JIT cache into OUTDIR/jitcache.tar.xz.part-*
+#   shelf-tests  the shelf's GPU tests alone (XQA, fmha v2, blocks, BatchAttention, mixed steps)
+#   shelf    `swabench run shelf` (resumed where a folder of an earlier call is in OUTDIR), then its report
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -197,6 +201,17 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                fresh_compile_cache
                ( time sb run tree --out "$out/h200-tree-$v" ) 2>&1 | tail -40
                sb report "$out/h200-tree-$v" --out "$out/plots-tree-$v" 2>&1 | tail -2 ;;
+    shelf-warmup) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup shelf --jobs 16 ) 2>&1 \
+                 | tee "$out/shelf-warmup.log" | tail -45
+               tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
+    shelf-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py \
+                 -k "xqa or fmha or bidirectional or batch_attention or mixed" 2>&1 \
+                 | tee "$out/gpu-shelf-tests.log" | tail -30 ;;
+    shelf)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               again=(); [ -f "$out/h200-shelf-$v/meta.json" ] && again=(--resume)
+               ( time timeout "${SHELF_S:-540}" python3 -m swabench run shelf --out "$out/h200-shelf-$v" "${again[@]}" ) \
+                 2>&1 | tail -40
+               sb report "$out/h200-shelf-$v" --out "$out/plots-shelf-$v" 2>&1 | tail -2 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
                  | tee "$out/gpu-tree-tests.log" | tail -8 ;;
     tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
