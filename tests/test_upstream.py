@@ -3,6 +3,7 @@ the issue recorded, outside it still a failure that exits 1; and a path whose AP
 naming the release."""
 
 import pandas as pd
+import torch
 import pytest
 from conftest import TINY, invoke
 
@@ -139,3 +140,17 @@ def test_a_path_that_raises_is_a_failed_point_with_its_error_and_xfail_inside_a_
     assert set(zip(t["window_left"], t["status"])) == {(3, "xfail"), (15, "fail")}
     assert t["reason"].str.endswith("ValueError: Q and KV block size must be divisible by BLOCK_M and BLOCK_N").all()
     assert t[t["status"] == "xfail"]["reason"].str.startswith("upstream bug lib#9").all()
+
+
+def test_the_warm_up_tells_each_build_as_it_ends(monkeypatch):
+    """A warm-up cut short by a timeout must still have said which modules were built, and how long each took."""
+    from swabench.inputs import scenarios
+    from swabench.run import sweep
+
+    s = scenarios.load(scenarios.find("cpu"))
+    points = [p for p in s.points if p.impl == "torch-trim"][:2]
+    monkeypatch.setattr(sweep, "modules_needed", lambda pts, device: {f"sig{i}": p for i, p in enumerate(pts)})
+    heard = []
+    report = sweep.warm_up(points, torch.device("cpu"), jobs=2, on_built=lambda *said: heard.append(said))
+    assert sorted(label for label, _, _ in heard) == ["sig0", "sig1"] == sorted(report.seconds)
+    assert all(seconds >= 0 and error is None for _, seconds, error in heard)

@@ -215,7 +215,11 @@ def warmup(scenarios, jobs, impls, cases, list_only):
         click.echo(f"{len(needed)} module signatures (implementation, backend, dtype, head_dim, window, features):")
         click.echo("\n".join(f"  {s}" for s in sorted(needed)))
         return
-    click.echo(sweep.warm_up(points, device_of("cuda", "warmup"), jobs).text())
+    def said(label, seconds, error):
+        click.echo(f"  {seconds:8.1f} s  {label}" + (f"  FAILED: {error}" if error else ""), err=True)
+
+    click.echo(f"building the modules of {len(needed)} signatures, {jobs} at once; each as it ends:", err=True)
+    click.echo(sweep.warm_up(points, device_of("cuda", "warmup"), jobs, on_built=said).text())
 
 
 @click.command("list")

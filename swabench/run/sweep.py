@@ -252,11 +252,12 @@ def tiny_case(c: Case) -> Case:
         tree="chain" if c.tree else None, block=c.block, **queries))
 
 
-def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
+def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=None) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
     the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
-    apart)."""
+    apart).  ``on_built(signature, seconds, error)`` hears each build end, so a build cut short still
+    says which finished."""
     todo = modules_needed(points, device)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
@@ -276,7 +277,10 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1) -> WarmUp:
                 error = first_line(e)
             except Exception:
                 pass
-        return label, time.perf_counter() - t0, error
+        seconds = time.perf_counter() - t0
+        if on_built:
+            on_built(label, seconds, error)
+        return label, seconds, error
 
     libraries = registry.libraries()
     before, started = [lib.jit_modules() for lib in libraries], time.perf_counter()
