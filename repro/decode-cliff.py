@@ -16,7 +16,7 @@ Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: the full page t
     12.66x the 11.7 us of the table trimmed to the window (threshold 3.0x; CUDA graphs, L2 flushed before each
     call)
 Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: the full page table takes 142.6 us a
-    call, 12.11x the 11.8 us of the table trimmed to the window (threshold 3.0x; CUDA graphs, L2 flushed
+    call, 12.35x the 11.5 us of the table trimmed to the window (threshold 3.0x; CUDA graphs, L2 flushed
     before each call)
 Fault: FlashInfer, as a performance request: the CUDA-core decode kernel reads every page plan() is given,
     whatever window_left says.
