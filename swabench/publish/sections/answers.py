@@ -10,11 +10,12 @@ from swabench.analysis import price, replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table, trace_name
-from swabench.publish.sections import machine, modes, neighbours, releases, serving, speed, trees
+from swabench.publish.sections import machine, modes, neighbours, releases, serving, shelf, speed, trees
 from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, ratio, run_for_step,
                                             topic_link)
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
+SHELF_COLUMN = "on the shelf / best existing"
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
 
 
@@ -59,8 +60,12 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
                      "mask / it": ratio(best["mask"]) if best["mask"] == best["mask"] else "",
                      "slowest correct / it": f"`{worst['impl']}` [{worst['backend']}] "
                                              f"{ratio(worst['ratio'] / best['ratio'])}x" if len(paths) > 1 else "",
-                     "known bugs caught": _bugs_of_step(run, mode), "run": run.name})
-    return pd.DataFrame(rows)
+                     "known bugs caught": _bugs_of_step(run, mode),
+                     SHELF_COLUMN: shelf.best_on_shelf(runs, mode), "run": run.name})
+    table = pd.DataFrame(rows)
+    if len(table) and not table[SHELF_COLUMN].any():
+        table = table.drop(columns=SHELF_COLUMN)
+    return table
 
 
 def per_model(runs: list[Run]) -> tuple[pd.DataFrame, Run | None]:
@@ -178,7 +183,10 @@ def answers(runs: list[Run]) -> list[str]:
     if len(steps):
         parts += [f"**Which path for each step** ({topic_link(speed)}): the fastest correct path, its time / the "
                   f"reference path's, its floor / its time ({topic_link(machine, 'roofline')}), the mask's and the "
-                  f"slowest correct path's time / its (medians over the step's cases), and the known bugs caught:",
+                  f"slowest correct path's time / its (medians over the step's cases), and the known bugs caught"
+                  + (f"; on the shelf: the best path of FlashInfer's other Hopper kernels and its time / the best "
+                     f"existing path's on the same cases ({topic_link(shelf)})" if SHELF_COLUMN in steps else "")
+                  + ":",
                   markdown_table(steps)]
     if reads:
         parts += [f"**What each path reads**: DRAM bytes read / the bytes its window needs under Nsight Compute, "

@@ -1,0 +1,166 @@
+"""FlashInfer's Hopper shelf (docs/shelf.md): per step, each kernel family's fastest correct path beside the best
+path the prefill, decode and sink wrappers give on the same cases, what it reaches of its floor and what it reads,
+and the conventions the gate caught (XQA's window handed as its key count, BatchAttention's trimmed table)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.core.cases import MODES
+from swabench.impls import registry
+from swabench.publish.markdown import library_versions, markdown_table
+from swabench.publish.sections.base import Run, Section, path_of, points, ratio
+from swabench.publish.sections.machine import counted_points, trusted
+from swabench.store import schema
+
+SHELF = ("xqa", "fmha-v2", "pod", "holistic", "ranges")  # the families the shelf adds, by each path's wrapper
+STATUSES = ("pass", "xfail", "xpass", "fail", "skip")
+
+
+def family(impl: str) -> str:
+    """The kernel family a path runs: its wrapper (prefill, decode, sink, recipe, xqa, fmha-v2, ...)."""
+    try:
+        impl_ = registry.get(impl)
+    except KeyError:  # a path a later release of swabench dropped
+        return "?"
+    return impl_.wrapper or impl_.library
+
+
+def _steps(t: pd.DataFrame) -> pd.Series:
+    """Each row's step: its mode, and the visibility that sets it apart (chunked, blocks, non-causal)."""
+    chunk = t["attention_chunk"].fillna(0).astype(int) > 0 if "attention_chunk" in t else False
+    block = t["block"].fillna(0).astype(int) > 0 if "block" in t else False
+    causal = t["causal"].astype(str).str.lower() != "false" if "causal" in t else True
+    return (t["mode"].astype(str) + pd.Series(chunk, index=t.index).map({True: " chunked", False: ""})
+            + pd.Series(block, index=t.index).map({True: " blocks", False: ""})
+            + pd.Series(causal, index=t.index).map({True: "", False: " non-causal"}))
+
+
+def _shelf_rows(run: Run) -> pd.DataFrame:
+    """The run's FlashInfer rows with their step and family; empty unless some row is on a shelf family."""
+    t = run.table
+    t = t.assign(family=t["impl"].map(family))
+    if not t["family"].isin(SHELF).any():
+        return t.iloc[:0]
+    t = t[(t["library"] == "flashinfer") if "library" in t else t["family"] != "torch"]
+    return t.assign(step=_steps(t), path=path_of(t))
+
+
+def _step_order(step: str) -> tuple:
+    mode = step.split()[0]
+    return MODES.index(mode) if mode in MODES else len(MODES), step
+
+
+def families_table(run: Run) -> pd.DataFrame:
+    """Per step and family: the fastest correct path (the lowest median time over the step's cases, as a multiple
+    of the best existing wrapper's time on each case), how many cases it timed, that multiple, its median share of
+    the floor and DRAM read / needed where the run counted bytes, and the family's statuses there."""
+    t = _shelf_rows(run)
+    if t.empty:
+        return t
+    timed = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    rows = []
+    for step in sorted(set(t["step"]), key=_step_order):
+        here, ran = t[t["step"] == step], timed[timed["step"] == step]
+        best = ran[~ran["family"].isin(SHELF)].groupby("case_id")["median_us"].min()
+        families = sorted(set(here["family"]), key=lambda f: (f not in SHELF, SHELF.index(f) if f in SHELF else 0, f))
+        for fam in families:
+            mine, g = here[here["family"] == fam], ran[ran["family"] == fam]
+            counts = ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))
+            row = {"step": step, "family": fam if fam in SHELF else f"{fam} (existing)", "fastest correct path": "",
+                   "cases": "", "/ best existing": "", "of its floor": "", "DRAM read / needed": "",
+                   "statuses": counts}
+            if len(g):
+                g = g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float))
+                per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
+                                                 cases=("case_id", "nunique"))
+                pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
+                picked = g[g["path"] == pick.name]
+                floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
+                amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
+                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]),
+                            "/ best existing": ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
+                            "of its floor": f"{floor:.0f}%" if floor == floor else "",
+                            "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""})
+            elif (mine["status"] == "skip").all() and len(mine):
+                why = "; ".join(dict.fromkeys(r for r in mine["reason"].fillna("") if r))
+                row["fastest correct path"] = f"skips: {why[:160]}" if why else "skips"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def conventions_said(run: Run) -> list[str]:
+    """Per known mistake on a shelf family: where the gate caught it, where it did not, and whether the wrong rows
+    were those its semantics predict."""
+    t = _shelf_rows(run)
+    if t.empty:
+        return []
+    bugs = t[(t["kind"] == "known-bug") & t["family"].isin(SHELF) & (t["status"] != "skip")]
+    said = []
+    for (impl, step), g in sorted(bugs.groupby(["impl", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
+        caught, missed = int((g["status"] == "xfail").sum()), int((g["status"] == "xpass").sum())
+        predicted = g["rows_as_predicted"].dropna().astype(str).str.lower() if "rows_as_predicted" in g else []
+        rows = f"; the wrong rows as predicted on {int((predicted == 'true').sum())} of {len(predicted)}" \
+            if len(predicted) else ""
+        said.append(f"- `{impl}`, {step}: caught on {caught} of {points(len(g))}"
+                    + (f", right on {missed} (where its semantics say it is exact)" if missed else "")
+                    + f"{rows} ({run.name}).")
+    return ["\n".join(said)] if said else []
+
+
+def best_on_shelf(runs: list[Run], mode: str) -> str:
+    """For the answers' step table: the shelf family's path with the lowest median time / the best existing path's
+    on the same cases of ``mode`` (plain causal steps), over the runs that hold the shelf; '' where none timed it."""
+    found = []
+    for r in runs:
+        t = families_table(r)
+        if t.empty:
+            continue
+        t = t[(t["step"] == mode) & ~t["family"].str.endswith("(existing)") & (t["/ best existing"] != "")]
+        found += [(float(row["/ best existing"]), row["fastest correct path"], r.name) for _, row in t.iterrows()]
+    if not found:
+        return ""
+    versus, path, name = min(found)
+    return f"{path} {ratio(versus)}x ({name})"
+
+
+def with_counted_bytes(run: Run, runs: list[Run]) -> Run:
+    """``run`` with each point's DRAM read / needed from the trusted Nsight Compute runs of the same scenario, GPU
+    and releases (a counted run's own times are lengthened by the profiler: the times stay the timed run's)."""
+    counted = [counted_points(r.table) for r in runs if r.profiled and trusted(r)
+               and r.meta.get("scenario") == run.meta.get("scenario") and r.meta.get("gpu") == run.meta.get("gpu")
+               and library_versions(r.meta) == library_versions(run.meta)]
+    counted = [c for c in counted if len(c) and "read_amplification" in c]
+    if not counted:
+        return run
+    found = pd.concat([c[[*schema.KEY, "read_amplification"]] for c in counted]).drop_duplicates(list(schema.KEY))
+    table = run.table.drop(columns=["read_amplification"], errors="ignore").merge(found, on=list(schema.KEY),
+                                                                                   how="left")
+    return Run(run.folder, table, run.meta)
+
+
+def across(runs: list[Run]) -> list[str]:
+    """The findings page's section: per timed run that holds the shelf, its table (bytes from its counted twin) and
+    the conventions caught."""
+    body = []
+    for r in runs:
+        if r.profiled or not r.timed:
+            continue
+        table = families_table(with_counted_bytes(r, runs))
+        if len(table):
+            body += conventions_said(r) + [f"From {r.name}:", markdown_table(table)]
+    return body
+
+
+TOPIC = "FlashInfer's Hopper shelf"
+
+SECTIONS = [
+    Section("shelf", "FlashInfer's Hopper shelf",
+            "Per step, each kernel family FlashInfer ships for Hopper beyond the prefill, decode and sink wrappers "
+            "(TRT-LLM's XQA and fmha v2, POD, the holistic BatchAttention kernel, the bidirectional-range wrapper; "
+            "docs/shelf.md), beside the existing wrappers on the same cases: the family's fastest correct path, the "
+            "cases it timed, the median of its time / the best existing path's on each case, its median share of "
+            "the floor, DRAM read / needed where the run counted bytes, and the family's statuses on the step. "
+            "Below: the conventions the gate caught.",
+            families_table, conventions_said, across=across, profiled=True),
+]

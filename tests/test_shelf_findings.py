@@ -1,0 +1,91 @@
+"""The findings' shelf section: each family's fastest correct path against the existing wrappers on the same cases,
+the conventions caught, bytes from a counted run of the same scenario, and the answers' step table picking it up."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from swabench.analysis import derived
+from swabench.core.cases import MODES
+from swabench.publish import sections
+from swabench.publish.sections import answers, shelf
+from swabench.publish.sections.base import Run
+
+PUBLISHED = Path(__file__).resolve().parent / "fixtures" / "published" / "results" / "h200-default-0.7.4"
+META = {"scenario": "shelf", "gpu": "NVIDIA H200", "libraries": {"flashinfer": "0.7.4"}}
+COLUMNS = ["case_id", "impl", "backend", "kind", "mode", "status", "median_us", "pct_of_floor", "reason",
+           "attention_chunk", "block", "causal", "library"]
+
+
+def table(rows) -> pd.DataFrame:
+    t = pd.DataFrame(rows, columns=COLUMNS[:8])
+    return t.assign(reason="", attention_chunk=0, block=[8 if c == "c3" else 0 for c in t["case_id"]], causal=True,
+                    library="flashinfer", storage="paged")
+
+
+SHELF_RUN = table([
+    ("c1", "decode-tc-trim", "fa2", "correct", "decode", "pass", 10.0, 40.0),
+    ("c1", "xqa-window", "xqa", "correct", "decode", "pass", 8.0, 50.0),
+    ("c1", "xqa-window-off-by-one", "xqa", "known-bug", "decode", "xfail", None, None),
+    ("c1", "batch-attention-trim", "fa2", "known-bug", "decode", "xfail", None, None),
+    ("c2", "decode-tc-trim", "fa2", "correct", "decode", "pass", 20.0, 30.0),
+    ("c2", "decode-trim", "fa2", "correct", "decode", "pass", 30.0, 20.0),
+    ("c2", "xqa-window", "xqa", "correct", "decode", "pass", 22.0, 28.0),
+    ("c2", "xqa-window-off-by-one", "xqa", "known-bug", "decode", "xpass", 21.0, 30.0),
+    ("c3", "paged-mask", "fa2", "correct", "verify", "pass", 10.0, 10.0),
+    ("c3", "ranges-window", "fa2", "correct", "verify", "pass", 5.0, 20.0),
+    ("c4", "paged-trim", "fa2", "correct", "verify", "pass", 12.0, 25.0),
+    ("c4", "fmha-v2-window", "fmha-v2", "correct", "verify", "skip", None, None),
+])
+
+
+def test_each_family_is_held_to_the_best_existing_path_on_the_same_cases():
+    t = shelf.families_table(Run("shelf-run", SHELF_RUN, META)).set_index(["step", "family"])
+    xqa = t.loc[("decode", "xqa")]
+    assert xqa["fastest correct path"] == "`xqa-window [xqa]`" and xqa["cases"] == 2
+    assert xqa["/ best existing"] == "0.95"  # the median of 8 / 10 and 22 / 20
+    assert xqa["of its floor"] == "39%" and xqa["statuses"] == "pass 2, xfail 1, xpass 1"
+    assert t.loc[("decode", "decode (existing)"), "fastest correct path"] == "`decode-tc-trim [fa2]`"
+    assert t.loc[("verify blocks", "ranges"), "/ best existing"] == "0.50"
+    assert t.loc[("verify", "fmha-v2"), "fastest correct path"].startswith("skips")
+    steps = list(dict.fromkeys(t.index.get_level_values("step")))
+    assert steps == sorted(steps, key=lambda s: (MODES.index(s.split()[0]), s))  # as a server meets them
+
+
+def test_the_conventions_say_where_they_were_caught_and_where_they_are_exact():
+    said = shelf.conventions_said(Run("shelf-run", SHELF_RUN, META))[0]
+    assert "`xqa-window-off-by-one`, decode: caught on 1 of 2 points, right on 1" in said
+    assert "`batch-attention-trim`, decode: caught on 1 of 1 point" in said
+
+
+def test_a_run_without_the_shelf_has_no_section_and_no_column_in_the_answers():
+    plain = Run("default-run", SHELF_RUN[SHELF_RUN["impl"].isin(["decode-tc-trim", "decode-trim"])], META)
+    assert shelf.families_table(plain).empty and shelf.best_on_shelf([plain], "decode") == ""
+    assert shelf.across([plain]) == []
+
+
+def test_bytes_come_from_a_counted_run_of_the_same_scenario_and_release():
+    counted = SHELF_RUN[SHELF_RUN["status"] == "pass"].assign(dram_read_bytes=1e6, read_amplification=1.5)
+    counted.loc[counted["impl"] == "xqa-window", "read_amplification"] = 1.02
+    other = dict(META, libraries={"flashinfer": "0.7.2.post1"})
+    runs = [Run("shelf-run", SHELF_RUN, META), Run("ncu-072", counted.assign(read_amplification=9.0),
+                                                   dict(other, counters={})),
+            Run("ncu", counted, dict(META, counters={}))]
+    t = shelf.families_table(shelf.with_counted_bytes(runs[0], runs)).set_index(["step", "family"])
+    assert t.loc[("decode", "xqa"), "DRAM read / needed"] == "1.02x"
+    assert shelf.families_table(runs[0]).set_index(["step", "family"]).loc[("decode", "xqa"), "DRAM read / needed"] == ""
+    body = shelf.across(runs)
+    assert body[-2] == "From `shelf-run`:" and "1.02x" in body[-1] and "9.00x" not in body[-1]
+
+
+def test_the_answers_step_table_names_the_shelf_s_best_path():
+    run = Run("shelf-run", SHELF_RUN, META)
+    assert shelf.best_on_shelf([run], "decode") == "`xqa-window [xqa]` 0.95x (`shelf-run`)"
+    default = Run("default", *derived.load(PUBLISHED))
+    assert answers.SHELF_COLUMN not in answers.per_step([default])
+    steps = answers.per_step([default, run]).set_index("step")
+    assert steps.loc["decode", answers.SHELF_COLUMN] == "`xqa-window [xqa]` 0.95x (`shelf-run`)"
+    assert steps.loc["extend", answers.SHELF_COLUMN] == ""  # the shelf run has no extend step
+    section = shelf.SECTIONS[0].for_runs([run])
+    assert section[0] == "## FlashInfer's Hopper shelf" and section[-2] == "From `shelf-run`:"
+    assert shelf in sections.TOPICS  # a page of its own under findings/
