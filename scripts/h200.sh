@@ -65,6 +65,8 @@
 #            once, within $WARMUP_S seconds (default 540), then pack the JIT cache into OUTDIR/jitcache.tar.xz.part-*
 #   shelf-tests  the shelf's GPU tests alone (XQA, fmha v2, blocks, BatchAttention, mixed steps)
 #   shelf    `swabench run shelf` (resumed where a folder of an earlier call is in OUTDIR), then its report
+#   shelf-ncu  `swabench profile shelf --tool ncu` on the steps NCU_SHELF names (case filters): each family's bytes
+#            beside the existing wrappers' (OUTDIR/h200-ncu-shelf-VERSION)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -72,6 +74,7 @@ out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
 : "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
 : "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
 : "${NCU_LOOPS=torch-trim torch-mask}"
+: "${NCU_SHELF=decode b32 p16384 q1 W1023 ps16;decode b32 p16384 q1 W127 ps16;verify b32 p16384 q8 W1023 ps16;extend b1 p16384 q2048 W1023 ps16;C8192 ps16;mixed b65 p16384 q1984}"
 : "${NCU_TREE=p8192 q16 tree eagle:4:3 W1023 ps16;p8192 q16 tree chain W1023 ps16;p8192 q16 tree eagle:4:3 W4095 ps16;p8192 q16 tree chain W4095 ps16}"
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -212,6 +215,10 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                ( time timeout "${SHELF_S:-540}" python3 -m swabench run shelf --out "$out/h200-shelf-$v" "${again[@]}" ) \
                  2>&1 | tail -40
                sb report "$out/h200-shelf-$v" --out "$out/plots-shelf-$v" 2>&1 | tail -2 ;;
+    shelf-ncu) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               cases=(); IFS=';' read -ra picked <<< "$NCU_SHELF"
+               for c in "${picked[@]}"; do cases+=(--case "$c"); done
+               ( time sb profile shelf --tool ncu "${cases[@]}" --out "$out/h200-ncu-shelf-$v" ) 2>&1 | tail -30 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
                  | tee "$out/gpu-tree-tests.log" | tail -8 ;;
     tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
