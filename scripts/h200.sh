@@ -207,7 +207,7 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
     shelf-warmup) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup shelf --jobs 16 ) 2>&1 \
                  | tee "$out/shelf-warmup.log" | tail -45
                tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
-    shelf-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu.py \
+    shelf-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py \
                  -k "xqa or fmha or bidirectional or batch_attention or mixed" 2>&1 \
                  | tee "$out/gpu-shelf-tests.log" | tail -30 ;;
     shelf)     v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
