@@ -66,6 +66,12 @@ def test_fmha_v2_says_where_it_cannot_run(name, fields, says):
     assert reason and says in reason, reason
 
 
+@pytest.mark.parametrize("head_dim, runs", [(96, True), (104, True), (72, False)])
+def test_fmha_v2_takes_the_head_dims_its_sm90_kernels_are_built_for(head_dim, runs):
+    reason = registry.get("fmha-v2-window").skip_reason(case(head_dim=head_dim), "fmha-v2", None)
+    assert (reason is None) is runs, reason
+
+
 def test_fmha_v2_is_asked_for_by_name():
     assert registry.get("fmha-v2-window").runs_on(["fa2", "fa3", "auto"]) == []
     assert registry.get("fmha-v2-window").runs_on(["fa2", "fmha-v2"]) == ["fmha-v2"]

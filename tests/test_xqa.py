@@ -81,6 +81,13 @@ def test_xqa_says_where_it_cannot_run(fields, says):
     assert reason and says in reason, reason
 
 
+def test_xqa_takes_head_dims_the_prefill_wrappers_are_not_built_for():
+    """Phi-3's 96: XQA's SM90 kernels take any multiple of 16 up to 256, where fa2 and fa3 skip it."""
+    d96 = case(head_dim=96, num_qo_heads=32, num_kv_heads=32)
+    assert registry.get("xqa-window").skip_reason(d96, "xqa", None) is None
+    assert "not 96" in registry.get("paged-window").skip_reason(d96, "fa2", None)
+
+
 def test_xqa_is_asked_for_by_name_and_takes_sinks():
     impl = registry.get("xqa-window")
     assert impl.runs_on(["fa2", "fa3"]) == [] and impl.runs_on(["fa2", "xqa"]) == ["xqa"]

@@ -215,8 +215,9 @@ class FlashInferRunner:
             self.wrapper.run(w.q, *kv, out=self.out)
 
 
-def unsupported(variant: Variant):
-    """The variant's check: why FlashInfer cannot run a case on a backend this way, or None."""
+def unsupported(variant: Variant, head_dims: tuple[int, ...] | None = HEAD_DIMS):
+    """The variant's check: why FlashInfer cannot run a case on a backend this way, or None; ``head_dims``: those
+    its kernels are built for (None: a family that checks its own, as TRT-LLM's XQA and fmha v2 do)."""
     def check(case, backend: str) -> str | None:
         if case.sinks and not variant.sinks:
             return ("this wrapper has no sink term: only BatchAttentionWithAttentionSinkWrapper applies sinks "
@@ -227,7 +228,7 @@ def unsupported(variant: Variant):
             return "cuts the table to the window: it models a sliding-window layer (window_left >= 0)"
         if case.dtype not in DTYPES:
             return f"FlashInfer attention takes {' or '.join(DTYPES)}, not {case.dtype}"
-        if case.head_dim not in HEAD_DIMS:
+        if head_dims and case.head_dim not in head_dims:
             return (f"FlashInfer is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim} (fa3 "
                     f"asserts it; fa2 prefill JIT-builds any head_dim but only multiples of 64 run right: "
                     f"flashinfer issue 4299)")

@@ -74,7 +74,7 @@ def _unsupported(chunks: bool):
             return f"fmha v2 takes a power-of-two chunk, not {case.attention_chunk}"
         if case.dtype not in ("bfloat16", "float16"):
             return f"fmha v2 takes bfloat16 or float16 queries here, not {case.dtype}"
-        return unsupported(Variant("paged", sinks="apply"))(case, backend)
+        return unsupported(Variant("paged", sinks="apply"), head_dims=None)(case, backend)
     return check
 
 

@@ -90,7 +90,7 @@ def _unsupported(case, backend: str) -> str | None:
         return "XQA is run here with one draft length for the batch (its q_len_per_req)"
     if case.head_dim % 16 or case.head_dim > 256:
         return f"XQA's SM90 kernels take head_dim a multiple of 16 up to 256, not {case.head_dim}"
-    return unsupported(dataclasses.replace(Variant("paged"), sinks="apply"))(case, backend)
+    return unsupported(dataclasses.replace(Variant("paged"), sinks="apply"), head_dims=None)(case, backend)
 
 
 def _register(name: str, summary: str, direct: bool, **roles) -> None:
