@@ -61,7 +61,7 @@
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
 #            the logged ones against)
-#   shelf-warmup  build every module shelf.toml needs (XQA, fmha v2, POD, BatchAttention, the ranges wrapper), 16 at
+#   shelf-warmup  build every module shelf.toml needs (XQA, fmha v2, POD, BatchAttention, the ranges wrapper), $WARMUP_JOBS (16) at
 #            once, within $WARMUP_S seconds (default 540), then pack the JIT cache into OUTDIR/jitcache.tar.xz.part-*
 #   shelf-tests  the shelf's GPU tests alone (XQA, fmha v2, blocks, BatchAttention, mixed steps)
 #   shelf    `swabench run shelf` (resumed where a folder of an earlier call is in OUTDIR), then its report
@@ -204,7 +204,7 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                fresh_compile_cache
                ( time sb run tree --out "$out/h200-tree-$v" ) 2>&1 | tail -40
                sb report "$out/h200-tree-$v" --out "$out/plots-tree-$v" 2>&1 | tail -2 ;;
-    shelf-warmup) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup shelf --jobs 16 ) 2>&1 \
+    shelf-warmup) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup shelf --jobs "${WARMUP_JOBS:-16}" ) 2>&1 \
                  | tee "$out/shelf-warmup.log" | tail -45
                tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
     shelf-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py \
