@@ -206,6 +206,7 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                sb report "$out/h200-tree-$v" --out "$out/plots-tree-$v" 2>&1 | tail -2 ;;
     shelf-warmup) ( time timeout "${WARMUP_S:-540}" python3 -m swabench warmup shelf --jobs "${WARMUP_JOBS:-16}" ) 2>&1 \
                  | tee "$out/shelf-warmup.log" | tail -45
+               rm -f "$out"/jitcache.tar.xz.part-*
                tar cJf - -C /tmp/fiws .cache | split -b 15M - "$out/jitcache.tar.xz.part-" && ls -la "$out" ;;
     shelf-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py \
                  -k "xqa or fmha or bidirectional or batch_attention or mixed" 2>&1 \
@@ -218,7 +219,8 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
     shelf-ncu) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                cases=(); IFS=';' read -ra picked <<< "$NCU_SHELF"
                for c in "${picked[@]}"; do cases+=(--case "$c"); done
-               ( time sb profile shelf --tool ncu "${cases[@]}" --out "$out/h200-ncu-shelf-$v" ) 2>&1 | tail -30 ;;
+               ( time timeout "${NCU_S:-540}" python3 -m swabench profile shelf --tool ncu "${cases[@]}" \
+                   --out "$out/h200-ncu-shelf-$v" ) 2>&1 | tail -30 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
                  | tee "$out/gpu-tree-tests.log" | tail -8 ;;
     tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)

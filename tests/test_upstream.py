@@ -150,7 +150,20 @@ def test_the_warm_up_tells_each_build_as_it_ends(monkeypatch):
     s = scenarios.load(scenarios.find("cpu"))
     points = [p for p in s.points if p.impl == "torch-trim"][:2]
     monkeypatch.setattr(sweep, "modules_needed", lambda pts, device: {f"sig{i}": p for i, p in enumerate(pts)})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the CPU has nothing to wait for
     heard = []
     report = sweep.warm_up(points, torch.device("cpu"), jobs=2, on_built=lambda *said: heard.append(said))
     assert sorted(label for label, _, _ in heard) == ["sig0", "sig1"] == sorted(report.seconds)
     assert all(seconds >= 0 and error is None for _, seconds, error in heard)
+
+
+def test_the_warm_up_tells_a_build_that_failed_for_another_reason(monkeypatch):
+    from swabench.inputs import scenarios
+    from swabench.run import sweep
+
+    point = next(p for p in scenarios.load(scenarios.find("cpu")).points if p.impl == "torch-trim")
+    monkeypatch.setattr(sweep, "modules_needed", lambda pts, device: {"sig": point})
+    monkeypatch.setattr(sweep.workloads, "build", lambda case, device: (_ for _ in ()).throw(ValueError("nvcc: boom")))
+    heard = []
+    report = sweep.warm_up([point], torch.device("cpu"), on_built=lambda *said: heard.append(said))
+    assert heard[0][2] == "ValueError: nvcc: boom (left to its points)" and report.failed == {}  # its points meet it, not skip

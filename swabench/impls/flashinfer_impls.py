@@ -229,7 +229,7 @@ def unsupported(variant: Variant, head_dims: tuple[int, ...] | None = HEAD_DIMS)
         if case.dtype not in DTYPES:
             return f"FlashInfer attention takes {' or '.join(DTYPES)}, not {case.dtype}"
         if head_dims and case.head_dim not in head_dims:
-            return (f"FlashInfer is built for head_dim {'/'.join(map(str, HEAD_DIMS))}, not {case.head_dim} (fa3 "
+            return (f"FlashInfer is built for head_dim {'/'.join(map(str, head_dims))}, not {case.head_dim} (fa3 "
                     f"asserts it; fa2 prefill JIT-builds any head_dim but only multiples of 64 run right: "
                     f"flashinfer issue 4299)")
         if variant.mask and backend == "fa3":

@@ -256,8 +256,8 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
     the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
-    apart).  ``on_built(signature, seconds, error)`` hears each build end, so a build cut short still
-    says which finished."""
+    apart).  ``on_built(signature, seconds, error)`` hears each build end (error: why it failed, a resource
+    problem or another error its points will meet), so a warm-up cut short still says which finished."""
     todo = modules_needed(points, device)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
@@ -266,7 +266,7 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
         other error is left for each point to meet again and record as its own failure."""
         label, p = item
         tiny = tiny_case(p.case)
-        t0, error = time.perf_counter(), None
+        t0, error, other = time.perf_counter(), None, None
         with nvtx_range(f"warm-up {label}"):
             try:
                 runner = registry.get(p.impl).make(workloads.build(tiny, device), p.backend)
@@ -275,11 +275,11 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
                 torch.cuda.synchronize(device)
             except (registry.ResourceError, torch.cuda.OutOfMemoryError) as e:
                 error = first_line(e)
-            except Exception:
-                pass
+            except Exception as e:
+                other = f"{first_line(e)} (left to its points)"
         seconds = time.perf_counter() - t0
         if on_built:
-            on_built(label, seconds, error)
+            on_built(label, seconds, error or other)
         return label, seconds, error
 
     libraries = registry.libraries()

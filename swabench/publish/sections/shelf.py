@@ -15,6 +15,7 @@ from swabench.store import schema
 
 SHELF = ("xqa", "fmha-v2", "pod", "holistic", "ranges")  # the families the shelf adds, by each path's wrapper
 STATUSES = ("pass", "xfail", "xpass", "fail", "skip")
+COVERAGE = 0.5  # a shelf path speaks for a step in the answers where it timed this share of the existing paths' cases
 
 
 def family(impl: str) -> str:
@@ -52,17 +53,18 @@ def _step_order(step: str) -> tuple:
 
 
 def families_table(run: Run) -> pd.DataFrame:
-    """Per step and family: the fastest correct path (the lowest median time over the step's cases, as a multiple
-    of the best existing wrapper's time on each case), how many cases it timed, that multiple, its median share of
-    the floor and DRAM read / needed where the run counted bytes, and the family's statuses there."""
+    """Per step that a shelf family ran, per family: the fastest correct path (the lowest median time over the
+    step's cases, as a multiple of the best existing wrapper's time on each case; a known mistake counts where it
+    was timed because its semantics make it exact there), the cases that multiple covers, its median share of the
+    floor and DRAM read / needed where the run counted bytes, and the family's statuses there."""
     t = _shelf_rows(run)
     if t.empty:
         return t
-    timed = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    timed = t[t["kind"].isin(("correct", "known-bug")) & (t["status"] == "pass") & t["median_us"].notna()]
     rows = []
-    for step in sorted(set(t["step"]), key=_step_order):
+    for step in sorted(set(t.loc[t["family"].isin(SHELF), "step"]), key=_step_order):
         here, ran = t[t["step"] == step], timed[timed["step"] == step]
-        best = ran[~ran["family"].isin(SHELF)].groupby("case_id")["median_us"].min()
+        best = ran[~ran["family"].isin(SHELF) & (ran["kind"] == "correct")].groupby("case_id")["median_us"].min()
         families = sorted(set(here["family"]), key=lambda f: (f not in SHELF, SHELF.index(f) if f in SHELF else 0, f))
         for fam in families:
             mine, g = here[here["family"] == fam], ran[ran["family"] == fam]
@@ -73,12 +75,12 @@ def families_table(run: Run) -> pd.DataFrame:
             if len(g):
                 g = g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float))
                 per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
-                                                 cases=("case_id", "nunique"))
+                                                 cases=("versus", "count"))
                 pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
                 picked = g[g["path"] == pick.name]
                 floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
                 amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
-                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]),
+                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]) or "",
                             "/ best existing": ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
                             "of its floor": f"{floor:.0f}%" if floor == floor else "",
                             "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""})
@@ -90,46 +92,61 @@ def families_table(run: Run) -> pd.DataFrame:
 
 
 def conventions_said(run: Run) -> list[str]:
-    """Per known mistake on a shelf family: where the gate caught it, where it did not, and whether the wrong rows
-    were those its semantics predict."""
+    """Per known mistake on a shelf family and step: where the gate caught it (xfail), where its semantics make it
+    exact and it was right (pass), where it was not caught (xpass) or wrong though exact (fail), and whether the
+    wrong rows were those its semantics predict."""
     t = _shelf_rows(run)
     if t.empty:
         return []
     bugs = t[(t["kind"] == "known-bug") & t["family"].isin(SHELF) & (t["status"] != "skip")]
     said = []
     for (impl, step), g in sorted(bugs.groupby(["impl", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
-        caught, missed = int((g["status"] == "xfail").sum()), int((g["status"] == "xpass").sum())
+        count = {s: int((g["status"] == s).sum()) for s in ("xfail", "pass", "xpass", "fail")}
         predicted = g["rows_as_predicted"].dropna().astype(str).str.lower() if "rows_as_predicted" in g else []
         rows = f"; the wrong rows as predicted on {int((predicted == 'true').sum())} of {len(predicted)}" \
             if len(predicted) else ""
-        said.append(f"- `{impl}`, {step}: caught on {caught} of {points(len(g))}"
-                    + (f", right on {missed} (where its semantics say it is exact)" if missed else "")
+        said.append(f"- `{impl}`, {step}: caught on {count['xfail']} of {points(len(g))}"
+                    + (f", right on {count['pass']} where its semantics make it exact" if count["pass"] else "")
+                    + (f", NOT caught on {count['xpass']}" if count["xpass"] else "")
+                    + (f", wrong on {count['fail']} where it should be exact" if count["fail"] else "")
                     + f"{rows} ({run.name}).")
     return ["\n".join(said)] if said else []
 
 
 def best_on_shelf(runs: list[Run], mode: str) -> str:
-    """For the answers' step table: the shelf family's path with the lowest median time / the best existing path's
-    on the same cases of ``mode`` (plain causal steps), over the runs that hold the shelf; '' where none timed it."""
+    """For the answers' step table: of the run that timed the most shelf points on plain causal ``mode`` steps, the
+    shelf path with the lowest median time / the best existing path's, over at least COVERAGE of the cases the
+    existing paths timed there, with the cases it covers; '' where none did."""
     found = []
-    for r in runs:
-        t = families_table(r)
+    for i, r in enumerate(runs):
+        t = _shelf_rows(r)
         if t.empty:
             continue
-        t = t[(t["step"] == mode) & ~t["family"].str.endswith("(existing)") & (t["/ best existing"] != "")]
-        found += [(float(row["/ best existing"]), row["fastest correct path"], r.name) for _, row in t.iterrows()]
+        t = t[(t["step"] == mode) & (t["status"] == "pass") & t["median_us"].notna()]
+        best = t[~t["family"].isin(SHELF) & (t["kind"] == "correct")].groupby("case_id")["median_us"].min()
+        mine = t[t["family"].isin(SHELF)]
+        mine = mine.assign(versus=mine["median_us"] / mine["case_id"].map(best).astype(float)).dropna(subset=["versus"])
+        if mine.empty:
+            continue
+        per_path = mine.groupby("path")["versus"].agg(["median", "count"])
+        per_path = per_path[per_path["count"] >= COVERAGE * len(best)]
+        if len(per_path):
+            found.append((len(mine), -i, r, per_path.sort_values("median").iloc[0]))
     if not found:
         return ""
-    versus, path, name = min(found)
-    return f"{path} {ratio(versus)}x ({name})"
+    _, _, run, pick = max(found, key=lambda x: x[:2])
+    return f"`{pick.name}` {ratio(pick['median'])}x over {points(int(pick['count']))} ({run.name})"
 
 
 def with_counted_bytes(run: Run, runs: list[Run]) -> Run:
-    """``run`` with each point's DRAM read / needed from the trusted Nsight Compute runs of the same scenario, GPU
-    and releases (a counted run's own times are lengthened by the profiler: the times stay the timed run's)."""
+    """``run`` with each point's DRAM read / needed from the trusted Nsight Compute runs of the same scenario, GPU,
+    releases and L2 state (a counted run's own times are lengthened by the profiler: the times stay the timed
+    run's); where two counted one point, the first given."""
+    l2 = (run.meta.get("selection") or {}).get("l2", "cold")
     counted = [counted_points(r.table) for r in runs if r.profiled and trusted(r)
                and r.meta.get("scenario") == run.meta.get("scenario") and r.meta.get("gpu") == run.meta.get("gpu")
-               and library_versions(r.meta) == library_versions(run.meta)]
+               and library_versions(r.meta) == library_versions(run.meta)
+               and (r.meta.get("counters") or {}).get("l2", "cold") == l2]
     counted = [c for c in counted if len(c) and "read_amplification" in c]
     if not counted:
         return run
