@@ -111,3 +111,23 @@ def test_steps_no_shelf_family_ran_are_left_out():
     plain = plain[plain["impl"].isin(["paged-trim", "paged-mask"])]
     both = shelf.families_table(Run("both", pd.concat([SHELF_RUN, plain]), META))
     assert "extend" not in set(both["step"]) and len(both) == len(t)
+
+
+def test_a_block_step_meets_the_plain_wrappers_planned_non_causal_on_its_twin():
+    """One block of all 16 queries, inside a window of 127: causal=False sees the same keys, so paged-window
+    planned that way competes on the block step; a block of 8 has no such twin."""
+    shape = dict(mode="verify", model="m", batch_size=4, prefix_len=300, window_left=127, page_size=16,
+                 num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", sinks=False, qo_len=16,
+                 library="flashinfer", reason="", attention_chunk=0, pct_of_floor=10.0, kind="correct",
+                 status="pass", backend="fa2")
+    rows = [dict(shape, case_id="b16", impl="ranges-window", block=16, causal=True, median_us=6.0),
+            dict(shape, case_id="b16", impl="paged-mask", block=16, causal=True, median_us=12.0),
+            dict(shape, case_id="b8", impl="ranges-window", block=8, causal=True, median_us=6.0),
+            dict(shape, case_id="b8", impl="paged-mask", block=8, causal=True, median_us=12.0),
+            dict(shape, case_id="nc", impl="paged-window", block=0, causal=False, median_us=4.0)]
+    t = shelf.families_table(Run("blocks", pd.DataFrame(rows), META)).set_index(["step", "family"])
+    ranges = t.loc[("verify blocks", "ranges")]
+    assert ranges["/ best existing"] == "1.00"  # the median of 6 / 4 on b16 (against the twin) and 6 / 12 on b8
+    assert t.loc[("verify blocks", "prefill (existing)"), "fastest correct path"] == \
+        "`paged-window [fa2] (causal=False)`"
+    assert "verify non-causal" not in set(t.index.get_level_values("step"))

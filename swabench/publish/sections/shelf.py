@@ -37,6 +37,31 @@ def _steps(t: pd.DataFrame) -> pd.Series:
             + pd.Series(causal, index=t.index).map({True: "", False: " non-causal"}))
 
 
+SHAPE = ("mode", "model", "batch_size", "prefix_len", "window_left", "page_size", "num_qo_heads", "num_kv_heads",
+         "head_dim", "dtype", "sinks")  # what a block step and its non-causal twin share, beside the block itself
+
+
+def _as_blocks(t: pd.DataFrame) -> pd.DataFrame:
+    """The non-causal rows whose step is one block of all its queries, no wider than the window, moved onto the
+    block step of the same shape: the same keys are seen (docs/semantics.md), so the plain wrappers planned
+    causal=False compete there, named '(causal=False)'."""
+    if "block" not in t or "qo_len" not in t:
+        return t
+    key = [c for c in SHAPE if c in t]
+    block = t[(t["block"].fillna(0).astype(int) > 0)]
+    block = block[block["block"].astype(float) == pd.to_numeric(block["qo_len"], errors="coerce")]
+    noncausal = t["step"].str.endswith(" non-causal")
+    twins = t[noncausal].reset_index(names="row").merge(
+        block[key + ["qo_len", "case_id", "step"]].drop_duplicates(key + ["qo_len"]), on=key + ["qo_len"],
+        suffixes=("", "_block"))
+    twins = twins[pd.to_numeric(twins["qo_len"], errors="coerce") <= twins["window_left"].astype(float) + 1]
+    if twins.empty:
+        return t
+    moved = twins.assign(case_id=twins["case_id_block"], step=twins["step_block"],
+                         path=twins["path"] + " (causal=False)").drop(columns=["row", "case_id_block", "step_block"])
+    return pd.concat([t.drop(index=twins["row"]), moved], ignore_index=True)
+
+
 def _shelf_rows(run: Run) -> pd.DataFrame:
     """The run's FlashInfer rows with their step and family; empty unless some row is on a shelf family."""
     t = run.table
@@ -44,7 +69,7 @@ def _shelf_rows(run: Run) -> pd.DataFrame:
     if not t["family"].isin(SHELF).any():
         return t.iloc[:0]
     t = t[(t["library"] == "flashinfer") if "library" in t else t["family"] != "torch"]
-    return t.assign(step=_steps(t), path=path_of(t))
+    return _as_blocks(t.assign(step=_steps(t), path=path_of(t)))
 
 
 def _step_order(step: str) -> tuple:
