@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from swabench.core import cases as cases_mod, gate, trees, workloads
 from swabench.impls import registry
 from swabench.repro import kit, standin, trace
+from swabench.repro.source import call, literal
 
 FLASHINFER = "flashinfer"
 BUILTINS = {"len", "any", "all", "min", "max", "sum"}  # what a test ``specialize`` evaluates may call besides case
@@ -142,8 +143,8 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
            "import torch"]
     out += ["import torch.nn.functional as F"] if "F." in text else []
     out += ["", "import flashinfer"] if flashinfer else []
-    out += [""] + [trace.call(f"CASE{p.label} = dict", [],
-                              {k: trace.literal(v) for k, v in case_literals(p.case).items() if k in read})
+    out += [""] + [call(f"CASE{p.label} = dict", [],
+                       {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
                    for p in parts if not _shares_inputs(p, parts)]
     out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
                f"random inputs, {dtype}")

@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from swabench.core import semantics
 from swabench.repro import kit, standin
+from swabench.repro.source import DTYPES, call, empty, index, literal
 
 INPUTS = ("q", "k_cache", "v_cache", "sinks", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "slots")
 LITERAL_LIMIT = 4096  # the most elements a computed index is written out as a literal
@@ -24,8 +25,6 @@ OPERATORS = {"__mul__": "{} * {}", "__rmul__": "{1} * {0}", "__truediv__": "{} /
              "__lt__": "{} < {}", "__eq__": "{} == {}", "__ne__": "{} != {}", "__invert__": "~{}",
              "__neg__": "-{}", "__floordiv__": "{} // {}", "__mod__": "{} % {}"}
 NO_OPS = ("to", "contiguous", "float", "view_as")  # calls that may hand back their receiver unchanged
-DTYPES = {getattr(torch, n): f"torch.{n}" for n in ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
-                                                     "int32", "int64", "uint8", "bool")}
 
 
 class Unrenderable(Exception):
@@ -261,7 +260,7 @@ class Tracer(TorchFunctionMode):
                 first = [self.tensor(args[0], buffer=True)] if args else []  # the workspace, where it takes one
                 line = call(f"flashinfer.{cls_name}", first + [self.value(a, buffer=True) for a in args[1:]],
                             {k: self.value(v, buffer=True) if not isinstance(v, torch.Tensor)
-                             else _empty(v) for k, v in kwargs.items()})
+                             else empty(v) for k, v in kwargs.items()})
                 self._emit(f"{name} = {line}")
                 self.name(obj, name)
                 self.api[name] = [f"flashinfer.{cls_name}({_scalars(kwargs)})"]
@@ -321,9 +320,9 @@ class Tracer(TorchFunctionMode):
             receiver = self.value(args[0], buffer=name == "__setitem__")
             rest = [self.value(a) for a in args[1:]]
             if name == "__getitem__":
-                return f"{receiver}[{_index(rest, args[1])}]"
+                return f"{receiver}[{index(rest, args[1])}]"
             if name == "__setitem__":
-                return f"{receiver}[{_index(rest[:1], args[1])}] = {rest[1]}"
+                return f"{receiver}[{index(rest[:1], args[1])}] = {rest[1]}"
             if name in OPERATORS:
                 return OPERATORS[name].format(receiver, *rest)
             return call(f"{receiver}.{name}", rest, out_kw)
@@ -343,39 +342,6 @@ def _scalars(kwargs: dict) -> str:
     said = [f"{k}={v!r}" for k, v in kwargs.items() if k not in SHAPE_KEYWORDS and
             (v is None or isinstance(v, (bool, int, float, str)))]
     return ", ".join(said + [f"{k}=..." for k, v in kwargs.items() if "mask" in k and isinstance(v, torch.Tensor)])
-
-
-def literal(v) -> str:
-    """A Python literal, with a list of one repeated number written ``[n] * count``."""
-    if isinstance(v, list) and len(v) > 3 and all(isinstance(e, (int, float)) for e in v) and len(set(v)) == 1:
-        return f"[{v[0]!r}] * {len(v)}"
-    return repr(v)
-
-
-def _index(rendered: list[str], raw) -> str:
-    """A subscript: a tuple index written without its parentheses."""
-    text = rendered[0]
-    return text[1:-1].rstrip(",") if isinstance(raw, tuple) else text
-
-
-def _empty(t: torch.Tensor) -> str:
-    return f"torch.empty({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)"
-
-
-def call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
-    """``fn(args, kwargs)``, wrapped at 110 columns with the arguments packed four spaces in."""
-    parts = args + [f"**taken_by({v})" if k == "**taken_by" else f"{k}={v}" for k, v in kwargs.items()]
-    one = f"{fn}({', '.join(parts)})"
-    if len(one) <= 110:
-        return one
-    lines = [f"{fn}("]
-    for i, part in enumerate(parts):
-        piece = part + ("," if i < len(parts) - 1 else ")")
-        if len(lines) > 1 and len(lines[-1]) + 1 + len(piece) <= 110:
-            lines[-1] += " " + piece
-        else:
-            lines.append("    " + piece)
-    return "\n".join(lines)
 
 
 def _key_ranges(x: dict, t: torch.Tensor) -> tuple[list, list] | None:
