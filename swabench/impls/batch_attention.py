@@ -67,4 +67,5 @@ register(Implementation(
     "BatchAttention (the persistent holistic kernel; its plan() takes no window_left) on the table trimmed to the "
     "window's first page, causal: exact only where the trim is (decode at page size 1)",
     BatchAttentionRunner, kind="known-bug", wrapper="holistic", backends=("fa2",), needs_cuda=True,
-    visibility=_computes, timed_where_exact=True, unsupported=_unsupported, available=has_api("BatchAttention")), __name__)
+    visibility=_computes, timed_where_exact=True, unsupported=_unsupported, available=has_api("BatchAttention")),
+    __name__)

@@ -82,8 +82,8 @@ def _register(name: str, summary: str, chunks: bool, **roles) -> None:
     register(Implementation(
         name, LIBRARY.name, ("paged",), summary, lambda w, backend: FmhaV2Runner(w, backend, chunks),
         wrapper="fmha-v2", backends=(FMHA_V2,), modes=("extend", "verify", "draft_extend"),
-        wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_unsupported(chunks), available=has_api("trtllm_fmha_v2_prefill"),
-        **roles), __name__)
+        wrapper_modes=WRAPPER_MODES, needs_cuda=True, unsupported=_unsupported(chunks),
+        available=has_api("trtllm_fmha_v2_prefill"), **roles), __name__)
 
 
 _register("fmha-v2-window", "TRT-LLM's fmha v2, trtllm_fmha_v2_prefill(mask_mode='sliding_window', window_left=W) on "
