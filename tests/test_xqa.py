@@ -106,3 +106,16 @@ def test_a_path_says_which_release_lacks_its_api(monkeypatch):
         assert flashinfer_library.has_api("BatchAttention")() is None
         said = flashinfer_library.has_api("decode.nothing_here")()
         assert said.startswith("flashinfer ") and said.endswith(" has no decode.nothing_here")
+
+
+def test_the_warm_up_builds_one_xqa_module_per_page_size_head_group_and_draft_length():
+    from swabench.core.cases import Point
+    from swabench.run.sweep import module_signature, modules_needed, tiny_case
+
+    points = [Point(case(page_size=ps, draft_tokens=d, num_kv_heads=kv), impl, "xqa")
+              for ps in (16, 64) for d in (2, 8) for kv in (2, 4) for impl in ("xqa-window", "xqa-window-off-by-one")]
+    signatures = {module_signature(p) for p in points}
+    assert len(signatures) == 16 and len(modules_needed(points, None)) == 16
+    assert "ps64 g2 q8" in module_signature(points[-1])
+    for p in points:  # the tiny case the warm-up runs names the same module
+        assert module_signature(Point(tiny_case(p.case), p.impl, p.backend)) == module_signature(p)

@@ -88,6 +88,9 @@ class Implementation:
     # (Inductor): case -> which compiled kernel the case runs.  Points share a compile only when
     # they run in one worker, so sharding gathers them (shards._units).  None: nothing compiled.
     compile_class: Callable[..., Hashable] | None = None
+    # What else names the JIT module a case runs, beyond its dtype, head_dim, window and features (XQA builds one
+    # module per page size, head group and draft length): case -> a label; None: nothing else.
+    module_key: Callable[..., str] | None = None
     # Roles.  baseline: the naive path that ``speedup_vs_mask`` of its library's paths on its storages
     # divides.  reference: the backend on which this implementation is the path every other path of
     # its storage is compared with ("against fa2's window path").

@@ -93,11 +93,17 @@ def _unsupported(case, backend: str) -> str | None:
     return unsupported(dataclasses.replace(Variant("paged"), sinks="apply"), head_dims=None)(case, backend)
 
 
+def _module_key(case) -> str:
+    """XQA's JIT module is built per page size, head group and draft length (``jit/xqa.py``'s module name)."""
+    return f"ps{case.page_size} g{case.num_qo_heads // case.num_kv_heads} q{case.qo_len}"
+
+
 def _register(name: str, summary: str, direct: bool, **roles) -> None:
     register(Implementation(
         name, LIBRARY.name, ("paged",), summary, lambda w, backend: XqaRunner(w, backend, direct), wrapper="xqa",
         backends=(XQA,), modes=("decode", "verify"), wrapper_modes=WRAPPER_MODES, needs_cuda=True,
         unsupported=_unsupported, available=has_api("xqa" if direct else "decode.xqa_batch_decode_with_kv_cache"),
+        module_key=_module_key,
         **roles), __name__)
 
 

@@ -24,6 +24,7 @@ from swabench.inputs.axes import make_case
 
 HOST = socket.gethostname()
 PLAN_TIMER = timing.HostTimerOptions(warmup=1, min_repeats=3, max_repeats=50, budget_s=0.05)
+MAX_TINY_DRAFT = 16  # a warm-up case keeps a draft length up to this, so a module built per draft length is the one
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,10 @@ def module_signature(p: Point) -> str:
     c = p.case
     features = "".join(f" {f}" for f in sorted(c.features))
     # a chunk planned as a window (chunk-as-window) runs the window's module
-    windowed = c.window_left >= 0 or (c.attention_chunk > 0 and registry.get(p.impl).computes(c, 0).window_left >= 0)
-    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if windowed else 'no-window'}{features}"
+    impl = registry.get(p.impl)
+    windowed = c.window_left >= 0 or (c.attention_chunk > 0 and impl.computes(c, 0).window_left >= 0)
+    key = f" {impl.module_key(c)}" if impl.module_key else ""
+    return f"{p.impl} {p.backend} {c.dtype} d{c.head_dim} {'window' if windowed else 'no-window'}{features}{key}"
 
 
 def modules_needed(points: list[Point], device: torch.device | None) -> dict[str, Point]:
@@ -239,11 +242,12 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
 
 
 def tiny_case(c: Case) -> Case:
-    """A small case that runs the same modules as ``c``: its step, storage, head shape and features, a window
-    where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
+    """A small case that runs the same modules as ``c``: its step, storage, head shape and features, its draft
+    length where it is short (XQA builds a module per draft length), a window where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
     verifies a tree, its blocks where it has them, one prefill and one decode where it is a mixed step."""
+    draft = c.qo_len if isinstance(c.qo_len, int) and c.qo_len <= MAX_TINY_DRAFT else 4
     queries = {"decode": {}, "extend": {"extend_len": 4},
-               "mixed": {"extend_len": 4, "prefills": 1, "batch_size": 2}}.get(c.mode, {"qo_len": 4})
+               "mixed": {"extend_len": 4, "prefills": 1, "batch_size": 2}}.get(c.mode, {"qo_len": draft})
     return make_case(dict(
         mode=c.mode, prefix_len=64, window_left=8 if c.window_left >= 0 else -1,
         attention_chunk=2 * (c.page_size or 16) if c.attention_chunk else 0, storage=c.storage,
