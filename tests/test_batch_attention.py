@@ -18,8 +18,10 @@ def case(**kw):
 
 def test_the_plan_is_causal_on_the_trimmed_table():
     w = workloads.build(case())
-    (_, _, _, built), (_, _, planned, shape), (_, _, ran, ran_kw) = standin_calls("batch-attention-trim", w, "fa2")
+    calls = standin_calls("batch-attention-trim", w, "fa2")
+    (_, _, _, built), (_, _, (name, space), _), (_, _, planned, shape), (_, _, ran, ran_kw) = calls
     assert built == {"kv_layout": "NHD", "device": w.device}
+    assert name == "float_workspace_buffer" and space.numel() == 256 << 20  # the shared workspace, as every wrapper's
     qo_indptr, indptr, indices, kept = planned[:4]
     starts = [semantics.trim_start(k, q, 5, 4) for q, k in zip(w.qo_lens, w.kv_lens)]
     assert kept.tolist() == [k - s for k, s in zip(w.kv_lens, starts)] and starts == [24, 8]
@@ -44,3 +46,34 @@ def test_it_must_fail_where_the_trim_is_not_the_window(fields, must):
 def test_it_models_a_sliding_window_layer():
     reason = registry.get("batch-attention-trim").skip_reason(case(window_left=-1), "fa2", None)
     assert reason and "sliding-window layer" in reason
+
+
+def test_the_float_workspace_grows_once_where_the_planner_reserves_more_than_384_mib(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    from swabench.impls.flashinfer_workspace import MIB
+
+    plans = []
+
+    class Holistic:  # reserves 622 MB of partial outputs, as at Gemma 3 27B's 16 KV heads on the H200
+        def __init__(self, kv_layout, device):
+            self.float_workspace_buffer = torch.empty(384 * MIB, dtype=torch.uint8, device="meta")
+
+        def plan(self, *args, **kwargs):
+            plans.append(self.float_workspace_buffer.numel())
+            if self.float_workspace_buffer.numel() < 622854144:
+                raise RuntimeError("Buffer overflow when allocating memory for holistic_partial_o with size 622854144 "
+                                   "... Increase the workspace buffer size.")
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchAttention=Holistic))
+    monkeypatch.setattr("swabench.impls.flashinfer_workspace._shared", {})
+    monkeypatch.setattr("swabench.impls.flashinfer_workspace._allocate",
+                        lambda device, n: torch.empty(n, dtype=torch.uint8, device="meta"))
+    runner = registry.get("batch-attention-trim").make(workloads.build(case()), "fa2")
+    runner.plan()
+    assert runner.workspace_mib == 1024 and plans == [256 * MIB, 512 * MIB, 1024 * MIB]
+    runner.plan()  # a timed re-plan keeps the size it found
+    assert plans[3:] == [1024 * MIB]

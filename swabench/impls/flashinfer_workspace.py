@@ -78,15 +78,15 @@ def resource_errors():
         raise ResourceError(brief(e)) from e
 
 
-def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs):
+def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs, grows=("tmp_",)):
     """Plan with a float workspace that holds this workload: (the planned wrapper, its workspace bytes).
 
     In CUDA-graph mode fa2's planner reserves split-kv partial outputs for the worst case: in 0.7.2,
     num_qo_heads x head_dim_vo floats for each of padded_tiles x cta_tile_q / group_size rows (260 MiB
     at GPT-OSS extend shapes).  Start from FlashInfer's own count where it has one and double on
     overflow up to the cap; a CUDA-graph wrapper takes its buffers at construction, so each size gets
-    a new wrapper (``new_wrapper(workspace)``).  An overflow of the int workspace (fixed by FlashInfer)
-    is not retried."""
+    a new wrapper (``new_wrapper(workspace)``).  Only an overflow of a buffer ``grows`` names is retried: an
+    overflow of the int workspace (fixed by FlashInfer) is not."""
     cap = _workspace_cap(device)
     estimate = -(-_estimate(wrapper, args, kwargs) // MIB) * MIB
     want = min(cap, max(WORKSPACE_BYTES, estimate))
@@ -99,6 +99,6 @@ def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs):
         except RuntimeError as e:
             if OVERFLOW not in str(e):
                 raise
-            if size >= cap or "tmp_" not in str(e):
+            if size >= cap or not any(name in str(e) for name in grows):
                 raise ResourceError(f"{brief(e)} at {size // MIB} MiB") from e
             want = min(cap, 2 * size)
