@@ -13,10 +13,11 @@
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
-#   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed
+#   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed (xz -9)
 #                      (its prefill/decode JIT sources are kept whole, and csrc/xqa and csrc/fmha_v2 for the shelf)
 #   deb/               libdw1 and libelf1, which the Nsight Systems report importer needs (when apt can fetch them)
-#   jitcache.tar.xz    only with JIT_CACHE: FlashInfer JIT modules compiled for this RELEASE on the node's GPU.
+#   jitcache.tar.xz    only with JIT_CACHE: FlashInfer JIT modules compiled for this RELEASE on the node's GPU, each
+#                      built module's objects emptied (ninja reads their dates only).
 #                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
 #                      scenario's modules in parallel before anything is timed).
 #   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
@@ -58,18 +59,29 @@ fi = out / "flashinfer"
 keep = {"xqa", "fmha_v2"}  # the sources TRT-LLM's XQA and fmha v2 JIT-build from (impls.xqa, impls.fmha_v2)
 drop = [p for p in (fi / "data" / "csrc").iterdir() if p.is_dir() and p.name not in keep]
 drop += [fi / "data/cutlass/examples", fi / "data/cutlass/python", fi / "data/cccl/python", fi / "moe_ep/kernel_src"]
-drop += list((fi / "experimental").glob("*/csrc"))
+drop += list((fi / "experimental").glob("*/csrc")) + list(fi.glob("cake_*_backend/csrc"))
 for p in drop:
     shutil.rmtree(p, ignore_errors=True)
+for folder in (fi / "experimental", fi / "fused_moe"):  # kernel sources of ops the suite never builds
+    for source in [f for pattern in ("*.cu", "*.cuh", "*.h") for f in folder.rglob(pattern)]:
+        source.unlink()
 PY
-tar cJf "$DEST/flashinfer.tar.xz" -C "$TMP/site" .
+tar cf - -C "$TMP/site" . | xz -9 -T0 > "$DEST/flashinfer.tar.xz"
 ( cd "$DEST/deb" && apt-get download libdw1 libelf1 >/dev/null 2>&1 ) \
     || echo "note: could not fetch libdw1/libelf1 (nsys reports need them on the node)" >&2
 cp "$HERE/gpu-setup.sh" "$DEST/setup.sh"
 rm -f "$DEST/jitcache.tar.xz"
 if [ -n "${JIT_CACHE:-}" ]; then
-    cp "$JIT_CACHE" "$DEST/jitcache.tar.xz"
-    chmod u+w "$DEST/jitcache.tar.xz"
+    # A built module's objects are emptied, their dates kept: ninja only compares dates, so the module still counts
+    # as built, and the cache is a quarter smaller.  A module not linked yet keeps its objects, to resume from.
+    mkdir -p "$TMP/cache" && tar xJf "$JIT_CACHE" -C "$TMP/cache"
+    for so in "$TMP"/cache/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+        [ -f "$so" ] || continue
+        for o in "$(dirname "$so")"/*.o; do
+            [ -f "$o" ] && [ "$so" -nt "$o" ] && { : > "$o.empty"; touch -r "$o" "$o.empty"; mv "$o.empty" "$o"; }
+        done
+    done
+    tar cf - -C "$TMP/cache" .cache | xz -9 -T0 > "$DEST/jitcache.tar.xz"
 fi
 echo "flashinfer-python $RELEASE bundled in $DEST ($(du -sh "$DEST" | cut -f1))" \
      "$([ -f "$DEST/jitcache.tar.xz" ] && echo "with a JIT cache" || echo "without a JIT cache: modules compile on first use")"
