@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1_000_000
 PUBLISHED_BUDGET = 15 * MB  # results/, plots/, findings/ and FINDINGS.md together
-PAGE_LIMIT, ANSWERS_LIMIT = 40_000, 10_000  # bytes of FINDINGS.md, and of its Answers
+PAGE_LIMIT, ANSWERS_LIMIT = 40_000, 10 * 1024  # bytes of FINDINGS.md, and of its Answers (10 KiB)
 FILE_LIMIT = 2 * MB
 
 

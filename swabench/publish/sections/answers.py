@@ -184,8 +184,8 @@ def answers(runs: list[Run]) -> list[str]:
         parts += [f"**Which path for each step** ({topic_link(speed)}): the fastest correct path, its time / the "
                   f"reference path's, its floor / its time ({topic_link(machine, 'roofline')}), the mask's and the "
                   f"slowest correct path's time / its (medians over the step's cases), and the known bugs caught"
-                  + (f"; on the shelf: the best path of FlashInfer's other Hopper kernels and its time / the best "
-                     f"existing path's on the same cases ({topic_link(shelf)})" if SHELF_COLUMN in steps else "")
+                  + (f"; on the shelf: the best other Hopper kernel / the best existing path ({topic_link(shelf)})"
+                     if SHELF_COLUMN in steps else "")
                   + ":",
                   markdown_table(steps)]
     if reads:
