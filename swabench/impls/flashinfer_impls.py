@@ -21,7 +21,7 @@ from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
 from .flashinfer_library import (BACKENDS, CUDA_CORE_BACKENDS, CUDA_CORE_DECODE_GROUPS, CUDNN, DTYPES, HEAD_DIMS,
                                  LIBRARY, SINK_HEAD_DIMS, SINK_WRAPPERS, _import_error, _sink_module)
-from .flashinfer_workspace import MIB, WORKSPACE_BYTES, plan_in_workspace, resource_errors, workspace
+from .flashinfer_workspace import WORKSPACE_BYTES, plan_sized, resource_errors, workspace
 from .registry import Implementation, Unsupported, register
 
 @dataclass(frozen=True)
@@ -189,14 +189,7 @@ class FlashInferRunner:
             (f", uniform_q_len={shape['uniform_q_len']}" if "uniform_q_len" in shape else "")
 
     def _plan(self, args, shape: dict) -> None:
-        """plan(), in a workspace grown to what the first plan needs (FlashInfer's resource errors: skips)."""
-        with resource_errors():
-            if self.workspace_mib is None:
-                self.wrapper, size = plan_in_workspace(self._new_wrapper, self.wrapper, self._workspace_bytes,
-                                                       self.w.device, args, shape)
-                self._workspace_bytes, self.workspace_mib = size, size // MIB
-            else:
-                self.wrapper.plan(*args, **shape)
+        plan_sized(self, args, shape)
 
     def run(self) -> None:
         w = self.w

@@ -102,3 +102,16 @@ def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs, gro
             if size >= cap or not any(name in str(e) for name in grows):
                 raise ResourceError(f"{brief(e)} at {size // MIB} MiB") from e
             want = min(cap, 2 * size)
+
+
+def plan_sized(runner, args, kwargs, grows=("tmp_",)) -> None:
+    """``runner.wrapper.plan()``: the first in a workspace grown to what it needs (``plan_in_workspace``, from
+    ``runner._workspace_bytes``; ``runner.workspace_mib`` records it), every later one, timed, in that workspace.
+    FlashInfer's resource errors are skips."""
+    with resource_errors():
+        if runner.workspace_mib is None:
+            runner.wrapper, size = plan_in_workspace(runner._new_wrapper, runner.wrapper, runner._workspace_bytes,
+                                                     runner.w.device, args, kwargs, grows)
+            runner._workspace_bytes, runner.workspace_mib = size, size // MIB
+        else:
+            runner.wrapper.plan(*args, **kwargs)

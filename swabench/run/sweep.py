@@ -243,8 +243,9 @@ def modules_needed(points: list[Point], device: torch.device | None) -> dict[str
 
 def tiny_case(c: Case) -> Case:
     """A small case that runs the same modules as ``c``: its step, storage, head shape and features, its draft
-    length where it is short (XQA builds a module per draft length), a window where it has one, a chunk (one every chunk-only path can run) where it is chunked, a chain where it
-    verifies a tree, its blocks where it has them, one prefill and one decode where it is a mixed step."""
+    length where it is short (XQA builds a module per draft length), a window where it has one, a chunk (one every
+    chunk-only path can run) where it is chunked, a chain where it verifies a tree, its blocks where it has them, one
+    prefill and one decode where it is a mixed step."""
     draft = c.qo_len if isinstance(c.qo_len, int) and c.qo_len <= MAX_TINY_DRAFT else 4
     queries = {"decode": {}, "extend": {"extend_len": 4},
                "mixed": {"extend_len": 4, "prefills": 1, "batch_size": 2}}.get(c.mode, {"qo_len": draft})
