@@ -77,3 +77,63 @@ def test_the_float_workspace_grows_once_where_the_planner_reserves_more_than_384
     assert runner.workspace_mib == 1024 and plans == [256 * MIB, 512 * MIB, 1024 * MIB]
     runner.plan()  # a timed re-plan keeps the size it found
     assert plans[3:] == [1024 * MIB]
+
+
+def test_the_requests_past_2_to_the_32_elements_are_those_whose_trimmed_pages_end_there():
+    """The holistic kernel's page offset is int32 x uint32 in 32 bits: a request is hit where a page of its trimmed
+    table ends past 2^32 elements of the cache, counted here page by page from the case's own page table."""
+    from swabench.impls import batch_attention
+
+    def brute(c):
+        qo, kv = workloads.request_lengths(c)
+        indptr, indices, *_ = workloads.page_table(c, qo, kv)
+        stride = c.page_size * c.num_kv_heads * c.head_dim
+        hit = []
+        for b, (q, k) in enumerate(zip(qo, kv)):
+            first = semantics.trim_start(k, q, c.window_left, c.page_size) // c.page_size
+            pages = indices[int(indptr[b]) + first:int(indptr[b + 1])].tolist()
+            hit += [b] if any((p + 1) * stride > 2 ** 32 for p in pages) else []
+        return hit
+
+    gemma = dict(mode="decode", draft_tokens=None, num_qo_heads=32, num_kv_heads=16, head_dim=128, window_left=1023,
+                 page_size=1)
+    past = case(**gemma, batch_size=128, prefix_len=16384)  # 2,097,280 pages of 2048 elements: 128 past 2^32
+    assert batch_attention.wrapped_requests(past) == brute(past) and 0 < len(brute(past)) < 128
+    below = case(**gemma, batch_size=64, prefix_len=16384)  # half the pages: none reaches 2^32
+    assert batch_attention.wrapped_requests(below) == brute(below) == []
+    paged = case(**{**gemma, "page_size": 16}, batch_size=128, prefix_len=16384)  # the same bytes in pages of 16
+    assert batch_attention.wrapped_requests(paged) == brute(paged) != []
+
+
+def test_the_offset_bug_is_declared_where_the_trim_is_exact_and_left_to_the_known_bug_elsewhere():
+    from swabench.impls import upstream
+    from swabench.run.sweep import verdict
+
+    exact = case(mode="decode", draft_tokens=None, num_qo_heads=32, num_kv_heads=16, head_dim=128, window_left=1023,
+                 page_size=1, batch_size=128, prefix_len=16384)
+    bug = upstream.hit("batch-attention-trim", exact, "fa2")
+    assert bug and bug.ref == "holistic-offset" and upstream.hit("decode-tc-trim", exact, "fa2") is None
+    assert upstream.hit("batch-attention-trim", case(mode="decode", draft_tokens=None, page_size=1), "fa2") is None
+    assert verdict(True, False, False, bug) == ("xfail", f"upstream bug holistic-offset: {bug.summary}")
+    assert verdict(True, False, True, bug) == ("pass", "holistic-offset declared here, not shown")
+    assert verdict(True, True, False, bug) == ("xfail", "known bug caught")  # its own mistake speaks first
+    assert verdict(True, False, False) == ("fail", "failed where its known bug should not show")
+
+
+def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_same_pages():
+    from swabench.repro import bugs, holistic, make, script, verify
+
+    text, parts = make.for_bug("holistic-offset")
+    assert make.shown_where(text).endswith("requests 47, 64, 121, 123 read a page that ends past 2^32 elements")
+    assert "Not reported upstream yet" in text and "CONTROL, {CONTROL}" in text
+    header = script.Header("t")
+    original = holistic.MAIN
+    for old, new in [("causal=True", "causal=False"), ("max(0, k - n - window)", "max(0, k - n - window - 1)"),
+                     ("plan(torch.arange(len(used), dtype=torch.int32))", "plan(kv_indices)")]:
+        holistic.MAIN = original.replace(old, new, 1)
+        try:
+            with pytest.raises(verify.Drift):
+                holistic.check(parts[0].case, header)
+        finally:
+            holistic.MAIN = original
+    assert bugs.get("holistic-offset").impl == "batch-attention-trim"

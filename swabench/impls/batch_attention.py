@@ -20,6 +20,7 @@ from .registry import Implementation, register
 
 
 HOLISTIC_WORKSPACE = 384 * MIB  # the float workspace BatchAttention allocates for itself (attention/_core.py)
+OFFSET_WRAPS = 2 ** 32  # K/V elements: where the holistic kernel's page offsets wrap (see wrapped_requests)
 
 
 class BatchAttentionRunner:
@@ -44,7 +45,7 @@ class BatchAttentionRunner:
 
     def plan(self) -> None:
         w, c, i32 = self.w, self.w.case, torch.int32
-        starts = [semantics.trim_start(k, q, c.window_left, w.page_size) for q, k in zip(w.qo_lens, w.kv_lens)]
+        starts = trim_starts(c, w.qo_lens, w.kv_lens)
         indptr, indices, _ = workloads.slice_page_table(w.kv_indptr_host, w.kv_indices_host, starts, w.kv_lens,
                                                         w.page_size)
         kept = torch.tensor([k - s for k, s in zip(w.kv_lens, starts)], dtype=i32)
@@ -59,6 +60,31 @@ class BatchAttentionRunner:
         w = self.w
         self.wrapper.run(w.q, (w.k_store, w.v_store), out=self.out, lse=self.lse,
                          logits_soft_cap=w.case.logits_soft_cap or 0.0)
+
+
+def trim_starts(case, qo_lens, kv_lens) -> list[int]:
+    """Each request's first key in its trimmed table: the page holding the oldest key its queries can see."""
+    return [semantics.trim_start(k, q, case.window_left, case.page_size or 1) for q, k in zip(qo_lens, kv_lens)]
+
+
+def wrapped_requests(case) -> list[int]:
+    """The requests whose trimmed table holds a page that ends past 2^32 elements of its K (or V) cache.
+
+    The holistic kernel addresses K and V as ``indices[page] * kv_stride_page + ...`` with an int32 index and
+    uint32 strides (``prefetch_offest`` in ``attention/persistent.cuh``, 0.6.18.post1 to 0.7.4), so the product
+    wraps at 2^32 elements (8 GiB of bfloat16) and such a page's keys are read from the wrong place.  The prefill
+    and decode kernels widen the index first (``paged_kv_t::get_elem_offset``); FlashInfer's pull request 3136
+    fixed the same product in the MLA kernels."""
+    page_size = case.page_size or 1
+    stride = page_size * case.num_kv_heads * case.head_dim
+    qo_lens, kv_lens = workloads.request_lengths(case)
+    if sum(-(-k // page_size) for k in kv_lens) * stride <= OFFSET_WRAPS:
+        return []  # no page of the cache reaches that far: the table need not be built
+    indptr, indices, *_ = workloads.page_table(case, qo_lens, kv_lens)
+    kept, pages, _ = workloads.slice_page_table(indptr, indices, trim_starts(case, qo_lens, kv_lens), kv_lens,
+                                                page_size)
+    wraps = ((pages + 1) * stride > OFFSET_WRAPS).split(kept.diff().tolist())
+    return [b for b, w in enumerate(wraps) if bool(w.any())]
 
 
 def _computes(window_left: int, prefix_len: int, page_size: int) -> semantics.Visibility:

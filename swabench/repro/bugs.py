@@ -16,7 +16,7 @@ from functools import lru_cache
 from swabench.core import gate, workloads
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import script
+from swabench.repro import holistic, script
 from swabench.repro.script import Part
 
 # The shipped scenarios searched, in this order: the first that shows a bug gives its smallest case there.
@@ -62,6 +62,16 @@ FILINGS: dict[str, Filing] = {
                 "GPU's SM count (so the wrong rows depend on the GPU) and in CUDA-graph mode "
                 "(use_cuda_graph=True) whatever the length",
         keywords=(("disable_split_kv", True),),
+    ),
+    "holistic-offset": Filing(
+        title="BatchAttention reads the wrong keys from pages past 2^32 elements of the K/V cache",
+        fault="FlashInfer: prefetch_offest in include/flashinfer/attention/persistent.cuh computes "
+              "indices[page_iter] * kv_stride_page (int32 times uint32) in 32 bits before it is stored in a size_t, "
+              "so the offset wraps at 2^32 elements; paged_kv_t::get_elem_offset (prefill, decode) widens the index "
+              "first, and pull request flashinfer#3136 fixed the same product in the MLA kernels. Not reported "
+              "upstream yet: file it as a new issue.",
+        matters="a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: b128 x 16K tokens x 16 KV heads x "
+                "128) and a request whose table holds a page past that point; any page size, any step",
     ),
     "flashinfer#1679": Filing(
         title="BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's "
@@ -249,6 +259,14 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
         first = dataclasses.replace(p.case, head_dim=other)
         return ([Part(first, bug.impl, p.backend, "first", "_first"), Part(p.case, bug.impl, p.backend)],
                 f"{p.case.label}, run after the same wrapper at head_dim {other} in one process")
+    if bug.ref == holistic.REF:
+        from swabench.impls import batch_attention
+
+        for p in points:
+            qo, kv = workloads.request_lengths(p.case)
+            if not impl.must_fail(p.case, qo, kv) and batch_attention.wrapped_requests(p.case):
+                return holistic.parts(p.case), holistic.where(p.case)
+        raise LookupError(f"no shipped case shows {bug.ref}")
     if bug.ref == "flashinfer#4972":
         for p in points:
             noncausal = p.backend == "fa2" and not p.case.causal and p.case.window_left >= 0 and p.case.mode != "decode"

@@ -10,7 +10,7 @@ from pathlib import Path
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, command, script, trace, verify
+from swabench.repro import bugs, command, holistic, script, trace, verify
 from swabench.store import schema
 
 
@@ -89,7 +89,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     if obj.expected_to_fail or declared:
         lines.insert(0, "What is wrong: " + (declared.summary if declared else obj.summary))
     lines += [said] if said else []
-    lines += [f"Upstream: {declared.url}"] if declared else []
+    lines += [f"Upstream: {declared.url}"] if declared and declared.url else []
     header = script.Header(f"{impl} on {case.label} ({backend}): {kind}",
                            _wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
                                              _run_line(obj.library)]))
@@ -126,6 +126,14 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
     header = script.Header(bug.filing.title, _wrapped(lines))
+    if bug.ref == holistic.REF:  # written from a template: its case is too large to trace on the CPU
+        progress("checking the script's calls against the suite's on a small case of the same step")
+        try:
+            holistic.check(parts[0].case, header)
+        except verify.Drift as e:
+            raise RunFailed(f"the script would not make the suite's calls ({e}); nothing written: please report it") \
+                from None
+        return holistic.render(parts[0].case, header), parts
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
 
 

@@ -44,13 +44,13 @@ def _snap(v, buffer: bool):
     return v
 
 
-def _same(a, b) -> bool:
+def same(a, b) -> bool:
     if isinstance(a, tuple) and a and a[0] == "tensor":
         return isinstance(b, tuple) and b[:3] == a[:3] and (a[3] is None or b[3] is not None and torch.equal(a[3], b[3]))
     if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -105,8 +105,8 @@ def check(parts: list[Part], text: str) -> None:
     """Drift where the script's calls (or, for a PyTorch path, its output) differ from the suite's."""
     (want, want_out), (got, got_out) = suite_calls(parts), script_calls(text)
     for i, (a, b) in enumerate(zip(want, got)):
-        if not _same(a, b):
-            raise Drift(f"call {i + 1}: the suite makes {_describe(a)}, the script {_describe(b)}")
+        if not same(a, b):
+            raise Drift(f"call {i + 1}: the suite makes {describe(a)}, the script {describe(b)}")
     if len(want) != len(got):
         raise Drift(f"the suite makes {len(want)} library calls, the script {len(got)}")
     torch_paths = [registry.get(p.impl).library == "torch" for p in parts if p.role != "first"]
@@ -115,6 +115,6 @@ def check(parts: list[Part], text: str) -> None:
             raise Drift(f"part {i + 1}: the script's output differs from the suite's")
 
 
-def _describe(call) -> str:
+def describe(call) -> str:
     cls_name, method, args, kwargs = call
     return f"{cls_name or 'flashinfer'}.{method} with {len(args)} arguments and keywords {sorted(kwargs)}"

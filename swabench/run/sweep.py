@@ -88,16 +88,16 @@ def gpu_identity(device: torch.device) -> str | None:
 
 def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream.UpstreamBug | None = None) \
         -> tuple[str, str]:
-    """(status, note) from what the gate saw and what was expected; ``bug``: the upstream bug declared
-    on this point of a correct path."""
-    if not expected_to_fail:
-        if bug:
-            return ("pass", f"{bug.ref} declared here, not shown") if passed else \
-                ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
-        return ("pass", "") if passed else ("fail", "")
-    if must_fail:
+    """(status, note) from what the gate saw and what was expected; ``bug``: the upstream bug declared on this
+    point, which speaks where the path's own mistake (if it has one) does not show."""
+    if expected_to_fail and must_fail:
         return ("xfail", "known bug caught") if not passed else \
             ("xpass", "KNOWN BUG NOT CAUGHT: fixed upstream, or the gate is blind here")
+    if bug:
+        return ("pass", f"{bug.ref} declared here, not shown") if passed else \
+            ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
+    if not expected_to_fail:
+        return ("pass", "") if passed else ("fail", "")
     return ("pass", "case does not exercise the bug") if passed else \
         ("fail", "failed where its known bug should not show")
 
@@ -117,7 +117,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
-    bug = None if impl.expected_to_fail else upstream.hit(point.impl, point.case, point.backend)
+    bug = upstream.hit(point.impl, point.case, point.backend)
+    if bug and row["must_fail"]:  # the path's own mistake speaks there
+        bug = None
     row["upstream"] = bug.ref if bug else None
     try:
         runner = impl.make(w, point.backend)
