@@ -32,12 +32,14 @@ CLIFF_THRESHOLD = 3.0
 class Filing:
     """How a bug is filed: its title in the library's terms, whose mistake it is and where to take it, the
     arguments that decide it, and the control that pins the cause: the correct path run beside it on the same
-    inputs (``control``), or its own call planned again with ``keywords``."""
+    inputs (``control``), its own call planned again with ``keywords``, or one only its script makes
+    (``control_said``)."""
     title: str
     fault: str
     matters: str = ""
     control: str = ""
     keywords: tuple = ()
+    control_said: str = ""  # a control the script makes on its own, where no suite path is one
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ FILINGS: dict[str, Filing] = {
               "upstream yet: file it as a new issue.",
         matters="a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: b128 x 16K tokens x 16 KV heads x "
                 "128) and a request whose table holds a page past that point; any page size, any step",
+        control_said=holistic.CONTROL,
     ),
     "flashinfer#1679": Filing(
         title="BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's "

@@ -121,7 +121,8 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines += [f"Observed on {o.where}: {o.verdict}" for o in observed] or \
         ["Observed: not yet run; the line above says where the suite finds it"]
     lines += [f"Fault: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
-    lines.append(f"Control: {control.says}; its verdict is printed beside the bug's" if control else
+    said = control.says if control else bug.filing.control_said
+    lines.append(f"Control: {said}; its verdict is printed beside the bug's" if said else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]

@@ -64,7 +64,11 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
                      SHELF_COLUMN: shelf.best_on_shelf(runs, mode), "run": run.name})
     table = pd.DataFrame(rows)
     if len(table) and not table[SHELF_COLUMN].any():
-        table = table.drop(columns=SHELF_COLUMN)
+        return table.drop(columns=SHELF_COLUMN)
+    named = {cell.rpartition(" (")[2][:-1] for cell in table.get(SHELF_COLUMN, []) if cell}
+    if len(named) == 1:  # one run speaks for the whole column: named once, above the table
+        table[SHELF_COLUMN] = [cell.rpartition(" (")[0] for cell in table[SHELF_COLUMN]]
+        table.attrs["shelf_run"] = named.pop()
     return table
 
 
@@ -101,8 +105,8 @@ def served_mixes(runs: list[Run]) -> list[str]:
         if best["all steps ms"] != best["all steps ms"]:
             said.append(f"- {name} ({trace['steps']} steps) cannot be served whole by correct paths ({r.name}).")
             continue
-        ms = {row["impl"]: f"{row['all steps ms']:.3g} ms" if row["all steps ms"] == row["all steps ms"] else
-              "not every mode" for _, row in table.iterrows()}
+        ms = {row["impl"]: f"{row['all steps ms']:.3g} ms" for _, row in table.iterrows()
+              if row["all steps ms"] == row["all steps ms"]}  # those that serve every step (the detail has the rest)
         single = [f"{impl}: {v}" for impl, v in ms.items()
                   if impl.startswith("best single ") or impl.endswith(" per layer type")]
         ref = registry.reference_path("paged")
@@ -155,7 +159,7 @@ def reads_said(runs: list[Run]) -> list[str]:
     worst one's mechanism with its numbers."""
     said = [f"- {mode}: {words}." for mode in MODES if (words := machine.amplified(runs, mode, most=2, named=False))]
     if said:
-        said[-1] = said[-1][:-1] + f" ({', '.join(r.name for r in machine.counted_runs(runs))})."
+        said[-1] = said[-1][:-1] + f" ({len(machine.counted_runs(runs))} counted runs, each named in the detail)."
     worst = machine.worst_cliff(runs)
     return said + ([f"- The worst: {worst[0].lower()}{worst[1:]}"] if worst else [])
 
@@ -184,7 +188,8 @@ def answers(runs: list[Run]) -> list[str]:
         parts += [f"**Which path for each step** ({topic_link(speed)}): the fastest correct path, its time / the "
                   f"reference path's, its floor / its time ({topic_link(machine, 'roofline')}), the mask's and the "
                   f"slowest correct path's time / its (medians over the step's cases), and the known bugs caught"
-                  + (f"; on the shelf: the best other Hopper kernel / the best existing path ({topic_link(shelf)})"
+                  + (f"; on the shelf: the best other Hopper kernel / the best existing path ("
+                     + "".join(f"{run}, " for run in [steps.attrs.get("shelf_run")] if run) + f"{topic_link(shelf)})"
                      if SHELF_COLUMN in steps else "")
                   + ":",
                   markdown_table(steps)]
