@@ -462,12 +462,14 @@ def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_
 
 
 def test_cudnn_is_asked_for_by_name_and_never_taken_by_default():
-    """A scenario may name the cudnn backend; a replay or price that names none runs fa2 and fa3 only (cuDNN's
-    graph is another kernel, on a package the node may lack)."""
+    """A scenario may name the cudnn backend; a replay or price that names none runs fa2, fa3 and the shelf's XQA
+    and fmha v2 (kernels an engine routes served steps to), never cuDNN (its graph is on a package the node may
+    lack)."""
     from swabench.run import replay
     assert "cudnn" in registry.backends()
     assert axes.AXES["backend"]("cudnn") == "cudnn"
-    assert replay._checked_backends(()) == ["fa2", "fa3"]
+    assert replay._checked_backends(()) == ["fa2", "fa3", "xqa", "fmha-v2"]
+    assert replay._checked_backends(("fa2",)) == ["fa2"]
 
 
 @pytest.mark.parametrize("impl,mode", [("paged-window", "verify"), ("ragged-window", "verify"), ("paged-mask", "verify"),

@@ -94,8 +94,8 @@ def step_options(command):
             out_option,
             opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has."),
             opt("--backend", "backends", multiple=True, metavar="NAME",
-                help="A library backend each step runs through (repeatable; default: every backend a library offers "
-                     "but the one that lets it choose, e.g. fa2 and fa3)."),
+                help="A library backend each step runs through (repeatable; default: FlashInfer's fa2 and fa3 and "
+                     "the shelf's xqa and fmha-v2, whose JIT modules take minutes to build; cudnn only by name)."),
             l2_option]):
         command = option(command)
     return command

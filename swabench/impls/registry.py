@@ -225,6 +225,8 @@ class Library:
     chooser: str | None = None  # the backend value that lets the library choose ("auto")
     # backends a scenario may ask for by name but that no default takes (a package the node may lack)
     opt_in: tuple[str, ...] = ()
+    # of those, the ones a replay or price runs unasked: kernels an engine routes a served step to
+    served: tuple[str, ...] = ()
     workspace_bytes: int | None = None  # the smallest scratch workspace a runner of it gets, where it takes one
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
@@ -255,6 +257,11 @@ class Library:
     def chosen_backends(self) -> tuple[str, ...]:
         """The backends a user picks among (every one but the chooser and the opt-in ones)."""
         return tuple(b for b in self.backends if b != self.chooser and b not in self.opt_in)
+
+    @property
+    def serving_backends(self) -> tuple[str, ...]:
+        """The backends a replay or price runs when none is named: the chosen ones and the served opt-in ones."""
+        return self.chosen_backends + tuple(b for b in self.opt_in if b in self.served)
 
 
 _REGISTRY: dict[str, Implementation] = {}

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def request(trace, implementations, backends, out: Path | None, device, resume: bool = False,
             l2: str = "cold") -> lifecycle.Request:
     """The run request of a replay of ``trace`` (every implementation but the planted mistakes when
-    none is named, through every backend a library offers when none is named); TraceError,
+    none is named, through each library's serving backends when none is named); TraceError,
     ScenarioError or UserError, before anything is written, for bad input."""
     data = traces.read_bytes(trace)
     return steps_request(trace, hashlib.sha256(data).hexdigest(), traces.parse(data, trace), implementations,
@@ -44,9 +44,10 @@ def steps_request(source, sha256: str, steps, implementations, backends, out: Pa
 
 
 def _checked_backends(backends) -> list[str]:
-    """The backends asked for (--backend), or every library's own choices; UserError for one no library takes."""
+    """The backends asked for (--backend), or every library's serving backends (FlashInfer's fa2, fa3 and the
+    shelf's XQA and fmha v2, not cuDNN); UserError for one no library takes."""
     if not backends:
-        return [b for lib in registry.libraries() for b in lib.chosen_backends]
+        return [b for lib in registry.libraries() for b in lib.serving_backends]
     for b in backends:
         try:
             axes.AXES["backend"](b)
