@@ -137,3 +137,19 @@ def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_
         finally:
             holistic.MAIN = original
     assert bugs.get("holistic-offset").impl == "batch-attention-trim"
+
+
+def test_the_findings_credit_a_declared_bug_not_the_known_mistake_where_it_speaks():
+    import pandas as pd
+
+    from swabench.publish.sections import repros
+    from swabench.publish.sections.base import Run
+
+    table = pd.DataFrame({
+        "impl": ["batch-attention-trim", "batch-attention-trim", "paged-trim"],
+        "kind": ["known-bug", "known-bug", "correct"], "status": ["xfail", "xfail", "xfail"],
+        "upstream": [None, "holistic-offset", "flashinfer#4972"], "mode": ["decode"] * 3,
+        "median_us": [float("nan")] * 3})
+    found = repros.caught([Run("run", table, {})])
+    assert set(found) == {"batch-attention-trim", "holistic-offset", "flashinfer#4972"}
+    assert repros.caught([Run("run", table.iloc[1:2], {})]) == {"holistic-offset": ["`run`"]}

@@ -91,13 +91,13 @@ def render(case, header: script.Header) -> str:
     """The script's text for ``case`` under ``header``."""
     literals = script.case_literals(case)
     tol = gate.TOLERANCES[case.dtype]
-    helpers = script._needed([kit.make_inputs, kit.table_slice, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
+    helpers = script.needed_helpers([kit.make_inputs, kit.table_slice, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
                               kit.environment], MAIN, literals)
-    said = [line for text in (CALL, script._shape_line(literals))
+    said = [line for text in (CALL, script.shape_line(literals))
             for line in textwrap.wrap(text, 110, subsequent_indent="    ")]
     out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
            "import torch", "", "import flashinfer", "",
-           call("CASE = dict", [], {k: literal(v) for k, v in literals.items() if k in script._case_keys(MAIN, helpers)}),
+           call("CASE = dict", [], {k: literal(v) for k, v in literals.items() if k in script.case_keys(MAIN, helpers)}),
            f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on random "
            f"inputs, {case.dtype}",
            f"DTYPE = torch.{case.dtype}",

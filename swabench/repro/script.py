@@ -132,12 +132,12 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.block_visible, kit.block_ranges, kit.table_slice,
               kit.key_slots, kit.window_mask, kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
               kit.graph_time_us, kit.environment]
-    helpers = _needed(wanted, text, case)
-    read = _case_keys(text, helpers)
+    helpers = needed_helpers(wanted, text, case)
+    read = case_keys(text, helpers)
     dtype = parts[-1].case.dtype
     tol = gate.TOLERANCES[dtype]
     first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
-    said = [w for line in (_call_line(first), _shape_line(case))
+    said = [w for line in (_call_line(first), shape_line(case))
             for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
     out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
            "import torch"]
@@ -158,7 +158,7 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     return "\n".join(out)
 
 
-def _case_keys(text: str, helpers: list[str]) -> set[str]:
+def case_keys(text: str, helpers: list[str]) -> set[str]:
     """The CASE keys the script reads once its helpers are cut to the case: CASE holds those only."""
     keys = {m for source in helpers for m in re.findall(r'case(?:\["|\.get\(")(\w+)"', source)}
     return keys | set(re.findall(r'CASE\w*\["(\w+)"\]', text))
@@ -174,7 +174,7 @@ def _call_line(t: trace.Tracer) -> str:
                                 for name, calls in t.api.items())
 
 
-def _shape_line(c: dict) -> str:
+def shape_line(c: dict) -> str:
     """The case as a maintainer reads a shape: batch, lengths, heads, head_dim, pages, window, causal, features."""
     n = len(c["kv_lens"])
 
@@ -192,7 +192,7 @@ def _shape_line(c: dict) -> str:
     return "Shape: " + "; ".join(said)
 
 
-def _needed(helpers, text: str, case: dict) -> list[str]:
+def needed_helpers(helpers, text: str, case: dict) -> list[str]:
     """The sources of the helpers ``text`` calls, and of those they call in turn, each cut to ``case``, in
     ``helpers``' order."""
     named = {f.__name__: f for f in helpers}

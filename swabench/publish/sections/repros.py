@@ -18,14 +18,14 @@ VERDICTS = REPO / "repro"  # where the node's runs of the committed scripts are:
 
 def caught(runs: list[Run]) -> dict[str, list[str]]:
     """Bug reference -> the runs that caught it: known bugs and planted mistakes by their xfail rows, declared
-    upstream bugs by the correct rows they turned wrong, the decode cliff where both its paths were timed."""
+    upstream bugs by the rows they turned wrong (a known-bug path's where its own mistake does not show), the decode
+    cliff where both its paths were timed."""
     found: dict[str, list[str]] = {}
     for r in runs:
         t = r.table
         wrong = t[t["status"] == "xfail"]
-        refs = set(wrong.loc[wrong["kind"] != "correct", "impl"])
-        if "upstream" in t:
-            refs |= set(wrong.loc[wrong["kind"] == "correct", "upstream"].dropna())
+        declared = wrong["upstream"].notna() if "upstream" in t else pd.Series(False, index=wrong.index)
+        refs = set(wrong.loc[(wrong["kind"] != "correct") & ~declared, "impl"]) | set(wrong.loc[declared, "upstream"])
         decode = t[(t["mode"] == "decode") & t["median_us"].notna()]
         if {"decode-window", "decode-trim"} <= set(decode["impl"]):
             refs.add(CLIFF)
