@@ -74,7 +74,7 @@ out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
 : "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
 : "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
 : "${NCU_LOOPS=torch-trim torch-mask}"
-: "${NCU_SHELF=decode b32 p16384 q1 W1023 ps16;decode b32 p16384 q1 W127 ps16;verify b32 p16384 q8 W1023 ps16;extend b1 p16384 q2048 W1023 ps16;C8192 ps16;mixed b65 p16384 q1984}"
+: "${NCU_SHELF=decode b32 p16384 q1 W1023 ps16;decode b32 p16384 q1 W127 ps16;decode b32 p16256 q1 W127 ps16;decode b32 p16510 q1 W127 ps16;verify b32 p16384 q8 W1023 ps16;extend b1 p16384 q2048 W1023 ps16;C8192 ps16;mixed b65 p16384 q1984}"
 : "${NCU_TREE=p8192 q16 tree eagle:4:3 W1023 ps16;p8192 q16 tree chain W1023 ps16;p8192 q16 tree eagle:4:3 W4095 ps16;p8192 q16 tree chain W4095 ps16}"
 steps="${*:-tests peaks quick default reference wrappers profile check peers}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
