@@ -8,12 +8,13 @@ Shape: batch 128; qo_len 1 each; kv_len 16385 each; 32 query and 16 KV heads; he
     (scattered pages); window_left 1023; causal=True; no sinks; no soft-cap; bfloat16
 What is wrong: BatchAttention (the persistent holistic kernel) computes a page's K/V offset as the int32 page
     index times the uint32 page stride in 32 bits (prefetch_offest, attention/persistent.cuh): a page that
-    ends past 2^32 elements of its cache (8 GiB of bfloat16) is read from the wrong place (not reported
-    upstream yet; flashinfer#3136 fixed the same product in the MLA kernels)
+    ends past 2^32 elements of its cache (8 GiB of bfloat16) is read from the wrong place (flashinfer#3136
+    fixed the same product in the MLA kernels)
 Where it shows: decode b128 p16384 q1 W1023 ps1 h32/16 d128 bfloat16 scale0.07715 s0 [gemma-3-27b]: requests
     47, 64, 121, 123 read a page that ends past 2^32 elements
-Matters: a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: b128 x 16K tokens x 16 KV heads x
-    128) and a request whose table holds a page past that point; any page size, any step
+Matters: a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: 128 requests x 16K tokens x 16 KV
+    heads x 128) and a request whose table holds a page past that point. Seen on decode at page size 1; the
+    source has the same offset for every page size and step. The script needs about 40 GiB of GPU memory
 Expected: every row is float32 softmax attention over the keys its mask allows (reference() below), within
     swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head
 Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: request 47: rows 0 wrong; request 64: rows 0
@@ -22,11 +23,12 @@ Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: request 47: row
 Observed on flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: request 47: rows 0 wrong; request 64:
     rows 0 wrong; request 121: rows 0 wrong; request 123: rows 0 wrong (rel-L2 0.00938, worst row 0.225;
     tolerances 0.01, 0.05)
-Fault: FlashInfer: prefetch_offest in include/flashinfer/attention/persistent.cuh computes indices[page_iter]
-    * kv_stride_page (int32 times uint32) in 32 bits before it is stored in a size_t, so the offset wraps at
-    2^32 elements; paged_kv_t::get_elem_offset (prefill, decode) widens the index first, and pull request
-    flashinfer#3136 fixed the same product in the MLA kernels. Not reported upstream yet: file it as a new
-    issue.
+Fault: FlashInfer: prefetch_offest in include/flashinfer/attention/persistent.cuh sums the offset
+    indices[page_iter] * kv_stride_page + entry_idx * kv_stride_n + kv_head_idx * kv_stride_h + ... in uint32
+    (an int32 index, uint32 strides) and only then stores it in a size_t, so it wraps at 2^32 elements. The
+    fix is static_cast<size_t>(indices[page_iter]) * kv_stride_page, as paged_kv_t::get_elem_offset does for
+    the prefill and decode kernels and as pull request flashinfer#3136 did in the MLA kernels. Not reported
+    upstream yet: file it as a new issue.
 Control: the same call on a copy of the trimmed pages numbered from 0 (every offset below 2^32 elements); its
     verdict is printed beside the bug's
 Made by: swabench repro --bug holistic-offset

@@ -72,18 +72,8 @@ tar cf - -C "$TMP/site" . | xz -9 -T0 > "$DEST/flashinfer.tar.xz"
 cp "$HERE/gpu-setup.sh" "$DEST/setup.sh"
 rm -f "$DEST/jitcache.tar.xz"
 if [ -n "${JIT_CACHE:-}" ]; then
-    # A built module's objects are emptied, their dates kept: ninja only compares dates, so the module still counts
-    # as built, and the cache is a quarter smaller.  A module not linked yet keeps its objects, to resume from, and
-    # so does one whose .ninja_log does not name its .so (two builds of it raced): ninja would link it again, and
-    # from emptied objects that gives a library missing their symbols.
     mkdir -p "$TMP/cache" && tar xJf "$JIT_CACHE" -C "$TMP/cache"
-    for so in "$TMP"/cache/.cache/flashinfer/*/*/cached_ops/*/*.so; do
-        [ -f "$so" ] || continue
-        grep -qF "/$(basename "$so")" "$(dirname "$so")/.ninja_log" 2>/dev/null || continue
-        for o in "$(dirname "$so")"/*.o; do
-            [ -f "$o" ] && [ "$so" -nt "$o" ] && { : > "$o.empty"; touch -r "$o" "$o.empty"; mv "$o.empty" "$o"; }
-        done
-    done
+    "$HERE/stub-jit-cache.sh" "$TMP/cache"
     tar cf - -C "$TMP/cache" .cache | xz -9 -T0 > "$DEST/jitcache.tar.xz"
 fi
 echo "flashinfer-python $RELEASE bundled in $DEST ($(du -sh "$DEST" | cut -f1))" \

@@ -68,22 +68,24 @@ def trim_starts(case, qo_lens, kv_lens) -> list[int]:
 
 
 def wrapped_requests(case) -> list[int]:
-    """The requests whose trimmed table holds a page that ends past 2^32 elements of its K (or V) cache.
+    """The requests whose trimmed table holds a page that ends past 2^32 elements of its K (or V) cache (a page
+    only partly filled counts whole: an upper bound at page sizes above 1).
 
     The holistic kernel addresses K and V as ``indices[page] * kv_stride_page + ...`` with an int32 index and
-    uint32 strides (``prefetch_offest`` in ``attention/persistent.cuh``, 0.6.18.post1 to 0.7.4), so the product
+    uint32 strides (``prefetch_offest`` in ``attention/persistent.cuh``, 0.6.18.post1 to 0.7.4), so the offset
     wraps at 2^32 elements (8 GiB of bfloat16) and such a page's keys are read from the wrong place.  The prefill
     and decode kernels widen the index first (``paged_kv_t::get_elem_offset``); FlashInfer's pull request 3136
     fixed the same product in the MLA kernels."""
-    page_size = case.page_size or 1
-    stride = page_size * case.num_kv_heads * case.head_dim
+    if case.storage != "paged":
+        return []
+    stride = case.page_size * case.num_kv_heads * case.head_dim
     qo_lens, kv_lens = workloads.request_lengths(case)
-    if sum(-(-k // page_size) for k in kv_lens) * stride <= OFFSET_WRAPS:
+    if sum(-(-k // case.page_size) for k in kv_lens) * stride <= OFFSET_WRAPS:
         return []  # no page of the cache reaches that far: the table need not be built
     indptr, indices, *_ = workloads.page_table(case, qo_lens, kv_lens)
-    kept, pages, _ = workloads.slice_page_table(indptr, indices, trim_starts(case, qo_lens, kv_lens), kv_lens,
-                                                page_size)
-    wraps = ((pages + 1) * stride > OFFSET_WRAPS).split(kept.diff().tolist())
+    trimmed_indptr, trimmed, _ = workloads.slice_page_table(indptr, indices, trim_starts(case, qo_lens, kv_lens),
+                                                            kv_lens, case.page_size)
+    wraps = ((trimmed + 1) * stride > OFFSET_WRAPS).split(trimmed_indptr.diff().tolist())
     return [b for b, w in enumerate(wraps) if bool(w.any())]
 
 

@@ -223,7 +223,8 @@ class Library:
     module: str | None = None  # the import name whose __version__ is the release that runs
     backends: tuple[str, ...] = ()
     chooser: str | None = None  # the backend value that lets the library choose ("auto")
-    # backends a scenario may ask for by name but that no default takes (a package the node may lack)
+    # backends a scenario may ask for by name but that no scenario's default takes (a package the node may lack,
+    # minutes of JIT build)
     opt_in: tuple[str, ...] = ()
     # of those, the ones a replay or price runs unasked: kernels an engine routes a served step to
     served: tuple[str, ...] = ()
@@ -252,6 +253,9 @@ class Library:
                 running = None
             return str(running) if running else installed
         return None
+
+    def __post_init__(self):
+        assert set(self.served) <= set(self.opt_in), f"{self.name}: a served backend is one of the opt-in ones"
 
     @property
     def chosen_backends(self) -> tuple[str, ...]:

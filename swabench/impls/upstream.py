@@ -18,8 +18,8 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class UpstreamBug:
-    ref: str  # "flashinfer#4972": the upstream issue (or pull request) that reports or fixes it; a name until filed
-    url: str  # "" until filed
+    ref: str  # "flashinfer#4972": the upstream issue (or pull request) that reports or fixes it; else a stable name
+    url: str  # "" where nothing upstream reports it yet
     library: str
     summary: str
     impls: frozenset[str]  # the paths it can hit
@@ -82,8 +82,8 @@ _DECLARED: list[UpstreamBug] = [
         "holistic-offset", "", "flashinfer",
         "BatchAttention (the persistent holistic kernel) computes a page's K/V offset as the int32 page index times "
         "the uint32 page stride in 32 bits (prefetch_offest, attention/persistent.cuh): a page that ends past 2^32 "
-        "elements of its cache (8 GiB of bfloat16) is read from the wrong place (not reported upstream yet; "
-        "flashinfer#3136 fixed the same product in the MLA kernels)",
+        "elements of its cache (8 GiB of bfloat16) is read from the wrong place (flashinfer#3136 fixed the same "
+        "product in the MLA kernels)",
         frozenset({"batch-attention-trim"}), _holistic_offset_wraps),
 ]
 
@@ -93,8 +93,14 @@ def declared() -> list[UpstreamBug]:
 
 
 def hit(impl_name: str, case, backend: str) -> UpstreamBug | None:
-    """The declared bug whose condition holds on this point of a correct path, or None."""
+    """The declared bug whose condition holds on this point of a path it names, or None."""
     return next((b for b in _DECLARED if impl_name in b.impls and b.shows(impl_name, case, backend)), None)
+
+
+def speaks(impl_name: str, case, backend: str, must_fail: bool) -> UpstreamBug | None:
+    """The declared bug that answers for this point's verdict: its condition holds, and the path's own mistake
+    (``must_fail``: a known-bug path where it shows) does not speak first."""
+    return None if must_fail else hit(impl_name, case, backend)
 
 
 def get(ref: str) -> UpstreamBug | None:

@@ -67,13 +67,16 @@ FILINGS: dict[str, Filing] = {
     ),
     "holistic-offset": Filing(
         title="BatchAttention reads the wrong keys from pages past 2^32 elements of the K/V cache",
-        fault="FlashInfer: prefetch_offest in include/flashinfer/attention/persistent.cuh computes "
-              "indices[page_iter] * kv_stride_page (int32 times uint32) in 32 bits before it is stored in a size_t, "
-              "so the offset wraps at 2^32 elements; paged_kv_t::get_elem_offset (prefill, decode) widens the index "
-              "first, and pull request flashinfer#3136 fixed the same product in the MLA kernels. Not reported "
-              "upstream yet: file it as a new issue.",
-        matters="a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: b128 x 16K tokens x 16 KV heads x "
-                "128) and a request whose table holds a page past that point; any page size, any step",
+        fault="FlashInfer: prefetch_offest in include/flashinfer/attention/persistent.cuh sums the offset "
+              "indices[page_iter] * kv_stride_page + entry_idx * kv_stride_n + kv_head_idx * kv_stride_h + ... in "
+              "uint32 (an int32 index, uint32 strides) and only then stores it in a size_t, so it wraps at 2^32 "
+              "elements. The fix is static_cast<size_t>(indices[page_iter]) * kv_stride_page, as "
+              "paged_kv_t::get_elem_offset does for the prefill and decode kernels and as pull request "
+              "flashinfer#3136 did in the MLA kernels. Not reported upstream yet: file it as a new issue.",
+        matters="a K (or V) cache of more than 2^32 elements (8 GiB of bfloat16: 128 requests x 16K tokens x 16 KV "
+                "heads x 128) and a request whose table holds a page past that point. Seen on decode at page size "
+                "1; the source has the same offset for every page size and step. The script needs about 40 GiB of "
+                "GPU memory",
         control_said=holistic.CONTROL,
     ),
     "flashinfer#1679": Filing(
@@ -263,11 +266,9 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
         return ([Part(first, bug.impl, p.backend, "first", "_first"), Part(p.case, bug.impl, p.backend)],
                 f"{p.case.label}, run after the same wrapper at head_dim {other} in one process")
     if bug.ref == holistic.REF:
-        from swabench.impls import batch_attention
-
         for p in points:
-            qo, kv = workloads.request_lengths(p.case)
-            if not impl.must_fail(p.case, qo, kv) and batch_attention.wrapped_requests(p.case):
+            speaks = upstream.speaks(bug.impl, p.case, p.backend, impl.must_fail(p.case, *workloads.request_lengths(p.case)))
+            if speaks and speaks.ref == bug.ref:
                 return holistic.parts(p.case), holistic.where(p.case)
         raise LookupError(f"no shipped case shows {bug.ref}")
     if bug.ref == "flashinfer#4972":

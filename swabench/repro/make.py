@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from swabench.core import workloads
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
@@ -77,7 +78,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     if skipped:
         raise UserError(f"{impl} [{backend}] on {case.case_id}: the suite skips this point ({skipped}); nothing to "
                         f"reproduce")
-    declared = upstream.hit(impl, case, backend)
+    declared = upstream.speaks(impl, case, backend, obj.must_fail(case, *workloads.request_lengths(case)))
     said = ""
     if rows is not None:
         row = rows[(rows["case_id"] == case.case_id) & (rows["impl"] == impl) & (rows["backend"] == backend)].iloc[0]

@@ -117,9 +117,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
     if skip:
         return {**row, "status": "skip", "reason": skip}
     sync = timing.device_sync(options.device)
-    bug = upstream.hit(point.impl, point.case, point.backend)
-    if bug and row["must_fail"]:  # the path's own mistake speaks there
-        bug = None
+    bug = upstream.speaks(point.impl, point.case, point.backend, row["must_fail"])
     row["upstream"] = bug.ref if bug else None
     try:
         runner = impl.make(w, point.backend)

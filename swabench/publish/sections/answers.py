@@ -4,6 +4,8 @@ with its run folder, the detail in the sections below."""
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from swabench.analysis import price, replay, versus
@@ -11,11 +13,12 @@ from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table, trace_name
 from swabench.publish.sections import machine, modes, neighbours, releases, serving, shelf, speed, trees
-from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, ratio, run_for_step,
-                                            topic_link)
+from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, own_mistake_caught, ratio,
+                                            run_for_step, topic_link)
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
 SHELF_COLUMN = "on the shelf / best existing"
+SHELF_RUN = re.compile(r" \((`[^`]+`)\)$")  # the run a shelf cell ends with (shelf.best_on_shelf)
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
 
 
@@ -40,8 +43,8 @@ def _paths_of_step(run: Run, mode: str) -> pd.DataFrame:
 
 def _bugs_of_step(run: Run, mode: str) -> str:
     t = run.table[(run.table["mode"] == mode) & (run.table["kind"] == "known-bug") & (run.table["status"] != "skip")]
-    return ", ".join(f"`{impl}` {int((g['status'] == 'xfail').sum())} of {len(g)}"
-                     for impl, g in t.groupby("impl", sort=False) if (g["status"] == "xfail").any())
+    return ", ".join(f"`{impl}` {int(own_mistake_caught(g).sum())} of {len(g)}"
+                     for impl, g in t.groupby("impl", sort=False) if own_mistake_caught(g).any())
 
 
 def per_step(runs: list[Run]) -> pd.DataFrame:
@@ -63,11 +66,11 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
                      "known bugs caught": _bugs_of_step(run, mode),
                      SHELF_COLUMN: shelf.best_on_shelf(runs, mode), "run": run.name})
     table = pd.DataFrame(rows)
-    if len(table) and not table[SHELF_COLUMN].any():
-        return table.drop(columns=SHELF_COLUMN)
-    named = {cell.rpartition(" (")[2][:-1] for cell in table.get(SHELF_COLUMN, []) if cell}
+    if table.empty or not table[SHELF_COLUMN].any():
+        return table.drop(columns=SHELF_COLUMN, errors="ignore")
+    named = {m.group(1) for cell in table[SHELF_COLUMN] if (m := SHELF_RUN.search(cell))}
     if len(named) == 1:  # one run speaks for the whole column: named once, above the table
-        table[SHELF_COLUMN] = [cell.rpartition(" (")[0] for cell in table[SHELF_COLUMN]]
+        table[SHELF_COLUMN] = [SHELF_RUN.sub("", cell) for cell in table[SHELF_COLUMN]]
         table.attrs["shelf_run"] = named.pop()
     return table
 
@@ -159,7 +162,8 @@ def reads_said(runs: list[Run]) -> list[str]:
     worst one's mechanism with its numbers."""
     said = [f"- {mode}: {words}." for mode in MODES if (words := machine.amplified(runs, mode, most=2, named=False))]
     if said:
-        said[-1] = said[-1][:-1] + f" ({len(machine.counted_runs(runs))} counted runs, each named in the detail)."
+        counted = len(machine.counted_runs(runs))
+        said[-1] = said[-1][:-1] + f" ({counted} counted run{'s' * (counted != 1)}, each named in the detail)."
     worst = machine.worst_cliff(runs)
     return said + ([f"- The worst: {worst[0].lower()}{worst[1:]}"] if worst else [])
 

@@ -165,6 +165,17 @@ def path_of(t: pd.DataFrame) -> pd.Series:
     return t["impl"].astype(str) + " [" + t["backend"].astype(str) + "]"
 
 
+def declared_upstream(t: pd.DataFrame) -> pd.Series:
+    """Each row's declared upstream bug, where one spoke on it (the sweep's ``upstream`` column), else NaN."""
+    return t["upstream"] if "upstream" in t else pd.Series(float("nan"), index=t.index, dtype=object)
+
+
+def own_mistake_caught(t: pd.DataFrame) -> pd.Series:
+    """The rows where a path's own mistake was caught: xfail, and no declared upstream bug spoke there (on a
+    known-bug path an upstream bug can, where its own mistake does not show)."""
+    return (t["status"] == "xfail") & declared_upstream(t).isna()
+
+
 def path_order(path: str) -> tuple:
     """Sort key of 'impl [backend]': registration order, then the backend."""
     return registry.order(path.split(" [")[0]), path

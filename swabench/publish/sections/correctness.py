@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.publish.markdown import environment_line, markdown_table
-from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section, points
+from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section, own_mistake_caught, points
 from swabench.store import schema
 
 STATUS_ORDER = list(schema.STATUSES)
@@ -21,7 +21,8 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
     for impl, backend in keys:
         group = table[(table["impl"] == impl) & (table["backend"] == backend)]
         counts = group["status"].value_counts()
-        passed, caught = group[group["status"] == "pass"], group[group["status"] == "xfail"]
+        passed = group[group["status"] == "pass"]
+        caught = group[(group["status"] == "xfail") & ((group["kind"] == "correct") | own_mistake_caught(group))]
         rows.append({"impl": impl, "kind": group["kind"].iloc[0], "backend": backend,
                      **{s: int(counts.get(s, 0)) for s in STATUS_ORDER},
                      "worst rel-L2 (pass)": passed["rel_l2"].max(),

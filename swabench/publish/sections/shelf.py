@@ -9,7 +9,7 @@ import pandas as pd
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
-from swabench.publish.sections.base import Run, Section, path_of, points, ratio
+from swabench.publish.sections.base import Run, Section, declared_upstream, own_mistake_caught, path_of, points, ratio
 from swabench.publish.sections.machine import counted_points, trusted
 from swabench.store import schema
 
@@ -126,12 +126,16 @@ def conventions_said(run: Run) -> list[str]:
     bugs = t[(t["kind"] == "known-bug") & t["family"].isin(SHELF) & (t["status"] != "skip")]
     said = []
     for (impl, step), g in sorted(bugs.groupby(["impl", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
-        count = {s: int((g["status"] == s).sum()) for s in ("xfail", "pass", "xpass", "fail")}
-        predicted = g["rows_as_predicted"].dropna().astype(str).str.lower() if "rows_as_predicted" in g else []
+        count = {s: int((g["status"] == s).sum()) for s in ("pass", "xpass", "fail")}
+        own = g[own_mistake_caught(g)]
+        upstream = declared_upstream(g)[g["status"] == "xfail"].dropna()
+        predicted = own["rows_as_predicted"].dropna().astype(str).str.lower() if "rows_as_predicted" in own else []
         rows = f"; the wrong rows as predicted on {int((predicted == 'true').sum())} of {len(predicted)}" \
             if len(predicted) else ""
-        said.append(f"- `{impl}`, {step}: caught on {count['xfail']} of {points(len(g))}"
+        said.append(f"- `{impl}`, {step}: caught on {len(own)} of {points(len(g))}"
                     + (f", right on {count['pass']} where its semantics make it exact" if count["pass"] else "")
+                    + "".join(f", wrong on {n} where it should be exact, inside upstream bug `{ref}`"
+                              for ref, n in upstream.value_counts().items())
                     + (f", NOT caught on {count['xpass']}" if count["xpass"] else "")
                     + (f", wrong on {count['fail']} where it should be exact" if count["fail"] else "")
                     + f"{rows} ({run.name}).")
