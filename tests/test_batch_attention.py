@@ -113,6 +113,8 @@ def test_the_offset_bug_is_declared_where_the_trim_is_exact_and_left_to_the_know
                  page_size=1, batch_size=128, prefix_len=16384)
     bug = upstream.hit("batch-attention-trim", exact, "fa2")
     assert bug and bug.ref == "holistic-offset" and upstream.hit("decode-tc-trim", exact, "fa2") is None
+    assert upstream.speaks("batch-attention-trim", exact, "fa2", must_fail=False) is bug
+    assert upstream.speaks("batch-attention-trim", exact, "fa2", must_fail=True) is None  # its own mistake first
     assert upstream.hit("batch-attention-trim", case(mode="decode", draft_tokens=None, page_size=1), "fa2") is None
     assert verdict(True, False, False, bug) == ("xfail", f"upstream bug holistic-offset: {bug.summary}")
     assert verdict(True, False, True, bug) == ("pass", "holistic-offset declared here, not shown")
