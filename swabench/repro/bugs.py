@@ -267,7 +267,8 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
                 f"{p.case.label}, run after the same wrapper at head_dim {other} in one process")
     if bug.ref == holistic.REF:
         for p in points:
-            speaks = upstream.speaks(bug.impl, p.case, p.backend, impl.must_fail(p.case, *workloads.request_lengths(p.case)))
+            own = impl.must_fail(p.case, *workloads.request_lengths(p.case))
+            speaks = upstream.speaks(bug.impl, p.case, p.backend, own)
             if speaks and speaks.ref == bug.ref:
                 return holistic.parts(p.case), holistic.where(p.case)
         raise LookupError(f"no shipped case shows {bug.ref}")

@@ -9,9 +9,7 @@ the same pages numbered from 0: the same keys and the same kernel, every offset 
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 
-from swabench.core import gate
 from swabench.impls import batch_attention
 from swabench.impls.flashinfer_workspace import MIB, OVERFLOW, WORKSPACE_BYTES, WORKSPACE_CAP
 from swabench.repro import kit, script, verify
@@ -90,26 +88,17 @@ def parts(case) -> list[Part]:
 def render(case, header: script.Header) -> str:
     """The script's text for ``case`` under ``header``."""
     literals = script.case_literals(case)
-    tol = gate.TOLERANCES[case.dtype]
-    helpers = script.needed_helpers([kit.make_inputs, kit.table_slice, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
-                              kit.environment], MAIN, literals)
-    said = [line for text in (CALL, script.shape_line(literals))
-            for line in textwrap.wrap(text, 110, subsequent_indent="    ")]
-    out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
-           "import torch", "", "import flashinfer", "",
-           call("CASE = dict", [], {k: literal(v) for k, v in literals.items() if k in script.case_keys(MAIN, helpers)}),
-           f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on random "
-           f"inputs, {case.dtype}",
-           f"DTYPE = torch.{case.dtype}",
-           f"WORKSPACE, CAP = {WORKSPACE_BYTES // MIB} * 2**20, {WORKSPACE_CAP // MIB} * 2**20  # float workspace "
-           f"bytes: the first tried, the most",
-           f"OVERFLOW = {OVERFLOW!r}  # what plan() says when its workspace is too small",
-           f"CONTROL = {CONTROL!r}",
-           'DEVICE = "cuda"', "", MAIN.rstrip()]
-    for source in helpers:
-        out += ["", "", source]
-    out += ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""]
-    return "\n".join(out)
+    helpers = script.needed_helpers([kit.make_inputs, kit.table_slice, kit.seen, kit.reference, kit.outcome,
+                                     kit.wrong_rows, kit.environment], MAIN, literals)
+    read = script.case_keys(MAIN, helpers)
+    constants = [call("CASE = dict", [], {k: literal(v) for k, v in literals.items() if k in read}),
+                 script.tolerance_line(case.dtype), f"DTYPE = torch.{case.dtype}",
+                 f"WORKSPACE, CAP = {WORKSPACE_BYTES // MIB} * 2**20, {WORKSPACE_CAP // MIB} * 2**20  # float "
+                 f"workspace bytes: the first tried, the most",
+                 f"OVERFLOW = {OVERFLOW!r}  # what plan() says when its workspace is too small",
+                 f"CONTROL = {CONTROL!r}", 'DEVICE = "cuda"']
+    return script.assemble(header, [CALL, script.shape_line(literals)], ["import torch", "", "import flashinfer"],
+                           constants, MAIN.strip(), helpers)
 
 
 def small(case):
@@ -124,13 +113,10 @@ def check(case, header: script.Header) -> None:
     want, _ = verify.suite_calls(parts(little))
     got, _ = verify.script_calls(render(little, header))
     control, checked = got[len(want):], got[:len(want)]
-    for i, (a, b) in enumerate(zip(want, checked)):
-        if not verify.same(a, b):
-            raise verify.Drift(f"call {i + 1}: the suite makes {verify.describe(a)}, the script {verify.describe(b)}")
+    verify.same_calls(want, checked)
     planned = [c for c in checked if c[1] == "plan"]
     replanned = [c for c in control if c[1] == "plan"]
-    if len(checked) != len(want) or len(planned) != 1 or len(replanned) != 1 or \
-            not _renumbered(planned[0], replanned[0]):
+    if len(planned) != 1 or len(replanned) != 1 or not _renumbered(planned[0], replanned[0]):
         raise verify.Drift("the control is not the checked plan() on its pages numbered from 0")
 
 

@@ -134,24 +134,32 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
               kit.graph_time_us, kit.environment]
     helpers = needed_helpers(wanted, text, case)
     read = case_keys(text, helpers)
-    dtype = parts[-1].case.dtype
-    tol = gate.TOLERANCES[dtype]
     first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
-    said = [w for line in (_call_line(first), shape_line(case))
-            for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
-    out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
-           "import torch"]
-    out += ["import torch.nn.functional as F"] if "F." in text else []
-    out += ["", "import flashinfer"] if flashinfer else []
-    out += [""] + [call(f"CASE{p.label} = dict", [],
-                       {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
-                   for p in parts if not _shares_inputs(p, parts)]
-    out.append(f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on "
-               f"random inputs, {dtype}")
+    imports = ["import torch"] + (["import torch.nn.functional as F"] if "F." in text else []) + \
+        (["", "import flashinfer"] if flashinfer else [])
+    constants = [call(f"CASE{p.label} = dict", [], {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
+                 for p in parts if not _shares_inputs(p, parts)]
+    constants.append(tolerance_line(parts[-1].case.dtype))
     if threshold:
-        out.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
-    out.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
-    out += ["", "", "def main():", "    dev = torch.device(DEVICE)"] + _indent(body)
+        constants.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
+    constants.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
+    main = "\n".join(["def main():", "    dev = torch.device(DEVICE)"] + _indent(body))
+    return assemble(header, [_call_line(first), shape_line(case)], imports, constants, main, helpers)
+
+
+def tolerance_line(dtype: str) -> str:
+    tol = gate.TOLERANCES[dtype]
+    return f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on " \
+           f"random inputs, {dtype}"
+
+
+def assemble(header: Header, said: list[str], imports: list[str], constants: list[str], main: str,
+             helpers: list[str]) -> str:
+    """A script's text: its top comment (``said``: the call and the shape, then the header's lines), its imports and
+    constants, ``main`` (with what it defines), the helpers it calls, and the entry point."""
+    said = [w for line in said for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
+    out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
+           *imports, "", *constants, "", "", main]
     for source in helpers:
         out += ["", "", source]
     out += ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""]

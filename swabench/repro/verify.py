@@ -104,15 +104,20 @@ def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
 def check(parts: list[Part], text: str) -> None:
     """Drift where the script's calls (or, for a PyTorch path, its output) differ from the suite's."""
     (want, want_out), (got, got_out) = suite_calls(parts), script_calls(text)
+    same_calls(want, got)
+    torch_paths = [registry.get(p.impl).library == "torch" for p in parts if p.role != "first"]
+    for i, (a, b, is_torch) in enumerate(zip(want_out, got_out, torch_paths)):
+        if is_torch and not torch.equal(a, b):
+            raise Drift(f"part {i + 1}: the script's output differs from the suite's")
+
+
+def same_calls(want: list, got: list) -> None:
+    """Drift at the first call the script makes otherwise than the suite, or where it makes more or fewer."""
     for i, (a, b) in enumerate(zip(want, got)):
         if not same(a, b):
             raise Drift(f"call {i + 1}: the suite makes {describe(a)}, the script {describe(b)}")
     if len(want) != len(got):
         raise Drift(f"the suite makes {len(want)} library calls, the script {len(got)}")
-    torch_paths = [registry.get(p.impl).library == "torch" for p in parts if p.role != "first"]
-    for i, (a, b, is_torch) in enumerate(zip(want_out, got_out, torch_paths)):
-        if is_torch and not torch.equal(a, b):
-            raise Drift(f"part {i + 1}: the script's output differs from the suite's")
 
 
 def describe(call) -> str:

@@ -22,7 +22,7 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
         group = table[(table["impl"] == impl) & (table["backend"] == backend)]
         counts = group["status"].value_counts()
         passed = group[group["status"] == "pass"]
-        caught = group[(group["status"] == "xfail") & ((group["kind"] == "correct") | own_mistake_caught(group))]
+        caught = group[own_mistake_caught(group) | ((group["status"] == "xfail") & (group["kind"] == "correct"))]
         rows.append({"impl": impl, "kind": group["kind"].iloc[0], "backend": backend,
                      **{s: int(counts.get(s, 0)) for s in STATUS_ORDER},
                      "worst rel-L2 (pass)": passed["rel_l2"].max(),
