@@ -65,7 +65,7 @@ def test_the_conventions_say_where_they_were_caught_and_where_they_are_exact():
 
 def test_a_run_without_the_shelf_has_no_section_and_no_column_in_the_answers():
     plain = Run("default-run", SHELF_RUN[SHELF_RUN["impl"].isin(["decode-tc-trim", "decode-trim"])], META)
-    assert shelf.families_table(plain).empty and shelf.best_on_shelf([plain], "decode") == ""
+    assert shelf.families_table(plain).empty and shelf.in_words(shelf.shelf_pick([plain], "decode")) == ""
     assert shelf.across([plain]) == []
 
 
@@ -85,7 +85,7 @@ def test_bytes_come_from_a_counted_run_of_the_same_scenario_and_release():
 
 def test_the_answers_step_table_names_the_shelf_s_best_path():
     run = Run("shelf-run", SHELF_RUN, META)
-    assert shelf.best_on_shelf([run], "decode") == "`xqa-window [xqa]` 0.95x over 2 points (`shelf-run`)"
+    assert shelf.in_words(shelf.shelf_pick([run], "decode")) == "`xqa-window [xqa]` 0.95x over 2 points (`shelf-run`)"
     default = Run("default", *derived.load(PUBLISHED))
     assert answers.SHELF_COLUMN not in answers.per_step([default])
     steps = answers.per_step([default, run]).set_index("step")
@@ -102,7 +102,7 @@ def test_a_shelf_path_timed_on_too_few_cases_does_not_speak_for_the_step():
     more = pd.concat([few, few.assign(case_id=few["case_id"] + "b")])
     more = more[~((more["impl"] == "xqa-window") & (more["case_id"] == "c1b"))]  # xqa times 1 of 4 cases
     # XQA is faster where it ran, but on 1 of the 4 cases the wrappers timed: BatchAttention's 2 of 4 speak instead
-    assert shelf.best_on_shelf([Run("few", more, META)], "decode") == \
+    assert shelf.in_words(shelf.shelf_pick([Run("few", more, META)], "decode")) == \
         "`batch-attention-trim [fa2]` 2.00x over 2 points (`few`)"
 
 

@@ -4,7 +4,8 @@ issue, the paths it hits and the condition where it shows.
 A correct path (or a known-bug path where its own mistake does not show) that fails the gate where a
 declared bug's condition holds is recorded ``xfail`` with that issue in the ``upstream`` column; where the
 condition holds and it passes, the row records the issue too (the release at hand does not show it there), so a
-release matrix can say which release has which bug.  A failure outside every declared condition is still a failure, and exits 1.
+release matrix can say which release has which bug.  A failure outside every declared condition is still a
+failure, and exits 1.
 
 A known-bug *implementation* (registry kind ``known-bug``) is a wrong call a user or an engine makes;
 an upstream bug is the library's own mistake on a call made right.

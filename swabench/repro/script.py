@@ -137,7 +137,8 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
     imports = ["import torch"] + (["import torch.nn.functional as F"] if "F." in text else []) + \
         (["", "import flashinfer"] if flashinfer else [])
-    constants = [call(f"CASE{p.label} = dict", [], {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
+    constants = [call(f"CASE{p.label} = dict", [],
+                      {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
                  for p in parts if not _shares_inputs(p, parts)]
     constants.append(tolerance_line(parts[-1].case.dtype))
     if threshold:

@@ -4,8 +4,6 @@ with its run folder, the detail in the sections below."""
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from swabench.analysis import price, replay, versus
@@ -18,7 +16,6 @@ from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micr
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
 
 SHELF_COLUMN = "on the shelf / best existing"
-SHELF_RUN = re.compile(r" \((`[^`]+`)\)$")  # the run a shelf cell ends with (shelf.best_on_shelf)
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
 
 
@@ -64,14 +61,17 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
                      "slowest correct / it": f"`{worst['impl']}` [{worst['backend']}] "
                                              f"{ratio(worst['ratio'] / best['ratio'])}x" if len(paths) > 1 else "",
                      "known bugs caught": _bugs_of_step(run, mode),
-                     SHELF_COLUMN: shelf.best_on_shelf(runs, mode), "run": run.name})
+                     SHELF_COLUMN: shelf.shelf_pick(runs, mode), "run": run.name})
     table = pd.DataFrame(rows)
     if table.empty or not table[SHELF_COLUMN].any():
         return table.drop(columns=SHELF_COLUMN, errors="ignore")
-    named = {m.group(1) for cell in table[SHELF_COLUMN] if (m := SHELF_RUN.search(cell))}
+    picks = table[SHELF_COLUMN]
+    named = {pick[1] for pick in picks if pick}
     if len(named) == 1:  # one run speaks for the whole column: named once, above the table
-        table[SHELF_COLUMN] = [SHELF_RUN.sub("", cell) for cell in table[SHELF_COLUMN]]
+        table[SHELF_COLUMN] = [pick[0] if pick else "" for pick in picks]
         table.attrs["shelf_run"] = named.pop()
+    else:
+        table[SHELF_COLUMN] = [shelf.in_words(pick) for pick in picks]
     return table
 
 

@@ -142,10 +142,15 @@ def conventions_said(run: Run) -> list[str]:
     return ["\n".join(said)] if said else []
 
 
-def best_on_shelf(runs: list[Run], mode: str) -> str:
+def in_words(pick: tuple[str, str] | None) -> str:
+    """A ``shelf_pick`` with its run, as a table cell says it; '' for none."""
+    return f"{pick[0]} ({pick[1]})" if pick else ""
+
+
+def shelf_pick(runs: list[Run], mode: str) -> tuple[str, str] | None:
     """For the answers' step table: of the run that timed the most shelf points on plain causal ``mode`` steps, the
     shelf path with the lowest median time / the best existing path's, over at least COVERAGE of the cases the
-    existing paths timed there, with the cases it covers; '' where none did."""
+    existing paths timed there, with the cases it covers, and that run's name; None where none did."""
     found = []
     for i, r in enumerate(runs):
         t = _shelf_rows(r)
@@ -162,9 +167,9 @@ def best_on_shelf(runs: list[Run], mode: str) -> str:
         if len(per_path):
             found.append((len(mine), -i, r, per_path.sort_values("median").iloc[0]))
     if not found:
-        return ""
+        return None
     _, _, run, pick = max(found, key=lambda x: x[:2])
-    return f"`{pick.name}` {ratio(pick['median'])}x over {points(int(pick['count']))} ({run.name})"
+    return f"`{pick.name}` {ratio(pick['median'])}x over {points(int(pick['count']))}", run.name
 
 
 def with_counted_bytes(run: Run, runs: list[Run]) -> Run:
