@@ -83,6 +83,22 @@ def test_bytes_come_from_a_counted_run_of_the_same_scenario_and_release():
     assert body[-2] == "From `shelf-run`:" and "1.02x" in body[-1] and "9.00x" not in body[-1]
 
 
+def test_xqa_s_counted_reads_are_held_to_its_tile_rule():
+    """Two decode points of a counted run: K and V of 129 and 383 tokens a KV head (bfloat16, 8 heads of 64), read
+    2% over the first and exactly at the second."""
+    rows = pd.DataFrame({"case_id": ["a", "b", "c"], "impl": ["xqa-window", "xqa-window", "sink-decode"],
+                         "backend": ["xqa", "xqa", "fa2"], "mode": "decode", "status": "pass", "length_dist": None,
+                         "prefix_len": [16256, 16510, 16510], "window_left": 127, "batch_size": 32,
+                         "num_kv_heads": 8, "head_dim": 64, "dtype": "bfloat16", "kv_dtype": None,
+                         "dram_read_bytes": [1.02 * 129 * 2 * 32 * 8 * 64 * 2, 383 * 2 * 32 * 8 * 64 * 2, 1.0],
+                         "read_amplification": [1.01, 2.64, 1.0]})
+    said = shelf.xqa_tiles_said(Run("ncu", rows, dict(META, counters={})))
+    assert said == ["XQA's decode reads against its 256-token tile rule (docs/shelf.md): DRAM read / the rule's K and "
+                    "V 1.00-1.02x over 2 points, at contexts 16257, 16511 and windows 128, where the read / needed is "
+                    "1.01-2.64x (`ncu`)."]
+    assert shelf.xqa_tiles_said(Run("ncu", rows[rows["impl"] != "xqa-window"], META)) == []
+
+
 def test_the_answers_step_table_names_the_shelf_s_best_path():
     run = Run("shelf-run", SHELF_RUN, META)
     assert shelf.in_words(shelf.shelf_pick([run], "decode")) == "`xqa-window [xqa]` 0.95x over 2 points (`shelf-run`)"
@@ -95,6 +111,28 @@ def test_the_answers_step_table_names_the_shelf_s_best_path():
     section = shelf.SECTIONS[0].for_runs([run])
     assert section[0] == "## FlashInfer's Hopper shelf" and section[-2] == "From `shelf-run`:"
     assert shelf in sections.TOPICS  # a page of its own under findings/
+
+
+def test_the_run_that_speaks_for_most_steps_is_named_once_and_another_in_its_cell():
+    extend = table([("c6", "paged-window", "fa2", "correct", "extend", "pass", 10.0, 30.0),
+                    ("c6", "fmha-v2-window", "fmha-v2", "correct", "extend", "pass", 9.0, 33.0)])
+    verify = table([("c7", "paged-trim", "fa2", "correct", "verify", "pass", 10.0, 30.0),
+                    ("c7", "xqa-window", "xqa", "correct", "verify", "pass", 12.0, 25.0)])
+    runs = [Run("default", *derived.load(PUBLISHED)), Run("shelf-run", pd.concat([SHELF_RUN, extend]), META),
+            Run("models-run", verify, META)]
+    steps = answers.per_step(runs).set_index("step")
+    assert steps.attrs["shelf_run"] == "`shelf-run`"
+    assert steps.loc["extend", answers.SHELF_COLUMN] == "`fmha-v2-window [fmha-v2]` 0.90x over 1 point"
+    assert steps.loc["verify", answers.SHELF_COLUMN] == "`xqa-window [xqa]` 1.20x over 1 point (`models-run`)"
+
+
+def test_a_release_set_s_folders_that_differ_by_release_alone_are_named_once():
+    from swabench.publish.sections.releases import folders_named
+
+    assert folders_named(["r/h200-release-0.7.2.post1", "r/h200-release-0.7.4"], ["0.7.2.post1", "0.7.4"]) == \
+        "`r/h200-release-{0.7.2.post1,0.7.4}`"
+    assert folders_named(["r/h200-default-run3", "r/h200-default-0.7.4"], ["0.7.2.post1", "0.7.4"]) == \
+        "`r/h200-default-run3`, `r/h200-default-0.7.4`"
 
 
 def test_a_shelf_path_timed_on_too_few_cases_does_not_speak_for_the_step():

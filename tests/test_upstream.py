@@ -145,6 +145,37 @@ def test_a_path_that_raises_is_a_failed_point_with_its_error_and_xfail_inside_a_
     assert t[t["status"] == "xfail"]["reason"].str.startswith("upstream bug lib#9").all()
 
 
+def test_a_module_that_would_not_build_on_its_first_call_is_a_skip_with_the_library_message(tmp_path, monkeypatch):
+    """XQA and fmha v2 build on their first call, past plan(): the sweep still skips, never fails, such a point."""
+    trim = registry.get("torch-trim")
+
+    def unbuildable(w, backend):
+        raise RuntimeError("Ninja build failed. Ninja output:\nninja: error: '/s/flashinfer/data/csrc/xqa/mha.cu', "
+                           "needed by 'xqa_mha.cuda.o', missing and no known rule to make it")
+    monkeypatch.setitem(registry._REGISTRY, "torch-unbuilt", registry.Implementation(
+        "torch-unbuilt", "torch", trim.storages, "its module will not build", unbuildable))
+    path = tmp_path / "t.toml"
+    path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"', '"torch-unbuilt"'))
+    r = invoke("check", path, "--out", tmp_path / "run", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    t = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
+    assert set(t["status"]) == {"skip"}
+    assert t["reason"].str.startswith("resource: Ninja build failed. Ninja output: ... ninja: error: ").all()
+
+
+def test_the_warm_up_remembers_a_module_that_would_not_build_so_its_points_skip(monkeypatch):
+    from swabench.inputs import scenarios
+    from swabench.run import sweep
+
+    point = next(p for p in scenarios.load(scenarios.find("cpu")).points if p.impl == "torch-trim")
+    monkeypatch.setattr(sweep, "modules_needed", lambda pts, device: {"sig": point})
+    missing = FileNotFoundError(2, "No such file or directory", "/s/flashinfer/data/csrc/fmha_v2/kernel.jinja")
+    monkeypatch.setattr(sweep.workloads, "build", lambda case, device: (_ for _ in ()).throw(missing))
+    report = sweep.warm_up([point], torch.device("cpu"))
+    assert report.failed == {"sig": "FileNotFoundError: [Errno 2] No such file or directory: "
+                                     "'/s/flashinfer/data/csrc/fmha_v2/kernel.jinja'"}
+
+
 def test_the_warm_up_tells_each_build_as_it_ends(monkeypatch):
     """A warm-up cut short by a timeout must still have said which modules were built, and how long each took."""
     from swabench.inputs import scenarios

@@ -9,7 +9,7 @@ from conftest import standin_calls
 
 from swabench.core import semantics, workloads
 from swabench.impls import registry
-from swabench.impls.xqa import SEMAPHORE_BYTES, chain_mask
+from swabench.impls.xqa import CTA_TOKENS, SEMAPHORE_BYTES, chain_mask, tokens_read
 from swabench.inputs import axes
 from swabench.repro import standin
 
@@ -119,3 +119,17 @@ def test_the_warm_up_builds_one_xqa_module_per_page_size_head_group_and_draft_le
     assert "ps64 g2 q8" in module_signature(points[-1])
     for p in points:  # the tiny case the warm-up runs names the same module
         assert module_signature(Point(tiny_case(p.case), p.impl, p.backend)) == module_signature(p)
+
+
+@pytest.mark.parametrize("kv_len,window_left", [(16257, 127), (16385, 127), (16511, 127), (16385, 1023), (100, 127),
+                                                (128, 127), (129, 127), (385, 127), (5000, -1)])
+def test_the_tile_rule_loads_whole_tiles_from_the_one_that_holds_the_window_s_first_key(kv_len, window_left):
+    """mha.cu skips (kv_len - window) // 256 whole tiles and loads the rest: brute force over the tiles."""
+    first = 0 if window_left < 0 else max(0, kv_len - window_left - 1)
+    tiles = [t for t in range(0, kv_len, CTA_TOKENS) if t + CTA_TOKENS > first]
+    assert tokens_read(kv_len, window_left) == kv_len - tiles[0]
+    assert tokens_read(kv_len, window_left) >= min(kv_len, window_left + 1 if window_left >= 0 else kv_len)
+
+
+def test_the_tile_rule_at_gpt_oss_s_window_reads_one_to_three_windows():
+    assert [tokens_read(n, 127) for n in (16257, 16385, 16511)] == [129, 257, 383]

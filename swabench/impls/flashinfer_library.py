@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .flashinfer_workspace import WORKSPACE_BYTES
+from .flashinfer_workspace import WORKSPACE_BYTES, build_failure
 from .registry import Library, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
@@ -67,7 +67,8 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
                                    module="flashinfer", backends=BACKENDS + (CUDNN, XQA, FMHA_V2),
                                    chooser="auto", opt_in=(CUDNN, XQA, FMHA_V2), served=(XQA, FMHA_V2),
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
-                                   jit_cache_dir=jit_cache_dir, shared_module=_shared_module))
+                                   jit_cache_dir=jit_cache_dir, shared_module=_shared_module,
+                                   build_failure=build_failure))
 
 
 def has_api(name: str):

@@ -5,6 +5,8 @@ not build turned into a skip with the library's message."""
 
 from __future__ import annotations
 
+import os
+import traceback
 from contextlib import contextmanager
 
 import torch
@@ -64,6 +66,20 @@ def brief(e: BaseException) -> str:
     return " ... ".join(line[:300] for line in (lines[0], first_error) if line)
 
 
+def build_failure(e: BaseException) -> str | None:
+    """The library's message where ``e`` says FlashInfer could not build or load a JIT module, else None: ninja
+    failed, JIT is off, or the installed package lacks a source or template a module is generated from (a
+    release unpacked without its ``data/csrc``).  A module built on first call (XQA, fmha v2) fails in run()."""
+    if isinstance(e, RuntimeError) and any(marker in str(e) for marker in BUILD_FAILED):
+        return brief(e)
+    if isinstance(e, OSError):
+        package = f"{os.sep}flashinfer{os.sep}"
+        in_jit = any(f"{package}jit{os.sep}" in frame.filename for frame in traceback.extract_tb(e.__traceback__))
+        if in_jit or package in str(getattr(e, "filename", "") or ""):
+            return brief(e)
+    return None
+
+
 @contextmanager
 def resource_errors():
     """Out of memory, or a JIT module that would not build: ResourceError (a skip, with the
@@ -72,10 +88,11 @@ def resource_errors():
         yield
     except torch.cuda.OutOfMemoryError as e:
         raise ResourceError(brief(e)) from e
-    except RuntimeError as e:
-        if not any(marker in str(e) for marker in BUILD_FAILED):
+    except Exception as e:
+        failure = build_failure(e)
+        if failure is None:
             raise
-        raise ResourceError(brief(e)) from e
+        raise ResourceError(failure) from e
 
 
 def plan_in_workspace(new_wrapper, wrapper, size: int, device, args, kwargs, grows=("tmp_",)):

@@ -234,6 +234,9 @@ class Library:
     # (implementation, case, backend) -> a key shared by points whose JIT modules may carry one name (built
     # one after another, never at once: one build would replace the file another is loading), or None
     shared_module: Callable[..., Hashable | None] = lambda impl, case, backend: None
+    # an error -> the library's message where it says a JIT module could not be built or loaded, else None: the
+    # points that meet it skip, wherever the library builds (at plan, or on a kernel's first call)
+    build_failure: Callable[[BaseException], str | None] = lambda e: None
 
     def version(self) -> str | None:
         """The release that runs: the module's own ``__version__`` where it has one (a folder that holds
@@ -321,6 +324,11 @@ def all_implementations() -> list[Implementation]:
 def libraries() -> list[Library]:
     _load()
     return list(_LIBRARIES.values())
+
+
+def build_failure(e: BaseException) -> str | None:
+    """The message of the first library that says ``e`` is a module it could not build, or None."""
+    return next(filter(None, (lib.build_failure(e) for lib in libraries())), None)
 
 
 def library(name: str) -> Library | None:

@@ -28,6 +28,16 @@ from .flashinfer_workspace import MIB, resource_errors
 from .registry import Implementation, register
 
 PAGE_SIZES = (16, 32, 64, 128)  # jit/xqa.py raises on any other
+CTA_TOKENS = 256  # mha.cu's CTA tile on a bfloat16 cache (4 warps of 64 tokens): whole tiles are loaded
+
+
+def tokens_read(kv_len: int, window_left: int) -> int:
+    """The keys a decode query's KV head loads through ``mha.cu``: from the window's start rounded down to a CTA
+    tile (``nbSkipLeadingTiles = (cacheSeqLen - slidingWinSize) / ctaTile.x``) to the end, so
+    ``(kv_len - window_left - 1) mod 256`` more than the window."""
+    if window_left < 0 or kv_len <= window_left + 1:
+        return kv_len
+    return kv_len - (kv_len - window_left - 1) // CTA_TOKENS * CTA_TOKENS
 SEMAPHORE_BYTES = 8 * MIB  # xqa_batch_decode_with_kv_cache's split of the workspace: semaphores first, then scratch
 WORKSPACE_BYTES = 256 * MIB
 

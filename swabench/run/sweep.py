@@ -152,6 +152,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
     except torch.cuda.OutOfMemoryError as e:
         return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
+        unbuilt = registry.build_failure(e)
+        if unbuilt:
+            return {**row, "status": "skip", "reason": f"resource: {unbuilt}"}
         declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
         return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(declared + [f"{type(e).__name__}: {e}"])}
 
@@ -281,7 +284,9 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
             except (registry.ResourceError, torch.cuda.OutOfMemoryError) as e:
                 error = first_line(e)
             except Exception as e:
-                other = f"{first_line(e)} (left to its points)"
+                unbuilt = registry.build_failure(e)
+                error, other = (f"{type(e).__name__}: {unbuilt}", None) if unbuilt else \
+                    (None, f"{first_line(e)} (left to its points)")
         seconds = time.perf_counter() - t0
         if on_built:
             on_built(label, seconds, error or other)

@@ -4,6 +4,8 @@ with its run folder, the detail in the sections below."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 
 from swabench.analysis import price, replay, versus
@@ -66,12 +68,10 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
     if table.empty or not table[SHELF_COLUMN].any():
         return table.drop(columns=SHELF_COLUMN, errors="ignore")
     picks = table[SHELF_COLUMN]
-    named = {pick[1] for pick in picks if pick}
-    if len(named) == 1:  # one run speaks for the whole column: named once, above the table
-        table[SHELF_COLUMN] = [pick[0] if pick else "" for pick in picks]
-        table.attrs["shelf_run"] = named.pop()
-    else:
-        table[SHELF_COLUMN] = [shelf.in_words(pick) for pick in picks]
+    # the run that speaks for most of the column is named once, above the table; a cell from another run names it
+    most = Counter(pick[1] for pick in picks if pick).most_common(1)[0][0]
+    table[SHELF_COLUMN] = [pick[0] if pick and pick[1] == most else shelf.in_words(pick) for pick in picks]
+    table.attrs["shelf_run"] = most
     return table
 
 
@@ -154,7 +154,9 @@ def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
     cases = pd.concat(found).drop_duplicates(["impl", "backend", "case_id"])
     said = [f"`{impl}` {int((g['ratio'] <= speed.PEER_BOUND).sum())} of {len(g)}, {ratio(g['ratio'].median())}x"
             for impl, g in sorted(cases.groupby("impl"), key=lambda kv: registry.order(kv[0]))]
-    return [f"Per peer, its cases within {speed.PEER_BOUND}x and its median: " + "; ".join(said) + f" ({', '.join(dict.fromkeys(cases['run']))})."]
+    named = list(dict.fromkeys(cases["run"]))
+    named = ", ".join(named) if len(named) <= 2 else f"{len(named)} runs, each named in the detail"
+    return [f"Per peer, its cases within {speed.PEER_BOUND}x and its median: " + "; ".join(said) + f" ({named})."]
 
 
 def reads_said(runs: list[Run]) -> list[str]:
@@ -189,10 +191,9 @@ def answers(runs: list[Run]) -> list[str]:
     runs = newest
     steps = per_step(runs)
     if len(steps):
-        parts += [f"**Which path for each step** ({topic_link(speed)}): the fastest correct path, its time / the "
-                  f"reference path's, its floor / its time ({topic_link(machine, 'roofline')}), the mask's and the "
-                  f"slowest correct path's time / its (medians over the step's cases), and the known bugs caught"
-                  + (f"; on the shelf: the best other Hopper kernel / the best existing path ("
+        parts += [f"**Which path for each step** ({topic_link(speed)}), medians over each step's cases: 'of its "
+                  f"floor' is the floor / its time ({topic_link(machine, 'roofline')})"
+                  + (f"; 'on the shelf' is the best other Hopper kernel ("
                      + "".join(f"{run}, " for run in [steps.attrs.get("shelf_run")] if run) + f"{topic_link(shelf)})"
                      if SHELF_COLUMN in steps else "")
                   + ":",

@@ -127,10 +127,19 @@ def in_short(runs: list[Run]) -> list[str]:
                 same = int((t["verdict"] == "same").sum())
                 parts.append(f"{r.version} the same as {m.newest.version} on {same} of {len(t)} points"
                              + (" (the rest too noisy to tell)" if same < len(t) else ""))
-        names = ", ".join(f"`{r.folder}`" for r in m.releases)
+        names = folders_named([str(r.folder) for r in m.releases], versions)
         lines.append(f"- {named(group)} on {library} {versions[0]} to {versions[-1]}: " + "; ".join(parts)
                      + f" ({names}).")
     return lines
+
+
+def folders_named(folders: list[str], versions: list[str]) -> str:
+    """'`results/h200-release-{0.7.2.post1,0.7.4}`' where the folders differ only by the release each ran (named at
+    their end), else each folder named."""
+    stems = {f.removesuffix(v) for f, v in zip(folders, versions)}
+    if len(stems) == 1 and all(f.endswith(v) for f, v in zip(folders, versions)):
+        return f"`{stems.pop()}{{{','.join(versions)}}}`"
+    return ", ".join(f"`{f}`" for f in folders)
 
 
 def moved(points) -> str:

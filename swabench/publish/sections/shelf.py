@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.core.cases import MODES
+from swabench.core.footprint import ELEMENT_BYTES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
 from swabench.publish.sections.base import Run, Section, declared_upstream, own_mistake_caught, path_of, points, ratio
@@ -190,11 +191,35 @@ def with_counted_bytes(run: Run, runs: list[Run]) -> Run:
     return Run(run.folder, table, run.meta)
 
 
+def xqa_tiles_said(run: Run) -> list[str]:
+    """XQA's counted decode reads against its tile rule (``xqa.tokens_read``): K and V of the tokens the rule says
+    each request's KV heads load, beside what the window needs."""
+    from swabench.impls import xqa
+
+    t = counted_points(run.table)
+    if t.empty or not {"prefix_len", "length_dist", "kv_dtype", "num_kv_heads"} <= set(t):
+        return []
+    t = t[(t["impl"] == "xqa-window") & (t["mode"] == "decode") & t["length_dist"].isna()]
+    if t.empty:
+        return []
+    kv_len = t["prefix_len"].astype(int) + 1
+    tokens = [xqa.tokens_read(n, int(w)) for n, w in zip(kv_len, t["window_left"])]
+    side = t["batch_size"] * t["num_kv_heads"] * t["head_dim"] * t["kv_dtype"].fillna(t["dtype"]).map(ELEMENT_BYTES)
+    said = (t["dram_read_bytes"] / (2 * side * pd.Series(tokens, index=t.index))).sort_values()
+    span = f"{said.iloc[0]:.2f}-{said.iloc[-1]:.2f}x" if len(said) > 1 else f"{said.iloc[0]:.2f}x"
+    return [f"XQA's decode reads against its 256-token tile rule (docs/shelf.md): DRAM read / the rule's K and V "
+            f"{span} over {points(len(said))}, at contexts {', '.join(map(str, sorted(set(kv_len))))} and windows "
+            f"{', '.join(str(w + 1) for w in sorted(set(t['window_left'])))}, where the read / needed is "
+            f"{t['read_amplification'].min():.2f}-{t['read_amplification'].max():.2f}x ({run.name})."]
+
+
 def across(runs: list[Run]) -> list[str]:
     """The findings page's section: per timed run that holds the shelf, its table (bytes from its counted twin) and
-    the conventions caught."""
+    the conventions caught; per counted run, XQA's reads against its tile rule."""
     body = []
     for r in runs:
+        if r.profiled:
+            body += xqa_tiles_said(r)
         if r.profiled or not r.timed:
             continue
         table = families_table(with_counted_bytes(r, runs))
