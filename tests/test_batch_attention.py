@@ -135,7 +135,7 @@ def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_
         holistic.MAIN = original.replace(old, new, 1)
         try:
             with pytest.raises(verify.Drift):
-                holistic.check(parts[0].case, header)
+                holistic.check(parts, header)
         finally:
             holistic.MAIN = original
     assert bugs.get("holistic-offset").impl == "batch-attention-trim"

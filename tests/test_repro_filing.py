@@ -45,7 +45,8 @@ def test_each_script_says_its_call_shape_fault_and_control_first(written, ref):
     bug = bugs.get(ref)
     if bug.filing.control or bug.filing.keywords:
         assert len(controls) == 1 and "CONTROL, " in text and said["Control"].startswith(controls[0].says)
-    assert lines.index("def main():") < min(i for i, line in enumerate(lines) if line.startswith("def make_inputs"))
+    kit = [i for i, line in enumerate(lines) if line.startswith(("def make_inputs", "def reference"))]
+    assert lines.index("def main():") < min(kit)  # the call first, the kit below it
 
 
 def test_the_non_causal_bug_is_controlled_by_the_same_plan_without_split_kv(written):
@@ -70,11 +71,11 @@ def test_a_recipe_is_controlled_by_the_correct_call_on_the_same_inputs(written):
 
 
 def test_the_helpers_hold_only_what_the_case_runs(written):
-    text, _ = written["flashinfer#4972"]
+    text, _ = written["paged-trim-causal"]
     for gone in ("evict_pages", "soft_cap", "sinks", "parents", "chunk", "key_slots"):
         assert gone not in text.split('"""', 2)[2].split("def main")[1], gone
     case_block = text.split("CASE = dict(")[1].split(")\n")[0]
-    assert "sinks=" not in case_block and "causal=" not in case_block and "window_left=333" in case_block
+    assert "sinks=" not in case_block and "soft_cap=" not in case_block and "window_left=" in case_block
     read = set(re.findall(r'case\["(\w+)"\]', text))
     assert read and all(f"{key}=" in case_block for key in read)  # CASE holds what the helpers read, no more
     ragged = scenarios.load(scenarios.shipped_dir() / "default.toml").cases
@@ -145,7 +146,7 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     assert body.startswith("Reproducer for flashinfer#4972, as a comment there.")
     assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
-    assert "**Expected.** Every row is float32 softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
+    assert "**Expected.** Each row is float32 softmax attention" in body and "```\n" + LOG.rstrip() + "\n```" in body
     assert "**Call.** flashinfer.BatchPrefillWithPagedKVCacheWrapper(" in body  # code keeps its case
     assert "**Matters.** backend='fa2'" in body and "**Shape.** Batch 1; qo_len 1024" in body
 
@@ -160,3 +161,69 @@ def test_bad_filing_input_exits_2(tmp_path, args, says):
     log.write_text("torch 2.11\n")
     r = invoke("repro", *[a.format(log=log) for a in args])
     assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_the_non_causal_script_is_one_request_written_out_on_two_screens(written):
+    """#4972's script is a comment on its upstream issue: its numbers in main(), its kit a one-request reference,
+    the verdict and FlashInfer's own environment report; no CASE, no general helper."""
+    text, _ = written["flashinfer#4972"]
+    lines = text.splitlines()
+    assert len(lines) <= 120 and max(map(len, lines)) <= 120
+    assert next(i for i, line in enumerate(lines) if "wrapper.plan(" in line) < 60
+    assert "CASE" not in text and "def make_inputs" not in text and "flashinfer.collect_env" in text
+    assert [name for name in re.findall(r"^def (\w+)", text, re.M)] == ["main", "reference", "outcome", "environment"]
+
+
+def test_the_non_causal_script_s_reference_and_verdict_are_the_suite_s(written, monkeypatch):
+    from swabench.repro import bugs as bugs_mod
+
+    from swabench.repro import standin
+
+    text, parts = written["flashinfer#4972"]
+    ns = {"__name__": "t"}
+    with standin.installed(lambda *call: None):
+        exec(compile(text, "<brief>", "exec"), ns)
+    literals = script.case_literals(parts[0].case)
+    x = kit.make_inputs(literals, torch.device("cpu"))
+    slots = x["slots"]
+    expected = ns["reference"](x["q"], x["k_cache"].flatten(0, 1)[slots], x["v_cache"].flatten(0, 1)[slots])
+    assert torch.allclose(expected, kit.reference(literals, x), atol=1e-6)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    out = expected.to(torch.bfloat16)
+    right = ns["outcome"](lambda: out.copy_(expected), out, expected)
+    assert not right[0] and right[1].startswith("right (rel-L2 ") and right[2] == []
+    wrong = expected.clone()
+    wrong[[3, 4, 5, 9]] += 1.0
+    said = ns["outcome"](lambda: out.copy_(wrong), out, expected)
+    assert said[0] and said[1].startswith("request 0: rows 3-5, 9 wrong (rel-L2 ")
+    assert said[2][0].startswith("worst: row ")
+
+    def crash():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+    assert ns["outcome"](crash, out, expected) == (True, "crash: CUDA error: an illegal memory access was "
+                                                          "encountered", [])
+    assert bugs_mod.get("flashinfer#4972").impl == parts[0].impl
+
+
+@pytest.mark.parametrize("old,new", [("window_left=$w,", "window_left=$w - 1,"),
+                                     ("plan(disable_split_kv=True)", "plan()"),
+                                     ("manual_seed($seed1)", "manual_seed($seed)")])
+def test_the_non_causal_script_that_drifts_from_the_suite_is_caught(written, monkeypatch, old, new):
+    from string import Template
+
+    from swabench.repro import brief, verify
+
+    _, parts = written["flashinfer#4972"]
+    assert old in brief.MAIN.template
+    monkeypatch.setattr(brief, "MAIN", Template(brief.MAIN.template.replace(old, new, 1)))
+    with pytest.raises(verify.Drift):
+        brief.check(parts, script.Header("t"))
+
+
+def test_releases_that_printed_the_same_verdict_on_one_gpu_are_said_once():
+    seen = [issue.Observed("flashinfer 0.7.4, NVIDIA H200 (132 SMs)", "REPRODUCED: rows 0-3", "", ""),
+            issue.Observed("flashinfer 0.7.2.post1, NVIDIA H200 (132 SMs)", "REPRODUCED: rows 0-3", "", ""),
+            issue.Observed("flashinfer 0.7.0.post1, NVIDIA H200 (132 SMs)", "NOT REPRODUCED: right", "", "")]
+    assert make.observed_lines(seen) == [
+        "Observed on flashinfer 0.7.4 and 0.7.2.post1, NVIDIA H200 (132 SMs): REPRODUCED: rows 0-3",
+        "Observed on flashinfer 0.7.0.post1, NVIDIA H200 (132 SMs): NOT REPRODUCED: right"]

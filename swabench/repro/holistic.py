@@ -106,10 +106,10 @@ def small(case):
     return dataclasses.replace(case, batch_size=4, prefix_len=3 * (case.window_left + 1) + 5)
 
 
-def check(case, header: script.Header) -> None:
+def check(given: list[Part], header: script.Header) -> None:
     """Drift where the template's calls on a small case of the same step are not the suite's: its checked call
     must be the suite's call for call, and its control the same plan() on the same table numbered from 0."""
-    little = small(case)
+    little = small(given[0].case)
     want, _ = verify.suite_calls(parts(little))
     got, _ = verify.script_calls(render(little, header))
     control, checked = got[len(want):], got[:len(want)]

@@ -11,7 +11,7 @@ from swabench.core import workloads
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, command, holistic, script, trace, verify
+from swabench.repro import brief, bugs, command, holistic, script, trace, verify
 from swabench.store import schema
 
 
@@ -119,24 +119,42 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most "
                                  f"{bugs.CLIFF_THRESHOLD}x): the kernel skips the pages before the window"
                                  if bug.twin else EXPECTED))
-    lines += [f"Observed on {o.where}: {o.verdict}" for o in observed] or \
-        ["Observed: not yet run; the line above says where the suite finds it"]
+    lines += observed_lines(observed) or ["Observed: not yet run; the line above says where the suite finds it"]
     lines += [f"Fault: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
     said = control.says if control else bug.filing.control_said
     lines.append(f"Control: {said}; its verdict is printed beside the bug's" if said else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
+    template = TEMPLATES.get(bug.ref)
+    if template is brief:
+        lines = brief.header_lines(lines)
     header = script.Header(bug.filing.title, _wrapped(lines))
-    if bug.ref == holistic.REF:  # written from a template: its case is too large to trace on the CPU
-        progress("checking the script's calls against the suite's on a small case of the same step")
+    if template:
+        progress("checking the script's calls against the suite's")
         try:
-            holistic.check(parts[0].case, header)
+            template.check(parts, header)
         except verify.Drift as e:
             raise RunFailed(f"the script would not make the suite's calls ({e}); nothing written: please report it") \
                 from None
-        return holistic.render(parts[0].case, header), parts
+        return template.render(parts[0].case, header), parts
     return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
+
+
+# bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
+# and #4972's is a comment on its upstream issue, which reads best on one screen
+TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
+
+
+def observed_lines(observed) -> list[str]:
+    """'Observed on flashinfer 0.7.4 and 0.7.2.post1, NVIDIA H200 (132 SMs): ...': runs on one GPU that printed the
+    same verdict said once."""
+    said: dict[tuple[str, str], list[str]] = {}
+    for o in observed:
+        release, _, gpu = o.where.partition(", ")
+        said.setdefault((gpu, o.verdict), []).append(release.removeprefix("flashinfer "))
+    return [f"Observed on flashinfer {' and '.join(releases)}{', ' + gpu if gpu else ''}: {verdict}"
+            for (gpu, verdict), releases in said.items()]
 
 
 def shown_where(text: str) -> str:
