@@ -145,35 +145,56 @@ def test_a_path_that_raises_is_a_failed_point_with_its_error_and_xfail_inside_a_
     assert t[t["status"] == "xfail"]["reason"].str.startswith("upstream bug lib#9").all()
 
 
-def test_a_module_that_would_not_build_on_its_first_call_is_a_skip_with_the_library_message(tmp_path, monkeypatch):
-    """XQA and fmha v2 build on their first call, past plan(): the sweep still skips, never fails, such a point."""
-    trim = registry.get("torch-trim")
+class UnbuiltRunner:
+    """A FlashInfer path whose module builds on its first call, as XQA's and fmha v2's do, and fails there."""
 
-    def unbuildable(w, backend):
+    def __init__(self, w, backend):
+        self.out, self.resolved_backend = torch.empty_like(w.q), backend
+
+    def plan(self):
+        pass
+
+    def run(self):
         raise RuntimeError("Ninja build failed. Ninja output:\nninja: error: '/s/flashinfer/data/csrc/xqa/mha.cu', "
                            "needed by 'xqa_mha.cuda.o', missing and no known rule to make it")
-    monkeypatch.setitem(registry._REGISTRY, "torch-unbuilt", registry.Implementation(
-        "torch-unbuilt", "torch", trim.storages, "its module will not build", unbuildable))
+
+
+def unbuilt_path(monkeypatch, library="flashinfer"):
+    trim = registry.get("torch-trim")
+    monkeypatch.setitem(registry._REGISTRY, "fi-unbuilt", registry.Implementation(
+        "fi-unbuilt", library, trim.storages, "its module will not build", UnbuiltRunner))
+
+
+@pytest.mark.parametrize("library,status", [("flashinfer", "skip"), ("torch", "fail")])
+def test_a_module_that_would_not_build_on_its_first_call_is_a_skip_with_the_library_message(tmp_path, monkeypatch,
+                                                                                            library, status):
+    """Past plan(), on run(): the sweep still skips such a point, asking the path's own library (a torch path's
+    error is its own failure, whatever it says)."""
+    unbuilt_path(monkeypatch, library)
     path = tmp_path / "t.toml"
-    path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"', '"torch-unbuilt"'))
+    path.write_text(TINY.replace('"torch-trim", "torch-mask", "planted-wide", "paged-window"', '"fi-unbuilt"'))
     r = invoke("check", path, "--out", tmp_path / "run", "--device", "cpu")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == (0 if status == "skip" else 1), r.output
     t = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
-    assert set(t["status"]) == {"skip"}
-    assert t["reason"].str.startswith("resource: Ninja build failed. Ninja output: ... ninja: error: ").all()
+    assert set(t["status"]) == {status}
+    if status == "skip":
+        assert t["reason"].str.startswith("resource: Ninja build failed. Ninja output: ... ninja: error: ").all()
 
 
 def test_the_warm_up_remembers_a_module_that_would_not_build_so_its_points_skip(monkeypatch):
+    import dataclasses
+
     from swabench.inputs import scenarios
     from swabench.run import sweep
 
+    unbuilt_path(monkeypatch)
     point = next(p for p in scenarios.load(scenarios.find("cpu")).points if p.impl == "torch-trim")
+    point = dataclasses.replace(point, impl="fi-unbuilt")
     monkeypatch.setattr(sweep, "modules_needed", lambda pts, device: {"sig": point})
-    missing = FileNotFoundError(2, "No such file or directory", "/s/flashinfer/data/csrc/fmha_v2/kernel.jinja")
-    monkeypatch.setattr(sweep.workloads, "build", lambda case, device: (_ for _ in ()).throw(missing))
     report = sweep.warm_up([point], torch.device("cpu"))
-    assert report.failed == {"sig": "FileNotFoundError: [Errno 2] No such file or directory: "
-                                     "'/s/flashinfer/data/csrc/fmha_v2/kernel.jinja'"}
+    assert report.failed == {"sig": "RuntimeError: Ninja build failed. Ninja output: ... ninja: error: "
+                                    "'/s/flashinfer/data/csrc/xqa/mha.cu', needed by 'xqa_mha.cuda.o', missing and no "
+                                    "known rule to make it"}
 
 
 def test_the_warm_up_tells_each_build_as_it_ends(monkeypatch):

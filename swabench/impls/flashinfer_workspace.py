@@ -6,7 +6,6 @@ not build turned into a skip with the library's message."""
 from __future__ import annotations
 
 import os
-import traceback
 from contextlib import contextmanager
 
 import torch
@@ -67,16 +66,14 @@ def brief(e: BaseException) -> str:
 
 
 def build_failure(e: BaseException) -> str | None:
-    """The library's message where ``e`` says FlashInfer could not build or load a JIT module, else None: ninja
-    failed, JIT is off, or the installed package lacks a source or template a module is generated from (a
-    release unpacked without its ``data/csrc``).  A module built on first call (XQA, fmha v2) fails in run()."""
+    """The library's message where ``e`` says FlashInfer could not build a JIT module, else None: ninja failed, JIT
+    is off, or a source or template the module is generated from is missing from the package's ``data/`` (a release
+    unpacked without its csrc).  XQA and fmha v2 build on their first call, so this fails in run(), not plan().  A
+    module that was built but will not load (a stale cache, a missing symbol) is not this: it fails its points."""
     if isinstance(e, RuntimeError) and any(marker in str(e) for marker in BUILD_FAILED):
         return brief(e)
-    if isinstance(e, OSError):
-        package = f"{os.sep}flashinfer{os.sep}"
-        in_jit = any(f"{package}jit{os.sep}" in frame.filename for frame in traceback.extract_tb(e.__traceback__))
-        if in_jit or package in str(getattr(e, "filename", "") or ""):
-            return brief(e)
+    if isinstance(e, FileNotFoundError) and f"{os.sep}flashinfer{os.sep}data{os.sep}" in str(e.filename or ""):
+        return brief(e)
     return None
 
 

@@ -326,9 +326,10 @@ def libraries() -> list[Library]:
     return list(_LIBRARIES.values())
 
 
-def build_failure(e: BaseException) -> str | None:
-    """The message of the first library that says ``e`` is a module it could not build, or None."""
-    return next(filter(None, (lib.build_failure(e) for lib in libraries())), None)
+def build_failure(e: BaseException, library_name: str) -> str | None:
+    """The library's message where ``e``, raised by one of its paths, is a module it could not build, else None."""
+    lib = library(library_name)
+    return lib.build_failure(e) if lib else None
 
 
 def library(name: str) -> Library | None:

@@ -29,6 +29,8 @@ from .registry import Implementation, register
 
 PAGE_SIZES = (16, 32, 64, 128)  # jit/xqa.py raises on any other
 CTA_TOKENS = 256  # mha.cu's CTA tile on a bfloat16 cache (4 warps of 64 tokens): whole tiles are loaded
+SEMAPHORE_BYTES = 8 * MIB  # xqa_batch_decode_with_kv_cache's split of the workspace: semaphores first, then scratch
+WORKSPACE_BYTES = 256 * MIB
 
 
 def tokens_read(kv_len: int, window_left: int) -> int:
@@ -38,8 +40,6 @@ def tokens_read(kv_len: int, window_left: int) -> int:
     if window_left < 0 or kv_len <= window_left + 1:
         return kv_len
     return kv_len - (kv_len - window_left - 1) // CTA_TOKENS * CTA_TOKENS
-SEMAPHORE_BYTES = 8 * MIB  # xqa_batch_decode_with_kv_cache's split of the workspace: semaphores first, then scratch
-WORKSPACE_BYTES = 256 * MIB
 
 
 def chain_mask(batch: int, qo_len: int, device) -> torch.Tensor:

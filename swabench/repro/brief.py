@@ -1,8 +1,8 @@
-"""The one-screen script for flashinfer#4972: one request, its numbers written into main(), a float32 reference for
+"""The two-screen script for flashinfer#4972: one request, its numbers written into main(), a float32 reference for
 that request alone, and the control (the same plan with ``disable_split_kv=True``) in the same wrapper.
 
 The traced scripts carry swabench's general kit (many requests, every mask feature); a comment on an upstream issue
-reads best as a page a maintainer takes in at once.  ``check`` holds its calls, argument by argument and input by
+reads best as a page or two a maintainer takes in at once.  ``check`` holds its calls, argument by argument and input by
 value, to the suite's own on the same case, as every traced script is held.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from string import Template
 
 from swabench.core import workloads
+from swabench.impls.flashinfer_workspace import WORKSPACE_BYTES
 from swabench.repro import script, verify
 from swabench.repro.script import Part
 
@@ -19,7 +20,6 @@ EXPECTED = ("each row is float32 softmax attention over its window (reference() 
             "overall, 0.05 in every row and head")
 RUN = "python3 with torch, flashinfer and a CUDA GPU (kernels build on first use); exits 1 when reproduced"
 CONTROL = "the same plan with disable_split_kv=True"
-WORKSPACE_BYTES = 256 << 20  # the float workspace the suite's prefill runners start from
 
 MAIN = Template('''
 def main():
@@ -81,27 +81,25 @@ def outcome(step, out, expected):
     if rel <= tol["rel_l2"] and not bad:
         return False, f"right ({said})", []
     spans = zip(sorted(r for r in bad if r - 1 not in bad), sorted(r for r in bad if r + 1 not in bad))
-    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in spans) or "none past the row tolerance"
+    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in spans)
     w, h = int(row.argmax()), int(head[int(row.argmax())].argmax())
     values = [[round(x, 3) for x in t[w, h, :4].tolist()] for t in (expected, out.float())]
-    return True, f"request 0: rows {rows} wrong ({said})", [f"worst: row {w}, head {h}, first values expected "
-                                                           f"{values[0]}, got {values[1]}"]
+    return True, (f"request 0: rows {rows} wrong" if rows else "no row past the row tolerance") + f" ({said})", [
+        f"worst: request 0 row {w}, head {h}, first values expected {values[0]}, got {values[1]}"]
 
 
 def environment():
     """The GPU, torch and flashinfer, then FlashInfer's own report: the driver, CUDA, cubin and JIT-cache packages."""
-    import subprocess, sys
-
     p = torch.cuda.get_device_properties(0)
     report = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True)
     return [f"{p.name}: compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs; torch "
             f"{torch.__version__} (CUDA {torch.version.cuda})", f"flashinfer-python {flashinfer.__version__}",
-            report.stdout.rstrip() if report.returncode == 0 else "(this release has no flashinfer.collect_env)"]
+            report.stdout.rstrip() or f"(python -m flashinfer.collect_env: exit {report.returncode}, no report)"]
 ''')
 
 
 def header_lines(lines: list[str]) -> list[str]:
-    """The traced scripts' top comment, one screen's worth: the title says what is wrong and Fault where it is filed."""
+    """The traced scripts' top comment, cut: the title says what is wrong, and Fault where it is filed."""
     short = {"Expected": EXPECTED, "Run": RUN}
     return [f"{name}: {short[name]}" if name in short else f"{name}: {text}"
             for name, _, text in (line.partition(": ") for line in lines) if name not in ("What is wrong", "Upstream")]
@@ -110,8 +108,10 @@ def header_lines(lines: list[str]) -> list[str]:
 def render(case, header: script.Header) -> str:
     """The script's text for ``case`` (one request, planned non-causal with its window) under ``header``."""
     qo, kv = workloads.request_lengths(case)
-    if len(kv) != 1 or case.causal or case.storage != "paged":
-        raise ValueError(f"the one-screen script takes one paged request planned non-causal, not {case.label}")
+    if len(kv) != 1 or case.causal or case.window_left < 0 or case.storage != "paged" or \
+            {case.dtype, case.cache_dtype} != {"bfloat16"}:
+        raise ValueError(f"the two-screen script takes one paged bfloat16 request planned non-causal with a window, "
+                         f"not {case.label}")
     ps = case.page_size
     pages = -(-kv[0] // ps)
     main = MAIN.substitute(pages=pages, seed=case.seed, seed1=case.seed + 1, qo=qo[0], kv=kv[0], start=kv[0] - qo[0],
@@ -123,7 +123,7 @@ def render(case, header: script.Header) -> str:
             f"plan(causal=False, window_left={case.window_left}, uniform_q_len={qo[0]}), run()")
     constants = [script.tolerance_line(case.dtype), 'DEVICE = "cuda"']
     return script.assemble(header, [call, script.shape_line(script.case_literals(case))],
-                           ["import inspect", "", "import torch", "", "import flashinfer"], constants,
+                           ["import inspect", "import subprocess", "", "import torch", "", "import flashinfer"], constants,
                            main.strip(), [])
 
 

@@ -127,8 +127,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
     template = TEMPLATES.get(bug.ref)
-    if template is brief:
-        lines = brief.header_lines(lines)
+    lines = getattr(template, "header_lines", list)(lines)
     header = script.Header(bug.filing.title, _wrapped(lines))
     if template:
         progress("checking the script's calls against the suite's")
@@ -142,7 +141,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
 
 
 # bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
-# and #4972's is a comment on its upstream issue, which reads best on one screen
+# and #4972's is a comment on its upstream issue, which reads best on two screens
 TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
 
 
@@ -150,11 +149,14 @@ def observed_lines(observed) -> list[str]:
     """'Observed on flashinfer 0.7.4 and 0.7.2.post1, NVIDIA H200 (132 SMs): ...': runs on one GPU that printed the
     same verdict said once."""
     said: dict[tuple[str, str], list[str]] = {}
-    for o in observed:
-        release, _, gpu = o.where.partition(", ")
+    for o in observed:  # where: "flashinfer 0.7.4, NVIDIA H200 (132 SMs)", or without one of the two
+        release, _, gpu = o.where.partition(", ") if o.where.startswith("flashinfer ") else ("", "", o.where)
         said.setdefault((gpu, o.verdict), []).append(release.removeprefix("flashinfer "))
-    return [f"Observed on flashinfer {' and '.join(releases)}{', ' + gpu if gpu else ''}: {verdict}"
-            for (gpu, verdict), releases in said.items()]
+    lines = []
+    for (gpu, verdict), releases in said.items():
+        named = " and ".join(filter(None, releases))
+        lines.append(f"Observed on {', '.join(filter(None, (f'flashinfer {named}' if named else '', gpu)))}: {verdict}")
+    return lines
 
 
 def shown_where(text: str) -> str:

@@ -152,7 +152,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
     except torch.cuda.OutOfMemoryError as e:
         return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
-        unbuilt = registry.build_failure(e)
+        unbuilt = registry.build_failure(e, impl.library)
         if unbuilt:
             return {**row, "status": "skip", "reason": f"resource: {unbuilt}"}
         declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
@@ -284,7 +284,7 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
             except (registry.ResourceError, torch.cuda.OutOfMemoryError) as e:
                 error = first_line(e)
             except Exception as e:
-                unbuilt = registry.build_failure(e)
+                unbuilt = registry.build_failure(e, registry.get(p.impl).library)
                 error, other = (f"{type(e).__name__}: {unbuilt}", None) if unbuilt else \
                     (None, f"{first_line(e)} (left to its points)")
         seconds = time.perf_counter() - t0

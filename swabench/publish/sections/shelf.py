@@ -199,12 +199,14 @@ def xqa_tiles_said(run: Run) -> list[str]:
     t = counted_points(run.table)
     if t.empty or not {"prefix_len", "length_dist", "kv_dtype", "num_kv_heads"} <= set(t):
         return []
-    t = t[(t["impl"] == "xqa-window") & (t["mode"] == "decode") & t["length_dist"].isna()]
+    width = t["kv_dtype"].fillna(t["dtype"]).map(ELEMENT_BYTES)  # an fp8 cache runs mha_sm90.cu: other tiles
+    t = t[(t["impl"] == "xqa-window") & (t["mode"] == "decode") & t["length_dist"].isna() & (width == 2)
+          & t["read_amplification"].notna()]
     if t.empty:
         return []
     kv_len = t["prefix_len"].astype(int) + 1
     tokens = [xqa.tokens_read(n, int(w)) for n, w in zip(kv_len, t["window_left"])]
-    side = t["batch_size"] * t["num_kv_heads"] * t["head_dim"] * t["kv_dtype"].fillna(t["dtype"]).map(ELEMENT_BYTES)
+    side = t["batch_size"] * t["num_kv_heads"] * t["head_dim"] * width[t.index]
     said = (t["dram_read_bytes"] / (2 * side * pd.Series(tokens, index=t.index))).sort_values()
     span = f"{said.iloc[0]:.2f}-{said.iloc[-1]:.2f}x" if len(said) > 1 else f"{said.iloc[0]:.2f}x"
     return [f"XQA's decode reads against its 256-token tile rule (docs/shelf.md): DRAM read / the rule's K and V "
