@@ -67,6 +67,11 @@
 #   shelf    `swabench run shelf` (resumed where a folder of an earlier call is in OUTDIR), then its report
 #   shelf-ncu  `swabench profile shelf --tool ncu` on the steps NCU_SHELF names (case filters): each family's bytes
 #            beside the existing wrappers' (OUTDIR/h200-ncu-shelf-VERSION)
+#   release-shelf  release.toml's shelf groups on the installed release (every module built first, 16 at once):
+#            OUTDIR/h200-release-shelf-VERSION, one folder per release for `swabench matrix`
+#   verdicts  scripts/repro_verdicts.py on $REPRO_REFS (default: every script under repro/) into
+#            OUTDIR/repro-VERSION, starting from the committed repro/h200-VERSION/verdicts.json (rows of the bugs run
+#            again are replaced, the others kept)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -221,6 +226,14 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                for c in "${picked[@]}"; do cases+=(--case "$c"); done
                ( time timeout "${NCU_S:-540}" python3 -m swabench profile shelf --tool ncu "${cases[@]}" \
                    --out "$out/h200-ncu-shelf-$v" ) 2>&1 | tail -30 ;;
+    release-shelf) v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               groups=(--case shelf-decode --case shelf-verify --case shelf-blocks --case shelf-mixed)
+               ( time sb warmup release "${groups[@]}" --jobs 16 ) 2>&1 | tail -20
+               ( time sb run release "${groups[@]}" --out "$out/h200-release-shelf-$v" ) 2>&1 | tail -20 ;;
+    verdicts)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               mkdir -p "$out/repro-$v"
+               [ -f "repro/h200-$v/verdicts.json" ] && cp "repro/h200-$v/verdicts.json" "$out/repro-$v/"
+               ( time python3 scripts/repro_verdicts.py "$out/repro-$v" ${REPRO_REFS:-} ) 2>&1 | tail -25 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
                  | tee "$out/gpu-tree-tests.log" | tail -8 ;;
     tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
