@@ -234,8 +234,8 @@ class Library:
     # (implementation, case, backend) -> a key shared by points whose JIT modules may carry one name (built
     # one after another, never at once: one build would replace the file another is loading), or None
     shared_module: Callable[..., Hashable | None] = lambda impl, case, backend: None
-    # an error -> the library's message where it says a JIT module could not be built or loaded, else None: the
-    # points that meet it skip, wherever the library builds (at plan, or on a kernel's first call)
+    # an error -> the library's message where it says a JIT module could not be built, else None: the points that
+    # meet it skip, wherever the library builds (at plan, or on a kernel's first call)
     build_failure: Callable[[BaseException], str | None] = lambda e: None
 
     def version(self) -> str | None:

@@ -114,16 +114,15 @@ def render(case, header: script.Header) -> str:
                          f"not {case.label}")
     ps = case.page_size
     pages = -(-kv[0] // ps)
-    main = MAIN.substitute(pages=pages, seed=case.seed, seed1=case.seed + 1, qo=qo[0], kv=kv[0], start=kv[0] - qo[0],
-                           h=case.num_qo_heads,
-                           hkv=case.num_kv_heads, d=case.head_dim, ps=ps, last=kv[0] - (pages - 1) * ps,
-                           workspace=WORKSPACE_BYTES, scale=case.scale, w=case.window_left,
-                           group=case.num_qo_heads // case.num_kv_heads, control=CONTROL)
+    main = MAIN.substitute(qo=qo[0], kv=kv[0], start=kv[0] - qo[0], pages=pages, ps=ps, last=kv[0] - (pages - 1) * ps,
+                           h=case.num_qo_heads, hkv=case.num_kv_heads, group=case.num_qo_heads // case.num_kv_heads,
+                           d=case.head_dim, w=case.window_left, scale=case.scale, seed=case.seed, seed1=case.seed + 1,
+                           workspace=WORKSPACE_BYTES, control=CONTROL)
     call = ("Call: flashinfer.BatchPrefillWithPagedKVCacheWrapper(backend='fa2', use_cuda_graph=True), then "
             f"plan(causal=False, window_left={case.window_left}, uniform_q_len={qo[0]}), run()")
     constants = [script.tolerance_line(case.dtype), 'DEVICE = "cuda"']
-    return script.assemble(header, [call, script.shape_line(script.case_literals(case))],
-                           ["import inspect", "import subprocess", "", "import torch", "", "import flashinfer"], constants,
+    imports = ["import inspect", "import subprocess", "", "import torch", "", "import flashinfer"]
+    return script.assemble(header, [call, script.shape_line(script.case_literals(case))], imports, constants,
                            main.strip(), [])
 
 
