@@ -1,13 +1,14 @@
-"""The two-screen script for flashinfer#4972: one request, its numbers written into main(), a float32 reference for
-that request alone, and the control (the same plan with ``disable_split_kv=True``) in the same wrapper.
+"""The one-screen script for flashinfer#4972: one request, its numbers and its float32 reference written into main(),
+and the control (the same plan with ``disable_split_kv=True``) in the same wrapper.
 
 The traced scripts carry swabench's general kit (many requests, every mask feature); a comment on an upstream issue
-reads best as a page or two a maintainer takes in at once.  ``check`` holds its calls, argument by argument and input by
+reads best as one page a maintainer takes in at once.  ``check`` holds its calls, argument by argument and input by
 value, to the suite's own on the same case, as every traced script is held.
 """
 
 from __future__ import annotations
 
+import textwrap
 from string import Template
 
 from swabench.core import workloads
@@ -16,93 +17,70 @@ from swabench.repro import script, verify
 from swabench.repro.script import Part
 
 REF = "flashinfer#4972"
-EXPECTED = ("each row is float32 softmax attention over its window (reference() below): rel-L2 at most 0.01 "
-            "overall, 0.05 in every row and head")
-RUN = "python3 with torch, flashinfer and a CUDA GPU (kernels build on first use); exits 1 when reproduced"
-CONTROL = "the same plan with disable_split_kv=True"
+WIDTH = 118  # the top comment's lines: a maintainer's screen, as the code below it
+EXPECTED = "softmax attention in float32 over each query's window: rel-L2 <= 0.01 overall, 0.05 in each row and head"
+CONTROL = "the same plan with disable_split_kv=True, its verdict printed beside the bug's"
+RUN = "python3 with torch and flashinfer on a CUDA GPU; kernels build on first use; exits 1 when reproduced"
 
 MAIN = Template('''
-def main():
-    env = environment()  # before any call: a crash can take the CUDA context with it
-    dev, bf16, i32 = torch.device(DEVICE), torch.bfloat16, torch.int32
-    # swabench's inputs: the request's $pages pages shuffled, then N(0, 1) data from one seeded generator
-    kv_indices = torch.randperm($pages, generator=torch.Generator().manual_seed($seed1)).to(i32)
+def main(dev="cuda"):
+    bf16, i32 = torch.bfloat16, torch.int32
+    kv_indices = torch.randperm($pages, generator=torch.Generator().manual_seed($seed1)).to(i32)  # pages, shuffled
     g = torch.Generator(dev).manual_seed($seed)
-    q = torch.randn(($qo, $h, $d), generator=g, device=dev).to(bf16)
-    k_cache, v_cache = (torch.randn(($pages, $ps, $hkv, $d), generator=g, device=dev).to(bf16) for _ in "kv")
-    qo_indptr, kv_indptr, kv_last_page_len = (torch.tensor(v, dtype=i32) for v in ([0, $qo], [0, $pages], [$last]))
-    keys = (kv_indices.long()[:, None] * $ps + torch.arange($ps)).flatten()[:$kv].to(dev)  # key j's slot
-    expected, out = reference(q, k_cache.flatten(0, 1)[keys], v_cache.flatten(0, 1)[keys]), torch.empty_like(q)
+    q, k_cache, v_cache = (torch.randn(shape, generator=g, device=dev).to(bf16)
+                           for shape in (($qo, $h, $d), ($pages, $ps, $hkv, $d), ($pages, $ps, $hkv, $d)))
+    k, v = (c[kv_indices.long()].flatten(0, 1)[:$kv].float().repeat_interleave($group, dim=1) for c in (k_cache, v_cache))
+    seen = torch.ones($qo, $kv, dtype=torch.bool, device=dev).triu($diagonal)  # query i sees keys j >= i - $w
+    s = (torch.einsum("qhd,khd->hqk", q.float(), k) * $scale).masked_fill(~seen, float("-inf"))
+    expected, out = torch.einsum("hqk,khd->qhd", s.softmax(dim=-1), v), torch.empty_like(q)  # float32 reference
     buffers = {name: torch.empty((n,), dtype=i32, device=dev) for name, n in (("qo_indptr_buf", 2),
                ("paged_kv_indptr_buf", 2), ("paged_kv_indices_buf", $pages), ("paged_kv_last_page_len_buf", 1))}
-    workspace = torch.empty(($workspace,), dtype=torch.uint8, device=dev)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2", use_cuda_graph=True,
-                                                             **buffers)
-
-    def plan(**control):  # uniform_q_len where the release takes it
-        uniform = {"uniform_q_len": $qo} if "uniform_q_len" in inspect.signature(wrapper.plan).parameters else {}
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty($workspace, dtype=torch.uint8, device=dev), "NHD", backend="fa2", use_cuda_graph=True, **buffers)
+    qo_indptr, kv_indptr, kv_last_page_len = (torch.tensor(v, dtype=i32) for v in ([0, $qo], [0, $pages], [$last]))
+    for control in ({}, {"disable_split_kv": True}):  # the call, then the control: no request split along KV
         wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=$h, num_kv_heads=$hkv,
-                     q_data_type=bf16, kv_data_type=bf16, sm_scale=$scale,
-                     causal=False, window_left=$w, head_dim_qk=$d, page_size=$ps, **control, **uniform)
-
-    def step():
-        wrapper.run(q, (k_cache, v_cache), out=out)
-
-    plan()
-    wrong, what, worst = outcome(step, out, expected)
-    verdict = "NOT REPRODUCED" if not wrong else "REPRODUCED (crash)" if what.startswith("crash") else "REPRODUCED"
-    print(f"{verdict}: {what}", *worst, sep="\\n")
-    plan(disable_split_kv=True)  # the control: the same plan, no request split along KV
-    print("CONTROL, $control: " + outcome(step, out, expected)[1], *env, sep="\\n")
-    return 1 if wrong else 0
-
-
-def reference(q, k, v):
-    """float32 softmax(scale q k^T) v, the query at key position i seeing keys j >= i - $w (no causal bound)."""
-    k, v = (t.float().repeat_interleave($group, dim=1) for t in (k, v))
-    i, j = torch.arange($start, $kv, device=q.device)[:, None], torch.arange($kv, device=q.device)
-    s = (torch.einsum("qhd,khd->hqk", q.float(), k) * $scale).masked_fill(j < i - $w, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", s.softmax(dim=-1), v)
+                     q_data_type=bf16, kv_data_type=bf16, sm_scale=$scale, causal=False,
+                     window_left=$w, head_dim_qk=$d, page_size=$ps, uniform_q_len=$qo, **control)
+        wrong, what = outcome(lambda: wrapper.run(q, (k_cache, v_cache), out=out), out, expected)
+        if not control:
+            reproduced = wrong
+        print(f"CONTROL, disable_split_kv=True: {what}" if control else
+              f"{'REPRODUCED' if wrong else 'NOT REPRODUCED'}{' (crash)' * what.startswith('crash')}: {what}")
+    # FlashInfer's own report: the GPU and its SM count, driver, CUDA, torch, cubin and JIT-cache packages
+    print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
+    return 1 if reproduced else 0
 
 
 def outcome(step, out, expected):
-    """(wrong, what, the worst row) of ``step``'s ``out`` (NaN first: a row it never writes is wrong)."""
+    """(wrong, what): what step() writes to out against expected, NaN first: a row it never writes is wrong."""
     out.fill_(float("nan"))
     try:
         step()
         torch.cuda.synchronize()
     except RuntimeError as e:  # an illegal memory access or a launch failure: the call never finished
-        return True, f"crash: {str(e).strip().splitlines()[0]}", []
+        return True, f"crash: {str(e).strip().splitlines()[0]}"
     err, tol = (out.float() - expected).nan_to_num(nan=float("inf")), TOLERANCE
-    head = err.norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-6)  # [row, head]: a row is wrong past row_rel_l2
+    head = err.norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-6)  # [row, head]
     rel, row = float(err.norm() / expected.norm()), head.amax(dim=-1)
     said = f"rel-L2 {rel:.3g}, worst row {float(row.max()):.3g}; tolerances {tol['rel_l2']:g}, {tol['row_rel_l2']:g}"
     bad = set((row > tol["row_rel_l2"]).nonzero().flatten().tolist())
     if rel <= tol["rel_l2"] and not bad:
-        return False, f"right ({said})", []
-    spans = zip(sorted(r for r in bad if r - 1 not in bad), sorted(r for r in bad if r + 1 not in bad))
-    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in spans)
-    w, h = int(row.argmax()), int(head[int(row.argmax())].argmax())
-    values = [[round(x, 3) for x in t[w, h, :4].tolist()] for t in (expected, out.float())]
-    return True, (f"request 0: rows {rows} wrong" if rows else "no row past the row tolerance") + f" ({said})", [
-        f"worst: request 0 row {w}, head {h}, first values expected {values[0]}, got {values[1]}"]
-
-
-def environment():
-    """The GPU, torch and flashinfer, then FlashInfer's own report: the driver, CUDA, cubin and JIT-cache packages."""
-    p = torch.cuda.get_device_properties(0)
-    report = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True)
-    return [f"{p.name}: compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs; torch "
-            f"{torch.__version__} (CUDA {torch.version.cuda})", f"flashinfer-python {flashinfer.__version__}",
-            report.stdout.rstrip() or f"(python -m flashinfer.collect_env: exit {report.returncode}, no report)"]
+        return False, f"right ({said})"
+    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in zip(sorted(r for r in bad if r - 1 not in bad),
+                                                                      sorted(r for r in bad if r + 1 not in bad)))
+    w, h = divmod(int(head.argmax()), head.shape[1])
+    e, o = ([round(x, 3) for x in t[w, h, :4].tolist()] for t in (expected, out.float()))
+    return True, (f"request 0: rows {rows} wrong" if rows else "no row past the row tolerance") + f" ({said})\\n" \\
+                 f"worst: request 0 row {w}, head {h}, first values expected {e}, got {o}"
 ''')
 
 
 def header_lines(lines: list[str]) -> list[str]:
-    """The traced scripts' top comment, cut: the title says what is wrong, and Fault where it is filed."""
-    short = {"Expected": EXPECTED, "Run": RUN}
-    return [f"{name}: {short[name]}" if name in short else f"{name}: {text}"
-            for name, _, text in (line.partition(": ") for line in lines) if name not in ("What is wrong", "Upstream")]
+    """The traced scripts' top comment, cut to what a maintainer reads: Expected and Control said shortly."""
+    short = {"Expected": EXPECTED, "Control": CONTROL, "Run": RUN}
+    return [f"{name}: {short.get(name, text)}" for name, _, text in (line.partition(": ") for line in lines)
+            if name not in ("What is wrong", "Upstream", "Made by")]
 
 
 def render(case, header: script.Header) -> str:
@@ -110,20 +88,22 @@ def render(case, header: script.Header) -> str:
     qo, kv = workloads.request_lengths(case)
     if len(kv) != 1 or case.causal or case.window_left < 0 or case.storage != "paged" or \
             {case.dtype, case.cache_dtype} != {"bfloat16"}:
-        raise ValueError(f"the two-screen script takes one paged bfloat16 request planned non-causal with a window, "
+        raise ValueError(f"the one-screen script takes one paged bfloat16 request planned non-causal with a window, "
                          f"not {case.label}")
     ps = case.page_size
     pages = -(-kv[0] // ps)
-    main = MAIN.substitute(qo=qo[0], kv=kv[0], start=kv[0] - qo[0], pages=pages, ps=ps, last=kv[0] - (pages - 1) * ps,
-                           h=case.num_qo_heads, hkv=case.num_kv_heads, group=case.num_qo_heads // case.num_kv_heads,
-                           d=case.head_dim, w=case.window_left, scale=case.scale, seed=case.seed, seed1=case.seed + 1,
-                           workspace=WORKSPACE_BYTES, control=CONTROL)
-    call = ("Call: flashinfer.BatchPrefillWithPagedKVCacheWrapper(backend='fa2', use_cuda_graph=True), then "
-            f"plan(causal=False, window_left={case.window_left}, uniform_q_len={qo[0]}), run()")
-    constants = [script.tolerance_line(case.dtype), 'DEVICE = "cuda"']
-    imports = ["import inspect", "import subprocess", "", "import torch", "", "import flashinfer"]
-    return script.assemble(header, [call, script.shape_line(script.case_literals(case))], imports, constants,
-                           main.strip(), [])
+    main = MAIN.substitute(qo=qo[0], kv=kv[0], diagonal=kv[0] - qo[0] - case.window_left, pages=pages, ps=ps,
+                           last=kv[0] - (pages - 1) * ps, h=case.num_qo_heads, hkv=case.num_kv_heads,
+                           group=case.num_qo_heads // case.num_kv_heads, d=case.head_dim, w=case.window_left,
+                           scale=case.scale, seed=case.seed, seed1=case.seed + 1, workspace=WORKSPACE_BYTES)
+    call = (f"Call: BatchPrefillWithPagedKVCacheWrapper(backend=\"fa2\", use_cuda_graph=True), then plan(causal=False, "
+            f"window_left={case.window_left}, uniform_q_len={qo[0]}) and run()")
+    said = [w for line in (call, script.shape_line(script.case_literals(case)))
+            for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
+    return "\n".join(["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
+                      "import subprocess", "import sys", "", "import flashinfer", "import torch", "",
+                      script.tolerance_line(case.dtype), "", "", main.strip(), "", "",
+                      'if __name__ == "__main__":', "    sys.exit(main())", ""])
 
 
 def check(parts: list[Part], header: script.Header) -> None:

@@ -57,12 +57,10 @@ FILINGS: dict[str, Filing] = {
     "flashinfer#4972": Filing(
         title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV "
               "chunk are wrong",
-        fault="FlashInfer: fa2's split-KV scheduler under a non-causal window. Reported as issue "
-              "flashinfer#4972 (a fix is proposed in pull request flashinfer#4992): add this as a comment "
-              "there.",
-        matters="backend='fa2', causal=False with window_left >= 0; fa2 splits a long request along KV by the "
-                "GPU's SM count (so the wrong rows depend on the GPU) and in CUDA-graph mode "
-                "(use_cuda_graph=True) whatever the length",
+        fault="FlashInfer's fa2 split-KV scheduler: a comment on issue flashinfer#4972; PR flashinfer#4992 proposes "
+              "a fix",
+        matters="fa2 splits a request along KV by SM count (the rows depend on the GPU), always under "
+                "use_cuda_graph=True",
         keywords=(("disable_split_kv", True),),
     ),
     "holistic-offset": Filing(

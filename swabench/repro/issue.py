@@ -11,8 +11,11 @@ from pathlib import Path
 from swabench.errors import UserError
 
 VERDICTS = ("REPRODUCED", "NOT REPRODUCED")
-GPU_LINE = re.compile(r"^(?P<name>.+): compute capability (?P<cc>[\d.]+), (?P<sms>\d+) SMs")
-PACKAGE_LINE = re.compile(r"^flashinfer[-_]python (?P<version>\S+)$", re.IGNORECASE)
+# the scripts' own environment lines, or FlashInfer's collect_env report ("GPU 0 (CUDA order)   : NVIDIA H200 | SM90 |
+# 132 SMs | 139.8 GiB", "flashinfer                   : 0.7.4")
+GPU_LINE = re.compile(r"^(?:(?P<name>.+): compute capability [\d.]+, |GPU 0 \(CUDA order\)\s*: (?P<listed>[^|]+?) \| "
+                      r"SM\w+ \| )(?P<sms>\d+) SMs")
+PACKAGE_LINE = re.compile(r"^(?:flashinfer[-_]python |flashinfer\s+: )(?P<version>\S+)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ def read(log) -> Observed:
     gpu = next((m for m in map(GPU_LINE.match, lines) if m), None)
     version = next((m["version"] for m in map(PACKAGE_LINE.match, lines) if m), None)
     where = ", ".join(x for x in (f"flashinfer {version}" if version else "",
-                                  f"{gpu['name']} ({gpu['sms']} SMs)" if gpu else "") if x) or "an unnamed machine"
+                                  f"{gpu['name'] or gpu['listed']} ({gpu['sms']} SMs)" if gpu else "") if x) \
+        or "an unnamed machine"
     control = next((line for line in lines if line.startswith("CONTROL")), "")
     return Observed(where, verdict, control, text.rstrip())
 

@@ -128,7 +128,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
     template = TEMPLATES.get(bug.ref)
     lines = getattr(template, "header_lines", list)(lines)
-    header = script.Header(bug.filing.title, _wrapped(lines))
+    header = script.Header(bug.filing.title, _wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
         progress("checking the script's calls against the suite's")
         try:
@@ -141,7 +141,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
 
 
 # bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
-# and #4972's is a comment on its upstream issue, which reads best on two screens
+# and #4972's is a comment on its upstream issue, which reads best on one screen
 TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
 
 
@@ -193,8 +193,8 @@ def _run_line(library: str, timed: bool = False) -> str:
     return f"Run: python3 with {needs}. It prints {verdict}, the environment; exits 1 when reproduced."
 
 
-def _wrapped(lines: list[str]) -> list[str]:
-    return [wrapped for line in lines for wrapped in textwrap.wrap(line, 110, subsequent_indent="    ")]
+def _wrapped(lines: list[str], width: int = 110) -> list[str]:
+    return [wrapped for line in lines for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]
 
 
 def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None,
