@@ -205,3 +205,11 @@ def test_a_paths_backends_are_told_apart_by_fill():
     assert solid == pytest.approx(mcolors.to_rgb(style.look("paged-window")["color"]))
     assert all(p > s for p, s in zip(pale, solid) if s < 1) and faces[2][3] > 0  # lighter, not hollow
     style.pyplot().close("all")
+
+
+def test_a_run_s_commit_is_cut_to_its_hash_and_keeps_its_label():
+    from swabench.publish.markdown import short_commit
+
+    assert short_commit({"git_commit": "fad47f9c0ffee1234567"}) == "fad47f9c0f"
+    assert short_commit({"git_commit": "fad47f9c0ffee+brief"}, 8) == "fad47f9c+brief"
+    assert short_commit({}) == "unknown"

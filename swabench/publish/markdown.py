@@ -26,9 +26,16 @@ def _cell(value) -> str:
     return str(value)
 
 
+def short_commit(meta: dict, width: int = 10) -> str:
+    """The run's commit, its hash cut to ``width``; a label after it (``fad47f9+brief``, SWABENCH_GIT_COMMIT's
+    name for a tree with changes) kept whole."""
+    commit, plus, label = (meta.get("git_commit") or "unknown").partition("+")
+    return commit[:width] + plus + label
+
+
 def environment_line(meta: dict, folder: str | None = None) -> str:
     gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
-    commit = (meta.get("git_commit") or "unknown")[:10]
+    commit = short_commit(meta)
     return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
             f"torch {meta.get('torch')}, {library_versions(meta)}, "
             f"swabench {meta.get('swabench')} @ {commit}; `{published_command(meta, folder)}`")

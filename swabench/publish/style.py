@@ -10,7 +10,7 @@ import matplotlib
 import matplotlib.ticker
 
 from swabench.impls import registry
-from swabench.publish.markdown import library_versions
+from swabench.publish.markdown import library_versions, short_commit
 from swabench.store import run_folder
 
 matplotlib.use("Agg")
@@ -43,7 +43,7 @@ def caption(meta: dict) -> str:
     device = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
     if meta.get("embedded_backend"):
         device += ", embedded PyTorch backend"
-    commit = (meta.get("git_commit") or "?")[:8]
+    commit = short_commit(meta, 8)
     l2 = "cold L2" if "flush" in str(meta.get("method", {}).get("kernel_time", "")) else ""
     return (f"{device} | {library_versions(meta)} | torch {meta.get('torch')} | "
             f"swabench {meta.get('swabench')}@{commit} | {meta.get('scenario')} | {l2}").rstrip(" |")

@@ -3,6 +3,7 @@ library, which release has which declared upstream bug, and which got faster or 
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from swabench.analysis import matrix
@@ -42,7 +43,10 @@ def picked_cases(command: str) -> tuple[str, ...]:
 def named(group: list[Run]) -> str:
     """A release set as the page names it: '`release`', or '`release` (groups tree)' for a part of it."""
     scenario, picked = _release_set_key(group[0])
-    return f"`{scenario}`" + (f" (groups {', '.join(picked)})" if picked else "")
+    stem = os.path.commonprefix(list(picked)) if len(picked) > 1 else ""
+    stem = stem[:stem.rfind("-") + 1]  # 'shelf-{blocks,decode}', never 'shelf-{b,d}ecode'
+    said = f"{stem}{{{','.join(g[len(stem):] for g in picked)}}}" if stem else ", ".join(picked)
+    return f"`{scenario}`" + (f" (groups {said})" if picked else "")
 
 
 def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
@@ -98,8 +102,8 @@ def unexpected(m: matrix.Matrix) -> dict[str, str]:
 
 
 def in_short(runs: list[Run]) -> list[str]:
-    """One line per release set for the Answers: which release has which declared bug, whether anything
-    else went wrong, and which releases are slower or faster than the newest (on how many timed points, by how much)."""
+    """One line per release set for the Answers: which release has which declared bug, what else went wrong if
+    anything, and which releases are slower or faster than the newest (on how many timed points, by how much)."""
     lines = []
     for library, group in release_sets(runs):
         m = matrix_of(library, group)
@@ -114,21 +118,20 @@ def in_short(runs: list[Run]) -> list[str]:
         alike: dict[str, list[str]] = {}
         for v, what in odd.items():
             alike.setdefault(what, []).append(v)
-        parts.append("; ".join(f"on {' and '.join(vs)}: {what}" for what, vs in alike.items()) if odd else
-                     "nothing else wrong")
+        parts += [f"on {' and '.join(vs)}: {what}" for what, vs in alike.items()]
         for r in m.releases[:-1]:
             t = m.timings[m.timings["release"] == r.version]
-            for verdict in ("slower", "faster"):
-                p = t[t["verdict"] == verdict]
-                if len(p):
-                    parts.append(f"{r.version} {verdict} on {len(p)} of {len(t)} points ({span(p['ratio'])}x "
-                                 f"{m.newest.version}'s time)")
+            shifts = [f"{verdict} on {len(p)}/{len(t)} points ({span(p['ratio'])}x)"
+                      for verdict in ("slower", "faster") if len(p := t[t["verdict"] == verdict])]
+            if shifts:
+                parts.append(f"{r.version} " + ", ".join(shifts))
             if len(t) and not t["verdict"].isin(["slower", "faster"]).any():
                 same = int((t["verdict"] == "same").sum())
-                parts.append(f"{r.version} the same as {m.newest.version} on {same} of {len(t)} points"
+                parts.append(f"{r.version} the same on {same}/{len(t)} points"
                              + (" (the rest too noisy to tell)" if same < len(t) else ""))
         names = folders_named([str(r.folder) for r in m.releases], versions)
-        lines.append(f"- {named(group)} on {library} {versions[0]} to {versions[-1]}: " + "; ".join(parts)
+        on = "" if library == "flashinfer" else f"{library} "  # the Answers' heading names FlashInfer
+        lines.append(f"- {named(group)} on {on}{versions[0]} to {versions[-1]}: " + "; ".join(parts or ["as declared"])
                      + f" ({names}).")
     return lines
 
