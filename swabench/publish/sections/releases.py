@@ -131,8 +131,8 @@ def in_short(runs: list[Run]) -> list[str]:
                              + (" (the rest too noisy to tell)" if same < len(t) else ""))
         names = folders_named([str(r.folder) for r in m.releases], versions)
         on = "" if library == "flashinfer" else f"{library} "  # the Answers' heading names FlashInfer
-        lines.append(f"- {named(group)} on {on}{versions[0]} to {versions[-1]}: " + "; ".join(parts or ["as declared"])
-                     + f" ({names}).")
+        lines.append(f"- {named(group)} on {on}{versions[0]} to {versions[-1]}: "
+                     + "; ".join(parts or ["as declared"]) + f" ({names}).")
     return lines
 
 
