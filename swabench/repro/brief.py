@@ -8,7 +8,6 @@ value, to the suite's own on the same case, as every traced script is held.
 
 from __future__ import annotations
 
-import textwrap
 from string import Template
 
 from swabench.core import workloads
@@ -98,8 +97,7 @@ def render(case, header: script.Header) -> str:
                            scale=case.scale, seed=case.seed, seed1=case.seed + 1, workspace=WORKSPACE_BYTES)
     call = (f"Call: BatchPrefillWithPagedKVCacheWrapper(backend=\"fa2\", use_cuda_graph=True), then plan(causal=False, "
             f"window_left={case.window_left}, uniform_q_len={qo[0]}) and run()")
-    said = [w for line in (call, script.shape_line(script.case_literals(case)))
-            for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
+    said = script.wrapped([call, script.shape_line(script.case_literals(case))], WIDTH)
     return "\n".join(["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
                       "import subprocess", "import sys", "", "import flashinfer", "import torch", "",
                       script.tolerance_line(case.dtype), "", "", main.strip(), "", "",

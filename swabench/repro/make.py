@@ -4,7 +4,6 @@ calls before it is written."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 from swabench.core import workloads
@@ -92,7 +91,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     lines += [said] if said else []
     lines += [f"Upstream: {declared.url}"] if declared and declared.url else []
     header = script.Header(f"{impl} on {case.label} ({backend}): {kind}",
-                           _wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
+                           script.wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
                                              _run_line(obj.library)]))
     parts = [script.Part(case, impl, backend)]
     return _checked(parts, header, progress=progress), parts
@@ -128,7 +127,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
     template = TEMPLATES.get(bug.ref)
     lines = getattr(template, "header_lines", list)(lines)
-    header = script.Header(bug.filing.title, _wrapped(lines, getattr(template, "WIDTH", 110)))
+    header = script.Header(bug.filing.title, script.wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
         progress("checking the script's calls against the suite's")
         try:
@@ -191,10 +190,6 @@ def _run_line(library: str, timed: bool = False) -> str:
         if library == script.FLASHINFER else "torch (and a CUDA GPU where there is one)"
     verdict = "the timing verdict, each path's check" if timed else "REPRODUCED or NOT REPRODUCED, the control's verdict"
     return f"Run: python3 with {needs}. It prints {verdict}, the environment; exits 1 when reproduced."
-
-
-def _wrapped(lines: list[str], width: int = 110) -> list[str]:
-    return [wrapped for line in lines for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]
 
 
 def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None,

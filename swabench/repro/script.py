@@ -154,11 +154,16 @@ def tolerance_line(dtype: str) -> str:
            f"random inputs, {dtype}"
 
 
+def wrapped(lines: list[str], width: int = 110) -> list[str]:
+    """A top comment's lines cut at ``width`` columns, each continuation indented four spaces."""
+    return [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="    ")]
+
+
 def assemble(header: Header, said: list[str], imports: list[str], constants: list[str], main: str,
              helpers: list[str]) -> str:
     """A script's text: its top comment (``said``: the call and the shape, then the header's lines), its imports and
     constants, ``main`` (with what it defines), the helpers it calls, and the entry point."""
-    said = [w for line in said for w in textwrap.wrap(line, 110, subsequent_indent="    ")]
+    said = wrapped(said)
     out = ["#!/usr/bin/env python3", '"""' + header.title, "", *said, *header.lines, '"""', "", "import sys", "",
            *imports, "", *constants, "", "", main]
     for source in helpers:
