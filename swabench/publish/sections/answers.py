@@ -227,7 +227,7 @@ def answers(runs: list[Run]) -> list[str]:
         parts += [f"**Beside the causal window** ({topic_link(neighbours)}):\n" + "\n".join(f"- {s}" for s in beside)]
     parts += [p for p in drafts if p]
     if by_release:
-        parts += [f"**Which FlashInfer release** (a line names what went wrong past the declared bugs, if anything; "
+        parts += [f"**Which FlashInfer release** (a line names what went wrong past the declared bugs; "
                   f"slower and faster: kernel time against the newest release's; {topic_link(releases)}):\n"
                   + "\n".join(by_release)]
     return parts
