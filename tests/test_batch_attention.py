@@ -40,7 +40,7 @@ def test_it_must_fail_where_the_trim_is_not_the_window(fields, must):
     c = case(**fields)
     w = workloads.build(c)
     impl = registry.get("batch-attention-trim")
-    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must and impl.timed_where_exact
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens, "fa2") is must and impl.timed_where_exact
 
 
 def test_it_models_a_sliding_window_layer():

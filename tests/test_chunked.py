@@ -112,7 +112,7 @@ def test_edges_holds_chunk_edges_for_every_step():
 @pytest.mark.parametrize("name", ["torch-trim", "torch-mask", *MISTAKES])
 def test_chunk_edges_pass_and_the_mistakes_are_caught_exactly_where_they_show(name, c):
     w = workloads.build(c)
-    must = registry.get(name).must_fail(c, w.qo_lens, w.kv_lens)
+    must = registry.get(name).must_fail(c, w.qo_lens, w.kv_lens, "fa2")
     result = gated(name, w)
     assert result.passed is not must, (must, result.reason)
 
@@ -122,7 +122,7 @@ def test_chunk_edges_pass_and_the_mistakes_are_caught_exactly_where_they_show(na
 def test_the_mistakes_are_caught_at_small_and_large_chunks(name, chunk, prefix, qo):
     w = workloads.build(case(attention_chunk=chunk, prefix_len=prefix, qo_len=qo, batch_size=1, dtype="bfloat16",
                              head_dim=64))
-    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens)
+    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     result = gated(name, w)
     assert not result.passed and "probe (" in result.reason, result.reason
 
@@ -131,8 +131,8 @@ def test_a_chunk_as_a_window_is_right_only_where_every_query_ends_its_chunk():
     """Past the first chunk, a window of C - 1 keys is the chunk only for the query at its chunk's last position."""
     as_window = registry.get("planted-chunk-window")
     last = case(mode="decode", qo_len=None, prefix_len=31, batch_size=1)  # the query at 31 ends chunk 16..31
-    assert not as_window.must_fail(last, [1], [32])
-    assert as_window.must_fail(case(mode="decode", qo_len=None, prefix_len=32, batch_size=1), [1], [33])
+    assert not as_window.must_fail(last, [1], [32], "fa2")
+    assert as_window.must_fail(case(mode="decode", qo_len=None, prefix_len=32, batch_size=1), [1], [33], "fa2")
 
 
 def test_paths_without_chunks_skip_and_say_so():
@@ -194,7 +194,7 @@ def test_chunk_trim_and_virtual_say_where_they_cannot_run():
     for impl in (virtual, trim):  # a table cut at a chunk start must start on a page
         assert "must be a multiple of page_size 16" in impl.unsupported(case(attention_chunk=24, dtype="bfloat16"), "fa2")
     as_window = registry.get("chunk-as-window")
-    assert as_window.must_fail(across, [6] * 3, [51] * 3) and as_window.kind == "known-bug"
+    assert as_window.must_fail(across, [6] * 3, [51] * 3, "fa2") and as_window.kind == "known-bug"
 
 
 SAWTOOTH = """

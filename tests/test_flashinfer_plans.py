@@ -308,7 +308,7 @@ def test_sglang_decode_recipe_must_fail_only_where_a_page_reaches_before_the_win
     c = decode_case(page_size=page_size, prefix_len=prefix_len)
     w = workloads.build(c)
     impl = registry.get("decode-trim-nowindow")
-    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must and impl.timed_where_exact
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens, "fa2") is must and impl.timed_where_exact
 
 
 def test_serving_axes_reach_plan():
@@ -533,3 +533,66 @@ def test_the_decode_sink_wrapper_is_built_for_the_window_and_runs_with_the_sinks
     assert sinks is w.sinks and scale == 0.1
     impl = registry.get("sink-decode")
     assert impl.modes == ("decode",) and impl.requires == frozenset({"sinks"}) and impl.family == "sink"
+
+
+def run_window_case(qo_len, heads=(8, 2), prefix_len=100, window_left=31, **kw):
+    mode = dict(mode="decode") if qo_len == 1 else dict(mode="verify", qo_len=qo_len)
+    return axes.make_case(dict(mode, prefix_len=prefix_len, window_left=window_left, num_qo_heads=heads[0],
+                               num_kv_heads=heads[1], head_dim=128, dtype="bfloat16", batch_size=2, page_size=16,
+                               **kw))
+
+
+def test_a_window_given_only_at_run_starts_each_fa2_query_tile_at_its_first_query_s_window():
+    """paged-plan-no-window on fa2: 8 queries of a group of 4 pack 32 rows, one 64-row tile, so query 0 is exact and
+    query i sees i keys before its window; fa3 takes no window at run, so every query past key W sees too much."""
+    impl, c = registry.get("paged-plan-no-window"), run_window_case(8)
+    qo, kv = workloads.request_lengths(c)
+    fa2 = impl.rows_wrong(c, qo, kv, "fa2")[0]
+    assert fa2.tolist() == [False] + [True] * 7
+    seen = impl.seen(c, qo, kv, "fa2")[0]
+    exact = semantics.of_case(c).mask(qo[0], kv[0])
+    assert ((seen & ~exact).sum(dim=1) == torch.arange(8)).all() and not (exact & ~seen).any()
+    assert impl.rows_wrong(c, qo, kv, "fa3")[0].all()
+    assert impl.keys_lost(c, qo, kv, "fa2") == (0, 0.0)
+
+
+@pytest.mark.parametrize("qo_len,heads,must_fa2", [(1, (8, 2), False), (8, (8, 2), True), (4, (128, 1), False),
+                                                   (8, (64, 1), True)])
+def test_a_window_given_only_at_run_is_exact_where_each_query_starts_its_own_tile(qo_len, heads, must_fa2):
+    """One query a request (decode, or the single-token verify the published runs held as xpass), or a GQA group as
+    large as the tile (128 heads on one KV head: a 128-row tile a query), is exact on fa2; fa3 is wrong wherever a
+    key lies before the window."""
+    impl, c = registry.get("paged-plan-no-window"), run_window_case(qo_len, heads)
+    qo, kv = workloads.request_lengths(c)
+    assert impl.must_fail(c, qo, kv, "fa2") is must_fa2
+    assert impl.must_fail(c, qo, kv, "fa3")
+    assert not impl.must_fail(run_window_case(qo_len, heads, prefix_len=20), qo, [20 + qo_len] * 2, "fa3")
+
+
+def test_the_published_runs_hold_the_run_window_rule_point_by_point():
+    """Every point of a path planned without a window and handed W at run that the H200 gated, in every committed
+    run: the gate's outcome (right or wrong) is what the rule predicts, on fa2 and fa3 (823 fa2 points, 213 of them
+    right at one query a request, which the runs once printed as xpass)."""
+    import pandas as pd
+    from pathlib import Path
+    from swabench.inputs import scenarios
+
+    results = Path(__file__).resolve().parent.parent / "results"
+    checked = 0
+    for table in sorted(results.glob("*/results.csv*")):
+        rows = pd.read_csv(table, low_memory=False)
+        if "impl" not in rows:
+            continue
+        rows = rows[rows["impl"].isin(["paged-plan-no-window", "sglang-extend-ragged-nowindow"])
+                    & rows["status"].isin(["pass", "xpass", "xfail", "fail"])]
+        if rows.empty:
+            continue
+        cases = {c.case_id: c for c in scenarios.load(table.parent / "scenario.toml").cases}
+        for row in rows.itertuples():
+            impl, case = registry.get(row.impl), cases[row.case_id]
+            qo, kv = workloads.request_lengths(case)
+            wrong = row.status in ("xfail", "fail")
+            assert impl.must_fail(case, qo, kv, row.backend) is wrong, (table.parent.name, row.case, row.backend)
+            assert row.status != "xpass", (table.parent.name, row.case)
+            checked += 1
+    assert checked > 1000

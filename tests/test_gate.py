@@ -37,7 +37,7 @@ def test_correct_implementations_pass(name, window_left, prefix, qo):
 @pytest.mark.parametrize("name", ["planted-wide", "planted-narrow", "planted-future"])
 def test_planted_mistakes_fail_through_the_probe(name, window_left, prefix, qo):
     w = workload(window_left, prefix, qo)
-    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens)
+    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     result = gated(name, w)
     assert not result.passed
     tol = gate.TOLERANCES["bfloat16"].row_rel_l2
@@ -111,7 +111,7 @@ def test_gate_leaves_random_data_for_timing():
 ])
 def test_must_fail_is_where_the_visible_set_changes(name, qo, kv, must):
     c = axes.make_case(dict(mode="verify", qo_len=qo, seq_len=kv, window_left=4))
-    assert registry.get(name).must_fail(c, [qo], [kv]) == must
+    assert registry.get(name).must_fail(c, [qo], [kv], "fa2") == must
 
 
 @pytest.mark.parametrize("queries,group,block", [(64, 4, 256), (16, 4, 128), (32, 4, 128), (100, 4, 512),
@@ -130,3 +130,44 @@ def test_flex_runs_a_decode_batch_with_a_grown_query_block():
     runner.plan()
     assert runner.block_mask.BLOCK_SIZE == (256, 128)
     assert gate.check(runner, runner.w).passed
+
+
+def _point(name, w):
+    from swabench.core.cases import Point
+    return Point(w.case, name, "torch")
+
+
+def test_an_xpass_says_the_library_changed_where_the_gate_fails_the_predicted_output(monkeypatch):
+    """A known mistake whose output comes out exact: the gate fails what its mistake predicts, so the path no longer
+    computes it (the library changed)."""
+    import dataclasses
+    from swabench.run import sweep
+
+    w = workload(4, 40, 8)
+    fixed = dataclasses.replace(registry.get("planted-wide"), make=registry.get("torch-trim").make)
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: fixed if name == "planted-wide" else real(name))
+    row = sweep.measure_point(_point("planted-wide", w), w, sweep.SweepOptions(torch.device("cpu"), timed=False), None)
+    assert row["status"] == "xpass" and row["must_fail"]
+    assert row["reason"].startswith("KNOWN BUG NOT CAUGHT: the library changed"), row["reason"]
+
+
+def test_an_xpass_says_the_gate_is_blind_where_it_passes_the_predicted_output_too(monkeypatch):
+    import dataclasses
+    from swabench.impls import embedded
+    from swabench.run import sweep
+
+    w = workload(4, 40, 8)
+    fixed = dataclasses.replace(registry.get("planted-wide"), make=registry.get("torch-trim").make)
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: fixed if name == "planted-wide" else real(name))
+
+    def exact(impl, w, backend):  # a prediction the gate cannot tell from the exact output
+        runner = fixed.make(w, "torch")
+        runner.plan()
+        return runner
+
+    monkeypatch.setattr(embedded, "as_predicted", exact)
+    row = sweep.measure_point(_point("planted-wide", w), w, sweep.SweepOptions(torch.device("cpu"), timed=False), None)
+    assert row["status"] == "xpass"
+    assert row["reason"].startswith("KNOWN BUG NOT CAUGHT: the gate is blind here"), row["reason"]

@@ -55,14 +55,9 @@ def test_correct_implementations_pass_on_the_gpu(impl, window_left, prefix, qo, 
 @pytest.mark.parametrize("impl", BUGS_FI)
 def test_known_bugs_are_caught_where_they_must_fail(impl, window_left, prefix, qo, page_size, backend):
     w = workload(impl, window_left, prefix, qo, page_size)
-    must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens)
+    must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens, backend)
     runner, result = gated(impl, w, backend)
-    if impl == "paged-plan-no-window" and backend == "fa2" and qo == 1:
-        # Measured on the H200 with flashinfer 0.7.2.post1: fa2 applies the run-time window to
-        # single-query requests even when plan() had none, so the sweep reports these points as
-        # xpass (a finding) rather than xfail.  fa3, and fa2 with qo_len > 1, show the bug.
-        assert result.passed, result.reason
-    elif must:
+    if must:
         assert not result.passed, f"known bug not caught: {result}"
         assert result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2
     else:
@@ -160,7 +155,7 @@ def test_decode_wrappers_on_the_gpu(impl, page_size, head_dim, heads, backend):
                                  num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype="bfloat16"))
     w = workloads.build(c, "cuda")
     runner, result = gated(impl, w, backend)
-    if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens):
+    if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens, backend):
         assert not result.passed and result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2
     else:
         assert result.passed, result.reason
@@ -212,7 +207,7 @@ def test_serving_paths_on_the_gpu(impl, backends, shape):
             assert backend == "fa3", reason  # fa3: no custom mask (the recipes), no bf16 x fp8
             continue
         runner, result = gated(impl, w, backend)
-        if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens):
+        if registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens, backend):
             assert not result.passed and result.probe_rel_l2 > 10 * gate.TOLERANCES["bfloat16"].row_rel_l2, \
                 (backend, result)
         else:
@@ -280,7 +275,7 @@ def test_chunked_attention_through_flashinfer(impl, chunk, prefix, qo, page_size
                             page_size=page_size, **({"qo_len": qo} if qo > 1 else {})))
     w = workloads.build(c, "cuda")
     runner, result = gated(impl, w, backend)
-    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens)
+    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens, backend)
     assert result.passed is not must, (must, result.reason)
 
 
@@ -315,7 +310,7 @@ def test_xqa_passes_and_its_off_by_one_fails_where_it_must(impl, window_left, pr
                             page_size=page_size, sinks=sinks, **({"qo_len": qo} if qo > 1 else {})))
     w = workloads.build(c, "cuda")
     runner, result = gated(impl, w, "xqa")
-    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens)
+    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens, "xqa")
     assert result.passed is not must, (must, result.reason)
 
 
@@ -346,7 +341,7 @@ def test_batch_attention_on_a_trimmed_table_is_right_exactly_where_the_trim_is_t
                             **({"qo_len": qo} if qo > 1 else {})))
     w = workloads.build(c, "cuda")
     runner, result = gated("batch-attention-trim", w, "fa2")
-    must = registry.get("batch-attention-trim").must_fail(c, w.qo_lens, w.kv_lens)
+    must = registry.get("batch-attention-trim").must_fail(c, w.qo_lens, w.kv_lens, "fa2")
     assert result.passed is not must, (must, result.reason)
 
 

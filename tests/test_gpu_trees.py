@@ -37,7 +37,7 @@ def gated(impl, w, backend="fa2"):
         pytest.skip(reason)
     runner = spec.make(w, backend)
     runner.plan()
-    predicted = torch.cat(spec.rows_wrong(w.case, w.qo_lens, w.kv_lens)) if spec.expected_to_fail else None
+    predicted = torch.cat(spec.rows_wrong(w.case, w.qo_lens, w.kv_lens, backend)) if spec.expected_to_fail else None
     return runner, gate.check(runner, w, predicted=predicted)
 
 
@@ -57,7 +57,7 @@ def test_the_depth_paths_pass_on_trees_and_chains(impl, tree, n, window_left, pr
 def test_the_slot_rule_and_sglangs_recipe_are_wrong_exactly_where_predicted(impl, tree, n, window_left, prefix, chain):
     w = workload("chain" if chain else tree, n, window_left, prefix, page_size=1)
     runner, result = gated(impl, w)
-    must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens)
+    must = registry.get(impl).must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     assert result.passed != must, result.reason
     assert result.rows_as_predicted, f"{result.wrong_rows} rows wrong; {result.reason}"
     if impl == "tree-window-slot" and chain:

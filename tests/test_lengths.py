@@ -63,7 +63,7 @@ def test_the_gate_works_request_by_request(name, lengths):
     runner = registry.get(name).make(w, "torch")
     runner.plan()
     result = gate.check(runner, w)
-    must = registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens)
+    must = registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     assert result.passed is not must, result.reason
 
 

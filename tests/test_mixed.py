@@ -42,7 +42,7 @@ def test_the_cpu_paths_pass_a_mixed_step(name):
 def test_a_mistake_is_caught_in_the_prefill_chunk_and_the_decodes():
     w = workloads.build(case())
     impl = registry.get("planted-narrow")
-    assert impl.must_fail(w.case, w.qo_lens, w.kv_lens)
+    assert impl.must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     runner = impl.make(w, "torch")
     runner.plan()
     result = gate.check(runner, w)

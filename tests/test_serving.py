@@ -175,7 +175,7 @@ BUGS = [  # (known bug, case axes where it must fail at a small window and at W 
 @pytest.mark.parametrize("name,axes", BUGS)
 def test_each_serving_bug_is_caught_by_the_probe_alone(name, axes):
     w = build(**{k: v for k, v in axes.items()})
-    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens)
+    assert registry.get(name).must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     runner = modelled(name, w)
     runner.plan()
     result = gate.check(runner, w)
@@ -200,14 +200,14 @@ def test_each_serving_bug_is_caught_by_the_probe_alone(name, axes):
 def test_must_fail_sets_of_the_serving_bugs(name, qo, kv, page, must):
     mode = "verify" if name.startswith("eagle") else "extend"
     c = axes.make_case(dict(mode=mode, qo_len=qo, seq_len=kv, window_left=7, page_size=page))
-    assert registry.get(name).must_fail(c, [qo], [kv]) is must
+    assert registry.get(name).must_fail(c, [qo], [kv], "fa2") is must
 
 
 def test_dropped_sinks_must_fail_exactly_where_the_case_has_sinks():
     impl = registry.get("paged-sinks-dropped")
     for sinks in (False, True):
         c = axes.make_case({**CASE, "sinks": sinks})
-        assert impl.must_fail(c, [4, 4], [44, 44]) is sinks
+        assert impl.must_fail(c, [4, 4], [44, 44], "fa2") is sinks
 
 
 def test_minimum_bytes_count_the_cache_at_its_width():

@@ -407,7 +407,7 @@ def test_a_runner_without_the_tree_mask_is_caught_by_the_non_ancestor_edge():
 
 def test_the_gate_says_the_slot_rule_is_wrong_on_the_predicted_rows_and_the_depth_path_passes():
     w = past_the_window()
-    predicted = torch.cat(registry.get("vllm-tree-window").rows_wrong(w.case, w.qo_lens, w.kv_lens))
+    predicted = torch.cat(registry.get("vllm-tree-window").rows_wrong(w.case, w.qo_lens, w.kv_lens, "fa2"))
     assert torch.equal(predicted, slots_past_depth(w))
     runner = slot_rule_runner(w)
     runner.plan()
@@ -544,16 +544,16 @@ def test_the_slot_rules_losses_are_the_brute_forces(name, tree, n, prefix, windo
     impl = registry.get(name)
     qo, kv = [n] * c.batch_size, [prefix + n] * c.batch_size
     missed = brute_missed(c, qo, kv)
-    assert impl.must_fail(c, qo, kv) is bool(missed.any())
-    assert impl.keys_lost(c, qo, kv) == (int(missed.max()), pytest.approx(float((missed > 0).float().mean())))
-    assert torch.equal(torch.cat(impl.rows_wrong(c, qo, kv)), missed > 0)
+    assert impl.must_fail(c, qo, kv, "fa2") is bool(missed.any())
+    assert impl.keys_lost(c, qo, kv, "fa2") == (int(missed.max()), pytest.approx(float((missed > 0).float().mean())))
+    assert torch.equal(torch.cat(impl.rows_wrong(c, qo, kv, "fa2")), missed > 0)
     if tree == "chain" or prefix + n <= window_left + 1:
-        assert not impl.must_fail(c, qo, kv)
+        assert not impl.must_fail(c, qo, kv, "fa2")
     if prefix > window_left + n and n <= window_left + 1:  # past the window, each slot window inside the cache
         depths = [(i, d) for t in trees.of_case(c) for i, d in enumerate(t.depths)]
-        assert impl.keys_lost(c, qo, kv)[0] == max(i - d for i, d in depths)
-        assert impl.keys_lost(c, qo, kv)[1] == pytest.approx(sum(i > d for i, d in depths) / len(depths))
-        assert impl.must_fail(c, qo, kv) is (tree != "chain")
+        assert impl.keys_lost(c, qo, kv, "fa2")[0] == max(i - d for i, d in depths)
+        assert impl.keys_lost(c, qo, kv, "fa2")[1] == pytest.approx(sum(i > d for i, d in depths) / len(depths))
+        assert impl.must_fail(c, qo, kv, "fa2") is (tree != "chain")
 
 
 def sglang_emulated(c, qo_lens, kv_lens):
@@ -584,14 +584,14 @@ def test_sglangs_verify_recipe_reads_its_mask_out_of_step_as_emulated():
     c = case(tree="eagle:2:2", draft_tokens=5, prefix_len=(30, 50), window_left=20, dtype="bfloat16")
     qo, kv = [5, 5], [35, 55]
     assert 5 * c.gqa_group <= fa2_split.cta_tile_q(5 * c.gqa_group, c.head_dim)  # one query tile a request
-    got = tree_verify._sglang_seen(c, qo, kv)
+    got = tree_verify._sglang_seen(c, qo, kv, "fa2")
     want = sglang_emulated(c, qo, kv)
     assert all(torch.equal(g, e) for g, e in zip(got, want))
     impl = registry.get("sglang-verify-tree")
-    rows = impl.rows_wrong(c, qo, kv)
+    rows = impl.rows_wrong(c, qo, kv, "fa2")
     exact = [brute_mask(t.parents, k - q, 20) for t, q, k in zip(trees.of_case(c), qo, kv)]
     assert [r.tolist() for r in rows] == [(e != s).any(dim=1).tolist() for e, s in zip(exact, want)]
-    assert impl.must_fail(c, qo, kv)
+    assert impl.must_fail(c, qo, kv, "fa2")
 
 
 @pytest.mark.parametrize("tree,n", [("eagle:2:3", 8), (VLLM_TREE, 7), ("chain", 6)])
@@ -600,10 +600,10 @@ def test_sglangs_verify_recipe_is_exact_inside_the_window_and_wrong_past_it(tree
     inside = case(tree=tree, draft_tokens=n, prefix_len=(10, 17), window_left=30, dtype="bfloat16")
     qo, kv = [n, n], [10 + n, 17 + n]
     assert all(k <= 30 for k in kv)
-    assert not any(r.any() for r in impl.rows_wrong(inside, qo, kv)) and not impl.must_fail(inside, qo, kv)
-    assert impl.keys_lost(inside, qo, kv) == (0, 0.0)
+    assert not any(r.any() for r in impl.rows_wrong(inside, qo, kv, "fa2")) and not impl.must_fail(inside, qo, kv, "fa2")
+    assert impl.keys_lost(inside, qo, kv, "fa2") == (0, 0.0)
     past = case(tree=tree, draft_tokens=n, prefix_len=(60, 90), window_left=30, dtype="bfloat16")
-    assert impl.must_fail(past, [n, n], [60 + n, 90 + n])
+    assert impl.must_fail(past, [n, n], [60 + n, 90 + n], "fa2")
 
 
 @pytest.mark.parametrize("tree,n,prefix", [("eagle:2:3", 8, 40), ("eagle:2:3", 8, 2), ("chain", 2, 40),
@@ -612,11 +612,11 @@ def test_the_sink_wrapper_under_a_tree_mask_must_fail_on_every_tree_and_chain(tr
     c = case(tree=tree, draft_tokens=n, prefix_len=prefix, dtype="bfloat16", sinks=True)
     impl = registry.get("tree-sink-mask")
     qo, kv = [n, n], [prefix + n] * 2
-    assert impl.must_fail(c, qo, kv)
+    assert impl.must_fail(c, qo, kv, "fa2")
     # the tree and causality dropped: a node sees every key from its slot's window on, future ones too
     dropped = [torch.tensor([[j >= prefix + i - c.window_left for j in range(prefix + n)] for i in range(n)])] * 2
     exact = [brute_mask(t.parents, prefix, c.window_left) for t in trees.of_case(c)]
-    rows = impl.rows_wrong(c, qo, kv)
+    rows = impl.rows_wrong(c, qo, kv, "fa2")
     assert [r.tolist() for r in rows] == [(d != e).any(dim=1).tolist() for d, e in zip(dropped, exact)]
     assert all(r[:-1].all() for r in rows)  # every row but the last sees a future draft key
 
@@ -650,13 +650,13 @@ def test_flex_passes_on_trees_past_the_window(name, shape, storage):
 def test_vllms_rule_fails_where_predicted_and_passes_on_a_chain(shape, storage):
     impl = registry.get("vllm-tree-window")
     w = workloads.build(case(storage=storage, **CPU_TREE_CASES[shape]))
-    predicted = torch.cat(impl.rows_wrong(w.case, w.qo_lens, w.kv_lens))
-    assert predicted.any() and impl.must_fail(w.case, w.qo_lens, w.kv_lens)
+    predicted = torch.cat(impl.rows_wrong(w.case, w.qo_lens, w.kv_lens, "fa2"))
+    assert predicted.any() and impl.must_fail(w.case, w.qo_lens, w.kv_lens, "fa2")
     result = gated("vllm-tree-window", w, predicted)
     assert not result.passed and result.rows_as_predicted is True
     shape = {**CPU_TREE_CASES[shape], "tree": "chain", "draft_tokens": w.qo_lens[0]}
     chain = workloads.build(case(storage=storage, **shape))
-    assert not impl.must_fail(chain.case, chain.qo_lens, chain.kv_lens)
+    assert not impl.must_fail(chain.case, chain.qo_lens, chain.kv_lens, "fa2")
     result = gated("vllm-tree-window", chain, torch.zeros(sum(chain.qo_lens), dtype=torch.bool))
     assert result.passed and result.rows_as_predicted is True, result.reason
 
@@ -839,7 +839,7 @@ def test_a_future_key_is_seen_on_a_chain_as_without_a_tree():
     impl = registry.get("planted-future")
     for c in (case(**chain), case(**{**chain, "tree": None})):
         qo, kv = workloads.request_lengths(c)
-        assert impl.must_fail(c, qo, kv)
+        assert impl.must_fail(c, qo, kv, "fa2")
     future = Visibility(7, future=1)
     mask = future.mask(6, 46, tree=trees.chain(6))
     assert torch.equal(mask, future.mask(6, 46))
@@ -851,7 +851,7 @@ def test_sglangs_recipe_on_a_layer_without_a_window_skips_and_records_no_loss():
     impl = registry.get("sglang-verify-tree")
     qo, kv = workloads.request_lengths(c)
     assert impl.skip_reason(c, "fa2", None) and "window" in impl.skip_reason(c, "fa2", None)
-    assert not impl.must_fail(c, qo, kv) and impl.keys_lost(c, qo, kv) == (0, 0.0)
+    assert not impl.must_fail(c, qo, kv, "fa2") and impl.keys_lost(c, qo, kv, "fa2") == (0, 0.0)
 
 
 def test_a_release_set_is_keyed_by_the_cases_its_command_picked():

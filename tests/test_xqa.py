@@ -64,7 +64,7 @@ def test_the_off_by_one_must_fail_where_a_window_reaches_its_oldest_key(window_l
     c = case(window_left=window_left, prefix_len=prefix)
     impl = registry.get("xqa-window-off-by-one")
     w = workloads.build(c)
-    assert impl.must_fail(c, w.qo_lens, w.kv_lens) is must
+    assert impl.must_fail(c, w.qo_lens, w.kv_lens, "xqa") is must
     if window_left == 0:
         assert impl.computes(c, 30) == semantics.Visibility(semantics.NO_WINDOW)
 

@@ -56,6 +56,15 @@ class GatherRunner:
             self.out[lo:hi] = o.transpose(0, 1)
 
 
+def as_predicted(impl: Implementation, w, backend: str) -> GatherRunner:
+    """A planned runner that computes what ``impl`` is predicted to compute on ``w`` (the keys its semantics or its
+    ``seen`` say each query sees, gathered and attended here): the output a known mistake should give."""
+    seen = impl.seen(w.case, w.qo_lens, w.kv_lens, backend) if impl.seen else None
+    runner = GatherRunner(w, impl.computes, trim=False, seen=seen)
+    runner.plan()
+    return runner
+
+
 class BatchedSdpaRunner:
     """torch-batch: what a PyTorch user calls for a batch of requests.  Each request's window is gathered
     into one padded ``[batch, kv_heads, keys, dim]`` tensor (the gather is part of every step, as in

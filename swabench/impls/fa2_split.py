@@ -1,7 +1,8 @@
-"""FlashInfer fa2's split-KV schedule for batch prefill, as its scheduler lays it out, to say where
-flashinfer#4972 shows: with ``plan(causal=False, window_left=W)`` a query tile reads the keys from its
-first query's window start for as many KV chunks as the scheduler sized for ``W + tile`` keys, so a tile
-whose non-causal window reaches further (to the end of its request) misses the keys past its chunks.
+"""FlashInfer fa2's query tiles and split-KV schedule for batch prefill, as its scheduler lays them out: where
+a window handed only to ``run()`` starts each tile's keys, and where flashinfer#4972 shows: with
+``plan(causal=False, window_left=W)`` a query tile reads the keys from its first query's window start for as many
+KV chunks as the scheduler sized for ``W + tile`` keys, so a tile whose non-causal window reaches further (to the end
+of its request) misses the keys past its chunks.
 
 The arithmetic follows ``PrefillSplitQOKVIndptr`` and ``FA2DetermineCtaTileQ`` of FlashInfer's
 ``include/flashinfer/attention/scheduler.cuh`` and ``utils.cuh`` (0.6.18 to 0.7.4), and the tile's first
@@ -26,6 +27,22 @@ def cta_tile_q(packed_rows: int, head_dim: int) -> int:
     return 64 if packed_rows > 16 else 16
 
 
+def query_tile(qo_lens, group: int, head_dim: int, cuda_graph: bool = True) -> int:
+    """The batch's query tile: sized by the longest request under CUDA graphs (as swabench plans), else by the
+    average one."""
+    packed = [q * group for q in qo_lens]
+    return cta_tile_q(max(packed) if cuda_graph else sum(packed) // len(packed), head_dim)
+
+
+def run_window_first_keys(qo_len: int, kv_len: int, window_left: int, group: int, tile: int) -> list[int]:
+    """The first key each query of a request reads when ``window_left`` reaches the fa2 kernel only at ``run()``
+    (planned without a window, so no window mask is built): its tile's ``kv_start``, the window start of the tile's
+    first query (a tile that splits a query's heads is read at the query's first head), which is exact for that
+    query and ``i - first`` keys early for each later query ``i`` of the tile."""
+    firsts = [(i * group) // tile * tile // group for i in range(qo_len)]
+    return [max(0, kv_len + first - qo_len - window_left) for first in firsts]
+
+
 def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
                head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[range]:
     """Per request, the query rows fa2 gets wrong under ``plan(causal=False, window_left=W)`` (empty where it
@@ -34,7 +51,7 @@ def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, n
     if window_left < 0 or not qo_lens:
         return [range(0) for _ in qo_lens]
     packed = [q * group for q in qo_lens]
-    tile = cta_tile_q(max(packed) if cuda_graph else sum(packed) // len(packed), head_dim)
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
     lengths = [cdiv(k, page_size) for k in kv_lens]  # the scheduler's unit: pages (tokens when ragged)
     effective = [min(cdiv(window_left + tile, page_size), n) for n in lengths]
     most = max(effective)

@@ -19,6 +19,7 @@ import torch
 
 from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
+from . import fa2_split
 from .flashinfer_library import (BACKENDS, CUDA_CORE_BACKENDS, CUDA_CORE_DECODE_GROUPS, CUDNN, DTYPES, HEAD_DIMS,
                                  LIBRARY, SINK_HEAD_DIMS, SINK_WRAPPERS, _import_error, _sink_module)
 from .flashinfer_workspace import WORKSPACE_BYTES, plan_sized, resource_errors, workspace
@@ -315,12 +316,29 @@ register_variant("paged-mask", "full KV, window and causality as a custom mask (
                  baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
                  Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True, block=True)
+def window_at_run(case, qo_lens, kv_lens, backend: str, key_offsets=None) -> list[torch.Tensor]:
+    """What each query sees where ``plan()`` built the kernel without a window and ``run()`` hands it W: on fa2
+    every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself, so a tile's first
+    query is exact and each later one sees a key more; fa3 takes no window at run and reads every key.
+    ``key_offsets``: per request, the key the kernel's table starts at (the mask is over the request's keys)."""
+    offsets = key_offsets or [0] * len(qo_lens)
+    tile = fa2_split.query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain")
+    masks = []
+    for q, k, offset in zip(qo_lens, kv_lens, offsets):
+        mask = semantics.Visibility(semantics.NO_WINDOW, first_key=offset).mask(q, k)
+        if backend == "fa2" and case.window_left >= 0:
+            first = fa2_split.run_window_first_keys(q, k - offset, case.window_left, case.gqa_group, tile)
+            mask &= torch.arange(k)[None, :] >= torch.tensor(first)[:, None] + offset
+        masks.append(mask)
+    return masks
+
+
 register_variant("paged-plan-no-window", "plan() without window_left, then the deprecated forward(window_left=W): "
-                 "plan() builds the kernel without the window mask, yet run() hands it W; on fa2 W only skips key "
-                 "tiles, and where plan() split a request along KV the kernel lays its partial rows out for W and "
-                 "the merge reads them for the whole length, so a row takes later rows' results (future keys)",
+                 "plan() builds the kernel without the window mask, yet run() hands it W; fa2 starts each query "
+                 "tile's keys at its first query's window start, so later queries of a tile see keys before their "
+                 "window (one query a request is exact); fa3 ignores W and reads every key",
                  Variant("paged", window_at_plan=False, deprecated_forward=True), kind="known-bug",
-                 visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW))
+                 visibility=lambda w, prefix, ps: semantics.Visibility(semantics.NO_WINDOW), seen=window_at_run)
 register_variant("paged-trim-causal", "table trimmed at the page holding key prefix - W, planned causal without "
                  "a window: query j sees every key from that page's start, j more than the first query does",
                  Variant("paged", window_at_plan=False, start=_request_trim), kind="known-bug",

@@ -147,7 +147,7 @@ def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind
                             unsupported=_extend_unsupported, available=EXTEND_API, **extra), __name__)
 
 
-def _nomask_seen(case, qo_lens, kv_lens) -> list:
+def _nomask_seen(case, qo_lens, kv_lens, backend: str) -> list:
     """What the recipe without the prefix mask shows each query: every key of the prefix table trimmed at the page
     holding the first query's window start, and the new tokens inside its own window."""
     masks = []
@@ -171,11 +171,23 @@ _register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask
                  "every query sees the whole prefix table (trimmed at the page of the first query's window start), "
                  "keys before its own window too", False, True, kind="known-bug", visibility=_nomask_visibility,
                  seen=_nomask_seen)
+def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
+    """The recipe with its ragged part planned without a window and given W at run: the prefix as its mask shows it
+    (exact), the new tokens as a window handed only to run() shows them (``fi.window_at_run`` over the new tokens)."""
+    masks = []
+    for q, k, new in zip(qo_lens, kv_lens, fi.window_at_run(case, qo_lens, qo_lens, backend)):
+        mask = semantics.Visibility(case.window_left).mask(q, k)
+        mask[:, k - q:] = new
+        masks.append(mask)
+    return masks
+
+
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "
-                 "without a window and given W at run, which only skips whole tiles: a query sees new tokens before "
-                 "its window",
+                 "without a window and given W at run, which starts each query tile's new tokens at its first "
+                 "query's window: later queries of a tile see new tokens before their window",
                  True, False, kind="known-bug",
-                 visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix))
+                 visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix),
+                 seen=_ragged_nowindow_seen)
 
 
 def _eagle_keys(case, qo_len, kv_len, page_size):

@@ -119,8 +119,9 @@ class Implementation:
     # Whether it takes bidirectional blocks (Case.block > 0: DFlash's draft block); a path that does not skips
     # such a case, saying so.
     block: bool = False
-    # What it shows each query where no Visibility says it (a mask read out of step with its table): (case,
-    # qo_lens, kv_lens) -> one bool [qo_len, kv_len] mask per request, over the request's key positions.
+    # What it shows each query where no Visibility says it (a mask read out of step with its table, a window that
+    # reaches the kernel only at run()): (case, qo_lens, kv_lens, backend) -> one bool [qo_len, kv_len] mask per
+    # request, over the request's key positions.
     seen: Callable[..., list] | None = None
 
     @property
@@ -132,13 +133,15 @@ class Implementation:
     def expected_to_fail(self) -> bool:
         return self.kind != "correct"
 
-    def must_fail(self, case, qo_lens, kv_lens) -> bool:
-        """Whether some query of this workload sees a different key set than the exact semantics."""
-        return self.expected_to_fail and any(bool(rows.any()) for rows in self.rows_wrong(case, qo_lens, kv_lens))
+    def must_fail(self, case, qo_lens, kv_lens, backend: str) -> bool:
+        """Whether some query of this workload sees a different key set than the exact semantics on ``backend``."""
+        return self.expected_to_fail and any(bool(rows.any())
+                                             for rows in self.rows_wrong(case, qo_lens, kv_lens, backend))
 
-    def rows_wrong(self, case, qo_lens, kv_lens) -> list:
-        """Per request, which of its queries see a different key set on this path than the exact semantics (every
-        query where the case uses a feature it ignores): a bool tensor each, all False on a correct path."""
+    def rows_wrong(self, case, qo_lens, kv_lens, backend: str) -> list:
+        """Per request, which of its queries see a different key set on this path and backend than the exact
+        semantics (every query where the case uses a feature it ignores): a bool tensor each, all False on a correct
+        path."""
         import torch
 
         if not self.expected_to_fail or self.ignores & case.features:
@@ -146,19 +149,19 @@ class Implementation:
         truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
         if self.seen:
             return [(mask != truth.mask(q, k, tree=t)).any(dim=1)
-                    for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens), qo_lens, kv_lens, drafts)]
+                    for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
         return [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
                 for q, k, t in zip(qo_lens, kv_lens, drafts)]
 
-    def keys_lost(self, case, qo_lens, kv_lens) -> tuple[int, float]:
+    def keys_lost(self, case, qo_lens, kv_lens, backend: str) -> tuple[int, float]:
         """(the most keys of its window one query misses, the share of queries that miss any), from what this
-        path computes against the exact semantics: 0 for a correct path."""
+        path computes on ``backend`` against the exact semantics: 0 for a correct path."""
         if not self.expected_to_fail:
             return 0, 0.0
         truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
         if self.seen:
             missed = [(truth.mask(q, k, tree=t) & ~mask).sum(dim=1)
-                      for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens), qo_lens, kv_lens, drafts)]
+                      for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
         else:
             missed = [semantics.keys_missed(self.computes(case, k - q), truth, q, k, t)
                       for q, k, t in zip(qo_lens, kv_lens, drafts)]

@@ -34,7 +34,7 @@ import torch
 from swabench.core import semantics, trees, workloads
 from . import flashinfer_impls as fi
 from .embedded import GatherRunner
-from .fa2_split import cta_tile_q
+from .fa2_split import query_tile, run_window_first_keys
 from .registry import Implementation, computed, register
 
 TREES = dict(tree=True, requires=frozenset({"tree"}))  # verifies draft trees, and only those
@@ -56,7 +56,7 @@ fi.register_variant("tree-window-slot", "full table, custom mask = the tree, win
                     visibility=_slot_rule, timed_where_exact=True, module=__name__, **TREES)
 
 
-def _mask_dropped(case, qo_lens, kv_lens) -> list:
+def _mask_dropped(case, qo_lens, kv_lens, backend: str) -> list:
     """The sink wrapper under a custom mask: the window by slot alone, no tree, no causality."""
     rule = semantics.Visibility(case.window_left, causal=False)
     return [rule.mask(q, k) for q, k in zip(qo_lens, kv_lens)]
@@ -149,25 +149,24 @@ def full_prefix_mask(qo_lens, kv_lens, drafts) -> torch.Tensor:
                       for q, k, t in zip(qo_lens, kv_lens, drafts)])
 
 
-def _sglang_seen(case, qo_lens, kv_lens) -> list:
+def _sglang_seen(case, qo_lens, kv_lens, backend: str) -> list:
     """What each query sees under SGLang's recipe: the planned table's column c is the request's key c; FlashInfer
     reads request b's mask bits from the offset of the planned sizes before it, ``K`` a row, so a request whose
     table was cut reads rows of the full-prefix mask out of step; and the window given at run moves each query
-    tile's first key to ``K + first query of the tile - n - W`` (fa2's query tile for the batch's uniform verify
-    blocks; a tile that splits a query's heads, where the tile is no multiple of the GQA group, is read at the
-    query's first head)."""
+    tile's first key to its first query's window start over the planned keys (``fa2_split.run_window_first_keys``;
+    the recipe runs on fa2 only, as fa3 takes no custom mask)."""
     drafts = trees.of_case(case)
     bits = full_prefix_mask(qo_lens, kv_lens, drafts)
-    tile = cta_tile_q(max(qo_lens) * case.gqa_group, case.head_dim)
+    tile = query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain")
     out, offset = [], 0
     for q, k in zip(qo_lens, kv_lens):
         kept = sglang_kept(case, q, k)
         read = torch.zeros(q * kept, dtype=torch.bool)
         chunk = bits[offset:offset + q * kept]
         read[:len(chunk)] = chunk
-        first_query = torch.tensor([(i * case.gqa_group) // tile * tile // case.gqa_group for i in range(q)])
-        first_key = (kept + first_query - q - case.window_left).clamp_min(0) if case.window_left >= 0 \
-            else torch.zeros(q, dtype=torch.int64)  # no window at run: the kernel skips nothing
+        first_key = torch.zeros(q, dtype=torch.int64)  # no window at run: the kernel skips nothing
+        if case.window_left >= 0:
+            first_key = torch.tensor(run_window_first_keys(q, kept, case.window_left, case.gqa_group, tile))
         seen = torch.zeros(q, k, dtype=torch.bool)
         seen[:, :kept] = read.view(q, kept) & (torch.arange(kept)[None, :] >= first_key[:, None])
         out.append(seen)

@@ -207,18 +207,15 @@ def _size(case) -> int:
     return sum(q * k for q, k in zip(qo, kv)) * case.num_qo_heads * case.head_dim
 
 
-def _shows_on_random(impl, case) -> bool:
+def _shows_on_random(impl, case, backend: str) -> bool:
     """Whether the mistake moves the output past the gate's tolerance on random inputs, which is all a
     script checks with: simulated on the CPU by gathering the keys the path sees."""
-    from swabench.impls.embedded import GatherRunner
+    from swabench.impls.embedded import as_predicted
 
     if impl.ignores & case.features:
         return True
     w = workloads.build(case, "cpu")
-    seen = impl.seen(case, w.qo_lens, w.kv_lens) if impl.seen else None
-    runner = GatherRunner(w, impl.computes, trim=False, seen=seen)
-    runner.plan()
-    errors, tol = gate.run_checked(runner, w), gate.TOLERANCES[case.dtype]
+    errors, tol = gate.run_checked(as_predicted(impl, w, backend), w), gate.TOLERANCES[case.dtype]
     return bool(errors.unwritten) or not errors.rel_l2 <= tol.rel_l2 or not float(errors.row_rel_l2.max()) <= tol.row_rel_l2
 
 
@@ -265,7 +262,7 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
                 f"{p.case.label}, run after the same wrapper at head_dim {other} in one process")
     if bug.ref == holistic.REF:
         for p in points:
-            own = impl.must_fail(p.case, *workloads.request_lengths(p.case))
+            own = impl.must_fail(p.case, *workloads.request_lengths(p.case), p.backend)
             speaks = upstream.speaks(bug.impl, p.case, p.backend, own)
             if speaks and speaks.ref == bug.ref:
                 return holistic.parts(p.case), holistic.where(p.case)
@@ -281,7 +278,7 @@ def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
         raise LookupError(f"no shipped case shows {bug.ref} on {num_sms} SMs")
     for p in points:
         qo, kv = workloads.request_lengths(p.case)
-        if impl.must_fail(p.case, qo, kv) and _shows_on_random(impl, p.case):
+        if impl.must_fail(p.case, qo, kv, p.backend) and _shows_on_random(impl, p.case, p.backend):
             return [Part(p.case, bug.impl, p.backend), *control(bug, p)], p.case.label
     raise LookupError(f"no shipped case shows {bug.ref} on random inputs")
 
@@ -316,7 +313,8 @@ def rows_off(part: Part) -> str:
     qo, kv = (v[0] for v in workloads.request_lengths(case))
     tree = (trees.of_case(case) or [None])[0]
     exact = semantics.of_case(case).mask(qo, kv, tree=tree)
-    got = impl.seen(case, [qo], [kv])[0] if impl.seen else impl.computes(case, kv - qo).mask(qo, kv, tree=tree)
+    got = impl.seen(case, [qo], [kv], part.backend)[0] if impl.seen else \
+        impl.computes(case, kv - qo).mask(qo, kv, tree=tree)
     said = [_runs((got & ~exact).sum(dim=1).tolist(), ("sees", "see"), "outside its mask"),
             _runs((exact & ~got).sum(dim=1).tolist(), ("misses", "miss"), "of its mask")]
     return "request 0: " + "; ".join(s for s in said if s) if any(said) else ""

@@ -77,7 +77,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     if skipped:
         raise UserError(f"{impl} [{backend}] on {case.case_id}: the suite skips this point ({skipped}); nothing to "
                         f"reproduce")
-    declared = upstream.speaks(impl, case, backend, obj.must_fail(case, *workloads.request_lengths(case)))
+    declared = upstream.speaks(impl, case, backend, obj.must_fail(case, *workloads.request_lengths(case), backend))
     said = ""
     if rows is not None:
         row = rows[(rows["case_id"] == case.case_id) & (rows["impl"] == impl) & (rows["backend"] == backend)].iloc[0]

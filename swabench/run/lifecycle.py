@@ -99,8 +99,9 @@ class Outcome:
             return lines + [(f"interrupted: the finished rows are kept in {self.folder}; continue with "
                              f"`{resume_with}`", "yellow")]
         if xpass:
-            lines.append((f"{xpass} points of known-bug implementations passed where the bug should show (xpass): "
-                          f"a finding to look at (fixed upstream, or the case does not exercise it)", "yellow"))
+            lines.append((f"{xpass} points of known-bug implementations passed where their mistake should show "
+                          f"(xpass): each row's reason says whether the library changed or the gate is blind there",
+                          "yellow"))
         if fail or (strict and xpass):
             lines.append((f"{fail} points failed the gate" + (f", {xpass} xpass (--strict)" if strict else ""), "red"))
         return lines

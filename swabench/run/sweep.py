@@ -18,7 +18,7 @@ import torch
 from swabench.core import footprint, gate, semantics, trees, workloads
 from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
-from swabench.impls import registry, upstream
+from swabench.impls import embedded, registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
 from swabench.inputs.axes import make_case
 
@@ -74,8 +74,8 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device, l
                                                   footprint.ELEMENT_BYTES[c.cache_dtype], c.attention_chunk, page)
         row.update(total_qo=sum(qo_lens), total_kv=sum(kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
-                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, qo_lens, kv_lens))
-        row["keys_lost"], row["rows_losing"] = impl.keys_lost(c, qo_lens, kv_lens)
+                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, qo_lens, kv_lens, point.backend))
+        row["keys_lost"], row["rows_losing"] = impl.keys_lost(c, qo_lens, kv_lens, point.backend)
     return row
 
 
@@ -92,7 +92,7 @@ def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream
     point, which speaks where the path's own mistake (if it has one) does not show."""
     if expected_to_fail and must_fail:
         return ("xfail", "known bug caught") if not passed else \
-            ("xpass", "KNOWN BUG NOT CAUGHT: fixed upstream, or the gate is blind here")
+            ("xpass", "KNOWN BUG NOT CAUGHT")
     if bug:
         return ("pass", f"{bug.ref} declared here, not shown") if passed else \
             ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
@@ -100,6 +100,22 @@ def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream
         return ("pass", "") if passed else ("fail", "")
     return ("pass", "case does not exercise the bug") if passed else \
         ("fail", "failed where its known bug should not show")
+
+
+def xpass_note(impl: registry.Implementation, w: workloads.Workload, backend: str) -> str:
+    """Which of the two things an xpass can mean happened here: the gate fails the output the path is predicted to
+    compute and passed this one, so the library computes otherwise than its source did (it changed); or the gate
+    passes the predicted output too, so it cannot see the mistake on this case (blind)."""
+    said = "KNOWN BUG NOT CAUGHT"
+    ignored = sorted(impl.ignores & w.case.features)
+    if ignored:
+        return f"{said}: the library changed (predicted to leave out {', '.join(ignored)}, the output has them)"
+    try:
+        caught = not gate.check(embedded.as_predicted(impl, w, backend), w).passed
+    except Exception as e:  # the predicted output is a check on the verdict, not the verdict
+        return f"{said}: the predicted output could not be computed to say why ({first_line(e)})"
+    return f"{said}: the library changed (the gate fails the predicted output; this one passed)" if caught else \
+        f"{said}: the gate is blind here (it passes the predicted output too)"
 
 
 def skip_reason(point: Point, options: SweepOptions) -> str | None:
@@ -129,13 +145,15 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
                 runner.plan()
         row.update(resolved_backend=runner.resolved_backend, layout=getattr(runner, "layout", None),
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
-        predicted = torch.cat(impl.rows_wrong(point.case, w.qo_lens, w.kv_lens)) if impl.expected_to_fail else None
+        predicted = torch.cat(impl.rows_wrong(point.case, w.qo_lens, w.kv_lens, point.backend)) if impl.expected_to_fail else None
         with nvtx_range("check"):
             result = gate.check(runner, w, predicted=predicted)
             row["reads_evicted"] = gate.reads_evicted(runner, w) if result.passed else None
         row.update(result.columns())
         del row["passed"]
         status, note = verdict(impl.expected_to_fail, row["must_fail"], result.passed, bug)
+        if status == "xpass":
+            note = xpass_note(impl, w, point.backend)
         row.update(status=status, reason="; ".join(s for s in (note, result.reason) if s))
         samples = {"plan": plan.samples_us} if options.timed else {}
         exact = not impl.expected_to_fail or (impl.timed_where_exact and not row["must_fail"])
