@@ -104,7 +104,7 @@ def record(folder: Path, table, changes: collections.Counter, why: str) -> None:
         {"commit": commit, "why": why, "changes": dict(changes),
          "method": "scripts/restatus.py: the stored gate outcome (passed or not) read against the corrected "
                    "must_fail; no point was run again"})
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:

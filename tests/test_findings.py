@@ -245,7 +245,7 @@ def test_several_gpus_against_the_same_scenario_on_one(tmp_path):
     shutil.copytree(one, other)
     meta["scenario_sha256"] = "0" * 16
     (other / "meta.json").write_text(json.dumps(meta))
-    assert "## Several GPUs" not in pages_text(findings.write([H200_RUN, other], tmp_path / "G.md"))
+    assert "## Several GPUs" not in pages_text(findings.write([H200_RUN, other], tmp_path / "g" / "G.md"))
 
 
 def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monkeypatch):

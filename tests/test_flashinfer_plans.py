@@ -549,7 +549,7 @@ def test_a_window_given_only_at_run_starts_each_fa2_query_tile_at_its_first_quer
     qo, kv = workloads.request_lengths(c)
     fa2 = impl.rows_wrong(c, qo, kv, "fa2")[0]
     assert fa2.tolist() == [False] + [True] * 7
-    seen = impl.seen(c, qo, kv, "fa2")[0]
+    seen = impl.seen_masks(c, qo, kv, "fa2")[0]
     exact = semantics.of_case(c).mask(qo[0], kv[0])
     assert ((seen & ~exact).sum(dim=1) == torch.arange(8)).all() and not (exact & ~seen).any()
     assert impl.rows_wrong(c, qo, kv, "fa3")[0].all()
@@ -596,3 +596,30 @@ def test_the_published_runs_hold_the_run_window_rule_point_by_point():
             assert row.status != "xpass", (table.parent.name, row.case)
             checked += 1
     assert checked > 1000
+
+
+def test_restatus_recomputes_only_the_rows_whose_prediction_moved(tmp_path):
+    """scripts/restatus.py on a copy of a committed H200 folder holding a one-query xpass of paged-plan-no-window:
+    that row becomes a pass, meta.json says what was done and why, and every other byte of the table stays."""
+    import importlib.util
+    import json
+    import shutil
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "restatus.py"
+    spec = importlib.util.spec_from_file_location("restatus", script)
+    restatus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(restatus)
+    run = shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "h200-run", tmp_path / "run")
+    before = (run / "results.csv").read_text().splitlines()
+    assert restatus.main([str(run), "--write", "--why", "the fa2 tile rule"]) == 0
+    after = (run / "results.csv").read_text().splitlines()
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(before) == len(after) and len(changed) == 1
+    assert ",xpass," in changed[0][0] and ",pass,case does not exercise the bug" in changed[0][1]
+    meta = json.loads((run / "meta.json").read_text())
+    assert "xpass" not in meta["status_counts"]
+    assert meta["statuses_recomputed"][-1]["changes"] == {"xpass -> pass": 1}
+    assert meta["statuses_recomputed"][-1]["why"] == "the fa2 tile rule"
+    assert restatus.main([str(run), "--write", "--why", "again"]) == 0  # nothing left to move: nothing recorded
+    assert len(json.loads((run / "meta.json").read_text())["statuses_recomputed"]) == 1

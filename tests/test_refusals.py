@@ -365,3 +365,134 @@ def test_show_says_why_a_path_makes_no_point(tmp_path, write_scenario):
                           'wrapper_mode = "plain"\n')
     r = invoke("show", path)
     assert r.exit_code == 0 and "torch-trim" in r.output and "has no wrapper to build plain" in r.output, r.output
+
+
+# ---- outputs: what a command may replace (issue classes 1-4, and repro's own body)
+
+TINY_TORCH = """
+name = "tiny-torch"
+description = "two cases, one CPU path"
+implementations = ["torch-trim"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+batch_size = 1
+[[sweep]]
+mode = ["verify", "draft_extend"]
+draft_tokens = 4
+prefix_len = 40
+window_left = 3
+"""
+
+
+def _tree(folder: Path) -> dict:
+    """Every file below ``folder`` and its bytes, and every folder, by relative path."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_findings_beside_another_findings_page_replaces_and_deletes_none_of_its_pages(tmp_path):
+    page = tmp_path / "FINDINGS.md"
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    theirs = tmp_path / "findings" / "gone-topic.md"  # a topic page of FINDINGS.md this run no longer fills
+    theirs.write_text(page.read_text().split("\n", 1)[0] + "\n\n# Gone\n\nPart of [the findings](../FINDINGS.md): "
+                      "every number names the run folder it comes from.\n")
+    before = _tree(tmp_path)
+    refused = invoke("findings", FIXTURE_RUN, "--out", tmp_path / "MINE.md")
+    assert refused.exit_code == 2 and "is a topic page of the findings page FINDINGS.md" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and _tree(tmp_path) == before
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0  # its own stale topic page goes
+    assert not theirs.exists()
+
+
+def test_a_findings_page_removes_only_its_own_stale_topic_pages(tmp_path):
+    page = tmp_path / "FINDINGS.md"
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    other = tmp_path / "findings" / "other-topic.md"  # another page's topic, and a user's file
+    other.write_text(page.read_text().split("\n", 1)[0] + "\n\n# Other\n\nPart of [the findings](../OTHER.md): x.\n")
+    mine = tmp_path / "findings" / "notes.md"
+    mine.write_text("# my notes\n")
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    assert other.exists() and mine.read_text() == "# my notes\n"
+
+
+@pytest.mark.parametrize("command,name", [("report", "REPORT.md"), ("plot", "runs.png")])
+def test_report_and_plot_replace_only_what_swabench_wrote(tmp_path, command, name, one_figure):
+    from swabench.publish import plots
+
+    out = tmp_path / "out"
+    out.mkdir()
+    name = name if name.endswith(".md") else plots.figure_files()[0]
+    theirs = out / name
+    theirs.write_bytes(b"# my own notes\n")
+    refused = invoke(command, FIXTURE_RUN, "--out", out)
+    assert refused.exit_code == 2 and "swabench did not write it" in refused.output and "--force" in refused.output
+    assert theirs.read_bytes() == b"# my own notes\n" and sorted(p.name for p in out.iterdir()) == [name]
+    assert invoke(command, FIXTURE_RUN, "--out", out, "--force").exit_code == 0
+    assert theirs.read_bytes() != b"# my own notes\n"
+    assert invoke(command, FIXTURE_RUN, "--out", out).exit_code == 0  # now its own: replaced without --force
+
+
+def test_matrix_replaces_only_a_matrix_swabench_wrote(tmp_path):
+    from test_matrix import three_releases
+
+    runs, out = three_releases(tmp_path), tmp_path / "m"
+    out.mkdir()
+    (out / "matrix.csv").write_text("my,own\n1,2\n")
+    refused = invoke("matrix", *runs, "--out", out)
+    assert refused.exit_code == 2 and "matrix.csv exists and swabench did not write it" in refused.output
+    assert (out / "matrix.csv").read_text() == "my,own\n1,2\n" and len(list(out.iterdir())) == 1
+    assert invoke("matrix", *runs, "--out", out, "--force").exit_code == 0
+    assert invoke("matrix", *runs, "--out", out).exit_code == 0
+
+
+@pytest.mark.parametrize("args", [("run", "cpu"), ("check", "cpu"), ("report", FIXTURE_RUN), ("plot", FIXTURE_RUN),
+                                  ("findings", FIXTURE_RUN), ("matrix", FIXTURE_RUN, FIXTURE_RUN),
+                                  ("export-fib", "t.jsonl", "--force"), ("import-fib", "fib", "--definition", "d",
+                                                                         "--model", "gemma-3-4b"),
+                                  ("import", "dumps"), ("merge", "a", "b"), ("repro", "--bug", "decode-cliff")])
+def test_an_empty_out_is_refused_not_taken_as_the_default_or_the_working_folder(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    trace(tmp_path / "t.jsonl")
+    for folder in ("definitions", "dumps", "fib"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "definitions" / "mine.json").write_text("{}")
+    before = _tree(tmp_path)
+    r = invoke(*args, "--out", "") if args[0] != "merge" else invoke("merge", "", tmp_path)
+    assert r.exit_code == 2 and "the path is empty" in r.output, r.output
+    assert _tree(tmp_path) == before
+
+
+def test_export_fib_never_replaces_a_folder_holding_a_file_it_did_not_write(tmp_path, monkeypatch):
+    root = exported(tmp_path)
+    mine = root / "definitions" / "mine.json"
+    mine.write_text("{}")
+    r = invoke("export-fib", tmp_path / "t.jsonl", "--out", root, "--force")
+    assert r.exit_code == 2 and "holds definitions/mine.json, which export-fib did not write" in r.output
+    assert mine.read_text() == "{}"
+    mine.unlink()
+    monkeypatch.chdir(root / "workloads")
+    r = invoke("export-fib", tmp_path / "t.jsonl", "--out", root, "--force")
+    assert r.exit_code == 2 and "holds the working folder" in r.output
+    monkeypatch.chdir(tmp_path)
+    assert invoke("export-fib", tmp_path / "t.jsonl", "--out", root, "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "results.csv", "meta.json", ".swabench.lock"])
+def test_resume_refuses_a_run_folder_file_that_is_a_link_before_any_point(tmp_path, write_scenario, name):
+    scenario = write_scenario(TINY_TORCH)
+    out = tmp_path / "run"
+    assert invoke("run", scenario, "--out", out, "--device", "cpu", "--case", "verify").exit_code == 0
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious\n")
+    os.replace(out / name, tmp_path / "moved") if (out / name).exists() else None
+    (out / name).symlink_to(precious)
+    r = invoke("run", scenario, "--out", out, "--device", "cpu", "--resume")
+    assert r.exit_code == 2 and f"{name} is a symbolic link" in r.output, r.output
+    assert precious.read_text() == "precious\n"
+
+
+def test_repro_refuses_an_issue_body_on_its_own_script(tmp_path):
+    r = invoke("repro", "--bug", "paged-plan-no-window", "--out", tmp_path / "same.md", "--issue")
+    assert r.exit_code == 2 and "the script's own path" in r.output and not (tmp_path / "same.md").exists()

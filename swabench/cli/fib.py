@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import InputError, opt
+from swabench.cli.options import InputError, PathArg, opt
 
 
 def _n(count: int, word: str) -> str:
@@ -25,9 +25,10 @@ def _shown(path: Path) -> str:
 
 @click.command("export-fib")
 @click.argument("source", metavar="TRACE|RUN")
-@opt("--out", required=True, type=click.Path(file_okay=False), metavar="DIR",
+@opt("--out", required=True, type=PathArg(file_okay=False), metavar="DIR",
      help="The FlashInfer-Bench folder to write (definitions/, workloads/, blob/): absent or empty.")
-@opt("--force", is_flag=True, help="Replace DIR when it already holds a FlashInfer-Bench folder.")
+@opt("--force", is_flag=True, help="Replace DIR when it holds a FlashInfer-Bench folder export-fib wrote (never a "
+     "file it did not write).")
 def export_fib(source, out, force):
     """Write the steps of TRACE (JSON Lines, see `swabench replay --help`) or of a replay's run folder RUN as
     FlashInfer-Bench Definitions and Workloads: one definition per layer type and stage (decode; prefill for
@@ -55,7 +56,7 @@ def export_fib(source, out, force):
 @opt("--definition", required=True, metavar="NAME", help="The definition whose workloads to read.")
 @opt("--model", required=True, metavar="PRESET", help="The model preset of the layer (`swabench models`): it "
                                                      "gives the window.")
-@opt("--out", required=True, type=click.Path(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
+@opt("--out", required=True, type=PathArg(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
 @opt("--force", is_flag=True, help="Overwrite TRACE.jsonl if it exists.")
 def import_fib(fib_dir, definition, model, out, force):
     """Make a trace for `swabench replay` from one definition's workloads in the FlashInfer-Bench folder DIR:

@@ -18,6 +18,18 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+class PathArg(click.Path):
+    """A path argument or option that refuses an empty path: an unset shell variable (``--out "$OUT"``) must not
+    mean the working folder or the default."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            name = param.opts[0] if param is not None and param.param_type_name == "option" else \
+                (param.human_readable_name if param is not None else "path")
+            raise InputError(f"{name}: the path is empty (an unset shell variable?); give a path")
+        return super().convert(value, param, ctx)
+
+
 class Main(click.Group):
     """Library errors become plain messages: exit 2 for input a user can fix, 1 for work that
     failed; Ctrl-C anywhere is 130, as a shell expects."""
@@ -110,14 +122,14 @@ l2_option = opt("--l2", type=click.Choice(["cold", "warm"]), default="cold", sho
 case_option = opt("--case", "cases", multiple=True, metavar="ID|TEXT",
                   help="Only cases whose id starts with, whose label contains, or whose [[sweep]] group "
                        "is, this (repeatable).")
-costs_option = opt("--costs-from", "costs_from", type=click.Path(exists=True, file_okay=False), metavar="RUN_DIR",
+costs_option = opt("--costs-from", "costs_from", type=PathArg(exists=True, file_okay=False), metavar="RUN_DIR",
                    help="Balance the shards by each point's time in this earlier run.")
 model_option = opt("--model", metavar="NAME", help="Only this model preset's cases (see `swabench models`); without "
                                                    "SCENARIO, the shipped template for it (models.toml on a GPU, "
                                                    "models-cpu.toml without one).")
 impl_option = opt("--impl", "impls", multiple=True, metavar="NAME", help="Only these implementations (repeatable).")
-out_option = opt("--out", type=click.Path(file_okay=False), help="Run folder (default: results/NAME-WHAT-DEVICE-TIME).")
-run_dir = click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+out_option = opt("--out", type=PathArg(file_okay=False), help="Run folder (default: results/NAME-WHAT-DEVICE-TIME).")
+run_dir = click.argument("run_dir", type=PathArg(exists=True, file_okay=False))
 
 
 def run_options(command):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import InputError, opt, run_dir
+from swabench.cli.options import InputError, PathArg, opt, run_dir
 from swabench.publish import outputs
 
 force_option = opt("--force", is_flag=True, help="Overwrite a report or figures made from another run folder.")
@@ -35,31 +35,35 @@ def summary_cmd(run_dir):
 
 @click.command("report")
 @run_dir
-@opt("--out", type=click.Path(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
+@opt("--out", type=PathArg(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
 @force_option
 def report_cmd(run_dir, out, force):
     """One Markdown report (environment, method, correctness, headline, figures) for a pull request."""
     from swabench.publish import report
 
+    from swabench.publish import plots
+
     read_run(run_dir)
-    click.echo(report.write(run_dir, outputs.figures_folder(run_dir, out, force)))
+    click.echo(report.write(run_dir, outputs.figures_folder(run_dir, out, ["REPORT.md", *plots.figure_files()],
+                                                            force)))
 
 
 @click.command()
 @run_dir
-@opt("--out", type=click.Path(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
+@opt("--out", type=PathArg(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
 @force_option
 def plot(run_dir, out, force):
     """Figures of a run folder, as PNG."""
     from swabench.publish import plots
 
-    for name, paths in plots.make_all(*read_run(run_dir), outputs.figures_folder(run_dir, out, force)).items():
+    folder = outputs.figures_folder(run_dir, out, plots.figure_files(), force)
+    for name, paths in plots.make_all(*read_run(run_dir), folder).items():
         click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
 
 
 @click.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@opt("--out", type=click.Path(dir_okay=False), metavar="FILE",
+@click.argument("run_dirs", nargs=-1, required=True, type=PathArg(exists=True, file_okay=False))
+@opt("--out", type=PathArg(dir_okay=False), metavar="FILE",
      help="Write the page to FILE (e.g. FINDINGS.md) and its topic pages to findings/ beside it; every page is "
           "printed to stdout without --out.")
 @opt("--force", is_flag=True, help="Replace FILE, or a file in findings/ beside it, that is no findings page.")
@@ -79,8 +83,8 @@ def findings(run_dirs, out, force):
 
 
 @click.command("compare")
-@click.argument("base", type=click.Path(exists=True, file_okay=False))
-@click.argument("new", type=click.Path(exists=True, file_okay=False))
+@click.argument("base", type=PathArg(exists=True, file_okay=False))
+@click.argument("new", type=PathArg(exists=True, file_okay=False))
 @opt("--threshold", type=float, default=0.05, show_default=True,
      help="Smallest relative change of the median that counts (0.05 = 5%); a point whose noise (IQR / median) "
           "is above it in either run is 'too noisy' to judge, never a regression.")
@@ -99,8 +103,8 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 
 
 @click.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@opt("--out", type=click.Path(file_okay=False),
+@click.argument("run_dirs", nargs=-1, required=True, type=PathArg(exists=True, file_okay=False))
+@opt("--out", type=PathArg(file_okay=False),
      help="Folder for MATRIX.md, matrix.csv and matrix.png (default: plots/matrix-SCENARIO).")
 @opt("--library", default="flashinfer", show_default=True,
      help="The library under test whose releases the runs differ in (meta.json records its release).")

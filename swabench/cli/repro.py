@@ -6,7 +6,7 @@ import time
 
 import click
 
-from swabench.cli.options import InputError, opt
+from swabench.cli.options import InputError, PathArg, opt
 
 
 @click.command()
@@ -16,8 +16,8 @@ from swabench.cli.options import InputError, opt
 @opt("--backend", metavar="B", help="Its backend (default: fa2 where it runs there, else the scenario's first).")
 @opt("--bug", metavar="REF", help="A known bug instead: an upstream issue (flashinfer#4972), a known-bug or planted "
                                   "implementation, or decode-cliff; on the smallest shipped case where it shows.")
-@opt("--out", type=click.Path(dir_okay=False), help="Write the script here (default: print it).")
-@opt("--observed", "observed", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="LOG",
+@opt("--out", type=PathArg(dir_okay=False), help="Write the script here (default: print it).")
+@opt("--observed", "observed", multiple=True, type=PathArg(exists=True, dir_okay=False), metavar="LOG",
      help="The output of a run of the script (repeatable, one per release or GPU): its verdict goes into the top "
           "comment as what was observed there.")
 @opt("--issue", is_flag=True, help="With --bug and --out: also write the issue body to file beside the script "
@@ -48,8 +48,11 @@ def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
     if out:  # never over what the command reads: the run folder or scenario file, or the shipped scenarios searched
         from swabench.repro import bugs
 
-        reads = ([source, make.source_file(source)] if source else bugs.shipped_files())
+        reads = ([source, make.source_file(source)] if source else bugs.shipped_files()) + list(observed)
         out = outputs.file_path(out, reads)
+        if issue and out.with_suffix(".md") == out:
+            raise InputError(f"--out {out}: with --issue the issue body goes to {out.with_suffix('.md')}, the script's "
+                             f"own path; name the script FILE.py")
         for path in [out] + ([out.with_suffix(".md")] if issue else []):
             if path.exists() and not force:
                 raise InputError(f"--out: {path} exists; give --force to replace it")

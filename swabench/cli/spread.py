@@ -7,14 +7,15 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import case_option, costs_option, impl_option, l2_option, load, opt, summary
+from swabench.cli.options import (PathArg, case_option, costs_option, impl_option, l2_option, load, opt,
+                                  summary)
 from swabench.run import launch, lifecycle, shards
 from swabench.store import paths, run_folder
 
 
 @click.command()
-@click.argument("out", type=click.Path(file_okay=False))
-@click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=PathArg(file_okay=False))
+@click.argument("folders", nargs=-1, required=True, type=PathArg(exists=True, file_okay=False))
 @opt("--partial", is_flag=True, help="Merge even when shards are missing (the merged run says it is incomplete).")
 def merge(out, folders, partial):
     """Merge the shards of one sweep (several GPUs or nodes) into OUT."""
@@ -27,7 +28,7 @@ def merge(out, folders, partial):
 @click.argument("scenario")
 @opt("--shards", "count", type=click.IntRange(1), required=True,
      help="How many array tasks (at most the sweep's points; local processes run at most one per core at once).")
-@opt("--out", type=click.Path(file_okay=False), required=True, help="The merged run folder.")
+@opt("--out", type=PathArg(file_okay=False), required=True, help="The merged run folder.")
 @opt("--executor", type=click.Choice(["auto", "local"]), default="auto", show_default=True,
      help="auto: Slurm where sbatch exists, else local processes (submitit).")
 @opt("--partition", help="Slurm partition.")

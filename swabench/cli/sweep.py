@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import (Bar, InputError, case_option, costs_option, device_of, impl_option, l2_option, load,
-                                  model_option, model_scenario, opt, out_option, report_outcome, run_options,
-                                  scenario_file)
+from swabench.cli.options import (Bar, InputError, PathArg, case_option, costs_option, device_of, impl_option,
+                                  l2_option, load, model_option, model_scenario, opt, out_option, report_outcome,
+                                  run_options, scenario_file)
 from swabench.run import launch, lifecycle, shards
 from swabench.inputs import scenarios
 from swabench.inputs.scenarios import matches
@@ -102,7 +102,7 @@ def step_options(command):
 
 
 @click.command()
-@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.argument("trace", type=PathArg(exists=True, dir_okay=False))
 @step_options
 def replay(trace, impls, device, out, resume, backends, l2):
     """Gate and time every distinct step of TRACE once, weighted by how often it occurs: attention
@@ -123,7 +123,7 @@ def replay(trace, impls, device, out, resume, backends, l2):
 
 @click.command()
 @opt("--model", "model_name", required=True, metavar="NAME", help="The model preset (`swabench models` lists them).")
-@click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.argument("trace", required=False, type=PathArg(exists=True, dir_okay=False))
 @step_options
 def price(model_name, trace, impls, device, out, resume, backends, l2):
     """Attention per step for a whole model: its windowed layers (sliding or chunked) and its global layers, each
@@ -159,8 +159,8 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
 
 
 @click.command("import")
-@click.argument("dump_dir", type=click.Path(exists=True, file_okay=False))
-@opt("--out", required=True, type=click.Path(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
+@click.argument("dump_dir", type=PathArg(exists=True, file_okay=False))
+@opt("--out", required=True, type=PathArg(dir_okay=False), metavar="TRACE.jsonl", help="The trace to write.")
 @opt("--bucket", type=click.IntRange(1, MAX_BUCKET), default=1, show_default=True,
      help=f"Round each request's prefix up to a multiple of N (at most {MAX_BUCKET}), so that steps a few tokens "
           f"apart share a line.")

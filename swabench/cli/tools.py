@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import (Bar, InputError, case_option, device_of, impl_option, l2_option, load, opt,
+from swabench.cli.options import (Bar, InputError, PathArg, case_option, device_of, impl_option, l2_option, load, opt,
                                   out_option, report_outcome)
 from swabench.run import launch, lifecycle
 
@@ -20,7 +20,7 @@ from swabench.run import launch, lifecycle
 @opt("--tool", type=click.Choice(["nsys", "ncu", "torch"]), default="nsys", show_default=True,
      help="nsys: re-run under Nsight Systems (kernel times); ncu: re-run under Nsight Compute (the DRAM and L2 "
           "bytes each kernel of a point's call moves); torch: torch.profiler in this process.")
-@opt("--against", type=click.Path(exists=True, file_okay=False), default=None,
+@opt("--against", type=PathArg(exists=True, file_okay=False), default=None,
      help="nsys: a run of the same points without the profiler, whose graph times to hold nsys's against.")
 @opt("--ncu-unit", "unit", type=click.Choice(["kernel", "call"]), default="kernel", show_default=True,
      help="ncu: count each kernel of a point's call on its own, L2 flushed before each (kernel), or the whole call "
@@ -84,7 +84,7 @@ def print_counted(result, out: Path) -> bool:
 
 
 @click.command("bench-host")
-@opt("--out", type=click.Path(file_okay=False), help="Run folder (default: results/host-bench-TIME).")
+@opt("--out", type=PathArg(file_okay=False), help="Run folder (default: results/host-bench-TIME).")
 @opt("--quick", is_flag=True, help="Small batches and contexts only (seconds, for a smoke test).")
 def bench_host(out, quick):
     """pytest-benchmark of the host work a step pays (mask build and packing, trimmed page tables,

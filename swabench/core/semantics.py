@@ -116,6 +116,25 @@ def query_positions(qo_len: int, kv_len: int, device=None) -> torch.Tensor:
     return torch.arange(kv_len - qo_len, kv_len, device=device)
 
 
+def interval_mask(lo: torch.Tensor, hi: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Bool ``[len(lo), kv_len]``: query j sees keys ``lo[j]`` through ``hi[j]``."""
+    import torch
+    keys = torch.arange(kv_len)
+    return (keys[None, :] >= lo[:, None]) & (keys[None, :] <= hi[:, None])
+
+
+def intervals_differ(lo, hi, other_lo, other_hi):
+    """Per query, whether the key intervals ``[lo, hi]`` and ``[other_lo, other_hi]`` hold different keys."""
+    return ~(((lo == other_lo) & (hi == other_hi)) | ((lo > hi) & (other_lo > other_hi)))
+
+
+def interval_missed(lo, hi, truth_lo, truth_hi):
+    """Per query, how many keys of ``[truth_lo, truth_hi]`` the interval ``[lo, hi]`` leaves out."""
+    import torch
+    both = (torch.minimum(hi, truth_hi) - torch.maximum(lo, truth_lo) + 1).clamp_min(0)
+    return (truth_hi - truth_lo + 1).clamp_min(0) - both
+
+
 class TreeView:
     """What each node of a draft tree sees under a Visibility: the cached keys ``[lo, hi]`` (``hi < prefix``;
     empty where ``lo > hi``) and the draft keys ``draft[i, s]``.
@@ -171,8 +190,7 @@ def rows_differ(a: Visibility, b: Visibility, qo_len: int, kv_len: int, tree: Tr
     if tree is not None:
         return TreeView(a, tree, qo_len, kv_len).rows_differ(TreeView(b, tree, qo_len, kv_len))
     positions = query_positions(qo_len, kv_len)
-    (alo, ahi), (blo, bhi) = a.interval(positions, kv_len), b.interval(positions, kv_len)
-    return (alo != blo) | (ahi != bhi)
+    return intervals_differ(*a.interval(positions, kv_len), *b.interval(positions, kv_len))
 
 
 def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int, tree: Tree | None = None) -> bool:
@@ -182,13 +200,10 @@ def differs(a: Visibility, b: Visibility, qo_len: int, kv_len: int, tree: Tree |
 
 def keys_missed(path: Visibility, truth: Visibility, qo_len: int, kv_len: int, tree: Tree | None = None):
     """Per query, how many keys of what ``truth`` shows it ``path`` leaves out (a tensor of ``qo_len`` counts)."""
-    import torch
     if tree is not None:
         return TreeView(path, tree, qo_len, kv_len).missed(TreeView(truth, tree, qo_len, kv_len))
     positions = query_positions(qo_len, kv_len)
-    (plo, phi), (tlo, thi) = path.interval(positions, kv_len), truth.interval(positions, kv_len)
-    both = (torch.minimum(phi, thi) - torch.maximum(plo, tlo) + 1).clamp_min(0)
-    return (thi - tlo + 1).clamp_min(0) - both
+    return interval_missed(*path.interval(positions, kv_len), *truth.interval(positions, kv_len))
 
 
 def trim_start(kv_len: int, qo_len: int, window_left: int, page_size: int = 1, chunk: int = 0) -> int:

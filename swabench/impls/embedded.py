@@ -59,7 +59,7 @@ class GatherRunner:
 def as_predicted(impl: Implementation, w, backend: str) -> GatherRunner:
     """A planned runner that computes what ``impl`` is predicted to compute on ``w`` (the keys its semantics or its
     ``seen`` say each query sees, gathered and attended here): the output a known mistake should give."""
-    seen = impl.seen(w.case, w.qo_lens, w.kv_lens, backend) if impl.seen else None
+    seen = impl.seen_masks(w.case, w.qo_lens, w.kv_lens, backend) if impl.seen else None
     runner = GatherRunner(w, impl.computes, trim=False, seen=seen)
     runner.plan()
     return runner

@@ -316,21 +316,17 @@ register_variant("paged-mask", "full KV, window and causality as a custom mask (
                  baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
                  Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True, block=True)
-def window_at_run(case, qo_lens, kv_lens, backend: str, key_offsets=None) -> list[torch.Tensor]:
-    """What each query sees where ``plan()`` built the kernel without a window and ``run()`` hands it W: on fa2
-    every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself, so a tile's first
-    query is exact and each later one sees a key more; fa3 takes no window at run and reads every key.
-    ``key_offsets``: per request, the key the kernel's table starts at (the mask is over the request's keys)."""
-    offsets = key_offsets or [0] * len(qo_lens)
+def window_at_run(case, qo_lens, kv_lens, backend: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What each query sees, as key intervals, where ``plan()`` built the kernel without a window and ``run()``
+    hands it W: on fa2 every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself, so
+    a tile's first query is exact and each later one sees a key more; fa3 takes no window at run: every key."""
     tile = fa2_split.query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain")
-    masks = []
-    for q, k, offset in zip(qo_lens, kv_lens, offsets):
-        mask = semantics.Visibility(semantics.NO_WINDOW, first_key=offset).mask(q, k)
-        if backend == "fa2" and case.window_left >= 0:
-            first = fa2_split.run_window_first_keys(q, k - offset, case.window_left, case.gqa_group, tile)
-            mask &= torch.arange(k)[None, :] >= torch.tensor(first)[:, None] + offset
-        masks.append(mask)
-    return masks
+    seen = []
+    for q, k in zip(qo_lens, kv_lens):
+        first = fa2_split.run_window_first_keys(q, k, case.window_left, case.gqa_group, tile) \
+            if backend == "fa2" and case.window_left >= 0 else [0] * q
+        seen.append((torch.tensor(first), semantics.query_positions(q, k)))
+    return seen
 
 
 register_variant("paged-plan-no-window", "plan() without window_left, then the deprecated forward(window_left=W): "

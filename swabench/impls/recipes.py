@@ -172,14 +172,16 @@ _register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask
                  "keys before its own window too", False, True, kind="known-bug", visibility=_nomask_visibility,
                  seen=_nomask_seen)
 def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
-    """The recipe with its ragged part planned without a window and given W at run: the prefix as its mask shows it
-    (exact), the new tokens as a window handed only to run() shows them (``fi.window_at_run`` over the new tokens)."""
-    masks = []
-    for q, k, new in zip(qo_lens, kv_lens, fi.window_at_run(case, qo_lens, qo_lens, backend)):
-        mask = semantics.Visibility(case.window_left).mask(q, k)
-        mask[:, k - q:] = new
-        masks.append(mask)
-    return masks
+    """The recipe with its ragged part planned without a window and given W at run, as key intervals: a query whose
+    window starts in the prefix sees it exactly (the prefix's mask, then every new token up to itself); one whose
+    window starts among the new tokens sees them as a window handed only to run() shows them (``fi.window_at_run``
+    over the new tokens)."""
+    seen = []
+    for (new_lo, _), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend), qo_lens, kv_lens):
+        positions = semantics.query_positions(q, k)
+        exact = (positions - case.window_left).clamp_min(0)
+        seen.append((torch.where(exact < k - q, exact, k - q + new_lo), positions))
+    return seen
 
 
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "

@@ -120,8 +120,9 @@ class Implementation:
     # such a case, saying so.
     block: bool = False
     # What it shows each query where no Visibility says it (a mask read out of step with its table, a window that
-    # reaches the kernel only at run()): (case, qo_lens, kv_lens, backend) -> one bool [qo_len, kv_len] mask per
-    # request, over the request's key positions.
+    # reaches the kernel only at run()): (case, qo_lens, kv_lens, backend) -> per request, a bool [qo_len, kv_len]
+    # mask over the request's key positions, or where each query sees one run of keys, the pair of int tensors
+    # (lo, hi): query j sees keys lo[j] through hi[j] (cheap to hold against the exact window at any length).
     seen: Callable[..., list] | None = None
 
     @property
@@ -148,8 +149,8 @@ class Implementation:
             return [torch.full((q,), self.expected_to_fail) for q in qo_lens]
         truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
         if self.seen:
-            return [(mask != truth.mask(q, k, tree=t)).any(dim=1)
-                    for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
+            return [_rows_off(seen, truth, q, k, t)
+                    for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
         return [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
                 for q, k, t in zip(qo_lens, kv_lens, drafts)]
 
@@ -160,13 +161,17 @@ class Implementation:
             return 0, 0.0
         truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
         if self.seen:
-            missed = [(truth.mask(q, k, tree=t) & ~mask).sum(dim=1)
-                      for mask, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
+            missed = [_missed(seen, truth, q, k, t)
+                      for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
         else:
             missed = [semantics.keys_missed(self.computes(case, k - q), truth, q, k, t)
                       for q, k, t in zip(qo_lens, kv_lens, drafts)]
         rows = [int(x) for m in missed for x in m]
         return max(rows, default=0), sum(x > 0 for x in rows) / max(1, len(rows))
+
+    def seen_masks(self, case, qo_lens, kv_lens, backend: str) -> list:
+        """``seen`` as one bool mask per request, whichever form the path gives it in."""
+        return [_mask(seen, k) for seen, k in zip(self.seen(case, qo_lens, kv_lens, backend), kv_lens)]
 
     def computes(self, case, prefix_len: int) -> semantics.Visibility:
         """What it computes for one request of ``case`` with ``prefix_len`` keys before its queries."""
@@ -272,6 +277,26 @@ class Library:
     def serving_backends(self) -> tuple[str, ...]:
         """The backends a replay or price runs when none is named: the chosen ones and the served opt-in ones."""
         return self.chosen_backends + tuple(b for b in self.opt_in if b in self.served)
+
+
+def _mask(seen, kv_len: int):
+    """One request's ``seen`` as a bool mask, where it was given as key intervals."""
+    return semantics.interval_mask(*seen, kv_len) if isinstance(seen, tuple) else seen
+
+
+def _rows_off(seen, truth: semantics.Visibility, qo_len: int, kv_len: int, tree) -> torch.Tensor:
+    """Per query of a request, whether what it is ``seen`` to see differs from ``truth``'s (by interval, where it
+    can)."""
+    if isinstance(seen, tuple) and tree is None:
+        return semantics.intervals_differ(*seen, *truth.interval(semantics.query_positions(qo_len, kv_len), kv_len))
+    return (_mask(seen, kv_len) != truth.mask(qo_len, kv_len, tree=tree)).any(dim=1)
+
+
+def _missed(seen, truth: semantics.Visibility, qo_len: int, kv_len: int, tree) -> torch.Tensor:
+    """Per query of a request, how many keys of ``truth``'s what it is ``seen`` to see leaves out."""
+    if isinstance(seen, tuple) and tree is None:
+        return semantics.interval_missed(*seen, *truth.interval(semantics.query_positions(qo_len, kv_len), kv_len))
+    return (truth.mask(qo_len, kv_len, tree=tree) & ~_mask(seen, kv_len)).sum(dim=1)
 
 
 _REGISTRY: dict[str, Implementation] = {}

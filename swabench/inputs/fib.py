@@ -139,11 +139,37 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not replace:
             raise FibError(f"--out {out} exists and is not empty (--force to replace it)")
+        if Path.cwd().resolve() == out.resolve() or out.resolve() in Path.cwd().resolve().parents:
+            raise FibError(f"--out {out} holds the working folder, which replacing it would remove; give another "
+                           f"folder")
         other = sorted(p.name for p in out.iterdir() if p.name not in LAYOUT)
         if other:
             raise FibError(f"--out {out} holds {', '.join(other[:3])}, which export-fib does not write (it writes "
                            f"{', '.join(LAYOUT)}): not replacing it (a FlashInfer-Bench evaluation's solutions or "
                            f"traces would be lost); give another folder")
+        foreign = next((f for f in sorted(out.rglob("*")) if not f.is_dir() and not _exported(f, out)), None)
+        if foreign is not None:
+            raise FibError(f"--out {out} holds {foreign.relative_to(out)}, which export-fib did not write: not "
+                           f"replacing the folder (it would be lost); move it, or give another folder")
+
+
+def _exported(path: Path, root: Path) -> bool:
+    """Whether ``path`` in the FlashInfer-Bench folder ``root`` is a file export-fib writes, by its content: a
+    definition tagged ``source:swabench``, the workloads of such a definition, or a blob whose metadata carries
+    the step (``META``).  Links and anything else are not."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    parts = path.relative_to(root).parts
+    if parts[0] == "definitions" and path.suffix == ".json":
+        return b'"source:swabench"' in head
+    if parts[0] == "workloads" and path.suffix == ".jsonl":
+        definition = root / "definitions" / Path(*parts[1:]).with_suffix(".json")
+        return definition.is_file() and _exported(definition, root)
+    if parts[0] == "blob" and path.suffix == ".safetensors":
+        return f'"{META}"'.encode() in head
+    return False
 
 
 def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:

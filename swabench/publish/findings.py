@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 from swabench.analysis import derived
-from swabench.publish import sections
+from swabench.publish import outputs, sections
 from swabench.publish.sections import Run
 from swabench.publish.sections.base import TOPICS_FOLDER
 from swabench.store import paths, run_folder, tables
@@ -58,17 +58,33 @@ def page(runs: list[Run], command: str) -> str:
     return "\n".join(pages(runs, command).values())
 
 
-def _ours(path: Path) -> bool:
-    """Whether ``path`` is a page this module wrote (which a new page may replace without --force)."""
+_OWNER = re.compile(r"^Part of \[the findings\]\(\.\./(.+?)\): ", re.M)
+
+
+def _made_for(path: Path) -> str | None:
+    """What a page this module wrote is, by its content: '' for a findings page, the file name of its findings page
+    for a topic page; None for any other file."""
     with open(path, "rb") as f:
-        return f.read(len(MADE_BY)).decode(errors="replace") == MADE_BY
+        head = f.read(outputs.SNIFF_BYTES).decode(errors="replace")
+    if not head.startswith(MADE_BY):
+        return None
+    found = _OWNER.search(head)
+    return found[1] if found else ""
 
 
-def _replaceable(path: Path, force: bool) -> None:
-    """OutputError when ``path`` exists, is no findings page and ``force`` is not given."""
-    if path.is_file() and not force and not _ours(path):
-        raise paths.OutputError(f"--out {path} exists and is not a findings page (its first line does not say "
+def _replaceable(path: Path, page: str, topic: bool, force: bool) -> None:
+    """OutputError when ``path`` exists and is not the findings page ``page`` or (``topic``) one of its topic pages,
+    unless ``force``: a findings page replaces neither a user's file nor another findings page's topics."""
+    if not path.is_file() or force:
+        return
+    made = _made_for(path)
+    if made is None:
+        raise paths.OutputError(f"--out: {path} exists and is not a findings page (its first line does not say "
                                 f"{MADE_BY}`); give another --out, or pass --force to replace it")
+    if topic and made != page:
+        whose = f"a topic page of the findings page {made}" if made else "a findings page"
+        raise paths.OutputError(f"--out {page}: {path} is {whose} beside it; write {page} in another folder, or "
+                                f"pass --force to replace it")
 
 
 def write(run_dirs: list[Path], out: Path, force: bool = False) -> list[Path]:
@@ -88,8 +104,9 @@ def write(run_dirs: list[Path], out: Path, force: bool = False) -> list[Path]:
     for path in targets.values():
         if path.exists() and not stat.S_ISREG(path.lstat().st_mode):
             raise paths.OutputError(f"--out {out}: {path} exists and is not a regular file; move it first")
-        _replaceable(path, force)
-    stale = [p for p in folder.glob("*.md") if p.name not in written and p.is_file() and _ours(p)] \
+    for name, path in targets.items():
+        _replaceable(path, out.name, bool(name), force)
+    stale = [p for p in folder.glob("*.md") if p.name not in written and p.is_file() and _made_for(p) == out.name] \
         if folder.is_dir() else []
     if len(written) > 1:
         run_folder.make_folder(folder)

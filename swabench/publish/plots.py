@@ -367,6 +367,11 @@ FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode,
            **limits.FIGURES, **tree_plots.FIGURES}
 
 
+def figure_files() -> list[str]:
+    """The name of every figure file ``make_all`` may write."""
+    return [f"{name}.png" for name in FIGURES]
+
+
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:
     """Every figure the run has data for, as PNG in ``out``; None for those it has none for.  The draft-tree
     figure reads the tree points; the others, every point but those."""

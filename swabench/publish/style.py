@@ -11,6 +11,7 @@ import matplotlib.ticker
 
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, short_commit
+from swabench.publish.outputs import PNG_SOFTWARE
 from swabench.store import run_folder
 
 matplotlib.use("Agg")
@@ -80,7 +81,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
     bytes, the same to the eye) and with no timestamp inside, so the same run gives the same file."""
     import io
 
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     dpi = min(200.0, max(90.0, PNG_WIDTH_PX / fig.get_size_inches()[0]))  # the tight box is a little narrower
     rendered = io.BytesIO()
@@ -88,6 +89,9 @@ def save(fig, out: Path, name: str) -> list[Path]:
     pyplot().close(fig)
     image = Image.open(rendered).convert("RGB")
     path, png = out / f"{name}.png", io.BytesIO()
-    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(png, "PNG", optimize=True)
+    tag = PngImagePlugin.PngInfo()
+    tag.add_text("Software", PNG_SOFTWARE)  # how a later command knows swabench wrote it (outputs.ours)
+    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(png, "PNG", optimize=True,
+                                                                                         pnginfo=tag)
     run_folder.atomic_write(path, png.getvalue())  # by rename, and only over a regular file
     return [path]

@@ -313,7 +313,7 @@ def rows_off(part: Part) -> str:
     qo, kv = (v[0] for v in workloads.request_lengths(case))
     tree = (trees.of_case(case) or [None])[0]
     exact = semantics.of_case(case).mask(qo, kv, tree=tree)
-    got = impl.seen(case, [qo], [kv], part.backend)[0] if impl.seen else \
+    got = impl.seen_masks(case, [qo], [kv], part.backend)[0] if impl.seen else \
         impl.computes(case, kv - qo).mask(qo, kv, tree=tree)
     said = [_runs((got & ~exact).sum(dim=1).tolist(), ("sees", "see"), "outside its mask"),
             _runs((exact & ~got).sum(dim=1).tolist(), ("misses", "miss"), "of its mask")]

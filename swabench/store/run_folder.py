@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,7 +165,7 @@ class FolderLock:
         self.took_over: str | None = None  # the previous holder, when it had died holding the folder
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_UMASK)  # never through a link
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -215,6 +216,7 @@ class RunStore:
     @classmethod
     def resume(cls, folder, scenario_text: str) -> "RunStore":
         store = cls(paths.folder_out(folder))
+        refuse_odd_files(store.folder)
         if not (store.folder / META).exists():
             raise RunFolderError(f"{folder} is not a swabench run folder (no {META}); nothing to resume")
         if not (store.folder / ROWS).exists():
@@ -274,7 +276,8 @@ class RunStore:
 
     def extend(self, rows: list[dict]) -> None:
         """Record several rows durably with one flush to disk (a merge writes hundreds at once)."""
-        with open(self.folder / ROWS, "a") as f:
+        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "a") as f:
             f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
             f.flush()
             os.fsync(f.fileno())
@@ -331,6 +334,24 @@ class RunStore:
         counts = table["status"].value_counts().to_dict() if len(table) else {}
         self.update_meta(**{**meta_updates, "rows": len(table), "status_counts": counts})
         return table
+
+
+def refuse_odd_files(folder: Path) -> None:
+    """RunFolderError when a file the run writes in ``folder`` is there as a link or anything but a regular file: a
+    resume appends to the journal and renames the tables over their old selves, which would write through a link
+    or replace it; checked before any point runs."""
+    for name in (ROWS, META, SCENARIO, TABLE, TABLE + ".gz", SAMPLES, SAMPLES.removesuffix(".gz"), LOCK):
+        path = Path(folder) / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise RunFolderError(f"{path} is a symbolic link (to {os.readlink(path)}): a run folder's files are its own; "
+                                 f"replace the link with the file, or start a new --out")
+        if not stat.S_ISREG(st.st_mode):
+            raise RunFolderError(f"{path} is not a regular file: a run folder's files are its own; move it away, or "
+                                 f"start a new --out")
 
 
 def write_meta(folder: Path, meta: dict) -> None:

@@ -61,6 +61,8 @@ META_KEYS = {
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
     "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",
+    "statuses_recomputed": "each time statuses were recomputed from the stored gate outcomes after a prediction "
+                           "was corrected (scripts/restatus.py): commit, why, the changes, the method",
     "peaks": "the node's measured bf16 matmul rate and copy bandwidth",
     "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
                 "bytes against its counter, kernels and points counted, wall time and seconds a point; or why skipped",
