@@ -37,7 +37,8 @@ def timing_said(run: Run) -> list[str]:
              f"{NOISE:.0%}. Method: {run.meta.get('method', {}).get('kernel_time', '')}"]
     peaks = run.meta.get("peaks")
     if peaks:
-        lines.append(f"Floors divide by the GPU's ceiling: {peaks.get('ceiling') or ' and '.join(ceiling_parts(peaks))}. "
+        used = peaks.get("ceiling") or " and ".join(ceiling_parts(peaks))
+        lines.append(f"Floors divide by the GPU's ceiling: {used}. "
                      f"Attainable, measured on the node: {attainable(peaks)} ({peaks['method']}).")
     return lines
 
