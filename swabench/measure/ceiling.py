@@ -13,9 +13,9 @@ from __future__ import annotations
 TENSOR_FLOPS_PER_CLOCK = {"9.0": 4096}
 
 # The memory bus width NVML reports (nvmlDeviceGetMemoryBusWidth), by the GPU's name as torch gives it, for
-# runs made before it was recorded.  An H200 read 6016 bits on this project's node (with its 3201 MHz:
-# 4.81 TB/s, the datasheet's 4.8).  H100 SXM: five 1024-bit HBM3 stacks (with its 2619 MHz: the
-# datasheet's 3.35 TB/s).
+# runs made before it was recorded.  An H200 reads 6016 bits (results/h200-calls-ceiling/nvml-probe.log; with
+# its 3201 MHz: 4.81 TB/s, the datasheet's 4.8).  H100 SXM: five 1024-bit HBM3 stacks (with its 2619 MHz:
+# the datasheet's 3.35 TB/s).
 BUS_BITS = {"NVIDIA H200": 6016, "NVIDIA H100 80GB HBM3": 5120}
 
 
