@@ -92,6 +92,16 @@ def test_graph_timer_measures_a_known_amount_of_work(l2):
     assert eager.median_us > 0.9 * kernel.median_us
 
 
+def test_the_measured_rates_stay_below_the_datasheet_ceiling():
+    """What the node attains (copy, read stream, matmul) is under what the part's clocks and width allow."""
+    from swabench.measure import peaks
+    measured = peaks.measure(torch.device("cuda"))
+    if "datasheet_tbps" not in measured or "datasheet_tflops" not in measured:
+        pytest.skip(measured["ceiling"])
+    assert max(measured["copy_tbps"], measured["read_tbps"]) < measured["datasheet_tbps"], measured
+    assert measured["bf16_matmul_tflops"] < measured["datasheet_tflops"], measured
+
+
 @pytest.mark.parametrize("storage", ["paged", "ragged"])
 def test_flex_decode_batch_compiles_and_passes(storage):
     """64 single-query requests with 4 query heads per KV head: Inductor's flex-decoding kernel needs

@@ -1,5 +1,5 @@
 """Columns that need other rows of the table or the node's peaks: each point's speedup over its
-library's baseline, its share of the measured peaks, its roofline floor and how close it comes to it,
+library's baseline, its share of the GPU's ceiling, its roofline floor and how close it comes to it,
 and its read amplification where Nsight Compute counted it.  Written into results.csv when a run
 finalizes; added on read for a folder that only has its journal."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swabench.measure.ceiling import ceilings
 from swabench.store import run_folder
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def span_order(value: str) -> tuple:
 def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
     """Columns that need other rows or the node's peaks: speedup over the baseline path declared
     for the point's library and storage (same backend, else the baseline's first: fa3 has no masks),
-    and percent of the measured bf16 matmul rate and copy bandwidth."""
+    and the columns of ``per_row``."""
     if table.empty:
         return table
     from swabench.impls import registry
@@ -62,10 +63,12 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
 
 def floor_parts(table: pd.DataFrame, peaks: dict) -> tuple[pd.Series, pd.Series]:
-    """The two times no kernel beats, in microseconds: ``min_bytes`` at the measured copy bandwidth (bytes
-    read plus written, as the copy counts them), and the useful flops at the measured bf16 matmul rate."""
-    memory = table["min_bytes"].astype(float) / (peaks["copy_tbps"] * 1e12) * 1e6
-    compute = table["flops"].astype(float) / (peaks["bf16_matmul_tflops"] * 1e12) * 1e6
+    """The two times no kernel beats, in microseconds: ``min_bytes`` (read plus written) at the GPU's DRAM
+    ceiling, and the useful flops at its bf16 tensor-core ceiling (``measure.ceiling.ceilings``: the datasheet's,
+    else the measured copy and matmul, as ``peaks['ceiling']`` says)."""
+    tbps, tflops = ceilings(peaks)
+    memory = table["min_bytes"].astype(float) / (tbps * 1e12) * 1e6
+    compute = table["flops"].astype(float) / (tflops * 1e12) * 1e6
     return memory, compute
 
 
@@ -76,16 +79,16 @@ def memory_bound(table: pd.DataFrame, peaks: dict) -> pd.Series:
 
 
 def per_row(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
-    """The columns each row has from its own numbers and the node's peaks: percent of each peak, the
+    """The columns each row has from its own numbers and the node's peaks: percent of each ceiling, the
     floor (the larger of ``floor_parts``) and how close the point comes to it (``pct_of_floor`` = 100 x
-    floor / median: 100 runs at the measured copy bandwidth or matmul rate), and, for a point Nsight Compute
+    floor / median: 100 runs at the ceiling, which no kernel reaches), and, for a point Nsight Compute
     counted, its DRAM bytes read over the bytes its window needs (``read_amplification``).  A point timed on
     a warm L2 has no floor: its bytes need not come from DRAM."""
     if table.empty:
         return table
     if peaks:
-        table = table.assign(pct_peak_tflops=100 * table["tflops"] / peaks["bf16_matmul_tflops"],
-                             pct_peak_tbps=100 * table["tbps"] / peaks["copy_tbps"])
+        tbps, tflops = ceilings(peaks)
+        table = table.assign(pct_peak_tflops=100 * table["tflops"] / tflops, pct_peak_tbps=100 * table["tbps"] / tbps)
     if peaks and {"min_bytes", "flops"} <= set(table.columns):
         memory, compute = floor_parts(table, peaks)
         floor = memory.where(memory >= compute, compute)

@@ -96,7 +96,8 @@ def bench_host(out, quick):
 
 
 @click.command()
-@opt("--peaks", "measure_peaks", is_flag=True, help="Also measure the node's bf16 matmul rate and copy bandwidth.")
+@opt("--peaks", "measure_peaks", is_flag=True,
+     help="Also measure the node's bf16 matmul rate, copy and read bandwidth, and read its datasheet ceiling (NVML).")
 def env(measure_peaks):
     """What is installed and usable here: GPU, CUDA, torch, each library's version, nsys."""
     from swabench.run import environment

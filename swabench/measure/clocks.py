@@ -1,6 +1,7 @@
 """The GPU's clock and why it is held back, read through NVML (``nvidia-ml-py``) around each timed point,
-so that a time measured while the card slowed itself for power or heat is flagged instead of trusted.
-Only read, never set: the card's clocks are left as found."""
+so that a time measured while the card slowed itself for power or heat is flagged instead of trusted, and its
+maximum clocks and memory bus width, which give its datasheet ceiling.  Only read, never set: the card's clocks
+are left as found."""
 
 from __future__ import annotations
 
@@ -74,3 +75,23 @@ def columns(before: Reading | None, after: Reading | None) -> dict:
     return {"sm_clock_mhz_before": before.sm_mhz, "sm_clock_mhz_after": after.sm_mhz,
             "clock_reasons_before": names(before.reasons), "clock_reasons_after": names(after.reasons),
             "throttled": bool((before.reasons | after.reasons) & THROTTLES) or grew}
+
+
+def maxima(device: torch.device) -> tuple[dict, str]:
+    """The GPU's maximum memory and SM clocks (MHz) and its memory bus width (bits) as NVML reports them, which
+    give its datasheet ceiling (``measure.ceiling``), and where they came from; ({}, why) where NVML cannot
+    be read."""
+    import torch
+
+    handle = _handle(str(torch.cuda.get_device_properties(device).uuid))
+    if handle is None:
+        return {}, "NVML could not be read (no nvidia-ml-py binding, driver or GPU it knows)"
+    import pynvml
+
+    try:
+        return ({"memory_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+                 "memory_bus_bits": pynvml.nvmlDeviceGetMemoryBusWidth(handle),
+                 "sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)},
+                "from NVML's maximum memory and SM clocks and memory bus width")
+    except Exception as e:  # an NVML error, or an older binding without these calls
+        return {}, f"NVML could not be read ({type(e).__name__}: {e})"

@@ -1,8 +1,8 @@
 """Figures of the machine's limit, made from a run folder's table: the roofline (each timed point's rate
-against its arithmetic intensity, under the node's measured ceilings), the rate each step reaches against
-its context (TB/s where a step is memory-bound, TFLOP/s where it is not), and the DRAM bytes Nsight
-Compute counted each path reading against the bytes its window needs.  Every path has one look
-(``style.look``) in all three."""
+against its arithmetic intensity, under the GPU's ceiling, with the node's measured rates dashed below it),
+the rate each step reaches against its context (TB/s where a step is memory-bound, TFLOP/s where it is not),
+and the DRAM bytes Nsight Compute counted each path reading against the bytes its window needs.  Every path
+has one look (``style.look``) in all three."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pandas as pd
 from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.impls import registry
-from swabench.publish.sections.machine import counted_points
+from swabench.measure.ceiling import ceilings
+from swabench.publish.sections.machine import ceiling_parts, counted_points
 from swabench.publish.style import BACKEND_STYLE, figure, legend_outside, look
 
 
@@ -40,22 +41,29 @@ def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = 
 
 def roofline(table, meta):
     """Each timed point's achieved TFLOP/s (useful flops / kernel time) against its arithmetic intensity (useful
-    flops / min_bytes), under the node's two measured ceilings: copy bandwidth x intensity, and the bf16 matmul
-    rate.  A point on the ceiling runs at the measured rates."""
+    flops / min_bytes), under the GPU's ceiling (DRAM TB/s x intensity, and the bf16 TFLOP/s; the datasheet's
+    where the run has it), which no point reaches, and dashed below it what the node attained: its measured copy
+    and read stream x intensity, up to its measured matmul."""
     peaks = meta.get("peaks")
     t = _correct_timed(table)
     if not peaks or t.empty:
         return None
     t = t.assign(intensity=t["flops"] / t["min_bytes"], rate=t["flops"] / t["median_us"] / 1e6)
-    fig, axes = figure(meta, "Roofline: each timed point against the node's measured ceilings", size=(8.0, 5.0))
+    fig, axes = figure(meta, "Roofline: each timed point against the GPU's ceiling", size=(8.0, 5.0))
     ax = axes[0][0]
     for impl, backend in _paths(t):
         g = t[(t["impl"] == impl) & (t["backend"] == backend)]
         _points(ax, g, g["intensity"], g["rate"], impl, backend)
+    tbps, tflops = ceilings(peaks)
     lo, hi = t["intensity"].min() / 2, t["intensity"].max() * 2
-    xs = np.geomspace(min(lo, 1.0), max(hi, 2 * peaks["bf16_matmul_tflops"] / peaks["copy_tbps"]), 200)
-    ax.plot(xs, np.minimum(peaks["copy_tbps"] * xs, peaks["bf16_matmul_tflops"]), color="black", lw=1.0,
-            label=f"ceiling: {peaks['copy_tbps']:.2f} TB/s, {peaks['bf16_matmul_tflops']:.0f} TFLOP/s")
+    xs = np.geomspace(min(lo, 1.0), max(hi, 2 * tflops / peaks["copy_tbps"]), 200)
+    ax.plot(xs, np.minimum(tbps * xs, tflops), color="black", lw=1.0,
+            label="ceiling: " + ", ".join(ceiling_parts(peaks, how=False)))
+    for name, rate, ls in (("copy", peaks["copy_tbps"], "--"), ("read", peaks.get("read_tbps"), "-.")):
+        if rate and (rate, peaks["bf16_matmul_tflops"]) != (tbps, tflops):
+            ax.plot(xs, np.minimum(rate * xs, peaks["bf16_matmul_tflops"]), color="black", lw=0.8, ls=ls,
+                    label=f"attainable (measured): {name} {rate:.2f} TB/s, matmul {peaks['bf16_matmul_tflops']:.0f} "
+                          f"TFLOP/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (useful flops / min_bytes)",
            ylabel="achieved TFLOP/s")
     ax.grid(alpha=0.3, which="both")
@@ -72,8 +80,9 @@ def _memory_bound(rows: pd.DataFrame, mode: str, peaks: dict) -> bool:
 
 
 def rate_vs_context(table, meta):
-    """The rate each step reaches against context, per path, beside its measured ceiling: TB/s (min_bytes / time)
-    for decode, verify and draft extend, which are memory-bound; TFLOP/s (useful flops / time) for extend."""
+    """The rate each step reaches against context, per path, beside the GPU's ceiling (solid) and what the node
+    attained (dashed: its measured copy, or its matmul): TB/s (min_bytes / time) for decode, verify and draft
+    extend, which are memory-bound; TFLOP/s (useful flops / time) for extend."""
     t = _correct_timed(table)
     if t.empty:
         return None
@@ -87,15 +96,20 @@ def rate_vs_context(table, meta):
                        size=(4.2, 4.0))
     for ax, mode in zip(axes[0], modes):
         rows = t[t["mode"] == mode]
-        column, unit, peak = ("tbps", "TB/s", peaks.get("copy_tbps")) if _memory_bound(rows, mode, peaks) else \
-            ("tflops", "TFLOP/s", peaks.get("bf16_matmul_tflops"))
+        memory = _memory_bound(rows, mode, peaks)
+        column, unit = ("tbps", "TB/s") if memory else ("tflops", "TFLOP/s")
         at = {c: i for i, c in enumerate(sorted(rows["context"].unique()))}  # evenly spaced: 0 and 32768 alike
         for impl, backend in _paths(rows):
             line = rows[(rows["impl"] == impl) & (rows["backend"] == backend)].groupby("context")[column].median()
             ax.plot([at[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
                     label=f"{impl} [{backend}]", **look(impl))
-        if peak:
-            ax.axhline(peak, color="black", ls="--", lw=0.8, label=f"measured {unit} ceiling")
+        if peaks:
+            side = 0 if memory else 1
+            ceiling, measured = ceilings(peaks)[side], (peaks["copy_tbps"], peaks["bf16_matmul_tflops"])[side]
+            ax.axhline(ceiling, color="black", lw=0.8, label=f"ceiling: {ceiling_parts(peaks, how=False)[side]}")
+            attained = f"copy {measured:.2f} TB/s" if memory else f"matmul {measured:.0f} TFLOP/s"
+            if measured != ceiling:
+                ax.axhline(measured, color="black", ls="--", lw=0.8, label=f"attainable (measured): {attained}")
         ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit,
                xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
         ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)

@@ -8,8 +8,9 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 from __future__ import annotations
 
 from swabench.core.cases import WRAPPER_MODES
+from swabench.measure import ceiling
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -63,7 +64,8 @@ META_KEYS = {
     "rows": "rows in results.csv", "status_counts": "rows per status",
     "statuses_recomputed": "each time statuses were recomputed from the stored gate outcomes after a prediction "
                            "was corrected (scripts/restatus.py): commit, why, the changes, the method",
-    "peaks": "the node's measured bf16 matmul rate and copy bandwidth",
+    "peaks": "the GPU's datasheet ceiling (NVML's maximum clocks and memory bus width), which floors divide by, and "
+             "the node's measured bf16 matmul rate, copy and read bandwidth beside it",
     "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
                 "bytes against its counter, kernels and points counted, wall time and seconds a point; or why skipped",
     "jit_warmups": "one JIT warm-up per start of the folder: seconds per module signature, modules built",
@@ -159,7 +161,9 @@ def migrate(meta: dict) -> dict:
     an axis and the runner's description ``layout`` (``migrate_table``); version 9 too: the ``tree`` axis, the
     ``keys_lost`` and ``rows_losing`` columns, and the gate's ``wrong_rows`` and ``rows_as_predicted``, empty in
     older tables (every earlier verify was a chain); version 10 too: the ``block`` and ``prefills`` axes (the
-    ``mixed`` mode), 0 in older tables (no earlier case had bidirectional blocks or mixed steps)."""
+    ``mixed`` mode), 0 in older tables (no earlier case had bidirectional blocks or mixed steps).  Before
+    version 11, ``peaks`` held the measured rates only: the datasheet ceiling is filled from the meta's clocks,
+    SMs and GPU (``measure.ceiling.from_meta``)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):
@@ -172,5 +176,8 @@ def migrate(meta: dict) -> dict:
     if version == 1 and "jit_warmup_s" in meta:
         meta["jit_warmups"] = [{"jit_warmup_s": meta.pop("jit_warmup_s"),
                                 "jit_warmup_wall_s": meta.get("jit_warmup_total_s")}]
+    peaks = meta.get("peaks")
+    if isinstance(peaks, dict) and "ceiling" not in peaks and {"copy_tbps", "bf16_matmul_tflops"} <= set(peaks):
+        meta["peaks"] = ceiling.from_meta(meta)
     meta["format_version"] = FORMAT_VERSION
     return meta

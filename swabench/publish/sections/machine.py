@@ -1,7 +1,7 @@
 """How far each path is from what the machine can do: the DRAM bytes Nsight Compute counted each path
 reading against the bytes its window needs (read amplification), and each timed point's time against
-its roofline floor (the larger of its bytes at the measured copy bandwidth and its useful flops at the
-measured matmul rate)."""
+its roofline floor (the larger of its bytes at the GPU's DRAM ceiling and its useful flops at its bf16
+tensor-core ceiling: the datasheet's, with the node's measured copy, read and matmul beside it as attainable)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pandas as pd
 from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.core.footprint import ELEMENT_BYTES
+from swabench.measure.ceiling import ceilings
 from swabench.publish.markdown import library_versions, markdown_table
 from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_of, path_order, points,
                                             ratio, run_for_step)
@@ -228,9 +229,31 @@ def _floored(run: Run) -> pd.DataFrame:
     return t.assign(path=path_of(t))
 
 
+def ceiling_parts(peaks: dict, how: bool = True) -> tuple[str, str]:
+    """The ceiling the floors divide by, each side with what it is ('4.81 TB/s (datasheet: ...)'), or the
+    measured copy or matmul where the run has no datasheet number; ``how``: with how the datasheet's is had."""
+    tbps, tflops = ceilings(peaks)
+    memory = "datasheet: NVML's maximum memory clock x bus width" if how else "datasheet"
+    compute = "datasheet: SMs x maximum SM clock x tensor-core flops per clock" if how else "datasheet"
+    return (f"{tbps:.2f} TB/s ({memory if peaks.get('datasheet_tbps') else 'measured copy'})",
+            f"{tflops:.0f} TFLOP/s ({compute if peaks.get('datasheet_tflops') else 'measured matmul'})")
+
+
+def attainable(peaks: dict) -> str:
+    """What the node attained, measured: 'copy 4.20 TB/s, read 4.32 TB/s, bf16 matmul 793 TFLOP/s'."""
+    read = f", read {peaks['read_tbps']:.2f} TB/s" if peaks.get("read_tbps") else ""
+    return f"copy {peaks['copy_tbps']:.2f} TB/s{read}, bf16 matmul {peaks['bf16_matmul_tflops']:.0f} TFLOP/s"
+
+
+def ceiling_said(peaks: dict) -> str:
+    """Which ceiling a run's floors divide by, and the attainable rates beside it."""
+    memory, compute = ceiling_parts(peaks)
+    return f"the ceiling {memory} and {compute}; attainable, measured on the node: {attainable(peaks)}"
+
+
 def roofline(run: Run) -> pd.DataFrame:
     """One row per correct path, one column per step: its timed points' time against their floor
-    (``pct_of_floor``: 100% runs at the node's measured copy bandwidth or matmul rate), median (best, points)."""
+    (``pct_of_floor``: 100% runs at the GPU's ceiling, which no kernel reaches), median (best, points)."""
     t = _floored(run)
     if t.empty:
         return pd.DataFrame()
@@ -249,8 +272,7 @@ def roofline_said(run: Run) -> list[str]:
     peaks = run.meta["peaks"]
     bound = derived.memory_bound(t, peaks).groupby(t["mode"]).agg(["sum", "size"])
     steps = ", ".join(f"{m} {int(bound.loc[m, 'sum'])} of {int(bound.loc[m, 'size'])}" for m in MODES if m in bound.index)
-    return [f"Floors at the node's {peaks['copy_tbps']:.2f} TB/s and {peaks['bf16_matmul_tflops']:.0f} TFLOP/s; "
-            f"memory-bound points per step: {steps} ({run.name})."]
+    return [f"Floors at {ceiling_said(peaks)}; memory-bound points per step: {steps} ({run.name})."]
 
 
 def roofline_across(runs: list[Run]) -> list[str]:
@@ -279,9 +301,12 @@ SECTIONS = [
     Section("roofline", "The machine's limit: each path against its roofline floor",
             "A point's floor is the larger of two times: the bytes a kernel reading whole pages of its table moves "
             "(`min_bytes`: Q and the window's K/V read once from the start of its first page, O written once) at "
-            "the node's measured copy bandwidth, and its useful flops at the measured bf16 matmul rate. A cell is "
-            "the path's floor / its time on the step (`pct_of_floor`; 100% runs at the measured copy bandwidth or "
-            "matmul rate, which a kernel that almost only reads can pass slightly): median (best, points). "
+            "the GPU's DRAM ceiling, and its useful flops at its bf16 tensor-core ceiling: the datasheet's (DRAM "
+            "from NVML's maximum memory clock and bus width; bf16 from the SMs, their maximum clock and the tensor "
+            "cores' flops per clock), or the measured copy or matmul where a run has no datasheet number, as each "
+            "run says. A cell is the path's floor / its time on the step (`pct_of_floor`; 100% runs at the "
+            "ceiling, which no kernel reaches; the line above each table gives the node's measured copy, read and "
+            "matmul rates, what a kernel can attain): median (best, points). "
             "Memory-bound: the bytes' time is the larger. The findings page shows the runs its answers draw on.",
             roofline, roofline_said, timed=True, across=roofline_across),
     Section("bytes", "Bytes each path reads",

@@ -7,6 +7,7 @@ import pandas as pd
 
 from swabench.impls import registry
 from swabench.publish.sections.base import FINDINGS, LONG_US, NOISE, REPORT, SUMMARY, Run, Section
+from swabench.publish.sections.machine import attainable, ceiling_parts
 from swabench.store import run_folder
 
 # the smallest workspace a runner gets, as its library declares it (None: no library takes one)
@@ -36,8 +37,9 @@ def timing_said(run: Run) -> list[str]:
              f"{NOISE:.0%}. Method: {run.meta.get('method', {}).get('kernel_time', '')}"]
     peaks = run.meta.get("peaks")
     if peaks:
-        lines.append(f"Node peaks: bf16 matmul {peaks['bf16_matmul_tflops']:.0f} TFLOP/s, "
-                     f"copy {peaks['copy_tbps']:.2f} TB/s ({peaks['method']}).")
+        used = peaks.get("ceiling") or " and ".join(ceiling_parts(peaks))
+        lines.append(f"Floors divide by the GPU's ceiling: {used}. "
+                     f"Attainable, measured on the node: {attainable(peaks)} ({peaks['method']}).")
     return lines
 
 
