@@ -59,7 +59,8 @@ META_KEYS = {
     "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
     "price": "a price run's model: its layers, windowed layers, model steps, each case's layer kind, KV bytes per step",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
-    "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
+    "state": "running, complete, skipped (finished, but every point skipped), interrupted, crashed, or incomplete "
+             "(a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",
     "peaks": "the node's measured bf16 matmul rate and copy bandwidth",
     "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
