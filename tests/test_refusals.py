@@ -387,6 +387,16 @@ def test_a_run_where_nothing_can_run_is_refused_before_a_folder_is_made(tmp_path
     assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA" in r.output and not Path("rp").exists()
 
 
+def test_the_gpus_launcher_refuses_a_scenario_of_no_points_and_keeps_nothing(tmp_path, monkeypatch, write_scenario):
+    from swabench.run import launch
+
+    monkeypatch.setattr(launch, "visible_gpus", lambda: ["0", "1"])
+    rules = write_scenario(TINY_DECODE + '[[skip]]\nwhen = "impl != \'\'"\nreason = "none left"\n', "zero.toml")
+    r = invoke("run", rules, "--gpus", "all", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "the scenario expands to 0 points" in r.output, r.output
+    assert not (tmp_path / "run").exists() and not launch.work_dir(tmp_path / "run").exists()
+
+
 TINY_DECODE = ('name = "d"\nimplementations = ["torch-trim", "torch-mask"]\n[[sweep]]\nmode = "decode"\n'
                'prefix_len = 40\nwindow_left = 7\n')
 
@@ -494,3 +504,15 @@ def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):
     fences = [line for line in quoted if line.startswith("```")]
     assert fences == ["`" * 7, "``````", "`" * 7], fences  # the log's own line of six stays inside
     assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): ``REPRODUCED: request 0: rows `0-3` wrong" in body
+
+
+def test_repro_writes_a_script_that_parses_from_a_log_with_backslashes_and_triple_quotes(tmp_path):
+    import ast
+
+    log = tmp_path / "quotes.log"
+    verdict = 'REPRODUCED: request 0: rows 0-3 wrong in C:\\N\\x """ done'
+    log.write_text(REPRODUCER_LOG.replace("REPRODUCED: request 0: rows 0-3 wrong (rel-L2 0.5)", verdict))
+    out = tmp_path / "bug.py"
+    r = invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log)
+    assert r.exit_code == 0, r.output
+    assert verdict in ast.get_docstring(ast.parse(out.read_text())).replace("\n    ", " ")
