@@ -297,19 +297,24 @@ def test_the_command_line_starts_without_torch_pandas_or_pyplot():
     assert done.returncode == 0, f"imported at start: {done.stderr}"
 
 
-def test_a_case_whose_every_point_skips_builds_no_workload(tiny, tmp_path, monkeypatch):
-    """On the CPU a FlashInfer path skips whatever the data: its case's workload is never built, and its
-    rows hold the same counts as those of a case that was built."""
+def test_a_case_whose_every_point_skips_builds_no_workload(tiny, write_scenario, tmp_path, monkeypatch):
+    """On the CPU a FlashInfer path skips whatever the data: a case where only it runs never has its workload
+    built, and its rows hold the same counts as those of a case that was built."""
     from swabench.core import workloads
     built, real = [], workloads.build
     monkeypatch.setattr(workloads, "build", lambda case, device: built.append(case) or real(case, device))
-    r = invoke("check", tiny, "--out", tmp_path / "c", "--device", "cpu", "--impl", "paged-window")
+    apart = write_scenario(TINY + "[[skip]]\nwhen = \"impl == 'torch-trim' and storage == 'paged'\"\n", "apart.toml")
+    r = invoke("check", apart, "--out", tmp_path / "c", "--device", "cpu", "--impl", "paged-window",
+               "--impl", "torch-trim")
     assert r.exit_code == 0, r.output
-    skipped = pd.read_csv(tmp_path / "c" / run_folder.TABLE)
-    assert built == [] and len(skipped) == 4 and skipped["reason"].str.contains("needs CUDA").all()
+    table = pd.read_csv(tmp_path / "c" / run_folder.TABLE)
+    skipped = table[table["impl"] == "paged-window"].reset_index(drop=True)
+    assert {c.storage for c in built} == {"ragged"} and len(skipped) == 4
+    assert skipped["reason"].str.contains("needs CUDA").all()
+    built.clear()
     r = invoke("check", tiny, "--out", tmp_path / "both", "--device", "cpu", "--impl", "paged-window",
                "--impl", "torch-trim")
-    assert r.exit_code == 0 and len(built) == 8  # a point that runs needs the data: every case built
+    assert r.exit_code == 0 and {c.storage for c in built} == {"paged", "ragged"}  # a point that runs: built
     both = pd.read_csv(tmp_path / "both" / run_folder.TABLE)
     counts = ["case_id", "status", "reason", "total_qo", "total_kv", "pairs", "flops", "min_bytes", "min_read_bytes",
               "must_fail"]

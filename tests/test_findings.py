@@ -249,9 +249,13 @@ def test_several_gpus_against_the_same_scenario_on_one(tmp_path):
 
 
 def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monkeypatch):
+    from swabench.core import workloads
+
     tiny = write_scenario(TINY)
-    skipped = tmp_path / "skipped"  # FlashInfer on a CPU: every point a skip
-    assert invoke("run", tiny, "--out", skipped, "--device", "cpu", "--impl", "paged-window").exit_code == 0
+    skipped = tmp_path / "skipped"  # every case too big: every point a skip, the run finished as skipped
+    with monkeypatch.context() as starved:
+        starved.setattr(workloads, "free_bytes", lambda device: 1 << 10)
+        assert invoke("run", tiny, "--out", skipped, "--device", "cpu").exit_code == 2
     real, calls = sweep.measure_point, []
 
     def stop_at(n):
@@ -277,7 +281,7 @@ def test_runs_that_did_not_finish_or_ran_nothing(tmp_path, write_scenario, monke
     assert "## Headline" not in text and "## Against the reference path" not in text
     lines = section(text, "Correctness")
     counts = {c[0]: c for c in map(cells, table_under(lines, next(x for x in lines if x.startswith("Points per"))))}
-    assert counts[f"`{skipped}`"][1] == "complete" and counts[f"`{tmp_path / 'cut'}`"][1] == "interrupted"
+    assert counts[f"`{skipped}`"][1] == "skipped" and counts[f"`{tmp_path / 'cut'}`"][1] == "interrupted"
     assert f"`{tmp_path / 'empty'}`" not in counts  # no rows: nothing to count
 
 

@@ -73,10 +73,11 @@ def good_run(tmp_path_factory):
 
 
 @pytest.fixture
-def runs_in_every_state(tmp_path):
+def runs_in_every_state(tmp_path, monkeypatch):
     folders = {}
-    skipped = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["paged-window"]'), "skip.toml")
-    assert invoke("run", skipped, "--device", "cpu", "--out", tmp_path / "all-skip").exit_code == 0
+    with monkeypatch.context() as starved:  # every case too big: each point a skip, the folder kept as skipped
+        starved.setattr(workloads, "free_bytes", lambda device: 1 << 10)
+        assert invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "all-skip").exit_code == 2
     folders["all-skip"] = tmp_path / "all-skip"
     xfail = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["planted-wide"]'), "xfail.toml")
     assert invoke("run", xfail, "--device", "cpu", "--out", tmp_path / "all-xfail").exit_code == 0
@@ -138,7 +139,7 @@ def test_impossible_sizes_exit_2_before_anything_is_written(tmp_path, edit, word
 def test_a_case_too_big_for_this_device_is_a_skip_with_its_estimate(tmp_path, monkeypatch):
     monkeypatch.setattr(workloads, "free_bytes", lambda device: 1 << 10)  # 1 KiB free
     r = invoke("run", scenario(tmp_path), "--device", "cpu", "--out", tmp_path / "run")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 2 and "nothing ran" in r.output, r.output
     table = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
     assert (table["status"] == "skip").all() and table["reason"].str.contains("needs about").all()
     assert table["reason"].str.contains("free").all()
@@ -261,7 +262,7 @@ def test_a_resource_error_is_a_skip(tmp_path, monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, "torch-starved", starved)
     path = scenario(tmp_path, TINY.replace('["torch-trim", "torch-mask"]', '["torch-starved"]'))
     r = invoke("run", path, "--device", "cpu", "--out", tmp_path / "run")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 2 and "every one of 2 points skips here: resource: Buffer overflow" in r.output, r.output
     table = pd.read_csv(tmp_path / "run" / run_folder.TABLE)
     assert (table["status"] == "skip").all()
     assert table["reason"].str.startswith("resource: Buffer overflow").all()

@@ -321,7 +321,8 @@ def test_an_interrupted_price_writes_no_price_table(tmp_path, monkeypatch):
 
 def test_a_sweep_that_skips_every_point_says_why(tmp_path):
     r = invoke("check", "chunked", "--impl", "chunk-trim", "--out", tmp_path / "c")
-    assert r.exit_code == 0 and "every point skipped (54): flashinfer needs CUDA" in r.output, r.output
+    assert r.exit_code == 2 and "every one of 54 points skips here: flashinfer needs CUDA" in r.output, r.output
+    assert not (tmp_path / "c").exists()
 
 
 # ---------------------------------------------------------------- 12, 13, 14: messages, progress, scenario lists
@@ -496,3 +497,153 @@ def test_resume_refuses_a_run_folder_file_that_is_a_link_before_any_point(tmp_pa
 def test_repro_refuses_an_issue_body_on_its_own_script(tmp_path):
     r = invoke("repro", "--bug", "paged-plan-no-window", "--out", tmp_path / "same.md", "--issue")
     assert r.exit_code == 2 and "the script's own path" in r.output and not (tmp_path / "same.md").exists()
+
+
+# ---- 12, 13: a run's end said truly (nothing can run, every ending signal), the issue body a reproducer writes
+
+def test_a_run_where_nothing_can_run_is_refused_before_a_folder_is_made(tmp_path, monkeypatch, write_scenario):
+    from swabench.inputs import scenarios
+
+    monkeypatch.chdir(tmp_path)  # the default run folder would go to ./results
+    shelf = len(scenarios.load(scenarios.find("shelf")).points)
+    r = invoke("run", "shelf", "--device", "cpu")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert f"every one of {shelf} points skips here: flashinfer needs CUDA (device is cpu) ({shelf}); run on a GPU " \
+           f"node" in r.output and not (tmp_path / "results").exists()
+    rules = write_scenario(TINY_DECODE + '[[skip]]\nwhen = "mode == \'decode\'"\nreason = "none left"\n', "zero.toml")
+    r = invoke("run", rules, "--device", "cpu")
+    assert r.exit_code == 2 and "the scenario expands to 0 points (its [[skip]] rules removed all 2)" in r.output
+    assert not (tmp_path / "results").exists()
+    r = invoke("replay", trace(tmp_path / "t.jsonl"), "--impl", "paged-window", "--device", "cpu", "--out", "rp")
+    assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA" in r.output and not Path("rp").exists()
+
+
+def test_the_gpus_launcher_refuses_a_scenario_of_no_points_and_keeps_nothing(tmp_path, monkeypatch, write_scenario):
+    from swabench.run import launch
+
+    monkeypatch.setattr(launch, "visible_gpus", lambda: ["0", "1"])
+    rules = write_scenario(TINY_DECODE + '[[skip]]\nwhen = "impl != \'\'"\nreason = "none left"\n', "zero.toml")
+    r = invoke("run", rules, "--gpus", "all", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "the scenario expands to 0 points" in r.output, r.output
+    assert not (tmp_path / "run").exists() and not launch.work_dir(tmp_path / "run").exists()
+
+
+TINY_DECODE = ('name = "d"\nimplementations = ["torch-trim", "torch-mask"]\n[[sweep]]\nmode = "decode"\n'
+               'prefix_len = 40\nwindow_left = 7\n')
+
+
+def test_a_run_whose_every_point_skips_on_its_way_keeps_its_folder_as_skipped(tmp_path, monkeypatch, write_scenario):
+    from swabench.core import workloads
+
+    monkeypatch.setattr(workloads, "free_bytes", lambda device: 1 << 10)  # every case too big: known only then
+    out = tmp_path / "run"
+    r = invoke("run", write_scenario(TINY_DECODE), "--device", "cpu", "--out", out)
+    assert r.exit_code == 2 and "every one of 2 points skips here: resource: the case needs about" in r.output
+    assert f"nothing ran: the rows are kept in {out}, its state skipped" in r.output, r.output
+    meta = json.loads((out / "meta.json").read_text())
+    table = pd.read_csv(out / "results.csv")
+    assert meta["state"] == "skipped" and len(table) == 2 and (table["status"] == "skip").all()
+    again = invoke("run", write_scenario(TINY_DECODE), "--device", "cpu", "--out", out, "--resume")
+    assert again.exit_code == 2 and json.loads((out / "meta.json").read_text())["state"] == "skipped"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT", "SIGUSR1"])
+def test_every_signal_that_ends_a_run_records_it_as_interrupted(tmp_path, name):
+    """A closed terminal's SIGHUP, SIGQUIT, SIGUSR1 end a run as Ctrl-C does, sent twice (the second while the
+    folder is written down): rows kept, the state interrupted, exit 130, resumable."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import TINY
+
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(TINY)
+    out, rows = tmp_path / "run", tmp_path / "run" / "rows.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu", "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (rows.exists() and rows.stat().st_size):
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, name))
+    proc.send_signal(getattr(signal, name))
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130 and f"interrupted by {name}: the finished rows are kept in {out}" in output, output
+    kept = pd.read_csv(out / "results.csv")
+    assert json.loads((out / "meta.json").read_text())["state"] == "interrupted" and len(kept) >= 1
+    assert len(kept) == len(rows.read_text().splitlines())
+
+
+def test_a_signal_while_the_folder_is_made_is_recorded_once_it_is(tmp_path, monkeypatch, write_scenario):
+    import signal
+    import threading
+
+    from swabench.store import run_folder
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set on the main thread only")
+    made = run_folder.RunStore.create
+
+    def create_and_signal(folder, meta, text):
+        store = made(folder, meta, text)
+        os.kill(os.getpid(), signal.SIGUSR1)  # before the run holds its store: noted, raised once it does
+        return store
+
+    monkeypatch.setattr(run_folder.RunStore, "create", create_and_signal)
+    r = invoke("run", write_scenario(TINY_DECODE), "--device", "cpu", "--out", tmp_path / "run")
+    assert r.exit_code == 130 and "interrupted by SIGUSR1" in r.output, r.output
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["state"] == "interrupted" and meta["rows"] == 0
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # given back after the run
+
+
+REPRODUCER_LOG = ("REPRODUCED: request 0: rows 0-3 wrong (rel-L2 0.5)\nworst: request 0 row 1\n"
+                  "CONTROL, the same call trimmed: right\npython 3.12.3, torch 2.11.0 (CUDA 13.0)\n"
+                  "NVIDIA H200: compute capability 9.0, 132 SMs, driver 580.159.04\nflashinfer-python 0.7.4\n")
+
+
+def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
+    from swabench.repro import issue
+
+    noise = [f"building module {i} " + "x" * 60 for i in range(300_000)]
+    lines = REPRODUCER_LOG.splitlines()
+    log = tmp_path / "long.log"
+    log.write_text("\n".join(noise[:1000] + lines[:3] + noise[1000:] + ["y" * 5000] + lines[3:]) + "\n")
+    out = tmp_path / "bug.py"
+    r = invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log, "--issue")
+    assert r.exit_code == 0, r.output
+    body = out.with_suffix(".md").read_text()
+    script = out.read_text()
+    quoted = body[body.index("<summary>output</summary>"):]
+    assert len(body) - len(script) < 10_000 and "building module" not in body, len(body)
+    assert f"{len(lines)} of its {len(noise) + len(lines) + 1:,} lines: {len(noise) + 1:,} left out" in body
+    assert all(line in quoted for line in lines)
+    assert issue.excerpt(REPRODUCER_LOG) == (lines, 0)  # a script's own output is quoted whole
+
+
+def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):
+    log = tmp_path / "ticks.log"
+    log.write_text(REPRODUCER_LOG.replace("worst: request 0 row 1", "``````\nworst: `row` 1 ```"))
+    log.write_text(log.read_text().replace("rows 0-3 wrong", "rows `0-3` wrong"))
+    out = tmp_path / "bug.py"
+    assert invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log, "--issue").exit_code == 0
+    body = out.with_suffix(".md").read_text()
+    quoted = body[body.index("<summary>output</summary>"):body.rindex("</details>")].splitlines()
+    fences = [line for line in quoted if line.startswith("```")]
+    assert fences == ["`" * 7, "``````", "`" * 7], fences  # the log's own line of six stays inside
+    assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): ``REPRODUCED: request 0: rows `0-3` wrong" in body
+
+
+def test_repro_writes_a_script_that_parses_from_a_log_with_backslashes_and_triple_quotes(tmp_path):
+    import ast
+
+    log = tmp_path / "quotes.log"
+    verdict = 'REPRODUCED: request 0: rows 0-3 wrong in C:\\N\\x """ done'
+    log.write_text(REPRODUCER_LOG.replace("REPRODUCED: request 0: rows 0-3 wrong (rel-L2 0.5)", verdict))
+    out = tmp_path / "bug.py"
+    r = invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log)
+    assert r.exit_code == 0, r.output
+    assert verdict in ast.get_docstring(ast.parse(out.read_text())).replace("\n    ", " ")

@@ -361,15 +361,12 @@ def test_a_trace_through_a_pipe_is_read_once_and_hashed(tmp_path):
     assert meta["trace"]["sha256"] == hashlib.sha256(data).hexdigest() and meta["trace"]["steps"] == 3
 
 
-def test_a_replay_where_every_point_skips_prints_no_table(tmp_path):
-    """sink-window needs CUDA: on the CPU every point is a skip, and there is nothing to weigh."""
+def test_a_replay_where_every_point_skips_is_refused_with_no_table(tmp_path):
+    """sink-window needs CUDA: on the CPU every point is a skip, so there is nothing to run or weigh."""
     trace = write(tmp_path, [{"mode": "decode", "model": "gpt-oss-20b", "requests": [[40, 1]]}])
     r = invoke("replay", trace, "--impl", "sink-window", "--device", "cpu", "--out", tmp_path / "run")
-    assert r.exit_code == 0, r.output
-    assert "no step was timed: nothing to weigh" in r.output
-    assert "||" not in r.output and not any(line.startswith("|") for line in r.output.splitlines())
-    table, _ = derived.load(tmp_path / "run")
-    assert set(table["status"]) == {"skip"}
+    assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA (device is cpu)" in r.output, r.output
+    assert not any(line.startswith("|") for line in r.output.splitlines()) and not (tmp_path / "run").exists()
 
 
 def test_a_line_with_both_spellings_of_the_window_is_refused(tmp_path):

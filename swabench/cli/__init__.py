@@ -2,9 +2,9 @@
 
 One module per command group (``sweep``, ``spread``, ``read``, ``tools``, ``repro``, ``fib``); ``options`` holds what they
 share.  Exit status: 0 done, 1 a correct implementation failed the gate (or a regression in
-``compare``), 2 bad input (nothing written), 130 interrupted.  Modules that import torch, pandas or
-matplotlib are imported inside the commands that use them, so ``--help`` answers at once and
-``run --gpus`` starts its workers before it imports torch."""
+``compare``), 2 bad input (nothing written) or nothing could run (every point skips), 130 interrupted.  Modules
+that import torch, pandas or matplotlib are imported inside the commands that use them, so ``--help`` answers at
+once and ``run --gpus`` starts its workers before it imports torch."""
 
 from __future__ import annotations
 

@@ -169,12 +169,6 @@ def load(name, impls=(), cases=(), device_type="cpu", model=None) -> scenarios.S
 
 def report_outcome(outcome, strict: bool, resume_with: str) -> None:
     summary(outcome.table, outcome.folder)
-    table = outcome.table
-    if len(table) and (table["status"] == "skip").all():  # nothing ran: say why where the summary's counts do not
-        reasons = table["reason"].fillna("").value_counts()
-        click.secho(f"every point skipped ({len(table)}): " + "; ".join(
-            f"{why} ({n})" for why, n in reasons.head(2).items()) + ("; ..." if len(reasons) > 2 else ""),
-            fg="yellow", err=True)
     for text, colour in outcome.messages(strict, resume_with):
         click.secho(text, fg=colour, err=True)
     sys.exit(outcome.exit_status(strict))

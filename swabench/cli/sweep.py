@@ -25,6 +25,7 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
     if counted and device.type != "cuda":
         raise InputError("--count: the counted calls are for Nsight Compute on a GPU (swabench profile --tool ncu)")
     s = load(model_scenario(scenario, model, device.type), impls, cases, device.type, model)
+    lifecycle.check_runnable(s, device)  # the whole sweep's, before a shard of it is cut
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
@@ -67,8 +68,12 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
     out = Path(out) if out else lifecycle.default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
 
     def validate():
+        import torch
+
         shards.point_costs(costs_from)
-        return load(path, impls, cases, "cuda", model)
+        s = load(path, impls, cases, "cuda", model)
+        lifecycle.check_runnable(s, torch.device("cuda"))
+        return s
 
     args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else [])]
     outcome = lifecycle.execute_on_gpus(lifecycle.GpuLaunch(path, out, chosen, visible, args, validate), Bar())

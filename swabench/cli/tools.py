@@ -37,6 +37,7 @@ def profile(scenario, out, impls, cases, tool, against, unit, l2):
         raise InputError(f"--ncu-unit {unit}: ncu only (--tool ncu)")
     device = device_of("cuda", "profile")
     s = load(scenario, impls, cases, device.type)
+    lifecycle.check_runnable(s, device)
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, "profile")
     if tool == "ncu":
         try:

@@ -155,7 +155,8 @@ def observed_lines(observed) -> list[str]:
     for (gpu, verdict), releases in said.items():
         named = " and ".join(filter(None, releases))
         lines.append(f"Observed on {', '.join(filter(None, (f'flashinfer {named}' if named else '', gpu)))}: {verdict}")
-    return lines
+    # a log's text inside the script's docstring: its backslashes and triple quotes escaped, so it reads as printed
+    return [line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') for line in lines]
 
 
 def shown_where(text: str) -> str:

@@ -176,7 +176,8 @@ class Workers:
 
     def wait(self, on_progress: Callable[[int], None] | None = None, poll_s: float = 0.25) -> list[Path]:
         """Block until every worker has ended; ``on_progress(rows)`` hears the rows journaled so far.
-        Ctrl-C (or the scheduler's SIGTERM, raised as KeyboardInterrupt) stops the workers the same way."""
+        Ctrl-C (or any signal that would end the launcher, raised as KeyboardInterrupt) stops the workers the same
+        way."""
         try:
             while self._reap():
                 if on_progress:

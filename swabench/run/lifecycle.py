@@ -8,22 +8,22 @@ inside the functions, so the ``--gpus`` launcher starts its workers before it im
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import shlex
 import shutil
-import signal
 import sys
-import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from swabench import STARTED
 from swabench.analysis import derived
+from swabench.errors import UserError
 from swabench.run import launch
+from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
 from swabench.store import run_folder, schema
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
@@ -78,11 +78,12 @@ class Request:
 @dataclass
 class Outcome:
     folder: Path
-    state: str  # complete | interrupted | incomplete (a merge that misses shards)
+    state: str  # complete | skipped (every point skipped) | interrupted | incomplete (a merge that misses shards)
     table: pd.DataFrame
     wall_s: float  # the sweep's, summed over every start of the folder
     total_s: float  # this process's, from importing swabench
     session_s: float | None = None  # this start's sweep, where earlier starts swept too (a resume)
+    signal: str | None = None  # the signal that interrupted it, where one did
 
     def count(self, status: str) -> int:
         return int((self.table["status"] == status).sum()) if len(self.table) else 0
@@ -96,8 +97,12 @@ class Outcome:
                     f"started), {self.wall_s:.1f} s over every session of this run folder")
         lines = [(said, None)]
         if self.state == "interrupted":
-            return lines + [(f"interrupted: the finished rows are kept in {self.folder}; continue with "
+            by = f" by {self.signal}" if self.signal else ""
+            return lines + [(f"interrupted{by}: the finished rows are kept in {self.folder}; continue with "
                              f"`{resume_with}`", "yellow")]
+        if self.state == "skipped":
+            return lines + [(f"{skipping(list(self.table['reason'].fillna('')))}; nothing ran: the rows are kept in "
+                             f"{self.folder}, its state skipped", "red")]
         if xpass:
             lines.append((f"{xpass} points of known-bug implementations passed where their mistake should show "
                           f"(xpass): each row's reason says whether the library changed or the gate is blind there",
@@ -107,9 +112,49 @@ class Outcome:
         return lines
 
     def exit_status(self, strict: bool = False) -> int:
-        """130 interrupted; 1 when a correct implementation failed the gate (or, strict, a known bug
-        was not caught); else 0."""
-        return 130 if self.state == "interrupted" else gate_status(self.table, strict)
+        """130 interrupted; 2 when nothing ran (every point skipped); 1 when a correct implementation failed the
+        gate (or, strict, a known bug was not caught); else 0."""
+        return {"interrupted": 130, "skipped": 2}.get(self.state) or gate_status(self.table, strict)
+
+
+class NothingToRun(UserError):
+    pass
+
+
+def all_skipped(table: pd.DataFrame) -> bool:
+    """Whether the run has rows and every one is a skip: it finished, but nothing ran."""
+    return bool(len(table)) and bool((table["status"] == "skip").all())
+
+
+def skipping(reasons: list[str]) -> str:
+    """'every one of 370 points skips here: flashinfer needs CUDA (device is cpu) (330); ... (8); 5 other reasons':
+    the two commonest reasons with their counts."""
+    counts = Counter(reasons)
+    said = "; ".join(f"{why or 'no reason given'} ({n})" for why, n in counts.most_common(2))
+    more = len(counts) - 2
+    return f"every one of {len(reasons)} points skips here: {said}" + (f"; {more} other reasons" if more > 1 else
+                                                                     "; 1 other reason" if more == 1 else "")
+
+
+def check_runnable(scenario: scenarios.Scenario, device: torch.device) -> None:
+    """NothingToRun, before a run folder is made, when the scenario expands to no point, or when every point
+    skips on ``device`` for a reason known before any workload is built (the device, the library)."""
+    from swabench.impls import registry
+    from swabench.run import sweep
+
+    where = scenario.path
+    if not scenario.points:
+        why = (f"its [[skip]] rules removed all {len(scenario.skipped)}" if scenario.skipped else
+               f"no implementation it lists makes a point of its cases: `swabench show {where}` says why")
+        raise NothingToRun(f"{where}: the scenario expands to 0 points ({why}); nothing to run")
+    options = sweep.SweepOptions(device=device)
+    reasons = [sweep.skip_reason(p, options) for p in scenario.points]
+    if not all(reasons):
+        return
+    on_cpu = device.type == "cpu" and any(registry.get(p.impl).needs_cuda for p in scenario.points)
+    advice = ("run on a GPU node, or pick a scenario or --impl with embedded paths (`swabench list`)" if on_cpu else
+              "install what they need, or pick other implementations with --impl (`swabench list`)")
+    raise NothingToRun(f"{where}: {skipping(reasons)}; {advice}")
 
 
 def gate_status(table: pd.DataFrame, strict: bool = False) -> int:
@@ -131,23 +176,6 @@ def default_out(scenario_name: str, device_type: str, what: str, root: Path = RE
     name = f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
     assert (root / name).resolve().parent == root.resolve(), name
     return run_folder.new_folder(root, name)
-
-
-@contextlib.contextmanager
-def interrupt_on_sigterm():
-    """A scheduler's SIGTERM (Slurm, timeout) ends what runs inside like Ctrl-C: rows kept, resumable."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def open_store(request: Request) -> RunStore:
@@ -209,22 +237,25 @@ def sweep_options(request: Request, unbuildable: dict | None = None):
 
 def execute(request: Request, progress: Progress = Silent()) -> Outcome:
     """Sweep every point of the request not yet in its folder.  The folder is finalized whatever
-    happens from the moment it is open: interrupted (Ctrl-C, SIGTERM) from the GPU preparation on,
-    or crashed (recorded as such, and re-raised)."""
+    happens from the moment it is open: interrupted (Ctrl-C, or any signal that would end the process),
+    or crashed (recorded as such, and re-raised); a run in which every point skipped is ``skipped``."""
     from swabench.run import sweep
 
-    store = open_store(request)
-    s, state, started = request.scenario, "complete", time.perf_counter()
-    earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
+    with interrupt_on_signals() as signals:
+        signals.hold()  # a signal while the folder is made is raised once the folder can record it
+        store = open_store(request)
+        s, state, by, started = request.scenario, "complete", None, time.perf_counter()
+        earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
 
-    def finalize(state: str):
-        session = time.perf_counter() - started
-        return session, store.finalize(derived.add_derived, state=state, wall_s=round(earlier_s + session, 1),
-                                       total_s=since_start())
+        def finalize(state: str):
+            signals.hold()
+            session = time.perf_counter() - started
+            return session, store.finalize(derived.add_derived, state=state, wall_s=round(earlier_s + session, 1),
+                                           total_s=since_start())
 
-    try:
         try:
-            with interrupt_on_sigterm():
+            try:
+                signals.release()
                 if store.lock.took_over:
                     progress.note(f"took over the lock of a process that is gone ({store.lock.took_over})", warn=True)
                 if request.device.type == "cpu":
@@ -247,16 +278,18 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                         progress.advance(1, row)
                 finally:
                     progress.finish()
-        except KeyboardInterrupt:
-            state = "interrupted"
-        except BaseException:
-            finalize("crashed")
-            raise
-        session, table = finalize(state)
-        return Outcome(Path(request.out), state, table, earlier_s + session, since_start(),
-                       session if request.resume else None)
-    finally:
-        store.close()
+            except KeyboardInterrupt as e:
+                state, by = "interrupted", getattr(e, "signal", None)
+            except BaseException:
+                finalize("crashed")
+                raise
+            session, table = finalize(state)
+            if state == "complete" and request.sharding is None and all_skipped(table):
+                state = store.update_meta(state="skipped")["state"]
+            return Outcome(Path(request.out), state, table, earlier_s + session, since_start(),
+                           session if request.resume else None, by)
+        finally:
+            store.close()
 
 
 def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> dict:
@@ -318,10 +351,11 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
         seen = rows
 
     try:
-        with interrupt_on_sigterm():
+        with interrupt_on_signals():
             folders = workers.wait(on_progress=on_progress)
-    except KeyboardInterrupt:
-        return Outcome(workers.work, "interrupted", _empty_table(), 0.0, since_start())
+    except KeyboardInterrupt as e:
+        return Outcome(workers.work, "interrupted", _empty_table(), 0.0, since_start(),
+                       signal=getattr(e, "signal", None))
     finally:
         progress.finish()
     merging = time.perf_counter()
@@ -330,7 +364,8 @@ def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) ->
                              launch_worker_end_s=workers.ended_s,  # workers' start to each one's exit
                              launch_merge_s=round(time.perf_counter() - merging, 1),
                              launch_wall_s=round(time.perf_counter() - workers.started, 1),
-                             total_s=since_start())  # the launcher's own start too
+                             total_s=since_start(),  # the launcher's own start too
+                             **({"state": "skipped"} if all_skipped(table) else {}))  # a merge of every shard
     return Outcome(r.out, meta["state"], table, meta["launch_wall_s"], meta["total_s"])
 
 

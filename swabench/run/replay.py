@@ -39,6 +39,7 @@ def steps_request(source, sha256: str, steps, implementations, backends, out: Pa
     meta = {"trace": {"file": str(source), "sha256": sha256, "steps": sum(steps.values()),
                       "distinct": len(weights), "weights": weights,
                       "modes": {c.case_id: c.mode for c in scenario.cases}}, **(meta or {})}
+    lifecycle.check_runnable(scenario, device)
     out = Path(out) if out else lifecycle.default_out(scenario.name, device.type, "run")
     return lifecycle.Request(scenario, out, device, True, resume, l2, meta=meta)
 

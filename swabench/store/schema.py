@@ -60,7 +60,8 @@ META_KEYS = {
     "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
     "price": "a price run's model: its layers, windowed layers, model steps, each case's layer kind, KV bytes per step",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
-    "state": "running, complete, interrupted, crashed, or incomplete (a merge missing shards)",
+    "state": "running, complete, skipped (finished, but every point skipped), interrupted, crashed, or incomplete "
+             "(a merge missing shards)",
     "rows": "rows in results.csv", "status_counts": "rows per status",
     "statuses_recomputed": "each time statuses were recomputed from the stored gate outcomes after a prediction "
                            "was corrected (scripts/restatus.py): commit, why, the changes, the method",

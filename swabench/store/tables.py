@@ -168,9 +168,10 @@ def read_meta(folder) -> dict:
 
 
 def completeness(meta: dict, table: pd.DataFrame) -> str | None:
-    """What a reader should say about a run that did not finish (None when it did)."""
+    """What a reader should say about a run that did not finish (None when it did: complete, or skipped, which
+    finished with every point a skip its rows show)."""
     state = meta.get("state", "complete")
-    if state == "complete":
+    if state in ("complete", "skipped"):
         return None
     planned = meta.get("points")
     return f"this run is {state}: {len(table)}" + (f" of {planned}" if planned else "") + " points recorded"
