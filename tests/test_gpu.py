@@ -64,6 +64,25 @@ def test_known_bugs_are_caught_where_they_must_fail(impl, window_left, prefix, q
         assert result.passed, result.reason
 
 
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("qo,heads", [(1, (8, 2)), (8, (8, 2)), (16, (8, 2)), (256, (8, 2)), (4, (128, 1)),
+                                      (8, (64, 1))])
+def test_a_window_given_only_at_run_is_wrong_on_exactly_the_rows_predicted(qo, heads, backend):
+    """paged-plan-no-window: fa2 starts each query tile at its first query's window (one query a request, or a GQA
+    group filling a tile, is exact), fa3 ignores the window: the gate's wrong rows are the predicted ones."""
+    c = axes.make_case(dict(mode="verify" if qo > 1 else "decode", prefix_len=2000, window_left=127,
+                            num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim=128, dtype="bfloat16",
+                            batch_size=3, page_size=16, **({"qo_len": qo} if qo > 1 else {})))
+    w = workloads.build(c, "cuda")
+    impl = registry.get("paged-plan-no-window")
+    runner = impl.make(w, backend)
+    runner.plan()
+    predicted = torch.cat(impl.rows_wrong(c, w.qo_lens, w.kv_lens, backend))
+    result = gate.check(runner, w, predicted=predicted)
+    assert result.passed is not bool(predicted.any()), result.reason
+    assert result.rows_as_predicted, f"{result.wrong_rows} rows wrong, {int(predicted.sum())} predicted"
+
+
 @pytest.mark.parametrize("impl", CORRECT_FI + ["torch-trim"])
 def test_runner_replays_in_a_cuda_graph(impl):
     w = workload(impl, 127, 1000, 16, mode="draft_extend")

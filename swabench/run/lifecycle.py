@@ -299,7 +299,7 @@ def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progre
     from swabench.run import sweep
 
     if timed and "peaks" not in store.meta():
-        progress.note("measuring the node's bf16 matmul rate and copy bandwidth ...")
+        progress.note("measuring the node's bf16 matmul rate, copy and read bandwidth (its ceiling read from NVML) ...")
         store.update_meta(peaks=peaks.measure(device))
     warm = sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
     warmups = store.meta().get("jit_warmups", []) + [warm.describe()]  # one per start of this run folder
