@@ -623,3 +623,18 @@ def test_restatus_recomputes_only_the_rows_whose_prediction_moved(tmp_path):
     assert meta["statuses_recomputed"][-1]["why"] == "the fa2 tile rule"
     assert restatus.main([str(run), "--write", "--why", "again"]) == 0  # nothing left to move: nothing recorded
     assert len(json.loads((run / "meta.json").read_text())["statuses_recomputed"]) == 1
+
+
+def test_a_split_request_of_several_queries_merges_its_rows_out_of_step():
+    """fa2 planned without a window splits a 2008-key request into more KV chunks than W + tile keys need; the
+    kernel lays each row's partials out for the fewer chunks, the merge reads them for the planned ones: every row
+    of a request of several queries is wrong, a request of one query reads its chunks where they were written."""
+    from swabench.impls import fa2_split
+
+    args = dict(window_left=127, page_size=16, num_kv_heads=2, head_dim=128, num_sms=132)
+    assert fa2_split.run_window_mixed([8] * 3, [2008] * 3, group=4, **args) == [True] * 3
+    assert fa2_split.run_window_mixed([1] * 3, [2001] * 3, group=4, **args) == [False] * 3
+    assert fa2_split.run_window_mixed([8] * 3, [108] * 3, group=4, **args) == [False] * 3  # one chunk: nothing mixed
+    impl, c = registry.get("paged-plan-no-window"), run_window_case(4, (128, 1), prefix_len=2000)
+    qo, kv = workloads.request_lengths(c)
+    assert all(rows.all() for rows in impl.rows_wrong(c, qo, kv, "fa2"))  # a tile a query, yet every row wrong

@@ -13,6 +13,16 @@ pages for a paged cache and in tokens for a ragged one (``page_size = 1``).
 from __future__ import annotations
 
 MIN_KV_CHUNK_TOKENS = 128  # the scheduler's smallest KV chunk, in tokens
+H200_SMS = 132  # the SMs the schedule is sized by where no GPU is here to ask: the H200's, of the published runs
+
+
+def device_sms() -> int:
+    """The SM count the scheduler sizes its chunks by: this process's GPU's, else ``H200_SMS``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return H200_SMS
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def cdiv(a: int, b: int) -> int:
@@ -43,39 +53,59 @@ def run_window_first_keys(qo_len: int, kv_len: int, window_left: int, group: int
     return [max(0, kv_len + first - qo_len - window_left) for first in firsts]
 
 
-def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
-               head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[range]:
-    """Per request, the query rows fa2 gets wrong under ``plan(causal=False, window_left=W)`` (empty where it
-    gets every row right): the leading tiles whose chunks end before the request's last key.  Under CUDA
-    graphs (as swabench plans) the scheduler always splits, and sizes the tile by the longest request."""
-    if window_left < 0 or not qo_lens:
-        return [range(0) for _ in qo_lens]
+def kv_chunk(qo_lens, kv_lens, plan_window: int, page_size: int, group: int, num_kv_heads: int, head_dim: int,
+             num_sms: int, cuda_graph: bool = True) -> tuple[int, bool, list[int]]:
+    """(the KV chunk in pages, whether the kernel runs split, each request's chunk count) as the scheduler plans
+    them (``PrefillBinarySearchKVChunkSize``): the smallest chunk whose CTAs fit two a SM per KV head, over each
+    request's pages, or ``plan_window + tile`` keys of them where plan() has a window.  Under CUDA graphs (as
+    swabench plans) the kernel always runs split."""
     packed = [q * group for q in qo_lens]
     tile = query_tile(qo_lens, group, head_dim, cuda_graph)
     lengths = [cdiv(k, page_size) for k in kv_lens]  # the scheduler's unit: pages (tokens when ragged)
-    effective = [min(cdiv(window_left + tile, page_size), n) for n in lengths]
-    most = max(effective)
-    budget = 2 * num_sms // num_kv_heads
-    smallest = max(MIN_KV_CHUNK_TOKENS // page_size, 1)
-
-    def ctas(chunk: int) -> int:
-        return sum(cdiv(p, tile) * cdiv(max(e, 1), chunk) for p, e in zip(packed, effective))
-
-    lo, hi = smallest, most
-    chunk = most
-    while lo <= hi:  # the smallest chunk whose CTAs fit the budget, else the largest
+    effective = [min(cdiv(plan_window + tile, page_size), n) if plan_window >= 0 else n for n in lengths]
+    most, budget = max(max(effective), 1), 2 * num_sms // num_kv_heads
+    lo, hi = max(MIN_KV_CHUNK_TOKENS // page_size, 1), most
+    while lo < hi:
         mid = (lo + hi) // 2
-        if ctas(mid) <= budget:
-            chunk, hi = mid, mid - 1
-        else:
+        if sum(cdiv(p, tile) * cdiv(max(e, 1), mid) for p, e in zip(packed, effective)) > budget:
             lo = mid + 1
-    if not (cuda_graph or chunk < most):
+        else:
+            hi = mid
+    return lo, cuda_graph or lo < most, [cdiv(max(e, 1), lo) for e in effective]
+
+
+def run_window_mixed(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
+                     head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[bool]:
+    """Per request, whether a window handed only to run() mixes its rows: plan() (without a window) split the
+    request into P chunks, but the kernel lays each row's partial outputs out ``ceil(min(kv_len, W + tile) /
+    chunk)`` apart, fewer than P, so the merge reads rows' partials out of step (``num_kv_chunks`` in the fa2
+    batch prefill kernels).  A request of one query reads its chunks where they were written; one of more gets
+    every row wrong."""
+    if window_left < 0 or not qo_lens:
+        return [False for _ in qo_lens]
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
+    chunk, split, planned = kv_chunk(qo_lens, kv_lens, -1, page_size, group, num_kv_heads, head_dim, num_sms,
+                                     cuda_graph)
+    return [split and q > 1 and cdiv(min(max(k, 1), window_left + tile), chunk * page_size) < p
+            for q, k, p in zip(qo_lens, kv_lens, planned)]
+
+
+def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
+               head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[range]:
+    """Per request, the query rows fa2 gets wrong under ``plan(causal=False, window_left=W)`` (empty where it
+    gets every row right): the leading tiles whose chunks end before the request's last key."""
+    if window_left < 0 or not qo_lens:
+        return [range(0) for _ in qo_lens]
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
+    chunk, split, planned = kv_chunk(qo_lens, kv_lens, window_left, page_size, group, num_kv_heads, head_dim,
+                                     num_sms, cuda_graph)
+    if not split:
         return [range(0) for _ in qo_lens]
     out = []
-    for qo, kv, e, p in zip(qo_lens, kv_lens, effective, packed):
-        covered = cdiv(max(e, 1), chunk) * chunk * page_size
+    for qo, kv, chunks in zip(qo_lens, kv_lens, planned):
+        covered = chunks * chunk * page_size
         bad = 0
-        for t in range(cdiv(p, tile)):
+        for t in range(cdiv(qo * group, tile)):
             first = t * tile // group
             if max(0, kv + first - qo - window_left) + covered < kv:
                 bad = min(qo, cdiv((t + 1) * tile, group))

@@ -316,16 +316,26 @@ register_variant("paged-mask", "full KV, window and causality as a custom mask (
                  baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
                  Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True, block=True)
-def window_at_run(case, qo_lens, kv_lens, backend: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def window_at_run(case, qo_lens, kv_lens, backend: str, page_size: int | None = None) \
+        -> list[tuple[torch.Tensor, torch.Tensor]]:
     """What each query sees, as key intervals, where ``plan()`` built the kernel without a window and ``run()``
-    hands it W: on fa2 every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself, so
-    a tile's first query is exact and each later one sees a key more; fa3 takes no window at run: every key."""
-    tile = fa2_split.query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain")
+    hands it W.  On fa2 every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself,
+    so a tile's first query is exact and each later one sees a key more; but where plan() split a request of
+    several queries into more KV chunks than the window needs, the merge reads its rows' partials out of step
+    (``fa2_split.run_window_mixed``), and each of its rows sees none of its own keys (an empty interval).  fa3
+    takes no window at run: every key.  ``page_size``: the table's, where not the case's (1 for a ragged part)."""
+    graph = case.wrapper_mode != "plain"
+    tile = fa2_split.query_tile(qo_lens, case.gqa_group, case.head_dim, graph)
+    mixed = fa2_split.run_window_mixed(qo_lens, kv_lens, case.window_left, page_size or case.page_size or 1,
+                                       case.gqa_group,
+                                       case.num_kv_heads, case.head_dim, fa2_split.device_sms(), graph) \
+        if backend == "fa2" else [False] * len(qo_lens)
     seen = []
-    for q, k in zip(qo_lens, kv_lens):
+    for q, k, out_of_step in zip(qo_lens, kv_lens, mixed):
+        positions = semantics.query_positions(q, k)
         first = fa2_split.run_window_first_keys(q, k, case.window_left, case.gqa_group, tile) \
             if backend == "fa2" and case.window_left >= 0 else [0] * q
-        seen.append((torch.tensor(first), semantics.query_positions(q, k)))
+        seen.append((positions + 1 if out_of_step else torch.tensor(first), positions))
     return seen
 
 

@@ -175,12 +175,13 @@ def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
     """The recipe with its ragged part planned without a window and given W at run, as key intervals: a query whose
     window starts in the prefix sees it exactly (the prefix's mask, then every new token up to itself); one whose
     window starts among the new tokens sees them as a window handed only to run() shows them (``fi.window_at_run``
-    over the new tokens)."""
+    over the new tokens); where the ragged rows merge out of step, a query sees none of its own keys."""
     seen = []
-    for (new_lo, _), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend), qo_lens, kv_lens):
+    for (new_lo, new_hi), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend, page_size=1), qo_lens, kv_lens):
         positions = semantics.query_positions(q, k)
         exact = (positions - case.window_left).clamp_min(0)
-        seen.append((torch.where(exact < k - q, exact, k - q + new_lo), positions))
+        lo = torch.where(exact < k - q, exact, k - q + new_lo)
+        seen.append((positions + 1 if bool((new_lo > new_hi).any()) else lo, positions))
     return seen
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from swabench.core import gate, workloads
-from swabench.impls import registry, upstream
+from swabench.impls import fa2_split, registry, upstream
 from swabench.inputs import scenarios
 from swabench.repro import holistic, script
 from swabench.repro.script import Part
@@ -23,7 +23,6 @@ from swabench.repro.script import Part
 # ``release`` holds every FlashInfer path and known bug where it shows at serving-like windows; ``edges``
 # (windows of 0 keys, two-key requests) comes late, since a mistake there may hide inside one key tile.
 SEARCHED = ("release", "serving", "chunked", "noncausal", "tree", "evicted", "default", "edges", "shelf")
-H200_SMS = 132  # flashinfer#4972's rows hang on the SM count: the H200's where no GPU is here
 CLIFF_AMPLIFICATION = 32  # the cliff case reads at least this many times the keys its window needs
 CLIFF_THRESHOLD = 3.0
 
@@ -238,7 +237,7 @@ def _points(impl: str):
                              is None), key=lambda p: (_size(p.case), p.backend != "fa2"))]
 
 
-def parts(bug: Bug, num_sms: int = H200_SMS) -> tuple[list[Part], str]:
+def parts(bug: Bug, num_sms: int = fa2_split.H200_SMS) -> tuple[list[Part], str]:
     """The script's parts on the first shipped case where ``bug`` shows (SEARCHED's order, smallest first), and
     where that is in words."""
     impl = registry.get(bug.impl)
