@@ -93,7 +93,7 @@ def deep_run(tmp_path):
     return run
 
 
-@pytest.mark.parametrize("args", [("compare", "{run}", "{run}"), ("findings", "{run}"), ("summary", "{run}"),
+@pytest.mark.parametrize("args", [("compare", "{run}", str(FIXTURE_RUN)), ("findings", "{run}"), ("summary", "{run}"),
                                   ("report", "{run}", "--out", "{tmp}/report"), ("plot", "{run}", "--out", "{tmp}/p"),
                                   ("export-fib", "{run}", "--out", "{tmp}/fib"),
                                   ("repro", "{run}", "--case", "x", "--impl", "paged-window")])
@@ -136,7 +136,8 @@ def test_import_fib_refuses_a_folder_or_fifo_where_a_file_should_be(tmp_path, ki
     path.unlink()
     path.mkdir() if kind == "folder" else os.mkfifo(path)
     r = import_fib(root, DECODE, tmp_path)
-    assert r.exit_code == 2 and "is not a regular file" in r.output, r.output
+    said = {"folder": "a folder", "fifo": "a FIFO"}[kind]
+    assert r.exit_code == 2 and f"not a regular file but {said}" in r.output, r.output
 
 
 def _edit_record(root: Path, name: str, change) -> None:
