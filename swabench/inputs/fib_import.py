@@ -201,8 +201,7 @@ def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dic
     blob = root / given
     if Path(given).is_absolute() or root.resolve() not in blob.resolve().parents:
         raise FibError(f"{where}.path: {given[:200]} lies outside {root}: a folder's blobs are its own")
-    if not blob.is_file():
-        raise FibError(f"{where}.path: the blob {spec.get('path')} is missing")
+    reading.regular(blob, reading.TRACE, lambda reason: FibError(f"{where}.path: the blob {given[:200]}: {reason}"))
     if blob not in blobs:
         try:
             with safetensors.safe_open(blob, framework="pt") as f:
