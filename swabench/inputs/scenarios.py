@@ -35,10 +35,10 @@ from swabench.core import footprint, semantics, trees
 from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
 from swabench.errors import did_you_mean
 from swabench.impls import registry
-from swabench.store import reading
 from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, make_case,
                                  with_model)
 from swabench.inputs.rules import Rule, RuleError, compile_rule
+from swabench.store import reading
 
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
 from swabench.errors import UserError
 from swabench.store import reading
 

@@ -133,8 +133,8 @@ def row(record: dict) -> None:
     fields(record, ROW_FIELDS)
     median, repeats = record.get("median_us"), record.get("repeats")
     if (median is None or median != median) and _number(repeats) and repeats > 0:
-        raise ValueError(f"field median_us: {median!r} is not allowed (a number: the row was timed, {repeats:g} "
-                         f"repeats)")
+        raise ValueError(f"field median_us: {json.dumps(median)} is not allowed (a number: the row was timed, "
+                         f"{repeats:g} repeats)")
     samples([record])
 
 
