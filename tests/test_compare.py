@@ -292,7 +292,7 @@ def test_a_folder_that_is_not_a_run_is_refused(good, tmp_path):
     ("{not json", "not valid JSON"),
     ("", "not valid JSON"),
     ("[1, 2]", "JSON object"),
-    (b"\xff\xfe\x00garbage", "(not valid JSON|unreadable)"),
+    (b"\xff\xfe\x00garbage", "not UTF-8 text"),
 ])
 def test_garbage_meta_json_is_refused(good, tmp_path, text, match):
     bad = shutil.copytree(good, tmp_path / "bad")
@@ -363,7 +363,8 @@ def test_the_cli_exits_2_on_a_compare_error_and_1_on_a_regression(tmp_path):
     r = invoke("compare", base, new, "--threshold", "-1")
     assert r.exit_code == 2 and "--threshold must be >= 0" in r.output
     assert invoke("compare", base, new).exit_code == 1
-    assert invoke("compare", base, base).exit_code == 0
+    same = invoke("compare", base, tmp_path / "." / "base")
+    assert same.exit_code == 2 and "are the same run folder: give each run folder once" in same.output
 
 
 

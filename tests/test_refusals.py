@@ -7,6 +7,7 @@ with a wrong path or cut short, a sweep that skips everything, the messages, rep
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def deep_run(tmp_path):
     return run
 
 
-@pytest.mark.parametrize("args", [("compare", "{run}", "{run}"), ("findings", "{run}"), ("summary", "{run}"),
+@pytest.mark.parametrize("args", [("compare", "{run}", str(FIXTURE_RUN)), ("findings", "{run}"), ("summary", "{run}"),
                                   ("report", "{run}", "--out", "{tmp}/report"), ("plot", "{run}", "--out", "{tmp}/p"),
                                   ("export-fib", "{run}", "--out", "{tmp}/fib"),
                                   ("repro", "{run}", "--case", "x", "--impl", "paged-window")])
@@ -136,7 +137,8 @@ def test_import_fib_refuses_a_folder_or_fifo_where_a_file_should_be(tmp_path, ki
     path.unlink()
     path.mkdir() if kind == "folder" else os.mkfifo(path)
     r = import_fib(root, DECODE, tmp_path)
-    assert r.exit_code == 2 and "is not a regular file" in r.output, r.output
+    said = {"folder": "a folder", "fifo": "a FIFO"}[kind]
+    assert r.exit_code == 2 and f"not a regular file but {said}" in r.output, r.output
 
 
 def _edit_record(root: Path, name: str, change) -> None:
@@ -647,3 +649,236 @@ def test_repro_writes_a_script_that_parses_from_a_log_with_backslashes_and_tripl
     r = invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log)
     assert r.exit_code == 0, r.output
     assert verdict in ast.get_docstring(ast.parse(out.read_text())).replace("\n    ", " ")
+
+
+# ---- 5, 7, 9, 10, 13: what the suite reads (store/reading.py) and a run folder's kinds (schema, checks)
+
+BIG = "9" * 5000  # past Python's int-string limit of 4300 digits
+TOO_LONG = "an integer of 5000 digits; a number here has at most 4300"
+
+
+@pytest.fixture
+def no_hang():
+    """A command that blocks on a read fails the test after a minute instead of hanging the suite."""
+    import signal
+
+    def blocked(signum, frame):
+        raise TimeoutError("the command blocked on a read")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def cut_run(tmp_path_factory):
+    """A CPU run of TINY's 8 torch-trim points cut to its first 3 rows and finalized as interrupted, beside its
+    scenario file (tiny.toml)."""
+    from conftest import TINY
+
+    from swabench.analysis import derived
+    from swabench.store import run_folder
+
+    root = tmp_path_factory.mktemp("reads")
+    (root / "tiny.toml").write_text(TINY)
+    r = invoke("run", root / "tiny.toml", "--out", root / "run", "--impl", "torch-trim", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    lines = (root / "run" / "rows.jsonl").read_text().splitlines(keepends=True)
+    (root / "run" / "rows.jsonl").write_text("".join(lines[:3]))
+    run_folder.RunStore(root / "run").finalize(derived.add_derived, state="interrupted")
+    return root / "run"
+
+
+def copied(run: Path, tmp_path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def contents(folder: Path) -> dict:
+    """Each file of ``folder`` with its bytes (a FIFO by its kind): what a refused command leaves as it was."""
+    return {p.name: p.read_bytes() if p.is_file() else "not a file" for p in sorted(folder.iterdir())}
+
+
+def resume(run: Path, cut_run: Path):
+    return invoke("run", cut_run.parent / "tiny.toml", "--out", run, "--impl", "torch-trim", "--device", "cpu",
+                  "--resume")
+
+
+@pytest.mark.parametrize("args", [("show", "{f}"), ("run", "{f}", "--device", "cpu", "--out", "{tmp}/out"),
+                                  ("warmup", "--list", "{f}"), ("repro", "{f}", "--case", "x", "--impl", "torch-trim")])
+def test_a_fifo_where_a_scenario_is_read_is_refused(tmp_path, no_hang, args):
+    os.mkfifo(tmp_path / "s.toml")
+    r = invoke(*[a.format(f=tmp_path / "s.toml", tmp=tmp_path) for a in args])
+    assert r.exit_code == 2 and f"{tmp_path / 's.toml'}: file: not a regular file but a FIFO" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [("replay", "{f}", "--device", "cpu", "--out", "{tmp}/out"),
+                                  ("export-fib", "{f}", "--out", "{tmp}/out"),
+                                  ("price", "--model", "gemma-3-1b", "{f}", "--device", "cpu", "--out", "{tmp}/out"),
+                                  ("repro", "--bug", "planted-wide", "--observed", "{f}", "--out", "{tmp}/out")])
+def test_a_fifo_where_a_trace_or_a_log_is_read_is_refused(tmp_path, no_hang, args):
+    os.mkfifo(tmp_path / "t.jsonl")
+    r = invoke(*[a.format(f=tmp_path / "t.jsonl", tmp=tmp_path) for a in args])
+    assert r.exit_code == 2 and f"{tmp_path / 't.jsonl'}: not a regular file but a FIFO" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_endless_observed_log_is_refused_unread(no_hang):
+    r = invoke("repro", "--bug", "planted-wide", "--observed", "/dev/zero")
+    assert r.exit_code == 2 and "--observed /dev/zero: not a regular file but a character device" in r.output
+
+
+@pytest.mark.parametrize("command", ["resume", "summary", "report", "compare"])
+def test_a_fifo_where_a_journal_is_read_is_refused(tmp_path, cut_run, no_hang, command):
+    run = copied(cut_run, tmp_path)
+    (run / "rows.jsonl").unlink()
+    os.mkfifo(run / "rows.jsonl")
+    before = contents(run)
+    r = resume(run, cut_run) if command == "resume" else invoke("compare", FIXTURE_RUN, run) \
+        if command == "compare" else invoke(command, run, *(["--out", tmp_path / "rep"] if command == "report" else []))
+    assert r.exit_code == 2 and f"{run / 'rows.jsonl'}: not a regular file but a FIFO" in r.output, r.output
+    assert contents(run) == before and not (tmp_path / "rep").exists()
+
+
+def test_a_journal_over_its_bound_is_refused_naming_the_limit(tmp_path, cut_run, monkeypatch):
+    from swabench.store import reading
+
+    run = copied(cut_run, tmp_path)
+    monkeypatch.setattr(reading, "TABLE", (run / "rows.jsonl").stat().st_size - 1)
+    r = invoke("summary", run)
+    assert r.exit_code == 2 and f"{run / 'rows.jsonl'}: larger than {reading.TABLE} bytes" in r.output, r.output
+
+
+def _long_integer(tmp_path, cut_run, where: str) -> tuple[list, Path, str]:
+    """(the command, the file holding an integer of 5000 digits, where in it) for each kind of file read."""
+    if where in ("meta.json", "rows.jsonl", "resume"):
+        run = copied(cut_run, tmp_path)
+        name = "meta.json" if where == "meta.json" else "rows.jsonl"
+        text = (run / name).read_text()
+        line = text[:text.find('"state": "interrupted"')].count("\n") + 1 if name == "meta.json" else 1
+        (run / name).write_text(text.replace('"state": "interrupted"', f'"state": "interrupted", "x": {BIG}')
+                                if name == "meta.json" else text.replace('"seed": 0', f'"seed": {BIG}', 1))
+        args = ["summary", run] if where != "resume" else \
+            ["run", cut_run.parent / "tiny.toml", "--out", run, "--impl", "torch-trim", "--device", "cpu", "--resume"]
+        return args, run / name, f"line {line}"
+    if where in ("trace", "scenario"):
+        path = tmp_path / ("t.jsonl" if where == "trace" else "s.toml")
+        path.write_text(json.dumps(STEPS[0]).replace('"count": 3', f'"count": {BIG}') + "\n" if where == "trace" else
+                        f'name = "s"\nimplementations = ["torch-trim"]\n[fixed]\nseed = {BIG}\n')
+        return (["replay", path, "--device", "cpu"] if where == "trace" else ["show", path]), path, \
+            "line 1" if where == "trace" else "line 4"
+    if where == "dump":
+        dump = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "flashinfer-dump-0.7.4" / "dump",
+                                    tmp_path / "dump"))
+        call = sorted(p for p in dump.iterdir() if p.is_dir())[0]
+        text = (call / "metadata.jsonl").read_text()
+        (call / "metadata.jsonl").write_text(text.replace('"arg_5": 32', f'"arg_5": {BIG}', 1))
+        return ["import", dump, "--out", tmp_path / "t.jsonl"], call / "metadata.jsonl", "line 1"
+    root = exported(tmp_path)
+    path = next((root / "definitions").rglob(f"{DECODE}.json")) if where == "definition" else \
+        workload_file(root, DECODE)
+    text = path.read_text()
+    path.write_text(text.replace('"type": "var"', f'"type": "var", "big": {BIG}', 1) if where == "definition" else
+                    text.replace('"uuid"', f'"big": {BIG}, "uuid"', 1))
+    line = text[:text.index('"type": "var"')].count("\n") + 1 if where == "definition" else 1
+    return ["import-fib", root, "--definition", DECODE, "--model", "gemma-3-4b", "--out", tmp_path / "back.jsonl"], \
+        path, f"line {line}"
+
+
+@pytest.mark.parametrize("where", ["meta.json", "rows.jsonl", "resume", "trace", "scenario", "dump", "definition",
+                                   "workload"])
+def test_an_integer_past_pythons_limit_is_exit_2_naming_file_and_line(tmp_path, cut_run, where):
+    args, path, line = _long_integer(tmp_path, cut_run, where)
+    before = contents(path.parent)
+    r = invoke(*args)
+    assert r.exit_code == 2 and str(path) in r.output and f"{line}: {TOO_LONG}" in r.output, r.output
+    assert contents(path.parent) == before and not (tmp_path / "back.jsonl").exists()
+
+
+@pytest.mark.parametrize("name,field,value", [
+    ("rows.jsonl", "status", 5), ("rows.jsonl", "status", "maybe"), ("rows.jsonl", "median_us", "fast"),
+    ("rows.jsonl", "median_us", 0), ("rows.jsonl", "samples", "abc"), ("rows.jsonl", "backend", True),
+    ("meta.json", "merged_from", 5), ("meta.json", "wall_s", "long"), ("meta.json", "state", 5)])
+def test_a_field_of_the_wrong_kind_is_refused_before_any_point(tmp_path, cut_run, one_figure, name, field, value):
+    run = copied(cut_run, tmp_path)
+    if name == "rows.jsonl":
+        lines = (run / name).read_text().splitlines(keepends=True)
+        lines[0] = json.dumps({**json.loads(lines[0]), field: value}) + "\n"
+        (run / name).write_text("".join(lines))
+        said = f"{run / name}: line 1: field {field}: {json.dumps(value)} is not allowed ("
+    else:
+        (run / name).write_text(json.dumps({**json.loads((run / name).read_text()), field: value}))
+        said = f"{run / name}: key {field}: {json.dumps(value)} is not allowed ("
+    before = contents(run)
+    for r in [resume(run, cut_run), invoke("summary", run), invoke("compare", run, FIXTURE_RUN),
+              invoke("report", run, "--out", tmp_path / "rep"), invoke("plot", run, "--out", tmp_path / "rep")]:
+        assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert contents(run) == before and not (tmp_path / "rep").exists()  # the resume ran no point: nothing appended
+
+
+def test_a_resume_that_cannot_append_refuses_before_any_point(tmp_path, cut_run, monkeypatch):
+    from swabench.store import run_folder
+
+    run = copied(cut_run, tmp_path)
+    journal = run / "rows.jsonl"
+
+    def read_only(file, mode="r", *args, **kwargs):
+        if Path(file) == journal and mode[0] != "r" or "+" in mode:
+            raise PermissionError(13, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(run_folder, "open", read_only, raising=False)
+    before = contents(run)
+    r = resume(run, cut_run)
+    assert r.exit_code == 2 and f"{journal} cannot be appended to (Permission denied)" in r.output, r.output
+    assert contents(run) == before
+
+
+def test_export_fib_into_a_folder_it_cannot_write_is_exit_2(tmp_path, monkeypatch):
+    import tempfile
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.mkdtemp
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == locked.resolve():
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    r = invoke("export-fib", trace(tmp_path / "t.jsonl"), "--out", locked / "fib")
+    assert r.exit_code == 2 and f"cannot write to {locked}: Permission denied" in r.output, r.output
+    assert list(locked.iterdir()) == []
+
+
+def test_import_fib_names_axes_that_are_no_object(tmp_path):
+    root = exported(tmp_path)
+    path = next((root / "definitions").rglob(f"{DECODE}.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "axes": [1]}))
+    r = import_fib(root, DECODE, tmp_path)
+    assert r.exit_code == 2 and f"{path}: axes: list, not an object of named axes" in r.output, r.output
+    assert not (tmp_path / "back.jsonl").exists()
+
+
+def test_an_interrupted_run_says_so_wherever_it_is_summarised(tmp_path, cut_run, one_figure):
+    held = "3 of 8 points over 3 cases; the run is interrupted"
+    r = invoke("summary", cut_run)
+    assert r.exit_code == 0 and f"**tiny**: {held}." in r.stdout, r.output
+    r = invoke("report", cut_run, "--out", tmp_path / "rep")
+    text = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert r.exit_code == 0 and f"Run folder `{cut_run}`; {held}." in text and f"**tiny**: {held}." in text
+    whole = invoke("summary", FIXTURE_RUN)
+    assert whole.exit_code == 0 and re.search(r"\*\*\w+\*\*: \d+ points over \d+ cases\. ", whole.stdout), whole.output
+
+
+@pytest.mark.parametrize("again", ["same", "another path", "a link"])
+def test_compare_refuses_one_run_twice_as_findings_does(tmp_path, cut_run, again):
+    other = {"same": cut_run, "another path": cut_run.parent / "." / cut_run.name, "a link": tmp_path / "link"}[again]
+    if again == "a link":
+        other.symlink_to(cut_run)
+    r = invoke("compare", cut_run, other)
+    assert r.exit_code == 2 and f"{cut_run} and {other} are the same run folder: give each run folder once" in r.output
+    assert invoke("findings", cut_run, other).output == r.output

@@ -152,7 +152,7 @@ def test_only_a_cold_graph_kernel_sample_may_be_negative(tmp_path):
     store = RunStore.create(tmp_path / "run", {"gpu": None}, "name = 'x'\n")
     store.append(row(1, timer="cuda-graph", l2="cold", samples={"kernel": [-4.0, 9.0, 10.0], "plan": [3.0]}))
     store.append(row(2, timer="cuda-graph", l2="warm", samples={"kernel": [-4.0, 9.0, 10.0]}))
-    with pytest.raises(RunFolderError, match=r"rows\.jsonl: point case_id c2.*kernel sample 0: -4\.0"):
+    with pytest.raises(RunFolderError, match=r"rows\.jsonl: line 2: point case_id c2.*kernel sample 0: -4\.0"):
         run_folder.read_rows(tmp_path / "run")
     store.append(row(2, timer="cuda-graph", l2="cold", samples={"kernel": [1.0], "plan": [-1.0]}))
     with pytest.raises(RunFolderError, match=r"point case_id c2.*plan sample 0: -1\.0"):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from swabench.store import run_folder
+from swabench.store import run_folder, tables
 from swabench.errors import UserError
 from swabench.publish.markdown import environment_line, markdown_table
 
@@ -179,6 +179,10 @@ def compare(base, new, threshold: float = 0.05, alpha: float = 0.01,
             allow_different_gpus: bool = False) -> Comparison:
     validate(threshold, alpha)
     threshold, alpha = float(threshold), float(alpha)
+    try:
+        tables.each_once([base, new])
+    except tables.RunFolderError as e:
+        raise CompareError(str(e)) from None
     base, new = Path(base), Path(new)
     bt, bm, bs = _read_run("BASE", base)
     nt, nm, ns = _read_run("NEW", new)

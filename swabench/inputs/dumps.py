@@ -30,6 +30,7 @@ from pathlib import Path
 from swabench.errors import UserError
 from swabench.inputs import plan_calls
 from swabench.inputs.plan_calls import VERIFY_MAX, WRAPPERS
+from swabench.store import reading
 
 CALL_FOLDER = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call(\d{4,})$")
 INCLUDE = "*Wrapper.plan"  # FLASHINFER_DUMP_INCLUDE: the plan calls alone (add *Wrapper.run to count layers)
@@ -182,7 +183,7 @@ def _calls(dump: Path, cut: list, last: set[str]):
     (only the ``last`` calls of their processes may be)."""
     session = dump / "session.jsonl"
     seen: set[str] = set()
-    if session.is_file():
+    if os.path.lexists(session):
         for n, record in _jsonl(session, cut, may_be_cut=True):
             name = Path(str(record.get("dump_dir", ""))).name
             if name in seen:
@@ -214,7 +215,7 @@ def _last_record(folder: Path, cut: list, may_be_cut: bool) -> dict | None:
     """The call's last intact metadata record (None where its only one was cut short, and said: only a
     process's last call may be)."""
     meta = folder / "metadata.jsonl"
-    if not meta.is_file():
+    if not os.path.lexists(meta):
         raise DumpError(folder, "no metadata.jsonl: a truncated dump (the process stopped while writing this call)")
     records = [r for _, r in _jsonl(meta, cut, may_be_cut, folder.name)]
     if not records and not (cut and cut[-1] == folder.name):
@@ -226,6 +227,7 @@ def _jsonl(path: Path, cut: list, may_be_cut: bool, name: str | None = None):
     """(line number, record) of a JSON Lines log, read line by line; where the log ``may_be_cut`` (the
     session's, a process's last call's), a last line cut short is noted in ``cut`` (as ``name``, or the
     file's line) and skipped; any other bad line is a DumpError."""
+    reading.regular(path, reading.TRACE, lambda reason: DumpError(path, reason))
     try:
         with open(path, "rb") as f:
             held = None  # a line that did not parse: fatal unless it is the last
@@ -235,12 +237,10 @@ def _jsonl(path: Path, cut: list, may_be_cut: bool, name: str | None = None):
                 if held:
                     raise DumpError(path, f"line {held[0]} is not JSON ({held[1]}): a corrupt log")
                 try:
-                    record = json.loads(raw)
+                    record = reading.json_value(raw, lambda reason: DumpError(path, f"line {n}: {reason}"))
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     held = (n, getattr(e, "msg", None) or str(e))
                     continue
-                except RecursionError:
-                    raise DumpError(path, f"line {n} is nested too deeply: not a FlashInfer API log") from None
                 if not isinstance(record, dict):
                     raise DumpError(path, f"line {n} is not a JSON object: not a FlashInfer API log")
                 yield n, record

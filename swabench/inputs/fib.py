@@ -131,6 +131,7 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
     from swabench.store import paths, run_folder
 
     paths.folder_out(out, "--out")
+    paths.makeable_folder(out.parent, "--out")  # the export is made beside --out, then renamed into its place
     run_folder.refuse_inside_a_run(out, "--out")
     paths.refuse_inside(out, [source], "--out")
     if out.resolve() in source.resolve().parents:

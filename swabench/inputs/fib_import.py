@@ -10,6 +10,7 @@ from pathlib import Path
 from swabench.errors import did_you_mean
 from swabench.inputs import axes, models, traces
 from swabench.inputs.fib import DTYPES, META, OP_TYPE, FibError, Imported, safetensors_package
+from swabench.store import reading
 
 
 def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
@@ -50,23 +51,14 @@ def import_(fib_dir, definition: str, model: str, out=None) -> Imported:
     return Imported(Path(out) if out is not None else None, path, len(lines), steps, window_from)
 
 
-def _regular(path: Path, what: str) -> Path:
-    """``path``, where it is a regular file (a folder would fail to read, and a FIFO would wait forever)."""
-    if not path.is_file():
-        raise FibError(f"{path}: {what} is not a regular file")
-    return path
-
-
 def _json(path: Path, what: str):
-    _regular(path, what)
+    def error(reason: str) -> FibError:
+        return FibError(f"{path}: {what}: {reason}")
+
     try:
-        return json.loads(path.read_text(), object_pairs_hook=traces.keys_once)
+        return reading.json_file(path, reading.TRACE, error, traces.keys_once)
     except traces.RepeatedKey as e:
         raise FibError(f"{path}: {what}: key {e.args[0]!r} is given twice") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FibError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or e})") from None
-    except RecursionError:
-        raise FibError(f"{path}: {what} is nested too deeply") from None
 
 
 def _find_definition(root: Path, wanted: str) -> tuple[Path, dict]:
@@ -99,6 +91,9 @@ def _layer(path: Path, doc: dict, model: str) -> tuple[dict, str, str]:
     missing = [k for k in need if not isinstance(inputs.get(k), dict)]
     if missing:
         raise FibError(f"{path}: inputs.{missing[0]}: missing; a GQA paged {stage} definition takes {', '.join(need)}")
+    if not isinstance(doc.get("axes") or {}, dict):
+        raise FibError(f"{path}: axes: {type(doc['axes']).__name__}, not an object of named axes "
+                       f"({{\"page_size\": {{\"type\": \"const\", \"value\": 16}}, ...}})")
     const = {k: a.get("value") for k, a in (doc.get("axes") or {}).items() if isinstance(a, dict)
              and a.get("type") == "const"}
     try:
@@ -166,21 +161,17 @@ def _workload_records(root: Path, wanted: str):
         raise FibError(f"{root}: no workloads for {wanted} (workloads/**/{wanted}.jsonl)")
     found, seen = 0, {}
     for file in files:
-        try:
-            lines = _regular(file, "the workload file").read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise FibError(f"{file}: cannot read the workload file ({getattr(e, 'strerror', None) or e})") from None
-        for n, text in enumerate(lines, 1):
+        lines = reading.read_text(file, reading.TRACE, lambda reason: FibError(f"{file}: the workload file: {reason}"))
+        for n, text in enumerate(lines.splitlines(), 1):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text, object_pairs_hook=traces.keys_once)
+                record = reading.json_value(text, lambda reason: FibError(f"{file}: line {n}: {reason}"),
+                                            traces.keys_once)
             except traces.RepeatedKey as e:
                 raise FibError(f"{file}: line {n}: key {e.args[0]!r} is given twice") from None
             except json.JSONDecodeError as e:
                 raise FibError(f"{file}: line {n}: not JSON ({e.msg})") from None
-            except RecursionError:
-                raise FibError(f"{file}: line {n}: nested too deeply to be a workload record") from None
             if not isinstance(record, dict) or not isinstance(record.get("workload"), dict):
                 raise FibError(f"{file}: line {n}: workload: missing; a workload record has definition and workload")
             if record.get("definition") != wanted:
@@ -210,8 +201,7 @@ def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dic
     blob = root / given
     if Path(given).is_absolute() or root.resolve() not in blob.resolve().parents:
         raise FibError(f"{where}.path: {given[:200]} lies outside {root}: a folder's blobs are its own")
-    if not blob.is_file():
-        raise FibError(f"{where}.path: the blob {spec.get('path')} is missing")
+    reading.regular(blob, reading.TRACE, lambda reason: FibError(f"{where}.path: the blob {given[:200]}: {reason}"))
     if blob not in blobs:
         try:
             with safetensors.safe_open(blob, framework="pt") as f:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import re
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from swabench.impls import registry
 from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, make_case,
                                  with_model)
 from swabench.inputs.rules import Rule, RuleError, compile_rule
+from swabench.store import reading
 
 TOP_LEVEL = ("name", "description", "implementations", "fixed", "sweep", "skip")
 
@@ -126,28 +126,18 @@ def load(path, impl_filter=None) -> Scenario:
     return parse(doc, path, text, impl_filter)
 
 
-MAX_BYTES = 1 << 20  # the shipped scenarios are a few KiB; /dev/zero must not be read without end
+MAX_BYTES = reading.SCENARIO
 
 
 def read(path) -> tuple[dict, str]:
     """The file's TOML document and text, unexpanded (ScenarioError if it cannot be read or parsed)."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-        text = data.decode()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(path, "file", f"cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
-    if len(data) > MAX_BYTES:
-        raise ScenarioError(path, "file", f"larger than {MAX_BYTES >> 20} MiB: not a scenario this reads (a sweep "
-                                          f"of lists expands to its points, it does not list them)")
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(path, "file", f"not valid TOML ({e})") from None
-    except RecursionError:
-        raise ScenarioError(path, "file", "nested too deeply to be a scenario (tables or lists inside one "
-                                          "another thousands of levels down)") from None
+
+    def error(reason: str) -> ScenarioError:
+        return ScenarioError(path, "file", reason)
+
+    text = reading.read_text(path, MAX_BYTES, error)
+    return reading.toml_document(text, error), text
 
 
 NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 100 characters"

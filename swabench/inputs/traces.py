@@ -28,6 +28,7 @@ from swabench.inputs.plan_calls import VERIFY_MAX
 from swabench.core import semantics
 from swabench.core.cases import QO_FIELD
 from swabench.errors import UserError
+from swabench.store import reading
 
 MODES = ("extend", "verify", "decode")
 LAYER = ("model", "model_features", "num_qo_heads", "num_kv_heads", "head_dim", "sliding_window", "window_left",
@@ -69,20 +70,12 @@ def _as_scenario_values(values: dict) -> dict:
     return {k: [list(v)] if isinstance(v, tuple) else v for k, v in values.items()}
 
 
-MAX_BYTES = 256 << 20  # a trace of a million steps is about 100 MiB
+MAX_BYTES = reading.TRACE
 
 
 def read_bytes(path) -> bytes:
-    """The trace file's bytes, read once (a pipe cannot be read twice) and at most MAX_BYTES of them."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise TraceError(path, None, f"cannot read it ({e.strerror or e})") from None
-    if len(data) > MAX_BYTES:
-        raise TraceError(path, None, f"larger than {MAX_BYTES >> 20} MiB: not a trace this reads (bucket the "
-                                     f"contexts so that equal steps share a line and a count)")
-    return data
+    """The trace file's bytes: a regular file of at most MAX_BYTES."""
+    return reading.read_bytes(path, MAX_BYTES, lambda reason: TraceError(path, None, reason))
 
 
 def read(path) -> Counter:
@@ -101,11 +94,9 @@ def parse(data: bytes, path="<trace>") -> Counter:
         if not text.strip():
             continue
         try:
-            line = json.loads(text, object_pairs_hook=keys_once)
+            line = reading.json_value(text, lambda reason: TraceError(path, n, reason), keys_once)
         except json.JSONDecodeError as e:
             raise TraceError(path, n, f"not JSON ({e.msg})") from None
-        except RecursionError:
-            raise TraceError(path, n, "nested too deeply to be a trace line") from None
         except RepeatedKey as e:
             raise TraceError(path, n, f"key {e.args[0]!r} given twice: give each key once") from None
         step, count = _step(path, n, line)

@@ -8,7 +8,7 @@ from pathlib import Path
 from swabench.analysis import derived
 from swabench.publish import sections
 from swabench.publish.markdown import environment_line
-from swabench.store import run_folder
+from swabench.store import run_folder, tables
 
 
 def summary(run: sections.Run) -> str:
@@ -26,7 +26,7 @@ def write(run_dir: Path, out: Path) -> Path:
     made = plots.make_all(table, meta, out)
     presets = table["model"].dropna().unique() if "model" in table else []
     parts = [f"# swabench report: {meta.get('scenario')}" + (f", {presets[0]}" if len(presets) == 1 else ""),
-             f"Run folder `{run_dir}`; {len(table)} points over {table['case_id'].nunique()} cases. "
+             f"Run folder `{run_dir}`; {tables.extent(meta, table)}. "
              f"{environment_line(meta, str(run_dir))}"]
     parts += [part for s in sections.on(sections.REPORT) for part in s.for_run(run)]
     parts.append("## Figures")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from swabench.errors import UserError
+from swabench.store import reading
 
 VERDICTS = ("REPRODUCED", "NOT REPRODUCED")
 # the scripts' own environment lines, or FlashInfer's collect_env report ("GPU 0 (CUDA order)   : NVIDIA H200 | SM90 |
@@ -35,11 +35,7 @@ class Observed:
 def read(log) -> Observed:
     """A reproducer's output, as its run saved it (stdout, maybe stderr after it); UserError naming the file when it
     holds no verdict line."""
-    path = Path(log)
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        raise UserError(f"--observed {log}: cannot read it ({e.strerror})") from None
+    text = reading.read_text(log, reading.LOG, lambda reason: UserError(f"--observed {log}: {reason}"), "replace")
     lines = text.splitlines()
     verdict = next((line for line in lines if line.startswith(VERDICTS)), None)
     if verdict is None:

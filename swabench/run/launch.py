@@ -10,7 +10,6 @@ after it starts (the CLI with torch took 3.9 s to import on the H200 node).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from swabench.errors import RunFailed, UserError
+from swabench.store import reading
 from swabench.store.run_folder import check_new_run, make_folder
 from swabench.store.schema import META, ROWS
 
@@ -98,9 +98,8 @@ def work_dir(out: Path) -> Path:
 def rows_written(folder: Path) -> int:
     """Rows a worker has journaled so far (complete lines; a resumed run counts its earlier ones)."""
     try:
-        with open(Path(folder) / ROWS, "rb") as f:
-            return f.read().count(b"\n")
-    except FileNotFoundError:
+        return reading.read_bytes(Path(folder) / ROWS, reading.TABLE).count(b"\n")
+    except reading.ReadError:  # none yet
         return 0
 
 
@@ -108,8 +107,8 @@ def _state(folder: Path) -> str | None:
     """A shard's state as its meta.json records it (None when it wrote none): a worker that exits 1
     may have finished with failed points, or crashed; only the folder tells which."""
     try:
-        return json.loads((Path(folder) / META).read_text()).get("state")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        return reading.json_file(Path(folder) / META, reading.META).get("state")
+    except (reading.ReadError, AttributeError):
         return None
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import run_folder, schema
+from swabench.store import reading, run_folder, schema
 from swabench.run import lifecycle
 from swabench.errors import UserError
 from swabench.measure import counters
@@ -125,7 +125,7 @@ def _record(out: Path, kernels: pd.DataFrame | None, meta: dict) -> None:
     """ncu.csv, and each counted point's sums in its row (a new line in rows.jsonl: the last one wins)."""
     from swabench.analysis import derived
 
-    store = run_folder.RunStore.resume(out, (out / schema.SCENARIO).read_text())
+    store = run_folder.RunStore.resume(out, reading.read_text(out / schema.SCENARIO, reading.SCENARIO))
     try:
         if kernels is not None:
             rows = {tuple(row[k] for k in run_folder.KEY): row for row in store.rows()}

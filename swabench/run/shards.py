@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.analysis import derived
-from swabench.store import run_folder, schema
+from swabench.store import reading, run_folder, schema
 from swabench.errors import UserError
 from swabench.impls import registry
 from swabench.inputs.scenarios import Scenario
@@ -200,10 +200,9 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_fo
     if unfinished and not partial:
         raise ShardError(f"{unfinished}: resume them (the same `swabench run ... --shard I/N` with --resume), "
                          f"or pass --partial to merge what is there")
-    try:
-        text = (Path(folders[0]) / run_folder.SCENARIO).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ShardError(f"{folders[0]} has no readable {run_folder.SCENARIO} ({e}): not a whole run folder") from None
+    scenario = Path(folders[0]) / run_folder.SCENARIO
+    text = reading.read_text(scenario, reading.SCENARIO,
+                             lambda reason: ShardError(f"{scenario}: {reason}: not a whole run folder"))
     rows, seen = [], {}
     for folder in folders:
         for row in run_folder.read_rows(folder):

@@ -1,22 +1,24 @@
 """What a run folder's files must hold to be read: checks on a table read from results.csv or
-samples.csv (a published folder may have been edited by hand), and on a scenario file a resume
-brings.  Each says what is wrong as a ValueError; ``run_folder`` names the file."""
+samples.csv (a published folder may have been edited by hand), on each journal row and on meta.json
+(every field of the kind ``schema`` declares), and on a scenario file a resume brings.  Each says
+what is wrong as a ValueError; ``tables`` and ``run_folder`` name the file."""
 
 from __future__ import annotations
 
+import functools
+import json
 import math
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store.schema import KEY, STATUSES
+from swabench.store import reading
+from swabench.store.schema import KEY, ROW_FIELDS, STATES, STATUSES
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # Columns that hold a time, a size or a count: a number >= 0 where present (empty where not measured).
-NON_NEGATIVE = ("median_us", "iqr_us", "noise", "eager_us", "plan_us", "compile_s", "workspace_mib", "repeats",
-                "graph_calls", "point_s", "workload_s", "index")
+NON_NEGATIVE = (*(k for k, kind in ROW_FIELDS.items() if kind.startswith("number >")), "index")
 # A single timing sample is a difference (a replay less the empty graph's): a number, of either sign.
 FINITE = ("value_us",)
 
@@ -81,6 +83,61 @@ def samples(rows: list[dict]) -> None:
                     raise ValueError(f"point {point}: {kind} sample {i}: {_plain(v)!r} is not allowed ({allowed})")
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+KINDS = {"text": lambda v: isinstance(v, str), "name": lambda v: isinstance(v, str) and v != "",
+         "number": _number, "number >= 0": lambda v: _number(v) and (v != v or 0 <= v < math.inf),
+         "number > 0": lambda v: _number(v) and (v != v or 0 < v < math.inf),
+         "integer >= 0": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+         "true": lambda v: v is True, "false": lambda v: v is False, "null": lambda v: v is None,
+         "object": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list),
+         "status": lambda v: v in STATUSES, "state": lambda v: v in STATES}
+NAMED = {"status": "one of " + ", ".join(STATUSES), "state": "one of " + ", ".join(STATES), "name": "text, not empty"}
+
+
+@functools.cache
+def holds(kind: str):
+    """The test of whether a value (as JSON gave it) is of ``kind`` (a kind of schema.ROW_FIELDS and META_FIELDS)."""
+    container, of, element = kind.partition(" of ")
+    if of:
+        each = holds(element)
+        if container == "list":
+            return lambda v: isinstance(v, list) and all(map(each, v))
+        return lambda v: isinstance(v, dict) and all(map(each, v.values()))
+    first, _, rest = kind.partition(" or ")
+    if not rest:
+        return KINDS[first]
+    this, other = KINDS[first], holds(rest)
+    return lambda v: this(v) or other(v)
+
+
+def fields(record: dict, kinds: dict, what: str = "field", within: str = "") -> None:
+    """ValueError naming the first field of ``record`` that holds a value of another kind than ``kinds`` gives it
+    (field: kind; "a.b" is the field b of the object a); fields it does not name are not checked."""
+    for name, value in record.items():
+        name = within + name if within else name
+        kind = kinds.get(name)
+        if kind is not None and not holds(kind)(value):
+            shown = json.dumps(value)  # as the file spells it
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ValueError(f"{what} {name}: {shown} is not allowed ({NAMED.get(kind, kind)})")
+        if isinstance(value, dict) and not within:
+            fields(value, kinds, what, name + ".")
+
+
+def row(record: dict) -> None:
+    """ValueError naming the field where a journal row breaks the rules ``table`` holds a table's rows to: each
+    field of its kind (schema.ROW_FIELDS), a timed row's median there, its samples numbers (``samples``)."""
+    fields(record, ROW_FIELDS)
+    median, repeats = record.get("median_us"), record.get("repeats")
+    if (median is None or median != median) and _number(repeats) and repeats > 0:
+        raise ValueError(f"field median_us: {json.dumps(median)} is not allowed (a number: the row was timed, "
+                         f"{repeats:g} repeats)")
+    samples([record])
+
+
 def _plain(value):
     """A cell as the file spells it (numpy scalars as Python numbers)."""
     return value.item() if hasattr(value, "item") else value
@@ -92,14 +149,15 @@ def implementations_apart(recorded: Path, scenario_text: str) -> tuple[list, lis
     --impl choice); None when they differ otherwise or cannot be read."""
 
     def split(text: str):
-        doc = tomllib.loads(text)
+        doc = reading.toml_document(text, reading.ReadError)
         groups = doc.pop("sweep", [])
         impls = [doc.pop("implementations", None)] + [g.pop("implementations", None) for g in groups]
         return (doc, groups), [i for i in impls if i is not None]
 
     try:
-        (old_rest, old_impls), (new_rest, new_impls) = split(recorded.read_text()), split(scenario_text)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        (old_rest, old_impls), (new_rest, new_impls) = split(reading.read_text(recorded, reading.SCENARIO)), \
+            split(scenario_text)
+    except (reading.ReadError, AttributeError):
         return None
     if old_rest != new_rest or old_impls == new_impls:
         return None

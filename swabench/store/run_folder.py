@@ -31,10 +31,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import checks, paths, schema
+from swabench.store import checks, paths, reading, schema
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
-from swabench.store.tables import (RunFolderError, impl_renames, read_csv, read_meta, refuse_stale_table,  # noqa: F401
-                                   renamed, stored, stored_version, to_samples, to_table, with_columns)
+from swabench.store.tables import (RunFolderError, impl_renames, in_folder, journal, read_csv,  # noqa: F401
+                                   read_meta, refuse_stale_table, renamed, stored, stored_version, to_samples,
+                                   to_table, with_columns)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -240,6 +241,7 @@ class RunStore:
                                      f"--impl, or start a new --out")
             raise RunFolderError(f"{folder} was run with a different scenario file; "
                                  f"resume it with the same file, or start a new --out")
+        make_folder(store.folder)  # meta.json is rewritten beside it, in this folder
         store._acquire()
         try:
             store._drop_partial_line()
@@ -263,11 +265,17 @@ class RunStore:
             self.lock = None
 
     def _drop_partial_line(self) -> None:
+        """Cut a last line an interruption left short, and make sure the journal takes new rows: a point measured
+        into a journal that cannot be appended to would be lost (RunFolderError before any point)."""
         path = self.folder / ROWS
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
+        data = reading.read_bytes(path, reading.TABLE, in_folder(path))
+        try:
             with open(path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+                if data and not data.endswith(b"\n"):
+                    f.truncate(data.rfind(b"\n") + 1)
+        except OSError as e:
+            raise RunFolderError(f"{path} cannot be appended to ({e.strerror or e}): the points this resume measures "
+                                 f"would be lost; make it writable, or start a new --out") from None
 
     # ------------------------------------------------------------ rows
     def append(self, row: dict) -> None:
@@ -283,30 +291,8 @@ class RunStore:
             os.fsync(f.fileno())
 
     def rows(self) -> list[dict]:
-        """Every complete row, one per key (the last one wins).  A last line cut short by an
-        interruption is left out; any other line that is not a row means the journal is damaged."""
-        out = {}
-        path = self.folder / ROWS
-        try:
-            lines = path.read_text().split("\n") if path.exists() else []
-        except (OSError, UnicodeDecodeError) as e:
-            raise RunFolderError(f"{path} cannot be read ({e})") from None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                key = tuple(row[k] for k in KEY)
-                hash(key)
-            except RecursionError:
-                raise RunFolderError(f"{path}: line {number} is nested too deeply to be a result row: the journal is "
-                                     f"damaged") from None
-            except (json.JSONDecodeError, KeyError, TypeError):
-                if number == len(lines):  # the unterminated last line of an interrupted write
-                    continue
-                raise RunFolderError(f"{path}: line {number} is not a result row: the journal is damaged") from None
-            out[key] = row
-        return list(out.values())
+        """Every complete row, one per key (the last one wins): ``tables.journal``."""
+        return journal(self.folder / ROWS)
 
     def done(self) -> set[tuple]:
         return {tuple(r[k] for k in KEY) for r in self.rows()}
@@ -366,8 +352,7 @@ def read_rows(folder) -> list[dict]:
     store = RunStore(folder)
     if (store.folder / ROWS).exists():
         rows = _journal(store.folder, read_meta(folder) if (store.folder / META).is_file() else {})
-        _check_samples(rows, store.folder / ROWS)
-        return renamed(rows, folder)
+        return renamed(rows, folder)  # each row checked as the journal is read
     table = read_csv(stored(store.folder, TABLE), (*KEY, "status"))
     grouped = {}
     samples_file = stored(store.folder, SAMPLES)

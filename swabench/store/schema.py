@@ -27,6 +27,7 @@ LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
 STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
+STATES = ("running", "complete", "interrupted", "crashed", "incomplete")
 
 # The table's leading columns, in order; every table has them all (empty where a run has no value),
 # so readers never meet a missing column.  Others may follow.
@@ -91,6 +92,52 @@ META_KEYS = {
     "cuda": "CUDA version torch was built with", "gpu_uuid": "the GPU's UUID",
 }
 META_PREFIXES = ("nvidia_smi.",)  # nvidia-smi's fields as it names them
+
+# What each field holds, checked on every read (``checks.fields``): a journal row's (keys it does not name are the
+# row's own: a row keeps its host and model preset too) and meta.json's ("trace.steps": the key steps of the
+# object trace).  A kind is "text", "name" (text, not empty), "number" (NaN for none), "number >= 0", "number > 0",
+# "integer >= 0", "true or false", "object", "list", "status" (one of STATUSES) or "state" (one of STATES);
+# "list of K", "object of K" (its values), "K or null" ("of" binds first: "object of text or null" is an object
+# whose values are text or null).
+TEXT, NUMBER, FLAG = "text or null", "number or null", "true or false or null"
+ROW_FIELDS = {
+    **dict.fromkeys(KEY, "name"), "status": "status", "samples": "object of list",
+    **dict.fromkeys(("case", "kind", "library", "wrapper", "resolved_backend", "wrapper_mode", "layout", "reason",
+                     "upstream", "mode", "storage", "accept", "length_dist", "page_layout", "dtype", "kv_dtype", "tree",
+                     "device", "timer", "l2", "clock_reasons_before", "clock_reasons_after", "model", "host"), TEXT),
+    "gpu_id": "text or number or null",
+    **dict.fromkeys(("must_fail", "sinks", "causal", "throttled", "rows_as_predicted", "reads_evicted"), FLAG),
+    **dict.fromkeys(("batch_size", "prefix_len", "seq_len", "qo_len", "total_qo", "total_kv", "window_left",
+                     "sliding_window", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale",
+                     "logits_soft_cap", "attention_chunk", "block", "prefills", "seed", "rel_l2", "max_abs",
+                     "row_rel_l2", "probe_rel_l2", "unwritten_rows", "wrong_rows", "keys_lost", "rows_losing",
+                     "sm_clock_mhz_before", "sm_clock_mhz_after", "pairs", "flops", "min_bytes", "min_read_bytes",
+                     "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps", "floor_us",
+                     "pct_of_floor", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "kernels_counted",
+                     "read_amplification"), NUMBER),
+    # a time, a size or a count: never negative; a median > 0 (a call takes time)
+    **dict.fromkeys(("plan_us", "compile_s", "workspace_mib", "repeats", "graph_calls", "iqr_us", "noise", "eager_us",
+                     "point_s", "workload_s"), "number >= 0 or null"),
+    "median_us": "number > 0 or null",
+}
+SECONDS, OBJECT = "number >= 0 or null", "object or null"
+META_FIELDS = {
+    "what": TEXT, "scenario": TEXT, "scenario_path": TEXT, "scenario_sha256": TEXT,
+    "implementations": "list of text", "points": "integer >= 0 or null", "selection": "object", "method": "object",
+    "sharding": OBJECT, "trace": OBJECT, "trace.file": TEXT, "trace.steps": "integer >= 0",
+    "trace.distinct": "integer >= 0", "trace.weights": "object of number >= 0", "trace.modes": "object of text",
+    "price": OBJECT, "price.layers": "object of text", "price.model_steps": "number >= 0", "price.kv": "list of object",
+    "embedded_backend": FLAG, "state": "state", "rows": "integer >= 0", "status_counts": "object of integer >= 0",
+    "peaks": OBJECT, "peaks.bf16_matmul_tflops": "number > 0", "peaks.copy_tbps": "number > 0", "counters": OBJECT,
+    "jit_warmups": "list of object", "shards": "list of object", "merged_from": "list of text",
+    "launch_worker_end_s": "list", "libraries": "object of text or null", "git_dirty": FLAG,
+    **dict.fromkeys(("jit_warmup_total_s", "setup_s", "wall_s", "total_s", "launch_spawned_s", "launch_merge_s",
+                     "launch_wall_s", "gpu_memory_gib"), SECONDS),
+    **dict.fromkeys(("cpu_count", "torch_threads", "gpu_count", "gpu_sms"), "integer >= 0 or null"),
+    **dict.fromkeys(("swabench", "git_commit", "git_commit_from", "time_utc", "host", "platform", "cpu", "python",
+                     "torch", "nvtx", "nsys", "device", "command", "cuda_visible_devices", "gpu", "compute_capability",
+                     "cuda", "gpu_uuid"), TEXT),
+}
 
 
 def check_meta(meta: dict) -> dict:

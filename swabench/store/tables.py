@@ -7,12 +7,13 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.errors import UserError
-from swabench.store import checks, schema
+from swabench.store import checks, reading, schema
 from swabench.store.schema import KEY, META, ROWS, TABLE
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
@@ -58,14 +59,41 @@ def stored(folder, name: str) -> Path:
     if not packed.exists():
         return plain
     if plain.exists():
+        text = reading.read_bytes(plain, reading.TABLE, in_folder(plain))
         try:
-            same = plain.read_bytes() == gzip.decompress(packed.read_bytes())
-        except (OSError, EOFError, zlib.error) as e:
+            same = text == gzip.decompress(reading.read_bytes(packed, reading.TABLE, in_folder(packed)))
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise RunFolderError(f"{packed} cannot be read ({type(e).__name__}: {e})") from None
         if not same:
             raise RunFolderError(f"{folder} has both {plain.name} and {packed.name} and they differ: remove the one "
                                  f"that is not current")
     return packed
+
+
+def journal(path: Path) -> list[dict]:
+    """The rows of the journal ``path``, one per key (the last one wins), each of its fields' kinds
+    (``checks.row``).  A last line cut short by an interruption is left out; any other line that is not a row
+    means the journal is damaged."""
+    out = {}
+    lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = reading.json_value(line, in_folder(path, f"line {number}: ", ": the journal is damaged"))
+            key = tuple(row[k] for k in KEY)
+            hash(key)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if number == len(lines):  # the unterminated last line of an interrupted write
+                continue
+            raise RunFolderError(f"{path}: line {number} is not a result row: the journal is damaged") from None
+        out[key] = number, row
+    for number, row in out.values():  # the rows that count (one a later line replaced does not)
+        try:
+            checks.row(row)
+        except ValueError as e:
+            raise RunFolderError(f"{path}: line {number}: {e}: the journal is damaged") from None
+    return [row for _, row in out.values()]
 
 
 def refuse_stale_table(folder, rows: list[dict], state) -> None:
@@ -100,14 +128,31 @@ def _same_result(listed: dict, recorded: dict) -> bool:
     return str(listed.get("status")) == str(recorded.get("status")) and close
 
 
-def read_csv(path: Path, needed) -> pd.DataFrame:
+def csv_file(path: Path, empty_ok: bool = False) -> pd.DataFrame:
+    """A run folder's CSV file (plain or gzipped), its key columns as text (a case_id of digits stays text);
+    RunFolderError naming it where it cannot be read, or is empty and ``empty_ok`` is not given."""
     import pandas as pd
     try:
-        df = pd.read_csv(path, dtype={k: str for k in KEY})  # a case_id of digits stays text
-    except FileNotFoundError:
-        raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder") from None
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        return pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)), dtype={k: str for k in KEY})
+    except pd.errors.EmptyDataError as e:
+        if empty_ok:
+            return pd.DataFrame()
         raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise RunFolderError(f"{path} cannot be read as a table ({type(e).__name__}: {e})") from None
+
+
+def optional_table(folder, name: str) -> pd.DataFrame | None:
+    """A table that some run folders hold (replay.csv, nsys_stats.csv, ...), as it is: None where the folder has
+    none, empty where its file is."""
+    path = stored(folder, name)
+    return csv_file(path, empty_ok=True) if os.path.lexists(path) else None
+
+
+def read_csv(path: Path, needed) -> pd.DataFrame:
+    if not os.path.lexists(path):
+        raise RunFolderError(f"{path.parent} has no {path.name} and no {ROWS}: not a finished run folder")
+    df = csv_file(path)
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
@@ -131,8 +176,8 @@ def each_once(folders) -> None:
 def stored_version(folder) -> int:
     """The format version the folder was written in (before ``read_meta`` migrates it)."""
     try:
-        return json.loads((Path(folder) / META).read_text()).get("format_version", 1)
-    except (OSError, ValueError, AttributeError, RecursionError):
+        return reading.json_file(Path(folder) / META, reading.META).get("format_version", 1)
+    except (UserError, AttributeError):
         return schema.FORMAT_VERSION
 
 
@@ -148,23 +193,34 @@ def renamed(rows: list[dict], folder) -> list[dict]:
     return rows
 
 
+def in_folder(path: Path, where: str = "", after: str = "") -> reading.Error:
+    """The error that names a run folder's file ``path`` (and ``where`` in it) and what is wrong with it."""
+    return lambda reason: RunFolderError(f"{path}: {where}{reason}{after}")
+
+
 def read_meta(folder) -> dict:
-    """A run's metadata, migrated to the current format."""
+    """A run's metadata, migrated to the current format, each key of its kind (schema.META_FIELDS)."""
     path = Path(folder) / META
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise RunFolderError(f"{folder} is not a swabench run folder (no {META})")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunFolderError(f"{path} is not valid JSON ({e})") from None
-    except RecursionError:
-        raise RunFolderError(f"{path} is nested too deeply to be a run's metadata") from None
+    meta = reading.json_file(path, reading.META, in_folder(path))
     if not isinstance(meta, dict):
         raise RunFolderError(f"{path} does not hold a JSON object")
     try:
-        return schema.migrate(meta)
+        meta = schema.migrate(meta)
+        checks.fields(meta, schema.META_FIELDS, "key")
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
+    return meta
+
+
+def extent(meta: dict, table: pd.DataFrame) -> str:
+    """What a page says a run holds: '68 points over 20 cases', and of a run that did not finish, how many of
+    its points and that it did not: '9 of 68 points over 5 cases; the run is interrupted'."""
+    state, planned = meta.get("state", "complete"), meta.get("points")
+    held = f"{len(table)}" + (f" of {planned}" if planned and state != "complete" else "")
+    return f"{held} points over {table['case_id'].nunique()} cases" + \
+        (f"; the run is {state}" if state != "complete" else "")
 
 
 def completeness(meta: dict, table: pd.DataFrame) -> str | None:

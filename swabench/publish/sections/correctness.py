@@ -7,7 +7,7 @@ import pandas as pd
 
 from swabench.publish.markdown import environment_line, markdown_table
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section, own_mistake_caught, points
-from swabench.store import schema
+from swabench.store import schema, tables
 
 STATUS_ORDER = list(schema.STATUSES)
 
@@ -33,7 +33,7 @@ def correctness_matrix(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary_line(run: Run) -> list[str]:
-    return [f"**{run.meta.get('scenario')}**: {run.table['case_id'].nunique()} cases, {len(run.table)} points. "
+    return [f"**{run.meta.get('scenario')}**: {tables.extent(run.meta, run.table)}. "
             f"{environment_line(run.meta, run.folder)}"]
 
 

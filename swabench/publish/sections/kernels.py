@@ -8,19 +8,17 @@ import pandas as pd
 
 from swabench.impls import registry
 from swabench.publish.sections.base import Run, Section, micros, path_of, path_order, points, ratio, span
-from swabench.store import run_folder, schema
+from swabench.store import schema, tables
 
 
 def kernel_times(run: Run) -> pd.DataFrame:
     """Per profiled point, in the run's order: its case, path, kernels and busy time a call, whether it is
     the reference path, and ``ratio`` = its busy time / the reference path's on the same case (NaN where
     the reference was not profiled there); empty unless the run was made under Nsight Systems."""
-    path = run_folder.stored(run.folder, schema.KERNELS)
-    try:
-        stats = pd.read_csv(path, dtype={k: str for k in schema.KEY})
-    except (FileNotFoundError, pd.errors.EmptyDataError):  # no nsys run, or one that tied no kernel to a point
+    stats = tables.optional_table(run.folder, schema.KERNELS)
+    if stats is None or stats.empty:  # no nsys run, or one that tied no kernel to a point
         return pd.DataFrame()
-    stats["impl"] = stats["impl"].replace(run_folder.impl_renames(run.folder))
+    stats["impl"] = stats["impl"].replace(tables.impl_renames(run.folder))
     t = run.table[[*schema.KEY, "kind", "status", "storage"]].merge(stats, on=list(schema.KEY))
     if t.empty:
         return t

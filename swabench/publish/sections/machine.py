@@ -16,7 +16,7 @@ from swabench.measure.ceiling import ceilings
 from swabench.publish.markdown import library_versions, markdown_table
 from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_of, path_order, points,
                                             ratio, run_for_step)
-from swabench.store import run_folder, schema
+from swabench.store import schema, tables
 
 MB = 1e6
 AMPLIFIED = 1.25  # a path reading more than this times what its window needs reads bytes it does not need
@@ -51,10 +51,8 @@ def short_kernel(name: str) -> str:
 
 def kernel_names(run: Run) -> dict[tuple, str]:
     """Per counted point: the kernels of its call, short names in launch order ('A + B')."""
-    path = run_folder.stored(run.folder, schema.COUNTERS)
-    try:
-        k = pd.read_csv(path, dtype={c: str for c in schema.KEY})
-    except (FileNotFoundError, pd.errors.EmptyDataError):
+    k = tables.optional_table(run.folder, schema.COUNTERS)
+    if k is None or k.empty:
         return {}
     k = k.sort_values("ncu_id")
     return {key: " + ".join(short_kernel(n) for n in g["kernel"]) for key, g in k.groupby(list(schema.KEY))}

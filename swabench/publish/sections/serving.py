@@ -12,7 +12,7 @@ from swabench.impls import registry
 from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
 from swabench.inputs import models
-from swabench.store import run_folder, schema
+from swabench.store import schema, tables
 
 
 def feature_costs(run: Run) -> pd.DataFrame:
@@ -78,9 +78,8 @@ def replay_steps(run: Run) -> pd.DataFrame:
     trace = run.meta.get("trace")
     if not trace or run.meta.get("price"):  # a price run's steps are layer steps: its own section weighs them
         return pd.DataFrame()
-    try:
-        per_step = pd.read_csv(run_folder.stored(run.folder, schema.REPLAY))
-    except FileNotFoundError:
+    per_step = tables.optional_table(run.folder, schema.REPLAY)
+    if per_step is None:
         return replay.steps(run.table, trace["weights"], trace.get("modes"))
     if "layer" not in per_step:  # a replay.csv written before the column
         per_step.insert(per_step.columns.get_loc("mode") + 1, "layer", per_step["case_id"].map(replay.layers(run.table)))
@@ -107,10 +106,8 @@ def price_table(run: Run) -> pd.DataFrame:
 
     if not run.meta.get("price"):
         return pd.DataFrame()
-    try:
-        stored = pd.read_csv(run_folder.stored(run.folder, schema.PRICE))
-    except FileNotFoundError:
-        stored = pd.DataFrame()
+    stored = tables.optional_table(run.folder, schema.PRICE)
+    stored = pd.DataFrame() if stored is None else stored
     if len(stored) and (price.PICKS in stored.columns or "trace" not in run.meta):  # older, or all there is
         return stored
     return price.per_mode(run.table, run.meta)
