@@ -610,7 +610,7 @@ REPRODUCER_LOG = ("REPRODUCED: request 0: rows 0-3 wrong (rel-L2 0.5)\nworst: re
 def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
     from swabench.repro import issue
 
-    noise = [f"building module {i} " + "x" * 60 for i in range(300_000)]
+    noise = [f"building module {i} " + "x" * 60 for i in range(150_000)]  # 12 MB: under the 16 MiB read bound
     lines = REPRODUCER_LOG.splitlines()
     log = tmp_path / "long.log"
     log.write_text("\n".join(noise[:1000] + lines[:3] + noise[1000:] + ["y" * 5000] + lines[3:]) + "\n")

@@ -56,8 +56,9 @@ def plot(run_dir, out, force):
     """Figures of a run folder, as PNG."""
     from swabench.publish import plots
 
-    folder = outputs.figures_folder(run_dir, out, plots.figure_files(), force)
-    for name, paths in plots.make_all(*read_run(run_dir), folder).items():
+    table, meta = read_run(run_dir)  # a run that cannot be read makes no folder
+    for name, paths in plots.make_all(table, meta, outputs.figures_folder(run_dir, out, plots.figure_files(),
+                                                                           force)).items():
         click.echo(f"{name:18s} " + (", ".join(map(str, paths)) if paths else "(no points for it in this run)"))
 
 

@@ -19,7 +19,7 @@ class OutputError(UserError):
     pass
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     kinds = [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a regular file")]
     return next((name for test, name in kinds if test(mode)), "not a regular file")
@@ -61,7 +61,7 @@ def file_out(value, what: str = "--out") -> Path:
         raise OutputError(f"{what} {path} is a symbolic link (to {os.readlink(path)}): swabench writes a file by "
                           f"renaming over it, which would replace the link; give the file itself or another path")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"{what} {path} exists and is {_kind(st.st_mode)}, not a regular file; give another path")
+        raise OutputError(f"{what} {path} exists and is {file_kind(st.st_mode)}, not a regular file; give another path")
     return path
 
 
@@ -78,7 +78,7 @@ def folder_out(value, what: str = "--out") -> Path:
         raise OutputError(f"{what} {path} is a broken symbolic link (to {os.readlink(path)}); give another path") \
             from None
     if not stat.S_ISDIR(mode):
-        raise OutputError(f"{what} {path} exists and is {_kind(mode)}, not a folder; give a folder or a new path")
+        raise OutputError(f"{what} {path} exists and is {file_kind(mode)}, not a folder; give a folder or a new path")
     return path
 
 
@@ -89,7 +89,7 @@ def makeable_folder(folder, what: str = "--out") -> Path:
     folder = Path(folder)
     above = next(p for p in (folder, *folder.parents) if _lstat(p, what) is not None or p == p.parent)
     if not above.is_dir():
-        kind = _kind(os.stat(above).st_mode) if above.exists() else "a broken symbolic link"
+        kind = file_kind(os.stat(above).st_mode) if above.exists() else "a broken symbolic link"
         raise OutputError(f"{what}: cannot write to {folder}: {above} is {kind}, not a folder; give another path")
     try:
         os.rmdir(tempfile.mkdtemp(dir=above, prefix=".write-test."))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from swabench.errors import UserError
-from swabench.store.paths import _kind
+from swabench.store.paths import file_kind
 
 MiB = 1 << 20
 # The most bytes each kind of file may hold: far above what one holds in use, far below what fills memory.
@@ -52,7 +52,7 @@ def regular(path, limit: int, error: Error | None = None) -> Path:
     except OSError as e:
         raise error(f"cannot read it ({e.strerror or e})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"not a regular file but {_kind(st.st_mode)}; swabench reads regular files only")
+        raise error(f"not a regular file but {file_kind(st.st_mode)}; swabench reads regular files only")
     if st.st_size > limit:
         raise error(too_large(limit))
     return Path(path)

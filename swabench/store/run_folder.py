@@ -333,11 +333,11 @@ def refuse_odd_files(folder: Path) -> None:
         except FileNotFoundError:
             continue
         if stat.S_ISLNK(st.st_mode):
-            raise RunFolderError(f"{path} is a symbolic link (to {os.readlink(path)}): a run folder's files are its own; "
-                                 f"replace the link with the file, or start a new --out")
+            raise RunFolderError(f"{path} is a symbolic link (to {os.readlink(path)}): a run folder's files are its "
+                                 f"own; replace the link with the file, or start a new --out")
         if not stat.S_ISREG(st.st_mode):
-            raise RunFolderError(f"{path} is not a regular file: a run folder's files are its own; move it away, or "
-                                 f"start a new --out")
+            raise RunFolderError(f"{path}: not a regular file but {paths.file_kind(st.st_mode)}; a run folder's files "
+                                 f"are its own: move it away, or start a new --out")
 
 
 def write_meta(folder: Path, meta: dict) -> None:

@@ -27,7 +27,7 @@ LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
 STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
-STATES = ("running", "complete", "interrupted", "crashed", "incomplete")
+STATES = ("running", "complete", "skipped", "interrupted", "crashed", "incomplete")
 
 # The table's leading columns, in order; every table has them all (empty where a run has no value),
 # so readers never meet a missing column.  Others may follow.
@@ -128,7 +128,9 @@ META_FIELDS = {
     "trace.distinct": "integer >= 0", "trace.weights": "object of number >= 0", "trace.modes": "object of text",
     "price": OBJECT, "price.layers": "object of text", "price.model_steps": "number >= 0", "price.kv": "list of object",
     "embedded_backend": FLAG, "state": "state", "rows": "integer >= 0", "status_counts": "object of integer >= 0",
-    "peaks": OBJECT, "peaks.bf16_matmul_tflops": "number > 0", "peaks.copy_tbps": "number > 0", "counters": OBJECT,
+    "peaks": OBJECT, "peaks.bf16_matmul_tflops": "number > 0", "peaks.copy_tbps": "number > 0",
+    **dict.fromkeys(("peaks.read_tbps", "peaks.datasheet_tbps", "peaks.datasheet_tflops"), "number > 0 or null"),
+    "peaks.ceiling": TEXT, "statuses_recomputed": "list of object", "counters": OBJECT,
     "jit_warmups": "list of object", "shards": "list of object", "merged_from": "list of text",
     "launch_worker_end_s": "list", "libraries": "object of text or null", "git_dirty": FLAG,
     **dict.fromkeys(("jit_warmup_total_s", "setup_s", "wall_s", "total_s", "launch_spawned_s", "launch_merge_s",
