@@ -74,7 +74,8 @@ def base_row(point: Point, w: workloads.Workload | None, device: torch.device, l
                                                   footprint.ELEMENT_BYTES[c.cache_dtype], c.attention_chunk, page)
         row.update(total_qo=sum(qo_lens), total_kv=sum(kv_lens), pairs=pairs,
                    flops=semantics.attention_flops(pairs, c.head_dim, c.num_qo_heads),
-                   min_bytes=read + written, min_read_bytes=read, must_fail=impl.must_fail(c, qo_lens, kv_lens, point.backend))
+                   min_bytes=read + written, min_read_bytes=read,
+                   must_fail=impl.must_fail(c, qo_lens, kv_lens, point.backend))
         row["keys_lost"], row["rows_losing"] = impl.keys_lost(c, qo_lens, kv_lens, point.backend)
     return row
 
@@ -147,7 +148,8 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
                 runner.plan()
         row.update(resolved_backend=runner.resolved_backend, layout=getattr(runner, "layout", None),
                    compile_s=getattr(runner, "compile_s", None), workspace_mib=getattr(runner, "workspace_mib", None))
-        predicted = torch.cat(impl.rows_wrong(point.case, w.qo_lens, w.kv_lens, point.backend)) if impl.expected_to_fail else None
+        predicted = torch.cat(impl.rows_wrong(point.case, w.qo_lens, w.kv_lens, point.backend)) \
+            if impl.expected_to_fail else None
         with nvtx_range("check"):
             result = gate.check(runner, w, predicted=predicted)
             row["reads_evicted"] = gate.reads_evicted(runner, w) if result.passed else None
