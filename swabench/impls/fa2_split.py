@@ -37,11 +37,14 @@ def cta_tile_q(packed_rows: int, head_dim: int) -> int:
     return 64 if packed_rows > 16 else 16
 
 
-def query_tile(qo_lens, group: int, head_dim: int, cuda_graph: bool = True) -> int:
-    """The batch's query tile: sized by the longest request under CUDA graphs (as swabench plans), else by the
-    average one."""
-    packed = [q * group for q in qo_lens]
-    return cta_tile_q(max(packed) if cuda_graph else sum(packed) // len(packed), head_dim)
+def query_tile(qo_lens, group: int, head_dim: int, cuda_graph: bool = True, uniform: bool = True) -> int:
+    """The batch's query tile (``PrefillSplitQOKVIndptr``): under CUDA graphs (as swabench plans) sized by the query
+    count ``uniform_q_len`` promised where ``uniform`` (a batch of one query count, planned with the hint), else by
+    the longest request its rows could hold (``total - batch + 1``); without CUDA graphs by the average request."""
+    if not cuda_graph:
+        return cta_tile_q(sum(qo_lens) * group // len(qo_lens), head_dim)
+    rows = qo_lens[0] if uniform and len(set(qo_lens)) == 1 else sum(qo_lens) - len(qo_lens) + 1
+    return cta_tile_q(rows * group, head_dim)
 
 
 def run_window_first_keys(qo_len: int, kv_len: int, window_left: int, group: int, tile: int) -> list[int]:
@@ -54,13 +57,13 @@ def run_window_first_keys(qo_len: int, kv_len: int, window_left: int, group: int
 
 
 def kv_chunk(qo_lens, kv_lens, plan_window: int, page_size: int, group: int, num_kv_heads: int, head_dim: int,
-             num_sms: int, cuda_graph: bool = True) -> tuple[int, bool, list[int]]:
+             num_sms: int, cuda_graph: bool = True, uniform: bool = True) -> tuple[int, bool, list[int]]:
     """(the KV chunk in pages, whether the kernel runs split, each request's chunk count) as the scheduler plans
     them (``PrefillBinarySearchKVChunkSize``): the smallest chunk whose CTAs fit two a SM per KV head, over each
     request's pages, or ``plan_window + tile`` keys of them where plan() has a window.  Under CUDA graphs (as
     swabench plans) the kernel always runs split."""
     packed = [q * group for q in qo_lens]
-    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph, uniform)
     lengths = [cdiv(k, page_size) for k in kv_lens]  # the scheduler's unit: pages (tokens when ragged)
     effective = [min(cdiv(plan_window + tile, page_size), n) if plan_window >= 0 else n for n in lengths]
     most, budget = max(max(effective), 1), 2 * num_sms // num_kv_heads
@@ -75,7 +78,7 @@ def kv_chunk(qo_lens, kv_lens, plan_window: int, page_size: int, group: int, num
 
 
 def run_window_mixed(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
-                     head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[bool]:
+                     head_dim: int, num_sms: int, cuda_graph: bool = True, uniform: bool = True) -> list[bool]:
     """Per request, whether a window handed only to run() mixes its rows: plan() (without a window) split the
     request into P chunks, but the kernel lays each row's partial outputs out ``ceil(min(kv_len, W + tile) /
     chunk)`` apart, fewer than P, so the merge reads rows' partials out of step (``num_kv_chunks`` in the fa2
@@ -83,22 +86,22 @@ def run_window_mixed(qo_lens, kv_lens, window_left: int, page_size: int, group: 
     every row wrong."""
     if window_left < 0 or not qo_lens:
         return [False for _ in qo_lens]
-    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph, uniform)
     chunk, split, planned = kv_chunk(qo_lens, kv_lens, -1, page_size, group, num_kv_heads, head_dim, num_sms,
-                                     cuda_graph)
+                                     cuda_graph, uniform)
     return [split and q > 1 and cdiv(min(max(k, 1), window_left + tile), chunk * page_size) < p
             for q, k, p in zip(qo_lens, kv_lens, planned)]
 
 
 def wrong_rows(qo_lens, kv_lens, window_left: int, page_size: int, group: int, num_kv_heads: int,
-               head_dim: int, num_sms: int, cuda_graph: bool = True) -> list[range]:
+               head_dim: int, num_sms: int, cuda_graph: bool = True, uniform: bool = True) -> list[range]:
     """Per request, the query rows fa2 gets wrong under ``plan(causal=False, window_left=W)`` (empty where it
     gets every row right): the leading tiles whose chunks end before the request's last key."""
     if window_left < 0 or not qo_lens:
         return [range(0) for _ in qo_lens]
-    tile = query_tile(qo_lens, group, head_dim, cuda_graph)
+    tile = query_tile(qo_lens, group, head_dim, cuda_graph, uniform)
     chunk, split, planned = kv_chunk(qo_lens, kv_lens, window_left, page_size, group, num_kv_heads, head_dim,
-                                     num_sms, cuda_graph)
+                                     num_sms, cuda_graph, uniform)
     if not split:
         return [range(0) for _ in qo_lens]
     out = []

@@ -136,12 +136,12 @@ EXTEND_API = fi.missing_api([("BatchPrefillWithRaggedKVCacheWrapper", "plan", "w
 
 
 def _register_extend(name, summary, prefix_mask: bool, ragged_window: bool, kind="correct", visibility=None,
-                     seen=None):
+                     seen=None, garbled=None):
     def make(w, backend):
         with ws.resource_errors():
             return SGLangExtendRunner(w, backend, prefix_mask, ragged_window)
 
-    extra = {k: v for k, v in (("visibility", visibility), ("seen", seen)) if v}
+    extra = {k: v for k, v in (("visibility", visibility), ("seen", seen), ("garbled", garbled)) if v}
     register(Implementation(name, fi.LIBRARY.name, ("paged",), summary, make, kind=kind, wrapper="recipe",
                             backends=fi.BACKENDS, modes=("extend",), wrapper_modes=WRAPPER_MODES, needs_cuda=True,
                             unsupported=_extend_unsupported, available=EXTEND_API, **extra), __name__)
@@ -175,14 +175,19 @@ def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
     """The recipe with its ragged part planned without a window and given W at run, as key intervals: a query whose
     window starts in the prefix sees it exactly (the prefix's mask, then every new token up to itself); one whose
     window starts among the new tokens sees them as a window handed only to run() shows them (``fi.window_at_run``
-    over the new tokens); where the ragged rows merge out of step, a query sees none of its own keys."""
+    over the new tokens; the recipe plans its ragged part without ``uniform_q_len``)."""
     seen = []
-    for (new_lo, new_hi), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend, page_size=1), qo_lens, kv_lens):
+    for (new_lo, _), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend, hinted=False), qo_lens, kv_lens):
         positions = semantics.query_positions(q, k)
         exact = (positions - case.window_left).clamp_min(0)
-        lo = torch.where(exact < k - q, exact, k - q + new_lo)
-        seen.append((positions + 1 if bool((new_lo > new_hi).any()) else lo, positions))
+        seen.append((torch.where(exact < k - q, exact, k - q + new_lo), positions))
     return seen
+
+
+def _ragged_nowindow_garbled(case, qo_lens, kv_lens, backend: str) -> list:
+    """The ragged part's rows merged out of step (``fi.merged_out_of_step`` over the new tokens, one a page): a
+    request whose new tokens' rows are garbled is wrong on every row once the parts are merged."""
+    return fi.merged_out_of_step(case, qo_lens, qo_lens, backend, page_size=1, hinted=False)
 
 
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "
@@ -190,7 +195,7 @@ _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at
                  "query's window: later queries of a tile see new tokens before their window",
                  True, False, kind="known-bug",
                  visibility=lambda w, prefix, ps: semantics.Visibility(w, latest_start=prefix),
-                 seen=_ragged_nowindow_seen)
+                 seen=_ragged_nowindow_seen, garbled=_ragged_nowindow_garbled)
 
 
 def _eagle_keys(case, qo_len, kv_len, page_size):

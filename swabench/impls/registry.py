@@ -124,6 +124,10 @@ class Implementation:
     # mask over the request's key positions, or where each query sees one run of keys, the pair of int tensors
     # (lo, hi): query j sees keys lo[j] through hi[j] (cheap to hold against the exact window at any length).
     seen: Callable[..., list] | None = None
+    # Rows the library writes out of step whatever the keys say (a split request's partial rows merged at the wrong
+    # stride): (case, qo_lens, kv_lens, backend) -> per request a bool tensor, True where the row's output is
+    # another row's; such a row is wrong wherever it occurs, and no key set says what it holds.
+    garbled: Callable[..., list] | None = None
 
     @property
     def family(self) -> str:
@@ -149,10 +153,19 @@ class Implementation:
             return [torch.full((q,), self.expected_to_fail) for q in qo_lens]
         truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
         if self.seen:
-            return [_rows_off(seen, truth, q, k, t)
+            rows = [_rows_off(seen, truth, q, k, t)
                     for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
-        return [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
-                for q, k, t in zip(qo_lens, kv_lens, drafts)]
+        else:
+            rows = [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
+                    for q, k, t in zip(qo_lens, kv_lens, drafts)]
+        return [r | g for r, g in zip(rows, self.garbled_rows(case, qo_lens, kv_lens, backend))]
+
+    def garbled_rows(self, case, qo_lens, kv_lens, backend: str) -> list:
+        """Per request, the rows the library writes out of step (``garbled``): all False where it has no such hook."""
+        import torch
+
+        return self.garbled(case, qo_lens, kv_lens, backend) if self.garbled \
+            else [torch.zeros(q, dtype=torch.bool) for q in qo_lens]
 
     def keys_lost(self, case, qo_lens, kv_lens, backend: str) -> tuple[int, float]:
         """(the most keys of its window one query misses, the share of queries that miss any), from what this

@@ -34,7 +34,7 @@ import torch
 from swabench.core import semantics, trees, workloads
 from . import flashinfer_impls as fi
 from .embedded import GatherRunner
-from .fa2_split import query_tile, run_window_first_keys
+from .fa2_split import run_window_first_keys
 from .registry import Implementation, computed, register
 
 TREES = dict(tree=True, requires=frozenset({"tree"}))  # verifies draft trees, and only those
@@ -157,7 +157,7 @@ def _sglang_seen(case, qo_lens, kv_lens, backend: str) -> list:
     the recipe runs on fa2 only, as fa3 takes no custom mask)."""
     drafts = trees.of_case(case)
     bits = full_prefix_mask(qo_lens, kv_lens, drafts)
-    tile = query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain")
+    tile = fi.run_window_tile(case, qo_lens)
     out, offset = [], 0
     for q, k in zip(qo_lens, kv_lens):
         kept = sglang_kept(case, q, k)

@@ -47,10 +47,11 @@ def _fa2_noncausal_split(impl: str, case, backend: str) -> bool:
         return False
     import torch
 
+    from swabench.impls import fa2_split
+
     if not torch.cuda.is_available():
         return False
-    return any(len(r) for r in fa2_noncausal_wrong_rows(
-        impl, case, torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count))
+    return any(len(r) for r in fa2_noncausal_wrong_rows(impl, case, fa2_split.device_sms()))
 
 
 def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
@@ -61,8 +62,9 @@ def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
 
     qo_lens, kv_lens = workloads.request_lengths(case)
     kv_lens = flashinfer_impls.planned_kv_lens(impl, case, qo_lens, kv_lens)
-    return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1,
-                                case.gqa_group, case.num_kv_heads, case.head_dim, num_sms)
+    return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1, case.gqa_group,
+                                case.num_kv_heads, case.head_dim, num_sms, case.wrapper_mode != "plain",
+                                flashinfer_impls.uniform_hint(qo_lens))
 
 
 # The table: every library bug on a correct call that swabench knows, with where it shows.

@@ -309,10 +309,16 @@ def rows_off(part: Part) -> str:
     impl, case = registry.get(part.impl), part.case
     if impl.kind == "correct" or impl.ignores & case.features:
         return ""
-    qo, kv = (v[0] for v in workloads.request_lengths(case))
+    qo_lens, kv_lens = workloads.request_lengths(case)  # the whole batch: it sizes the kernel's tiles and chunks
+    qo, kv = qo_lens[0], kv_lens[0]
     tree = (trees.of_case(case) or [None])[0]
+    garbled = impl.garbled_rows(case, qo_lens, kv_lens, part.backend)[0]
+    if garbled.any():
+        rows = garbled.nonzero().flatten().tolist()
+        return (f"request 0: queries {rows[0]}-{rows[-1]} take other rows' partial outputs (plan() split the request "
+                f"into more KV chunks than the window needs, and the merge reads them out of step)")
     exact = semantics.of_case(case).mask(qo, kv, tree=tree)
-    got = impl.seen_masks(case, [qo], [kv], part.backend)[0] if impl.seen else \
+    got = impl.seen_masks(case, qo_lens, kv_lens, part.backend)[0] if impl.seen else \
         impl.computes(case, kv - qo).mask(qo, kv, tree=tree)
     said = [_runs((got & ~exact).sum(dim=1).tolist(), ("sees", "see"), "outside its mask"),
             _runs((exact & ~got).sum(dim=1).tolist(), ("misses", "miss"), "of its mask")]
