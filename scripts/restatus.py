@@ -3,10 +3,11 @@
 A known-bug point's status is the gate's outcome (did the output pass?) read against the prediction (must its
 mistake show here?).  When the model of what a path computes is corrected, the outcome stored in the row stays
 true and only the prediction moves, so the status can be recomputed without running the point again.  Only rows
-whose ``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and the verdict's note in ``reason``);
-a row with a declared upstream bug is left alone and counted.  With ``--write`` the table is written back byte for
-byte but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its
-``statuses_recomputed`` list.
+whose ``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and the verdict's note in ``reason``),
+and ``rows_as_predicted`` where the row's count of wrong rows settles it; a row with a declared upstream bug, or
+with no gate outcome (the point raised), is left alone.  With ``--write`` the table is written back byte for byte
+but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its
+``statuses_recomputed`` list.  A folder that still carries its journal is not touched.
 
     python3 scripts/restatus.py results/h200-default-0.7.4 ... [--write]
 """
@@ -21,9 +22,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-NOTES = ("known bug caught", "KNOWN BUG NOT CAUGHT: fixed upstream, or the gate is blind here",
-         "case does not exercise the bug", "failed where its known bug should not show")
 
 
 def _table_path(folder: Path) -> Path:
@@ -46,50 +44,75 @@ def write_table(folder: Path, table) -> None:
 
 
 def gate_reason(reason: str) -> str:
-    """What the gate said, without the verdict's note in front of it."""
-    for note in NOTES:
-        if reason == note:
-            return ""
-        if reason.startswith(note + "; "):
-            return reason[len(note) + 2:]
-    return reason
+    """What the gate said, without the verdict's note in front of it (``sweep.NOTES``, or the old xpass note)."""
+    from swabench.run.sweep import NOTES
+
+    first, _, rest = reason.partition("; ")
+    return rest if first.startswith(NOTES) else reason
+
+
+def rows_as_predicted(row, predicted) -> str:
+    """The row's ``rows_as_predicted`` under the corrected prediction, where its count of wrong rows settles it:
+    'False' where the counts differ, 'True' where they agree on every row or on none; where they agree on some rows,
+    the gate's own row-by-row 'True' stands and anything else is '' (not known)."""
+    was = row.get("rows_as_predicted", "")
+    if row.get("wrong_rows", "") == "":
+        return was
+    wrong, count = int(float(row["wrong_rows"])), int(predicted.sum())
+    if wrong != count:
+        return "False"
+    return "True" if count in (0, len(predicted)) or was == "True" else ""
 
 
 def restatus(folder: Path) -> tuple[object, collections.Counter]:
-    """(the table with its changed rows recomputed, a count per change: 'xpass -> pass', 'kept: upstream bug ...',
-    'no case') for one run folder."""
+    """(the table with its changed rows recomputed, a count per change: 'xpass -> pass', 'kept: ...') for one
+    finished run folder, predicted on the SM count of the run's own GPU."""
+    from unittest import mock
+
+    import torch
+
     from swabench.core import workloads
-    from swabench.impls import registry
+    from swabench.impls import fa2_split, registry
     from swabench.inputs import scenarios
     from swabench.run.sweep import verdict
 
     table = read_table(folder)
+    meta = json.loads((folder / "meta.json").read_text())
     cases = {c.case_id: c for c in scenarios.load(folder / "scenario.toml").cases}
     changes = collections.Counter()
-    for i, row in table.iterrows():
-        impl = registry.get(row["impl"]) if row["impl"] in registry.names() else None
-        if impl is None or not impl.expected_to_fail or row["status"] == "skip" or row["must_fail"] == "":
-            continue
-        case = cases.get(row["case_id"])
-        if case is None:
-            changes["no case in scenario.toml"] += 1
-            continue
-        qo, kv = workloads.request_lengths(case)
-        must = impl.must_fail(case, qo, kv, row["backend"])
-        if str(must) == row["must_fail"]:
-            continue
-        if row.get("upstream", ""):
-            changes[f"kept: upstream bug {row.get('upstream')} declared"] += 1
-            continue
-        status, note = verdict(True, must, row["status"] in ("pass", "xpass"))
-        lost, losing = impl.keys_lost(case, qo, kv, row["backend"])
-        said = gate_reason(row["reason"])
-        updates = {"must_fail": str(must), "status": status, "reason": "; ".join(s for s in (note, said) if s)}
-        if "keys_lost" in table:
-            updates.update(keys_lost=str(lost), rows_losing=str(losing))
-        for column, value in updates.items():
-            table.at[i, column] = value
-        changes[f"{row['status']} -> {status}"] += 1
+    sms = meta.get("gpu_sms") or fa2_split.H200_SMS
+    with mock.patch.object(fa2_split, "device_sms", lambda: sms):  # the schedule the run's own GPU made
+        for i, row in table.iterrows():
+            impl = registry.get(row["impl"]) if row["impl"] in registry.names() else None
+            if impl is None or not impl.expected_to_fail or row["status"] == "skip" or row["must_fail"] == "":
+                continue
+            if row.get("rel_l2", "") == "":  # no gate outcome (the point raised): nothing to read again
+                continue
+            case = cases.get(row["case_id"])
+            if case is None:
+                changes["no case in scenario.toml"] += 1
+                continue
+            qo, kv = workloads.request_lengths(case)
+            must = impl.must_fail(case, qo, kv, row["backend"])
+            if "rows_as_predicted" in table:
+                said = rows_as_predicted(row, torch.cat(impl.rows_wrong(case, qo, kv, row["backend"])))
+                if said != row["rows_as_predicted"]:
+                    changes[f"rows_as_predicted {row['rows_as_predicted'] or '(none)'} -> {said or '(not known)'}"] += 1
+                    table.at[i, "rows_as_predicted"] = said
+            if str(must) == row["must_fail"]:
+                continue
+            if row.get("upstream", ""):
+                changes[f"kept: upstream bug {row.get('upstream')} declared"] += 1
+                continue
+            status, note = verdict(True, must, row["status"] in ("pass", "xpass"))
+            lost, losing = impl.keys_lost(case, qo, kv, row["backend"])
+            said = gate_reason(row["reason"])
+            updates = {"must_fail": str(must), "status": status, "reason": "; ".join(s for s in (note, said) if s)}
+            if "keys_lost" in table:
+                updates.update(keys_lost=str(lost), rows_losing=str(losing))
+            for column, value in updates.items():
+                table.at[i, column] = value
+            changes[f"{row['status']} -> {status}"] += 1
     return table, changes
 
 
@@ -118,6 +141,9 @@ def main(argv=None) -> int:
     for folder in args.runs:
         if not any((folder / name).is_file() for name in ("results.csv", "results.csv.gz")):
             print(f"{folder}: no results table")
+            continue
+        if (folder / "rows.jsonl").exists():  # its table is rebuilt from the journal, which this would contradict
+            print(f"{folder}: carries its journal (rows.jsonl); restatus rewrites finished, published folders only")
             continue
         table, changes = restatus(folder)
         print(f"{folder}: " + (", ".join(f"{n} {what}" for what, n in sorted(changes.items())) or "unchanged"))

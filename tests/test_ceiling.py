@@ -1,4 +1,4 @@
-"""The ceiling floors divide by: the GPU's datasheet numbers from NVML (a stand-in pynvml here), filled on read
+"""The ceiling floors divide by: the GPU's peak at its maximum clocks from NVML (a stand-in pynvml here), filled on read
 for a run made before they were recorded, the measured rates where neither gives them, said on every page; and
 no point of a published run above 100% of its floor."""
 
@@ -34,7 +34,7 @@ def test_no_point_of_a_published_run_is_above_its_floor(folder):
     assert (table["pct_peak_tbps"].dropna() < 100).all() and (table["pct_peak_tflops"].dropna() < 100).all()
 
 
-def test_an_older_meta_gets_the_datasheet_ceiling_from_its_clocks_and_the_h200s_bus(tmp_path):
+def test_an_older_meta_gets_the_ceiling_from_its_clocks_and_the_h200s_bus(tmp_path):
     (tmp_path / schema.META).write_text(json.dumps(H200_META))
     before = (tmp_path / schema.META).read_bytes()
     peaks = tables.read_meta(tmp_path)["peaks"]
@@ -70,9 +70,9 @@ def test_every_page_and_figure_names_the_ceiling_it_used(h200_run):
     assert said.startswith("Floors divide by the GPU's ceiling: DRAM 4.81 TB/s = 2 x 3201 MHz x 6016 bits") and \
         "Attainable, measured on the node: copy 4.23 TB/s, bf16 matmul 762 TFLOP/s" in said, said
     said = machine.roofline_said(Run("h200", table, meta))[0]
-    assert "4.81 TB/s (datasheet: NVML's maximum memory clock x bus width)" in said, said
+    assert "4.81 TB/s (peak: NVML's maximum memory clock x bus width)" in said, said
     labels = limits.roofline(table, meta).axes[0].get_legend_handles_labels()[1]
-    assert "ceiling: 4.81 TB/s (datasheet), 1071 TFLOP/s (datasheet)" in labels
+    assert "ceiling: 4.81 TB/s (peak at maximum clocks), 1071 TFLOP/s (peak at maximum clocks)" in labels
     assert "attainable (measured): copy 4.23 TB/s, matmul 762 TFLOP/s" in labels
     rates = {k: meta["peaks"][k] for k in MEASURED}  # as the run recorded them, before the ceiling was filled
     measured = {**meta, "peaks": schema.migrate({**H200_META, "gpu": "NVIDIA Z100", "compute_capability": "12.0",
@@ -82,8 +82,9 @@ def test_every_page_and_figure_names_the_ceiling_it_used(h200_run):
 
 
 def stand_in_nvml(**calls):
-    """A pynvml with the calls ``peaks.measure`` makes, answering as an H100 SXM would: 2619 MHz memory on a
-    5120-bit bus, SMs at 1830 MHz (``calls`` replaces any)."""
+    """A pynvml with the calls ``peaks.measure`` makes, for a part of an H100 SXM's numbers: 2619 MHz memory on a
+    5120-bit bus, SMs at 1830 MHz (its datasheet's boost clock: the tensor-core peak there is its 989 TFLOP/s;
+    ``calls`` replaces any)."""
     clock = {1: 1830, 2: 2619}
     module = types.SimpleNamespace(NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, nvmlInit=lambda: None,
                                    nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
@@ -111,7 +112,7 @@ def gpu(monkeypatch):
     clocks._handle.cache_clear()
 
 
-def test_a_new_run_records_the_datasheet_ceiling_from_nvml(gpu, monkeypatch):
+def test_a_new_run_records_the_ceiling_from_nvml(gpu, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", stand_in_nvml())
     peaks = gpu()
     assert (peaks["memory_clock_mhz"], peaks["memory_bus_bits"], peaks["sm_clock_mhz"], peaks["sms"]) == \

@@ -64,7 +64,7 @@ def add_derived(table: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
 
 def floor_parts(table: pd.DataFrame, peaks: dict) -> tuple[pd.Series, pd.Series]:
     """The two times no kernel beats, in microseconds: ``min_bytes`` (read plus written) at the GPU's DRAM
-    ceiling, and the useful flops at its bf16 tensor-core ceiling (``measure.ceiling.ceilings``: the datasheet's,
+    ceiling, and the useful flops at its bf16 tensor-core ceiling (``measure.ceiling.ceilings``: the part's peak at its maximum clocks,
     else the measured copy and matmul, as ``peaks['ceiling']`` says)."""
     tbps, tflops = ceilings(peaks)
     memory = table["min_bytes"].astype(float) / (tbps * 1e12) * 1e6

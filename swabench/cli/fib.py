@@ -24,7 +24,7 @@ def _shown(path: Path) -> str:
 
 
 @click.command("export-fib")
-@click.argument("source", metavar="TRACE|RUN")
+@click.argument("source", type=PathArg(), metavar="TRACE|RUN")
 @opt("--out", required=True, type=PathArg(file_okay=False), metavar="DIR",
      help="The FlashInfer-Bench folder to write (definitions/, workloads/, blob/): absent or empty.")
 @opt("--force", is_flag=True, help="Replace DIR when it holds a FlashInfer-Bench folder export-fib wrote (never a "
@@ -52,7 +52,7 @@ def export_fib(source, out, force):
 
 
 @click.command("import-fib")
-@click.argument("fib_dir", metavar="DIR")
+@click.argument("fib_dir", type=PathArg(), metavar="DIR")
 @opt("--definition", required=True, metavar="NAME", help="The definition whose workloads to read.")
 @opt("--model", required=True, metavar="PRESET", help="The model preset of the layer (`swabench models`): it "
                                                      "gives the window.")

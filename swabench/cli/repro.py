@@ -10,7 +10,7 @@ from swabench.cli.options import InputError, PathArg, opt
 
 
 @click.command()
-@click.argument("source", required=False, metavar="[RUN | SCENARIO]")
+@click.argument("source", type=PathArg(), required=False, metavar="[RUN | SCENARIO]")
 @opt("--case", "case_id", metavar="ID", help="The case (a case_id or a unique prefix of one).")
 @opt("--impl", metavar="NAME", help="The implementation.")
 @opt("--backend", metavar="B", help="Its backend (default: fa2 where it runs there, else the scenario's first).")
@@ -53,6 +53,8 @@ def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
         if issue and out.with_suffix(".md") == out:
             raise InputError(f"--out {out}: with --issue the issue body goes to {out.with_suffix('.md')}, the script's "
                              f"own path; name the script FILE.py")
+        if issue:
+            outputs.file_path(out.with_suffix(".md"), reads, "--out's issue body")
         for path in [out] + ([out.with_suffix(".md")] if issue else []):
             if path.exists() and not force:
                 raise InputError(f"--out: {path} exists; give --force to replace it")

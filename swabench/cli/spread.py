@@ -25,7 +25,7 @@ def merge(out, folders, partial):
 
 
 @click.command()
-@click.argument("scenario")
+@click.argument("scenario", type=PathArg())
 @opt("--shards", "count", type=click.IntRange(1), required=True,
      help="How many array tasks (at most the sweep's points; local processes run at most one per core at once).")
 @opt("--out", type=PathArg(file_okay=False), required=True, help="The merged run folder.")

@@ -36,7 +36,7 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
 
 
 @click.command()
-@click.argument("scenario", required=False)
+@click.argument("scenario", type=PathArg(), required=False)
 @run_options
 @l2_option
 @opt("--shard", metavar="I/N", help="Only shard I of N (for several nodes; merge after).")
@@ -81,7 +81,7 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
 
 
 @click.command()
-@click.argument("scenario", required=False)
+@click.argument("scenario", type=PathArg(), required=False)
 @run_options
 def check(scenario, out, device, impls, cases, model, resume, strict):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
@@ -193,7 +193,7 @@ def import_cmd(dump_dir, out, bucket, verify_max, force):
 
 
 @click.command()
-@click.argument("scenarios", nargs=-1, required=True)
+@click.argument("scenarios", type=PathArg(), nargs=-1, required=True)
 @opt("--jobs", type=click.IntRange(1), default=lifecycle.WARMUP_JOBS, show_default=True, help="Modules built at once.")
 @impl_option
 @case_option
@@ -236,7 +236,7 @@ def list_cmd():
 
 
 @click.command()
-@click.argument("scenario", required=False)
+@click.argument("scenario", type=PathArg(), required=False)
 @impl_option
 @model_option
 @opt("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,

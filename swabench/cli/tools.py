@@ -13,7 +13,7 @@ from swabench.run import launch, lifecycle
 
 
 @click.command()
-@click.argument("scenario")
+@click.argument("scenario", type=PathArg())
 @out_option
 @impl_option
 @case_option
@@ -98,7 +98,7 @@ def bench_host(out, quick):
 
 @click.command()
 @opt("--peaks", "measure_peaks", is_flag=True,
-     help="Also measure the node's bf16 matmul rate, copy and read bandwidth, and read its datasheet ceiling (NVML).")
+     help="Also measure the node's bf16 matmul rate, copy and read bandwidth, and read its peak at maximum clocks (NVML).")
 def env(measure_peaks):
     """What is installed and usable here: GPU, CUDA, torch, each library's version, nsys."""
     from swabench.run import environment

@@ -11,6 +11,8 @@ the gather, as a kernel reading it would.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -58,9 +60,14 @@ class GatherRunner:
 
 def as_predicted(impl: Implementation, w, backend: str) -> GatherRunner:
     """A planned runner that computes what ``impl`` is predicted to compute on ``w`` (the keys its semantics or its
-    ``seen`` say each query sees, gathered and attended here): the output a known mistake should give."""
+    ``seen`` say each query sees, gathered and attended here, without the sinks where it ignores them): the output a
+    known mistake should give.  ValueError for a feature it ignores that cannot be left out here."""
+    ignored = impl.ignores & w.case.features
+    if ignored - {"sinks"}:
+        raise ValueError(f"cannot leave {', '.join(sorted(ignored - {'sinks'}))} out of the predicted output")
+    source = dataclasses.replace(w, sinks=None) if ignored else w  # the same buffers, the sink term left out
     seen = impl.seen_masks(w.case, w.qo_lens, w.kv_lens, backend) if impl.seen else None
-    runner = GatherRunner(w, impl.computes, trim=False, seen=seen)
+    runner = GatherRunner(source, impl.computes, trim=False, seen=seen)
     runner.plan()
     return runner
 

@@ -1,6 +1,6 @@
-"""The GPU's datasheet ceiling, which no kernel beats: DRAM bandwidth from the maximum memory clock and the
-memory bus width (double data rate: two transfers a clock), and the dense bf16 tensor-core rate from the SMs,
-their maximum clock and the flops an SM's tensor cores do a clock.  The roofline floor divides by it; the
+"""The GPU's ceiling, its peak at its maximum clocks, which no kernel beats: DRAM bandwidth from the maximum memory
+clock and the memory bus width (double data rate: two transfers a clock), and the dense bf16 tensor-core rate from
+the SMs, their maximum clock and the flops an SM's tensor cores do a clock.  The roofline floor divides by it; the
 node's measured copy, read stream and matmul (``measure.peaks``) stay beside it as what a kernel can attain.
 Where a number of the part is not known, that side's ceiling is the measured rate, and ``ceiling`` says so.
 
@@ -9,7 +9,8 @@ Arithmetic only: the store fills an older run's ceiling with it, without torch o
 from __future__ import annotations
 
 # Dense bf16 flops a clock per SM, by compute capability: sm_90 has 4 tensor cores of 512 FMA (x 2 flops);
-# 132 SMs x 1830 MHz x 4096 is H100 SXM's datasheet 989 TFLOP/s.
+# 132 SMs x 1830 MHz x 4096 is H100 SXM's datasheet 989 TFLOP/s; at NVML's maximum SM clock (1980 MHz) the peak is
+# higher, and that is the ceiling: no kernel runs faster than the maximum clock.
 TENSOR_FLOPS_PER_CLOCK = {"9.0": 4096}
 
 # The memory bus width NVML reports (nvmlDeviceGetMemoryBusWidth), by the GPU's name as torch gives it, for
@@ -31,7 +32,7 @@ def tensor_tflops(sms: int, sm_clock_mhz: float, capability: str) -> float | Non
 
 
 def ceilings(peaks: dict) -> tuple[float, float]:
-    """What the floor and the percent-of-peak columns divide by: the datasheet TB/s and TFLOP/s where the
+    """What the floor and the percent-of-peak columns divide by: the peak TB/s and TFLOP/s where the
     part gave them, else the measured copy bandwidth and matmul rate."""
     return (peaks.get("datasheet_tbps") or peaks["copy_tbps"],
             peaks.get("datasheet_tflops") or peaks["bf16_matmul_tflops"])
@@ -47,7 +48,7 @@ def _number(value) -> float | None:
 
 def with_ceiling(peaks: dict, source: str, memory_clock_mhz=None, bus_bits=None, sms=None, sm_clock_mhz=None,
                  capability=None) -> dict:
-    """``peaks`` (the measured rates) with the datasheet ceiling from the part's numbers, any of which may be
+    """``peaks`` (the measured rates) with the peak at maximum clocks from the part's numbers, any of which may be
     None where not known (that side then keeps the measured rate), and ``ceiling``: in words, each side's
     number and how it was had, then ``source`` ('from NVML's ...'), where the part's numbers came from or why
     there are none."""
@@ -55,7 +56,8 @@ def with_ceiling(peaks: dict, source: str, memory_clock_mhz=None, bus_bits=None,
     clock, bits = _number(memory_clock_mhz), _number(bus_bits)
     if clock and bits:
         out.update(memory_clock_mhz=clock, memory_bus_bits=int(bits), datasheet_tbps=dram_tbps(clock, bits))
-        memory = f"DRAM {out['datasheet_tbps']:.2f} TB/s = 2 x {clock:.0f} MHz x {bits:.0f} bits / 8 (datasheet)"
+        memory = (f"DRAM {out['datasheet_tbps']:.2f} TB/s = 2 x {clock:.0f} MHz x {bits:.0f} bits / 8 (peak at the "
+                  f"maximum memory clock)")
     else:
         memory = f"DRAM: the measured copy's {peaks['copy_tbps']:.2f} TB/s (no memory clock and bus width)"
     count, sm_clock = _number(sms), _number(sm_clock_mhz)
@@ -63,8 +65,8 @@ def with_ceiling(peaks: dict, source: str, memory_clock_mhz=None, bus_bits=None,
     if rate:
         out.update(sms=int(count), sm_clock_mhz=sm_clock, datasheet_tflops=rate)
         compute = (f"bf16 {rate:.0f} TFLOP/s = {count:.0f} SMs x {sm_clock:.0f} MHz x "
-                   f"{TENSOR_FLOPS_PER_CLOCK[str(capability)]} flops per clock per SM (datasheet, compute "
-                   f"capability {capability})")
+                   f"{TENSOR_FLOPS_PER_CLOCK[str(capability)]} flops per clock per SM (peak at the maximum SM "
+                   f"clock, compute capability {capability})")
     else:
         why = f"no tensor-core rate known for compute capability {capability}" if count and sm_clock \
             else "no SM count and clock"

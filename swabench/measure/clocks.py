@@ -1,6 +1,6 @@
 """The GPU's clock and why it is held back, read through NVML (``nvidia-ml-py``) around each timed point,
 so that a time measured while the card slowed itself for power or heat is flagged instead of trusted, and its
-maximum clocks and memory bus width, which give its datasheet ceiling.  Only read, never set: the card's clocks
+maximum clocks and memory bus width, which give its peak, the ceiling.  Only read, never set: the card's clocks
 are left as found."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def columns(before: Reading | None, after: Reading | None) -> dict:
 
 def maxima(device: torch.device) -> tuple[dict, str]:
     """The GPU's maximum memory and SM clocks (MHz) and its memory bus width (bits) as NVML reports them, which
-    give its datasheet ceiling (``measure.ceiling``), and where they came from; ({}, why) where NVML cannot
+    give its peak at maximum clocks (``measure.ceiling``), and where they came from; ({}, why) where NVML cannot
     be read."""
     import torch
 

@@ -1,4 +1,4 @@
-"""The node's ceilings: the datasheet's (``measure.ceiling``, from NVML's maximum clocks and memory bus
+"""The node's ceilings: the part's peak at its maximum clocks (``measure.ceiling``, from NVML's clocks and memory bus
 width), which no kernel beats and the floor divides by, and beside it what a kernel can attain, measured on
 the node: a bf16 matmul rate, a device-to-device copy bandwidth and a read-only stream's bandwidth."""
 
@@ -52,7 +52,7 @@ def _read_tbps(device: torch.device) -> float:
 
 
 def measure(device: torch.device) -> dict:
-    """The measured rates (random data: zeros run faster than real data) and the datasheet ceiling from
+    """The measured rates (random data: zeros run faster than real data) and the peak at maximum clocks from
     NVML (the measured rates where NVML cannot be read, said in ``ceiling``)."""
     measured = {"bf16_matmul_tflops": _matmul_tflops(device), "copy_tbps": _copy_tbps(device),
                 "read_tbps": _read_tbps(device),

@@ -41,9 +41,9 @@ def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = 
 
 def roofline(table, meta):
     """Each timed point's achieved TFLOP/s (useful flops / kernel time) against its arithmetic intensity (useful
-    flops / min_bytes), under the GPU's ceiling (DRAM TB/s x intensity, and the bf16 TFLOP/s; the datasheet's
-    where the run has it), which no point reaches, and dashed below it what the node attained: its measured copy
-    and read stream x intensity, up to its measured matmul."""
+    flops / min_bytes), under the GPU's ceiling (DRAM TB/s x intensity, and the bf16 TFLOP/s; the part's peak at
+    its maximum clocks where the run has it), which no point reaches, and dashed below it what the node attained:
+    its measured copy and read stream x intensity, up to its measured matmul."""
     peaks = meta.get("peaks")
     t = _correct_timed(table)
     if not peaks or t.empty:
@@ -56,7 +56,7 @@ def roofline(table, meta):
         _points(ax, g, g["intensity"], g["rate"], impl, backend)
     tbps, tflops = ceilings(peaks)
     lo, hi = t["intensity"].min() / 2, t["intensity"].max() * 2
-    xs = np.geomspace(min(lo, 1.0), max(hi, 2 * tflops / peaks["copy_tbps"]), 200)
+    xs = np.geomspace(min(lo, 1.0), max(hi, 2 * tflops / tbps), 200)
     ax.plot(xs, np.minimum(tbps * xs, tflops), color="black", lw=1.0,
             label="ceiling: " + ", ".join(ceiling_parts(peaks, how=False)))
     for name, rate, ls in (("copy", peaks["copy_tbps"], "--"), ("read", peaks.get("read_tbps"), "-.")):

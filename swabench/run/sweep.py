@@ -87,30 +87,32 @@ def gpu_identity(device: torch.device) -> str | None:
     return os.environ.get("SWABENCH_GPU_ID") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 
+CAUGHT, NOT_CAUGHT = "known bug caught", "KNOWN BUG NOT CAUGHT"  # xpass_note says which of two things happened
+EXACT_HERE, WRONG_HERE = "case does not exercise the bug", "failed where its known bug should not show"
+NOTES = (CAUGHT, NOT_CAUGHT, EXACT_HERE, WRONG_HERE)  # what a known-bug row's reason starts with, before the gate's
+
+
 def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream.UpstreamBug | None = None) \
         -> tuple[str, str]:
     """(status, note) from what the gate saw and what was expected; ``bug``: the upstream bug declared on this
     point, which speaks where the path's own mistake (if it has one) does not show."""
     if expected_to_fail and must_fail:
-        return ("xfail", "known bug caught") if not passed else \
-            ("xpass", "KNOWN BUG NOT CAUGHT")
+        return ("xfail", CAUGHT) if not passed else ("xpass", NOT_CAUGHT)
     if bug:
         return ("pass", f"{bug.ref} declared here, not shown") if passed else \
             ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
     if not expected_to_fail:
         return ("pass", "") if passed else ("fail", "")
-    return ("pass", "case does not exercise the bug") if passed else \
-        ("fail", "failed where its known bug should not show")
+    return ("pass", EXACT_HERE) if passed else ("fail", WRONG_HERE)
 
 
 def xpass_note(impl: registry.Implementation, w: workloads.Workload, backend: str) -> str:
     """Which of the two things an xpass can mean happened here: the gate fails the output the path is predicted to
     compute and passed this one, so the library computes otherwise than its source did (it changed); or the gate
     passes the predicted output too, so it cannot see the mistake on this case (blind)."""
-    said = "KNOWN BUG NOT CAUGHT"
-    ignored = sorted(impl.ignores & w.case.features)
-    if ignored:
-        return f"{said}: the library changed (predicted to leave out {', '.join(ignored)}, the output has them)"
+    said = NOT_CAUGHT
+    if any(rows.any() for rows in impl.garbled_rows(w.case, w.qo_lens, w.kv_lens, backend)):
+        return f"{said}: the library changed (predicted to write rows out of step, every row came out right)"
     from swabench.impls.embedded import as_predicted  # the sweep itself loads no implementation module
 
     try:

@@ -66,7 +66,8 @@ META_KEYS = {
     "rows": "rows in results.csv", "status_counts": "rows per status",
     "statuses_recomputed": "each time statuses were recomputed from the stored gate outcomes after a prediction "
                            "was corrected (scripts/restatus.py): commit, why, the changes, the method",
-    "peaks": "the GPU's datasheet ceiling (NVML's maximum clocks and memory bus width), which floors divide by, and "
+    "peaks": "the GPU's ceiling: its peak at maximum clocks (NVML's clocks and memory bus width), which floors "
+             "divide by, and "
              "the node's measured bf16 matmul rate, copy and read bandwidth beside it",
     "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
                 "bytes against its counter, kernels and points counted, wall time and seconds a point; or why skipped",
@@ -121,6 +122,7 @@ ROW_FIELDS = {
     "median_us": "number > 0 or null",
 }
 SECONDS, OBJECT = "number >= 0 or null", "object or null"
+MEASURED_PEAKS = ("copy_tbps", "bf16_matmul_tflops")  # what every run's peaks hold (the ceiling is worked from them)
 META_FIELDS = {
     "what": TEXT, "scenario": TEXT, "scenario_path": TEXT, "scenario_sha256": TEXT,
     "implementations": "list of text", "points": "integer >= 0 or null", "selection": "object", "method": "object",
@@ -212,7 +214,7 @@ def migrate(meta: dict) -> dict:
     ``keys_lost`` and ``rows_losing`` columns, and the gate's ``wrong_rows`` and ``rows_as_predicted``, empty in
     older tables (every earlier verify was a chain); version 10 too: the ``block`` and ``prefills`` axes (the
     ``mixed`` mode), 0 in older tables (no earlier case had bidirectional blocks or mixed steps).  Before
-    version 11, ``peaks`` held the measured rates only: the datasheet ceiling is filled from the meta's clocks,
+    version 11, ``peaks`` held the measured rates only: the ceiling is filled from the meta's clocks,
     SMs and GPU (``measure.ceiling.from_meta``)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)

@@ -207,11 +207,22 @@ def read_meta(folder) -> dict:
     if not isinstance(meta, dict):
         raise RunFolderError(f"{path} does not hold a JSON object")
     try:
+        _check_meta(meta)  # before the migration reads it, and after
         meta = schema.migrate(meta)
-        checks.fields(meta, schema.META_FIELDS, "key")
+        _check_meta(meta)
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
     return meta
+
+
+def _check_meta(meta: dict) -> None:
+    """ValueError unless each key is of its kind and ``peaks``, where there, holds the measured rates the ceiling
+    and the floors are worked from."""
+    checks.fields(meta, schema.META_FIELDS, "key")
+    peaks = meta.get("peaks")
+    missing = next((k for k in schema.MEASURED_PEAKS if isinstance(peaks, dict) and k not in peaks), None)
+    if missing:
+        raise ValueError(f"key peaks: holds no {missing}, which the peaks of every run hold")
 
 
 def extent(meta: dict, table: pd.DataFrame) -> str:

@@ -1,7 +1,8 @@
 """How far each path is from what the machine can do: the DRAM bytes Nsight Compute counted each path
 reading against the bytes its window needs (read amplification), and each timed point's time against
 its roofline floor (the larger of its bytes at the GPU's DRAM ceiling and its useful flops at its bf16
-tensor-core ceiling: the datasheet's, with the node's measured copy, read and matmul beside it as attainable)."""
+tensor-core ceiling: the part's peak at its maximum clocks, with the node's measured copy, read and matmul beside
+it as attainable)."""
 
 from __future__ import annotations
 
@@ -228,11 +229,11 @@ def _floored(run: Run) -> pd.DataFrame:
 
 
 def ceiling_parts(peaks: dict, how: bool = True) -> tuple[str, str]:
-    """The ceiling the floors divide by, each side with what it is ('4.81 TB/s (datasheet: ...)'), or the
-    measured copy or matmul where the run has no datasheet number; ``how``: with how the datasheet's is had."""
+    """The ceiling the floors divide by, each side with what it is ('4.81 TB/s (peak: ...)'), or the
+    measured copy or matmul where the run has no peak; ``how``: with how the peak is had."""
     tbps, tflops = ceilings(peaks)
-    memory = "datasheet: NVML's maximum memory clock x bus width" if how else "datasheet"
-    compute = "datasheet: SMs x maximum SM clock x tensor-core flops per clock" if how else "datasheet"
+    memory = "peak: NVML's maximum memory clock x bus width" if how else "peak at maximum clocks"
+    compute = "peak: SMs x maximum SM clock x tensor-core flops per clock" if how else "peak at maximum clocks"
     return (f"{tbps:.2f} TB/s ({memory if peaks.get('datasheet_tbps') else 'measured copy'})",
             f"{tflops:.0f} TFLOP/s ({compute if peaks.get('datasheet_tflops') else 'measured matmul'})")
 
@@ -299,10 +300,10 @@ SECTIONS = [
     Section("roofline", "The machine's limit: each path against its roofline floor",
             "A point's floor is the larger of two times: the bytes a kernel reading whole pages of its table moves "
             "(`min_bytes`: Q and the window's K/V read once from the start of its first page, O written once) at "
-            "the GPU's DRAM ceiling, and its useful flops at its bf16 tensor-core ceiling: the datasheet's (DRAM "
-            "from NVML's maximum memory clock and bus width; bf16 from the SMs, their maximum clock and the tensor "
-            "cores' flops per clock), or the measured copy or matmul where a run has no datasheet number, as each "
-            "run says. A cell is the path's floor / its time on the step (`pct_of_floor`; 100% runs at the "
+            "the GPU's DRAM ceiling, and its useful flops at its bf16 tensor-core ceiling: the part's peak at its "
+            "maximum clocks (DRAM from NVML's maximum memory clock and bus width; bf16 from the SMs, their maximum "
+            "clock and the tensor cores' flops per clock), or the measured copy or matmul where a run has no peak, "
+            "as each run says. A cell is the path's floor / its time on the step (`pct_of_floor`; 100% runs at the "
             "ceiling, which no kernel reaches; the line above each table gives the node's measured copy, read and "
             "matmul rates, what a kernel can attain): median (best, points). "
             "Memory-bound: the bytes' time is the larger. The findings page shows the runs its answers draw on.",
