@@ -171,3 +171,31 @@ def test_an_xpass_says_the_gate_is_blind_where_it_passes_the_predicted_output_to
     row = sweep.measure_point(_point("planted-wide", w), w, sweep.SweepOptions(torch.device("cpu"), timed=False), None)
     assert row["status"] == "xpass"
     assert row["reason"].startswith("KNOWN BUG NOT CAUGHT: the gate is blind here"), row["reason"]
+
+
+def test_an_xpass_of_rows_predicted_out_of_step_says_the_library_changed(monkeypatch):
+    """A path predicted to write rows out of step (``garbled``) whose output came out right: nothing it could see
+    gives that output, so the library changed."""
+    import dataclasses
+    from swabench.run import sweep
+
+    w = workload(4, 40, 8)
+    out_of_step = dataclasses.replace(registry.get("planted-wide"), make=registry.get("torch-trim").make,
+                                      visibility=registry.exact,
+                                      garbled=lambda c, qo, kv, b: [torch.ones(q, dtype=torch.bool) for q in qo])
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: out_of_step if name == "planted-wide" else real(name))
+    row = sweep.measure_point(_point("planted-wide", w), w, sweep.SweepOptions(torch.device("cpu"), timed=False), None)
+    assert row["must_fail"] and row["status"] == "xpass"
+    assert "the library changed (predicted to write rows out of step" in row["reason"], row["reason"]
+
+
+def test_the_output_predicted_for_a_path_that_drops_sinks_is_the_output_without_them():
+    """paged-sinks-dropped's predicted output is attention without the sink term: the gate fails it on a case with
+    sinks (so an xpass there is the library's change, not a blind gate)."""
+    from swabench.impls.embedded import as_predicted
+
+    w = workload(4, 40, 8, sinks=True)
+    impl = registry.get("paged-sinks-dropped")
+    assert not gate.check(as_predicted(impl, w, "fa2"), w).passed
+    assert gate.check(as_predicted(registry.get("torch-trim"), w, "torch"), w).passed

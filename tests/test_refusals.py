@@ -496,6 +496,34 @@ def test_resume_refuses_a_run_folder_file_that_is_a_link_before_any_point(tmp_pa
     assert precious.read_text() == "precious\n"
 
 
+def test_repro_never_writes_its_issue_body_over_the_log_it_reads(tmp_path):
+    log = tmp_path / "s.md"
+    log.write_text(REPRODUCER_LOG)
+    r = invoke("repro", "--bug", "paged-plan-no-window", "--out", tmp_path / "s.py", "--issue", "--observed", log,
+               "--force")
+    assert r.exit_code == 2 and "which this command reads" in r.output and log.read_text() == REPRODUCER_LOG
+
+
+@pytest.mark.parametrize("args", [("run",), ("show",), ("check",), ("warmup",), ("export-fib",), ("import-fib",),
+                                  ("repro",), ("replay",)])
+def test_an_empty_scenario_trace_or_folder_argument_is_refused(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(*args, "")
+    assert r.exit_code == 2 and "the path is empty" in r.output and not any(tmp_path.iterdir()), r.output
+
+
+@pytest.mark.parametrize("change,said", [({"gpu": ["a"]}, 'key gpu: ["a"] is not allowed'),
+                                         ({"peaks": {"copy_tbps": [1], "bf16_matmul_tflops": 5}},
+                                          "key peaks.copy_tbps: [1] is not allowed"),
+                                         ({"peaks": {"copy_tbps": 4.1}}, "key peaks: holds no bf16_matmul_tflops")])
+def test_a_meta_json_the_migration_would_trip_on_is_refused_naming_the_key(tmp_path, change, said):
+    run = shutil.copytree(FIXTURE_RUN, tmp_path / "run")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, **change}))
+    r = invoke("summary", run)
+    assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
 def test_repro_refuses_an_issue_body_on_its_own_script(tmp_path):
     r = invoke("repro", "--bug", "paged-plan-no-window", "--out", tmp_path / "same.md", "--issue")
     assert r.exit_code == 2 and "the script's own path" in r.output and not (tmp_path / "same.md").exists()

@@ -64,8 +64,7 @@ _OWNER = re.compile(r"^Part of \[the findings\]\(\.\./(.+?)\): ", re.M)
 def _made_for(path: Path) -> str | None:
     """What a page this module wrote is, by its content: '' for a findings page, the file name of its findings page
     for a topic page; None for any other file."""
-    with open(path, "rb") as f:
-        head = f.read(outputs.SNIFF_BYTES).decode(errors="replace")
+    head = outputs.first_bytes(path).decode(errors="replace")
     if not head.startswith(MADE_BY):
         return None
     found = _OWNER.search(head)

@@ -18,14 +18,19 @@ MATRIX_HEADER = "case_id,case,impl,kind,backend,status,upstream,reason,median_us
 SNIFF_BYTES = 1 << 16  # what is read of a file to tell whether swabench wrote it
 
 
+def first_bytes(path: Path) -> bytes:
+    """The first bytes of ``path``, enough to tell by its content what wrote it; b"" where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(SNIFF_BYTES)
+    except OSError:
+        return b""
+
+
 def ours(path: Path) -> bool:
     """Whether the regular file at ``path`` was written by swabench's report, plot, matrix or findings commands, by
     its content: a page's first words, a figure's PNG tag, the matrix table's header."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except OSError:
-        return False
+    head = first_bytes(path)
     if path.suffix == ".png":  # a tEXt chunk: its type, the keyword, a NUL, the text
         return b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
     first = head.split(b"\n", 1)[0].decode(errors="replace")
