@@ -468,6 +468,30 @@ def test_a_length_whose_draws_cannot_be_lengths_is_refused(tmp_path, value):
     assert invoke("show", with_prefix(tmp_path, "lognormal:100:1.0")).exit_code == 0
 
 
+def test_numbers_past_a_float_or_past_the_digits_python_reads_are_refused(tmp_path):
+    huge = "1" + "0" * 400
+    path = small(tmp_path, f'accept = "fixed:{huge}"\n')
+    path.write_text(path.read_text().replace('mode = "verify"', 'mode = "draft_extend"'))
+    refused(invoke("show", path), "sweep[0].accept", "'fixed:N' (1 <= N <= 2**31 - 1)")
+    line = tmp_path / "t.jsonl"
+    line.write_text('{"mode": "decode", "window_left": 31, "sm_scale": ' + huge + ', "requests": [[100, 1]]}\n')
+    refused(invoke("replay", line, "--device", "cpu", "--out", tmp_path / "r"), "line 1.sm_scale: must be a number > 0")
+    digits = "line 1: not JSON (a number of more than 4300 digits)"
+    line.write_text('{"mode": "decode", "window_left": 31, "requests": [[1' + "0" * 5000 + ', 1]]}\n')
+    refused(invoke("replay", line, "--device", "cpu", "--out", tmp_path / "r"), digits)
+    root = exported(tmp_path)
+    records = workload_file(root, DECODE)
+    records.write_text(records.read_text().replace('{"definition"', '{"n": ' + "9" * 5000 + ', "definition"', 1))
+    refused(import_fib(root, DECODE, tmp_path), digits)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "back.jsonl").exists()
+    from swabench.inputs import dumps
+
+    log = tmp_path / "session.jsonl"
+    log.write_text('{"n": ' + "9" * 5000 + '}\n{"n": 1}\n')
+    with pytest.raises(dumps.DumpError, match=r"line 1 is not JSON \(a number of more than 4300 digits\)"):
+        list(dumps._jsonl(log, [], may_be_cut=False))
+
+
 @pytest.mark.parametrize("field,value,words", [
     ("sm_scale", 1e300, "the float32 logits overflow"), ("sm_scale", 5e-324, "8 nats / sm_scale a feature"),
     ("logits_soft_cap", 1e-300, "0.3 cap / sm_scale"), ("logits_soft_cap", 1e308, "float32 cap and logits")])

@@ -17,7 +17,7 @@ from swabench.core import semantics, trees
 MODES = ("extend", "verify", "draft_extend", "decode", "mixed")
 STORAGES = ("paged", "ragged")
 WRAPPER_MODES = ("cuda-graph", "plain")  # how a library's wrappers are built: fixed buffers for capture, or not
-ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
+ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' (1 <= N <= 2**31 - 1) or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens",
             "mixed": "extend_len"}  # its query count (a mixed step's prefill chunk)
 # Axes added after results were published: a case leaves them out of its id while they hold these
@@ -104,7 +104,7 @@ def parse_accept(value) -> tuple[str, float]:
     try:
         if kind in ("uniform", "full") and not arg:
             return kind, 0.0
-        if kind == "fixed" and int(arg) >= 1:
+        if kind == "fixed" and 1 <= int(arg) <= DRAW_MAX:
             return kind, float(int(arg))
         if kind == "geometric" and 0.0 < float(arg) < 1.0:
             return kind, float(arg)

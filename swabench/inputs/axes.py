@@ -4,6 +4,8 @@ the field and the allowed values."""
 
 from __future__ import annotations
 
+import math
+
 from swabench.core import footprint, numerics, semantics, trees
 from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
                                   parse_length)
@@ -89,10 +91,13 @@ def _bool(value):
 
 def _float(lo: float, what: str, open_low: bool = False):
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                or value < lo or (open_low and value == lo) or value == float("inf"):
+        try:
+            number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+        except OverflowError:  # an integer past the largest float (a trace line's JSON may hold one)
+            number = None
+        if number is None or not math.isfinite(number) or number < lo or (open_low and number == lo):
             raise ValueError(f"must be {what}, got {value!r}")
-        return float(value)
+        return number
     return check
 
 

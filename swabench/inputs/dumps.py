@@ -236,8 +236,10 @@ def _jsonl(path: Path, cut: list, may_be_cut: bool, name: str | None = None):
                     raise DumpError(path, f"line {held[0]} is not JSON ({held[1]}): a corrupt log")
                 try:
                     record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    held = (n, getattr(e, "msg", None) or str(e))
+                except ValueError as e:  # a JSON or UTF-8 error, or a number of more digits than Python converts
+                    from swabench.inputs.traces import not_json
+
+                    held = (n, not_json(e))
                     continue
                 except RecursionError:
                     raise DumpError(path, f"line {n} is nested too deeply: not a FlashInfer API log") from None

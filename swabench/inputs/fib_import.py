@@ -63,8 +63,10 @@ def _json(path: Path, what: str):
         return json.loads(path.read_text(), object_pairs_hook=traces.keys_once)
     except traces.RepeatedKey as e:
         raise FibError(f"{path}: {what}: key {e.args[0]!r} is given twice") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FibError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or e})") from None
+    except OSError as e:
+        raise FibError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except ValueError as e:
+        raise FibError(f"{path}: cannot read {what} ({traces.not_json(e)})") from None
     except RecursionError:
         raise FibError(f"{path}: {what} is nested too deeply") from None
 
@@ -177,8 +179,8 @@ def _workload_records(root: Path, wanted: str):
                 record = json.loads(text, object_pairs_hook=traces.keys_once)
             except traces.RepeatedKey as e:
                 raise FibError(f"{file}: line {n}: key {e.args[0]!r} is given twice") from None
-            except json.JSONDecodeError as e:
-                raise FibError(f"{file}: line {n}: not JSON ({e.msg})") from None
+            except ValueError as e:
+                raise FibError(f"{file}: line {n}: not JSON ({traces.not_json(e)})") from None
             except RecursionError:
                 raise FibError(f"{file}: line {n}: nested too deeply to be a workload record") from None
             if not isinstance(record, dict) or not isinstance(record.get("workload"), dict):

@@ -19,6 +19,7 @@ folder as any scenario, and the folder's meta.json keeps each case's weight.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,8 @@ def parse(data: bytes, path="<trace>") -> Counter:
             continue
         try:
             line = json.loads(text, object_pairs_hook=keys_once)
-        except json.JSONDecodeError as e:
-            raise TraceError(path, n, f"not JSON ({e.msg})") from None
+        except ValueError as e:
+            raise TraceError(path, n, f"not JSON ({not_json(e)})") from None
         except RecursionError:
             raise TraceError(path, n, "nested too deeply to be a trace line") from None
         except RepeatedKey as e:
@@ -127,6 +128,14 @@ def verify_problem(requests, verify_max: int = VERIFY_MAX) -> str | None:
         return (f"a verify step's requests each check one draft block of the same size, at most {verify_max} tokens; "
                 f"these have {', '.join(map(str, blocks[:4]))}{' ...' if len(blocks) > 4 else ''}")
     return None
+
+
+def not_json(e: ValueError) -> str:
+    """Why json.loads refused a text: the decoder's words, or a number of more digits than Python converts (whose
+    own message names a setting of the reading program, not a fault of the file)."""
+    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+        return getattr(e, "msg", None) or str(e)
+    return f"a number of more than {sys.get_int_max_str_digits()} digits"
 
 
 class RepeatedKey(Exception):
