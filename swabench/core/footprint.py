@@ -90,7 +90,7 @@ def call_work(case: Case, library: str, every_key: bool = False) -> tuple[int, i
     h, d = case.num_qo_heads, case.head_dim
     if library == "flex":
         n, q, k, _ = max(_flex_layouts(case), key=lambda x: x[0] * x[1] * x[2])
-        return 2 * n * q * k * h * d, n * h * k * (8 * d + 16 * q)
+        return 2 * n * q * k * h * d, n * h * k * (3 * ELEMENT_BYTES[case.dtype] * d + 16 * q)
     shapes = [(n, q, k if every_key else min(k, q + _span(case, k))) for n, q, k in _requests(case)]
     return (sum(2 * n * q * k * h * d for n, q, k in shapes),
             sum(n * _torch_call(case, q, k) for n, q, k in shapes))
@@ -166,21 +166,28 @@ def _flex_layouts(case: Case) -> list[tuple[int, int, int, int]]:
     return [(b, qo, rows, 0), (b, qo, kv, copies), (1, queries, rows, 0)]
 
 
+RETAINED_MAX = 256 << 20  # what the allocator's arenas keep of a call's freed blocks, at most (see call_bytes)
+
+
 def call_bytes(case: Case, library: str, device_type: str) -> int:
     """What a path of ``library`` takes beside the case's footprint: on the CPU, PyTorch's SDPA and eager
-    FlexAttention materialize what a GPU kernel keeps on chip, and the allocator's per-thread arenas may keep one
-    call's memory apart from the next one's (timed calls come back to back) and from the gate's: twice a call, on
-    top of the footprint.  0 where nothing is known."""
+    FlexAttention materialize what a GPU kernel keeps on chip.  glibc hands a freed block above its mmap threshold
+    (32 MiB at most) back at once, but its per-thread arenas keep smaller ones apart from the next call's (timed
+    calls come back to back) and from the gate's: up to a call's worth more, RETAINED_MAX at most (the peaks
+    measured in tests/test_refusals.py).  0 where nothing is known."""
     if device_type != "cpu" or library not in ("torch", "flex"):
         return 0
     (qo, kv), h, d = _worst_lengths(case), case.num_qo_heads, case.head_dim
     if library == "torch":  # over a request's every key (torch-mask), or the batch's window-trimmed keys padded to
         # the longest (torch-batch, which takes no soft-cap or sinks)
         batch = 0 if case.logits_soft_cap or case.sinks else case.batch_size * min(kv, qo + _span(case, kv))
-        return 2 * _torch_call(case, qo, max(kv, batch))
-    # eager FlexAttention widens K and V to [batch, H, keys, D] in float32 and scores every query row against every
-    # key of its layout (16 bytes a score with the mask_mod's evaluation)
-    return 2 * max(n * h * k * (8 * d + 16 * q) + copies for n, q, k, copies in _flex_layouts(case))
+        call = _torch_call(case, qo, max(kv, batch))
+    else:  # eager FlexAttention widens K and V to [batch, H, keys, D] in the queries' dtype (and copies one of them
+        # once more), and scores every query row against every key of its layout (16 bytes a score with the
+        # mask_mod's evaluation)
+        e = ELEMENT_BYTES[case.dtype]
+        call = max(n * h * k * (3 * e * d + 16 * q) + copies for n, q, k, copies in _flex_layouts(case))
+    return call + min(call, RETAINED_MAX)
 
 
 def _keys_phrase(case: Case) -> str:
