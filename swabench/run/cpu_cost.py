@@ -1,7 +1,8 @@
 """What a sweep costs on the CPU before it starts, from its cases' arithmetic alone (``core.footprint``): the
-buffers it fills (a case's build; each point's random fills and probe passes), and the multiply-adds and the bytes
-of every call through the reference and the paths that run here (the gate's passes, then the timed calls), at
-rates measured on this suite's CPU runs.  The command line says it before such work, so that a user knows."""
+buffers it fills (a case's build; each point's random fills and probe passes), and every call through the reference
+and the paths that run here (the gate's passes, then the timed calls), each as long as the larger of its
+multiply-adds and the bytes it writes take, at rates measured on this suite's CPU runs.  The command line says it
+before such work, so that a user knows."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-# per CPU thread: the gate's float64 reference and PyTorch's bf16 attention alike (an extend step of gemma-3-1b,
-# 4 x 2048 queries on 10240 keys, gated by torch-trim on 2 threads: 687 G multiply-adds in 164 s)
-MULTIPLY_ADDS_PER_S = 2e9
-# per CPU thread: what SDPA writes widening the keys (torch-mask on 32 decodes of 4096 to 16384 keys, 32 heads:
-# 31 GB a call, 10 s on 2 threads), and elements drawn into the buffers (a 1.5 G element cache built in 10 s)
-BYTES_PER_S = 1.5e9
-FILLS_PER_S = 8e7
+# Per CPU thread, measured on 2: PyTorch's bf16 attention (an extend of 2 x 1024 queries on their 1536-key windows,
+# 6.4 G multiply-adds in 0.6 s), what SDPA writes widening the keys (decodes and verifies of 1 to 16 k keys through
+# torch-mask and torch-trim: 1.0 to 1.7 GB/s), and the elements the gate's fills draw (269 M in 1.5 s).  The float64
+# reference takes twice a path's call.
+MULTIPLY_ADDS_PER_S = 5e9
+BYTES_PER_S = 8e8
+FILLS_PER_S = 9e7
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,7 @@ class CpuCost:
     multiply_adds: int
     bytes_written: int
     filled: int  # elements drawn into the buffers
-    timed_s: float  # the timers' least time per timed point, whatever a call costs
-    threads: int
-
-    @property
-    def seconds(self) -> float:
-        per_thread = (self.multiply_adds / MULTIPLY_ADDS_PER_S + self.bytes_written / BYTES_PER_S
-                      + self.filled / FILLS_PER_S)
-        return per_thread / self.threads + self.timed_s
+    seconds: float
 
     def describe(self, of: int) -> str:
         """'12 of 216 points run on the CPU: ...': what the command line prints before the work."""
@@ -42,7 +36,7 @@ class CpuCost:
             f"{minutes / 60:.1f} h"
         return (f"{self.points} of {of} points run on the CPU: {_count(self.multiply_adds)} multiply-adds, "
                 f"{human_bytes(self.bytes_written)} written to memory by the calls, {_count(self.filled)} elements "
-                f"filled: about {took} on {self.threads} CPU threads (estimated from the shapes)")
+                f"filled: about {took} on {torch.get_num_threads()} CPU threads (estimated from the shapes)")
 
 
 def _count(n: float) -> str:
@@ -53,6 +47,11 @@ def _count(n: float) -> str:
         n /= 1000
 
 
+def _call_s(work: tuple[int, int]) -> float:
+    """One call's seconds on one thread: its multiply-adds or its bytes, whichever take longer."""
+    return max(work[0] / MULTIPLY_ADDS_PER_S, work[1] / BYTES_PER_S)
+
+
 def estimate(points, device: torch.device, timed: bool = True) -> CpuCost:
     """The cost of ``points`` on ``device`` (the CPU), the points that cannot run here (the library, or the memory
     free now) left out."""
@@ -61,9 +60,10 @@ def estimate(points, device: torch.device, timed: bool = True) -> CpuCost:
     from swabench.measure import timing
     from swabench.run import memory, sweep
 
-    host, by_case = timing.HostTimerOptions(), sweep.points_by_case(points)
-    run = macs = written = filled = timed_points = 0
-    for case, mine in by_case.items():
+    host = timing.HostTimerOptions()
+    run = macs = written = filled = 0
+    seconds = 0.0  # on one thread
+    for case, mine in sweep.points_by_case(points).items():
         here = [] if memory.too_big(case, device) else \
             [p for p in mine if not registry.get(p.impl).skip_reason(case, p.backend, device)]
         here = [p for p in here if not memory.call_too_big(p, device)]
@@ -71,16 +71,16 @@ def estimate(points, device: torch.device, timed: bool = True) -> CpuCost:
             continue
         passes = 1 + probes.passes(case.num_qo_heads, case.window_left, case.attention_chunk, case.tree is not None,
                                    case.block)
-        filled += footprint.buffer_elements(case) * (1 + len(here) * 2 * passes)  # the build; each point's random
-        # fills (before and after its gate) and probe passes (the values drawn, keys and values written)
-        ref = footprint.call_work(case, "torch")  # the reference, once a pass
-        macs, written = macs + passes * ref[0], written + passes * ref[1]
+        # the build; each point's random fills (before and after its gate) and probe passes
+        fills = footprint.buffer_elements(case) * (1 + len(here) * (1 + passes))
+        calls = [(2 * passes, footprint.call_work(case, "torch"))]  # the reference, once a pass, in float64
         for p in here:
             impl = registry.get(p.impl)
             times = timed and (not impl.expected_to_fail or impl.timed_where_exact)
-            calls = passes + (host.warmup + host.min_repeats if times else 0)
-            work = footprint.call_work(case, impl.library, impl.baseline)
-            macs, written, timed_points = macs + calls * work[0], written + calls * work[1], timed_points + times
-        run += len(here)
-    budget = host.budget_s + sweep.PLAN_TIMER.budget_s
-    return CpuCost(run, macs, written, filled, timed_points * budget, torch.get_num_threads())
+            calls.append((passes + (host.warmup + host.min_repeats if times else 0),
+                          footprint.call_work(case, impl.library, impl.baseline)))
+            seconds += (host.budget_s + sweep.PLAN_TIMER.budget_s) * torch.get_num_threads() if times else 0
+        run, filled = run + len(here), filled + fills
+        macs, written = macs + sum(n * w[0] for n, w in calls), written + sum(n * w[1] for n, w in calls)
+        seconds += fills / FILLS_PER_S + sum(n * _call_s(w) for n, w in calls)
+    return CpuCost(run, macs, written, filled, seconds / torch.get_num_threads())

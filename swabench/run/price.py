@@ -102,10 +102,12 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
 
 
 def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> None:
+    import torch
+
     from swabench.run import cpu_cost
 
     cost = cpu_cost.estimate(scenario.points, device)
-    work, threads, minutes = cost.multiply_adds, cost.threads, cost.seconds / 60
+    work, threads, minutes = cost.multiply_adds, torch.get_num_threads(), cost.seconds / 60
     if minutes * 60 <= CPU_LIMIT_S:
         return
     cases = scenario.cases
