@@ -339,9 +339,10 @@ def run(points: list[Point], store, options: SweepOptions, name: str = "") -> It
                     try:
                         w = workloads.build(case, options.device)
                     except Exception as e:
-                        if not memory.out_of_memory(e):
+                        refused = memory.out_of_memory(e)
+                        if not refused:
                             raise
-                        skip = f"resource: out of memory building the workload ({memory.out_of_memory(e)})"
+                        skip = f"resource: out of memory building the workload ({refused})"
                 workload_s = time.perf_counter() - started
                 lengths = workloads.request_lengths(case) if w is None and not skip else None
                 for point in points:
