@@ -95,7 +95,7 @@ def test_interrupted_run_resumes_without_duplicating_or_losing_rows(tiny, tmp_pa
 @pytest.mark.parametrize("edit,words", [
     (("window_left = [3, 15]", "windw_left = [3, 15]"), ["windw_left", "unknown axis", "did you mean 'window_left'"]),
     (("window_left = [3, 15]", "window_left = [-3]"), ["window_left", "from -1 to 2147483647"]),
-    (("storage = [", "page_size = 0\nstorage = ["), ["page_size", ">= 1"]),
+    (("storage = [", "page_size = 0\nstorage = ["), ["page_size", "from 1 to 65536"]),
     (("prefix_len = 40", "seq_len = 2"), ["draft_tokens", "larger than seq_len 2"]),
     (('"torch-mask"', '"torch-msak"'), ["unknown implementation 'torch-msak'", "did you mean 'torch-mask'"]),
 ])

@@ -152,7 +152,7 @@ def test_a_price_runs_the_engines_correct_paths_unless_told(tmp_path, monkeypatc
 def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estimate(tmp_path, monkeypatch):
     """The template steps are a GPU's: gating and timing them on the CPU takes half an hour and more."""
     from swabench.core import footprint
-    from swabench.run import price as pricing
+    from swabench.run import cpu_cost, price as pricing
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     r = invoke("price", "--model", "gemma-3-1b", "--device", "cpu", "--out", tmp_path / "p")
     assert r.exit_code == 2 and not (tmp_path / "p").exists()
@@ -166,10 +166,10 @@ def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estim
     assert pricing.request("gemma-3-1b", None, (), (), tmp_path / "r", torch.device("cpu"), resume=True)  # chosen
     monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))
     scenario = pricing.request("gemma-3-1b", None, (), (), tmp_path / "c", torch.device("cpu")).scenario
-    work = pricing.cpu_work(scenario, torch.device("cpu"))
-    assert float(said[1]) == round(work / 1e12, 1) and int(said[2]) == round(work / 2 / pricing.CPU_MULTIPLY_ADDS_PER_S / 60)
+    cost = cpu_cost.estimate(scenario.points, torch.device("cpu"))
+    assert float(said[1]) == round(cost.multiply_adds / 1e12, 1) and int(said[2]) == round(cost.seconds / 60)
     one = next(c for c in scenario.cases if c.mode == "decode")  # 32 requests, one query on 32769 keys, 4 heads x 256
-    assert footprint.dense_multiply_adds(one) == 2 * 32 * 32769 * 4 * 256
+    assert footprint.call_work(one, "torch", every_key=True)[0] == 2 * 32 * 32769 * 4 * 256
 
 
 def test_bad_input_names_the_problem_before_anything_runs(tmp_path):

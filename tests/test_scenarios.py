@@ -83,7 +83,7 @@ def test_case_id_is_stable_and_distinguishes_shapes(tmp_path):
 @pytest.mark.parametrize("edit,field,words", [
     (("window_left = 16", "windw_left = 16"), "sweep[0].windw_left", ["unknown axis", "did you mean 'window_left'", "allowed:"]),
     (("window_left = 16", "window_left = -2"), "sweep[0].window_left", ["integer from -1 to", "-2"]),
-    (("window_left = 16", "window_left = 16\npage_size = 0"), "sweep[0].page_size", ["integer >= 1", "got 0"]),
+    (("window_left = 16", "window_left = 16\npage_size = 0"), "sweep[0].page_size", ["from 1 to 65536", "got 0"]),
     (("prefix_len = 100", "seq_len = 3"), "sweep[0].draft_tokens", ["larger than seq_len 3"]),
     (('["torch-trim"]', '["torch-trimm"]'), "implementations", ["unknown implementation 'torch-trimm'", "did you mean 'torch-trim'", "allowed:"]),
     (('mode = "verify"', 'mode = "prefill"'), "sweep[0].mode", ["extend, verify, draft_extend, decode", "'prefill'"]),

@@ -17,7 +17,7 @@ from swabench.core import semantics, trees
 MODES = ("extend", "verify", "draft_extend", "decode", "mixed")
 STORAGES = ("paged", "ragged")
 WRAPPER_MODES = ("cuda-graph", "plain")  # how a library's wrappers are built: fixed buffers for capture, or not
-ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' or 'geometric:P' (0 < P < 1)"
+ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' (1 <= N <= 2**31 - 1) or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens",
             "mixed": "extend_len"}  # its query count (a mixed step's prefill chunk)
 # Axes added after results were published: a case leaves them out of its id while they hold these
@@ -30,12 +30,13 @@ SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "k
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
 LENGTH_SALT = {"prefix_len": 1, "seq_len": 2, "qo_len": 3}  # each length field draws from its own stream
 LOGNORMAL_TAIL = 4.0  # lognormal draws stop at MEDIAN * e^(4 SIGMA): a bound the memory estimate can use
+DRAW_MAX = 2 ** 31 - 1  # a drawn length past FlashInfer's int32 index could never run (nor become a float)
 
 
 def parse_length(value, lo: int):
     """A length axis value: an integer >= lo (every request), a distribution drawn per request with
-    the case seed ('uniform:LO:HI', 'lognormal:MEDIAN:SIGMA'), or an explicit per-request list (a
-    tuple).  ValueError naming the forms otherwise."""
+    the case seed ('uniform:LO:HI', 'lognormal:MEDIAN:SIGMA', its draws at most DRAW_MAX), or an explicit
+    per-request list (a tuple).  ValueError naming the forms otherwise."""
     def whole(x):
         return isinstance(x, int) and not isinstance(x, bool) and x >= lo
     if whole(value):
@@ -46,13 +47,15 @@ def parse_length(value, lo: int):
         kind, _, args = value.partition(":")
         parts = args.split(":")
         try:
-            if kind == "uniform" and len(parts) == 2 and lo <= int(parts[0]) <= int(parts[1]):
+            if kind == "uniform" and len(parts) == 2 and lo <= int(parts[0]) <= int(parts[1]) <= DRAW_MAX:
                 return value
-            if kind == "lognormal" and len(parts) == 2 and int(parts[0]) >= max(lo, 1) and 0 < float(parts[1]) < 4:
+            if kind == "lognormal" and len(parts) == 2 and max(lo, 1) <= int(parts[0]) <= DRAW_MAX \
+                    and 0 < float(parts[1]) < 4 and length_bound(value) <= DRAW_MAX:
                 return value
         except ValueError:
             pass
-    raise ValueError(f"must be {LENGTH_FORMS} (integers >= {lo}; LO <= HI; 0 < SIGMA < 4); got {value!r}")
+    raise ValueError(f"must be {LENGTH_FORMS} (integers >= {lo}; LO <= HI; 0 < SIGMA < 4; a distribution's "
+                     f"draws, HI or MEDIAN * e^(4 SIGMA), at most {DRAW_MAX}: FlashInfer's int32); got {value!r}")
 
 
 def draw_lengths(value, batch: int, seed: int, salt: int) -> list[int]:
@@ -101,7 +104,7 @@ def parse_accept(value) -> tuple[str, float]:
     try:
         if kind in ("uniform", "full") and not arg:
             return kind, 0.0
-        if kind == "fixed" and int(arg) >= 1:
+        if kind == "fixed" and 1 <= int(arg) <= DRAW_MAX:
             return kind, float(int(arg))
         if kind == "geometric" and 0.0 < float(arg) < 1.0:
             return kind, float(arg)

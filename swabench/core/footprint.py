@@ -70,12 +70,37 @@ def _drawn(case: Case) -> tuple[list[int], list[int]]:
     return q, case.drawn("seq_len") if case.seq_len is not None else [p + x for p, x in zip(case.drawn("prefix_len"), q)]
 
 
-def dense_multiply_adds(case: Case) -> int:
-    """Multiply-adds of one attention call of a case over every query's keys, QK^T then PV: a bound on
-    the reference's and a path's (a masked path reads every key); what the CPU's time goes to."""
-    b, (qo, kv) = case.batch_size, _worst_lengths(case)
-    pairs = b * qo * kv if case.uniform_lengths or b > DRAW_LIMIT else sum(x * y for x, y in zip(*_drawn(case)))
-    return 2 * pairs * case.num_qo_heads * case.head_dim
+def _requests(case: Case) -> list[tuple[int, int, int]]:
+    """(requests, queries, keys) of each request shape: the drawn lengths where each request has its own, else the
+    batch at its worst lengths."""
+    if case.uniform_lengths or case.batch_size > DRAW_LIMIT:
+        return [(case.batch_size, *_worst_lengths(case))]
+    return [(1, q, k) for q, k in zip(*_drawn(case))]
+
+
+def _span(case: Case, kv: int) -> int:
+    """Keys before a query's own that a window or a chunk lets it reach (every key without either)."""
+    return case.attention_chunk or (case.window_left + 1 if case.window_left >= 0 else kv)
+
+
+def call_work(case: Case, library: str, every_key: bool = False) -> tuple[int, int]:
+    """(multiply-adds, bytes written) of one call of a path of ``library`` on the CPU, QK^T then PV over the keys it
+    gathers: a request's every key (``every_key``, a masked path) or those its window reaches, each widened to every
+    query head with its scores (``_torch_call``); eager FlexAttention over its largest layout (``_flex_layouts``)."""
+    h, d = case.num_qo_heads, case.head_dim
+    if library == "flex":
+        n, q, k, _ = max(_flex_layouts(case), key=lambda x: x[0] * x[1] * x[2])
+        return 2 * n * q * k * h * d, n * h * k * (3 * ELEMENT_BYTES[case.dtype] * d + 16 * q)
+    shapes = [(n, q, k if every_key else min(k, q + _span(case, k))) for n, q, k in _requests(case)]
+    return (sum(2 * n * q * k * h * d for n, q, k in shapes),
+            sum(n * _torch_call(case, q, k) for n, q, k in shapes))
+
+
+def buffer_elements(case: Case) -> int:
+    """Elements of the workload's queries and K/V stores: what each fill of its data draws."""
+    queries, keys, pages = _totals(case)
+    rows = pages * case.page_size if case.storage == "paged" else keys
+    return queries * case.num_qo_heads * case.head_dim + 2 * rows * case.num_kv_heads * case.head_dim
 
 
 def _reference_chunk(case: Case, qo: int, kv: int, acc: int) -> int:
@@ -120,6 +145,49 @@ def footprint(case: Case, device_type: str = "cpu") -> Footprint:
     host = 8 * (5 * keys + 4 * queries + 2 * pages + 4 * (b + 1)) + 6 * b * PY_LIST_ENTRY
     mask = b * (qo * kv + (qo * kv + 7) // 8)  # semantics.custom_mask + packed_mask_bytes
     return Footprint(device_bytes=device, host_bytes=host, mask_bytes=mask, kv_bytes=kv_bytes)
+
+
+def _torch_call(case: Case, rows: int, keys: int) -> int:
+    """Bytes PyTorch writes for one SDPA over ``keys`` gathered keys and ``rows`` queries: the gathered K and V,
+    widened to every query head and upcast to float32 by its math path (K scaled once more), 20 bytes a key
+    element; float32 [H, rows, keys] scores, mask and softmax (24 bytes an element where a soft-cap or sinks are
+    written out by hand)."""
+    by_hand = bool(case.logits_soft_cap or case.sinks)
+    return keys * case.num_qo_heads * (20 * case.head_dim + (24 if by_hand else 12) * rows)
+
+
+def _flex_layouts(case: Case) -> list[tuple[int, int, int, int]]:
+    """(batch, rows, keys, own copies' bytes) of eager FlexAttention's calls: flex-window's batch over the whole
+    storage, flex-contiguous's over the longest request (with its three copies of the keys), flex-flat's one
+    sequence of every query."""
+    (qo, kv), b, (queries, keys, pages) = _worst_lengths(case), case.batch_size, _totals(case)
+    rows = pages * case.page_size if case.storage == "paged" else keys
+    copies = 3 * b * case.num_kv_heads * kv * case.head_dim * ELEMENT_BYTES[case.cache_dtype]
+    return [(b, qo, rows, 0), (b, qo, kv, copies), (1, queries, rows, 0)]
+
+
+RETAINED_MAX = 256 << 20  # what the allocator's arenas keep of a call's freed blocks, at most (see call_bytes)
+
+
+def call_bytes(case: Case, library: str, device_type: str) -> int:
+    """What a path of ``library`` takes beside the case's footprint: on the CPU, PyTorch's SDPA and eager
+    FlexAttention materialize what a GPU kernel keeps on chip.  glibc hands a freed block above its mmap threshold
+    (32 MiB at most) back at once, but its per-thread arenas keep smaller ones apart from the next call's (timed
+    calls come back to back) and from the gate's: up to a call's worth more, RETAINED_MAX at most (the peaks
+    measured in tests/test_refusals.py).  0 where nothing is known."""
+    if device_type != "cpu" or library not in ("torch", "flex"):
+        return 0
+    (qo, kv), h, d = _worst_lengths(case), case.num_qo_heads, case.head_dim
+    if library == "torch":  # over a request's every key (torch-mask), or the batch's window-trimmed keys padded to
+        # the longest (torch-batch, which takes no soft-cap or sinks)
+        batch = 0 if case.logits_soft_cap or case.sinks else case.batch_size * min(kv, qo + _span(case, kv))
+        call = _torch_call(case, qo, max(kv, batch))
+    else:  # eager FlexAttention widens K and V to [batch, H, keys, D] in the queries' dtype (and copies one of them
+        # once more), and scores every query row against every key of its layout (16 bytes a score with the
+        # mask_mod's evaluation)
+        e = ELEMENT_BYTES[case.dtype]
+        call = max(n * h * k * (3 * e * d + 16 * q) + copies for n, q, k, copies in _flex_layouts(case))
+    return call + min(call, RETAINED_MAX)
 
 
 def _keys_phrase(case: Case) -> str:

@@ -23,7 +23,8 @@ window, every node whose slot is past its depth loses the cached keys ``[prefix 
   full-prefix tree mask (``n x (prefix + n)`` per request, which FlashInfer reads ``n x`` the planned length at a
   time), and given ``window_left = W`` at run, which only moves each query tile's first key.
 - ``vllm-tree-window``: vLLM's tree attention (``tree_attn.py``, its Triton ``unified_attention``) applies the window
-  and causality by the node's slot and adds the tree bias: its rule, emulated in PyTorch (vLLM is not installed).
+  and causality by the node's slot and adds the tree bias: its rule, emulated in PyTorch (vLLM is not installed) on
+  the keys from ``prefix - W`` on, the oldest its first node's window reaches.
 - ``tree-xqa``, ``tree-trtllm-gen``: what 0.7.4 offers for trees elsewhere, skipped with the reason.
 """
 
@@ -208,7 +209,7 @@ fi.register_variant("sglang-verify-tree", "SGLang's EAGLE target verify on an SW
 register(Implementation(
     "vllm-tree-window", "torch", ("paged", "ragged"), "vLLM's tree attention rule (Triton unified_attention): the "
     "window and causality by the node's slot, the tree bias on top; emulated in PyTorch",
-    lambda w, backend: GatherRunner(w, lambda case, prefix: computed(case, prefix, _slot_rule), trim=False),
+    lambda w, backend: GatherRunner(w, lambda case, prefix: computed(case, prefix, _slot_rule), trim=True),
     kind="known-bug", wrapper="recipe", modes=VERIFY, visibility=_slot_rule, **TREES), __name__)
 
 

@@ -4,7 +4,9 @@ the field and the allowed values."""
 
 from __future__ import annotations
 
-from swabench.core import footprint, semantics, trees
+import math
+
+from swabench.core import footprint, numerics, semantics, trees
 from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
                                   parse_length)
 from swabench.errors import UserError, did_you_mean
@@ -59,6 +61,8 @@ def _head_dim(value):
 
 
 WINDOW_MAX = 2 ** 31 - 1  # FlashInfer takes window_left as a C int32
+PAGE_SIZE_MAX = 1 << 16  # far past any engine's page; a larger one is no cache layout, only a memory estimate's blame
+SEED_MAX = 2 ** 63 - 1
 
 
 def _sliding_window(value):
@@ -87,10 +91,13 @@ def _bool(value):
 
 def _float(lo: float, what: str, open_low: bool = False):
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                or value < lo or (open_low and value == lo) or value == float("inf"):
+        try:
+            number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+        except OverflowError:  # an integer past the largest float (a trace line's JSON may hold one)
+            number = None
+        if number is None or not math.isfinite(number) or number < lo or (open_low and number == lo):
             raise ValueError(f"must be {what}, got {value!r}")
-        return float(value)
+        return number
     return check
 
 
@@ -110,14 +117,16 @@ AXES = {
     "accept": _accept,
     "window_left": _int(-1, f"an integer from -1 to {WINDOW_MAX} (-1 = no window; FlashInfer's int32)", WINDOW_MAX),
     "sliding_window": _sliding_window,
-    "page_size": _int(1, "an integer >= 1"),
+    "page_size": _int(1, f"an integer from 1 to {PAGE_SIZE_MAX} (the keys a page holds: engines use 1 to 256)",
+                      PAGE_SIZE_MAX),
     "page_layout": _choice(PAGE_LAYOUTS),
     "num_qo_heads": _int(1, "an integer >= 1"),
     "num_kv_heads": _int(1, "an integer >= 1"),
     "head_dim": _head_dim,
     "dtype": _choice(("bfloat16", "float16", "float32"), DTYPES),
     "backend": _backend,
-    "seed": _int(0, "an integer >= 0"),
+    "seed": _int(0, f"an integer from 0 to 2**63 - 1 = {SEED_MAX} (torch's generators take 64 bits, and the "
+                    f"gate seeds some at small offsets from it)", SEED_MAX),
     "sinks": _bool,
     "logits_soft_cap": _float(0.0, "a number >= 0 (0 = off; Gemma 2 uses 50)"),
     "sm_scale": _float(0.0, "a number > 0 (default head_dim ** -0.5)", open_low=True),
@@ -240,6 +249,9 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
     if never:
         raise ScenarioError(path, where, never)
     _check_probe_fits(case, path, where, "sliding_window" if "sliding_window" in p else "window_left")
+    wrong = numerics.out_of_range(case)
+    if wrong:
+        raise ScenarioError(path, f"{where}.{wrong[0]}", wrong[1])
     return case
 
 

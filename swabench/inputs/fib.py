@@ -256,10 +256,11 @@ def _run_steps(folder: Path) -> list:
     path = folder / schema.SCENARIO
     doc, _ = scenarios.read(path)
     fixed = {k: v for k, v in doc.get("fixed", {}).items() if k != "backend"}
-    cases = {}
+    cases, expanded = {}, 0
     for i, group in enumerate(doc.get("sweep", [])):
         table = {k: v for k, v in {**fixed, **group}.items() if k not in ("group", "implementations", "backend")}
         checked = axes.check_axes(table, path, f"sweep[{i}]")
+        expanded = scenarios.check_size(path, f"sweep[{i}]", checked, 1, 1, expanded)
         for values in itertools.product(*checked.values()):
             case = axes.make_case(dict(zip(checked, values)), path, f"sweep[{i}]")
             cases[case.case_id] = case

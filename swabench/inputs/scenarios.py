@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -184,7 +185,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
         rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
 
-    points, skipped, listed = [], [], []
+    points, skipped, listed, checked, expanded = [], [], [], [], 0
     for gi, group in enumerate(groups):
         group = dict(group) if isinstance(group, dict) else group
         label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
@@ -204,6 +205,10 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         if "model_features" in axes and "model" not in axes:
             raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
         backends = axes.pop("backend", [DEFAULTS["backend"]])
+        expanded = check_size(path, where if label == where else f"{where} ({label})", axes, len(impls),
+                              len(backends), expanded)
+        checked.append((label, where, impls, axes, backends))
+    for label, where, impls, axes, backends in checked:  # every group's size known before any is expanded
         names = list(axes)
         seen = set()
         for combo in itertools.product(*(axes[n] for n in names)):
@@ -234,6 +239,24 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
     return Scenario(name=name, path=str(path), text=text, description=str(doc.get("description", "")),
                     implementations=[n for n in listed if wanted is None or n in wanted], points=points,
                     skipped=skipped)
+
+
+MAX_POINTS = 250_000  # days of GPU time; the largest shipped, edges.toml, counts 54k before its skip rules
+
+
+def check_size(path, where: str, axes: dict, impls: int, backends: int, before: int = 0) -> int:
+    """The points so far once a group's axes (each a list) expand, counted before anything is expanded:
+    ``before`` plus the product of its lists' lengths, implementations and backends; ScenarioError past
+    MAX_POINTS."""
+    points = math.prod(len(v) for v in axes.values()) * impls * backends
+    if before + points <= MAX_POINTS:
+        return before + points
+    factors = [f"{len(v)} {a}" for a, v in axes.items() if len(v) > 1] + [f"{impls} implementations",
+                                                                          f"{backends} backends"]
+    so_far = f", {before + points} with the groups before it" if before else ""
+    raise ScenarioError(path, where, f"expands to {points} points ({' x '.join(factors)}{so_far}): more than the "
+                                     f"{MAX_POINTS} a scenario may sweep; give fewer values (or --impl), or split "
+                                     f"it into scenarios run one after another")
 
 
 def _no_impl_left(path, wanted, available):

@@ -19,6 +19,7 @@ folder as any scenario, and the folder's meta.json keeps each case's weight.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path

@@ -15,9 +15,6 @@ from swabench.errors import UserError
 from swabench.inputs import models, traces
 
 KV_BYTES = 2  # bf16 or fp16 cache elements
-# per CPU thread, the gate's float64 reference and PyTorch's bf16 attention alike (an extend step of gemma-3-1b,
-# 4 x 2048 queries on 10240 keys, gated by torch-trim on 2 threads: 687 G multiply-adds in 164 s)
-CPU_MULTIPLY_ADDS_PER_S = 2e9
 CPU_LIMIT_S = 600  # a price on the CPU longer than this is refused before it starts
 
 
@@ -104,28 +101,13 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
     return request
 
 
-def cpu_work(scenario, device) -> int:
-    """Multiply-adds the CPU spends on ``scenario``: per case, each gate pass through the reference and every
-    path that runs here, and each such path's timed calls (warm-up and least repeats); a dense bound."""
-    from swabench.core import footprint, probes
-    from swabench.impls import registry
-    from swabench.measure import timing
-
-    host = timing.HostTimerOptions()
-    runners = Counter(p.case for p in scenario.points if not registry.get(p.impl).availability(device))
-    work = 0
-    for case, n in runners.items():
-        passes = 1 + probes.passes(case.num_qo_heads, case.window_left, case.attention_chunk, block=case.block)
-        work += footprint.dense_multiply_adds(case) * (passes * (1 + n) + n * (host.warmup + host.min_repeats))
-    return work
-
-
 def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> None:
     import torch
 
-    work = cpu_work(scenario, device)
-    threads = torch.get_num_threads()
-    minutes = work / (CPU_MULTIPLY_ADDS_PER_S * threads) / 60
+    from swabench.run import cpu_cost
+
+    cost = cpu_cost.estimate(scenario.points, device)
+    work, threads, minutes = cost.multiply_adds, torch.get_num_threads(), cost.seconds / 60
     if minutes * 60 <= CPU_LIMIT_S:
         return
     cases = scenario.cases

@@ -20,6 +20,7 @@ from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
+from swabench.run import memory
 from swabench.inputs.axes import make_case
 
 HOST = socket.gethostname()
@@ -173,10 +174,9 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
         return {**row, "status": "skip", "reason": str(e)}
     except registry.ResourceError as e:
         return {**row, "status": "skip", "reason": f"resource: {e}"}
-    except torch.cuda.OutOfMemoryError as e:
-        return {**row, "status": "skip", "reason": f"resource: out of memory ({str(e).splitlines()[0]})"}
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
-        unbuilt = registry.build_failure(e, impl.library)
+        refused = memory.out_of_memory(e)
+        unbuilt = f"out of memory ({refused})" if refused else registry.build_failure(e, impl.library)
         if unbuilt:
             return {**row, "status": "skip", "reason": f"resource: {unbuilt}"}
         declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
@@ -341,19 +341,6 @@ def build_groups(todo: dict[str, Point]) -> list[list[tuple[str, Point]]]:
     return list(together.values())
 
 
-def too_big(case, points: list[Point], device: torch.device) -> str | None:
-    """Why the case cannot be built on this device (its estimate against the free memory), or None."""
-    fp = footprint.footprint(case, device.type)
-    masks = fp.mask_bytes if any(registry.get(p.impl).baseline for p in points) else 0
-    need = fp.device_bytes + masks + (fp.host_bytes if device.type == "cpu" else 0)
-    free = workloads.free_bytes(device)
-    if need <= free:
-        return None
-    return (f"resource: the case needs about {footprint.human_bytes(need)} on {device.type} ({fp.describe()}"
-            + (f", dense masks {footprint.human_bytes(masks)}" if masks else "") + f"); "
-            f"{footprint.human_bytes(free)} free")
-
-
 def points_by_case(points: list[Point]) -> dict:
     grouped: dict = {}
     for p in points:
@@ -369,13 +356,17 @@ def run(points: list[Point], store, options: SweepOptions, name: str = "") -> It
         for case_index, (case, points) in enumerate(todo.items()):
             with nvtx_range(f"case {case.label}", payload=case_index):
                 started, w = time.perf_counter(), None
-                known = {p: skip_reason(p, options) for p in points}
-                skip = too_big(case, points, options.device)
+                skip = memory.too_big(case, options.device)
+                known = {p: skip_reason(p, options) or (None if skip else memory.call_too_big(p, options.device))
+                         for p in points}
                 if not skip and not all(known.values()):  # no workload where every point skips anyway
                     try:
                         w = workloads.build(case, options.device)
-                    except torch.cuda.OutOfMemoryError as e:
-                        skip = f"resource: out of memory building the workload ({str(e).splitlines()[0]})"
+                    except Exception as e:
+                        refused = memory.out_of_memory(e)
+                        if not refused:
+                            raise
+                        skip = f"resource: out of memory building the workload ({refused})"
                 workload_s = time.perf_counter() - started
                 lengths = workloads.request_lengths(case) if w is None and not skip else None
                 for point in points:
