@@ -117,3 +117,14 @@ def standin_calls(impl: str, w, backend: str) -> list:
         runner.plan()
         runner.run()
     return calls
+
+
+@pytest.fixture(autouse=True)
+def flashinfer_importability_asked_afresh():
+    """Tests plant stand-in ``flashinfer`` modules; whether it imports is cached, so each test asks again, and a
+    later test never meets a stand-in that an earlier one removed."""
+    from swabench.impls import flashinfer_library
+
+    flashinfer_library._import_error.cache_clear()
+    yield
+    flashinfer_library._import_error.cache_clear()

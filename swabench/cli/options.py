@@ -167,15 +167,6 @@ def load(name, impls=(), cases=(), device_type="cpu", model=None) -> scenarios.S
     return scenarios.select(scenarios.select_model(s, model), cases)
 
 
-def say_cpu_cost(scenario: scenarios.Scenario, device, timed: bool = True) -> None:
-    """Before a sweep on the CPU, whose paths do in PyTorch what a GPU's kernels do: how much work, and about how
-    long it takes."""
-    if device.type == "cpu":
-        from swabench.run import cpu_cost
-
-        click.echo(cpu_cost.estimate(scenario.points, device, timed).describe(len(scenario.points)), err=True)
-
-
 def report_outcome(outcome, strict: bool, resume_with: str) -> None:
     summary(outcome.table, outcome.folder)
     for text, colour in outcome.messages(strict, resume_with):

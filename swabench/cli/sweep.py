@@ -10,7 +10,7 @@ import click
 
 from swabench.cli.options import (Bar, InputError, PathArg, case_option, costs_option, device_of, impl_option,
                                   l2_option, load, model_option, model_scenario, opt, out_option, report_outcome,
-                                  run_options, say_cpu_cost, scenario_file)
+                                  run_options, scenario_file)
 from swabench.run import launch, lifecycle, shards
 from swabench.inputs import scenarios
 from swabench.inputs.scenarios import matches
@@ -31,7 +31,6 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
         raise InputError("--resume needs --out DIR: the run folder to continue")
     request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted)
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, request.what)
-    say_cpu_cost(s, device, timed)
     outcome = lifecycle.execute(dataclasses.replace(request, out=out), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out))
 
@@ -121,7 +120,6 @@ def replay(trace, impls, device, out, resume, backends, l2):
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the replay to continue")
     request = replaying.request(trace, impls, backends, out, device_of(device), resume, l2)
-    say_cpu_cost(request.scenario, request.device)
     outcome = lifecycle.execute(request, Bar())
     table = replaying.weigh(outcome, request)
     click.echo(markdown_table(table) if len(table) else "no step was timed: nothing to weigh")
@@ -147,7 +145,6 @@ def price(model_name, trace, impls, device, out, resume, backends, l2):
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the pricing to continue")
     request = pricing.request(model_name, trace, impls, backends, out, device_of(device), resume, l2)
-    say_cpu_cost(request.scenario, request.device)
     outcome = lifecycle.execute(request, Bar())
     if outcome.state != "complete":  # a price over some of the steps would read as the whole model's
         click.echo(f"{model_name}: the pricing is {outcome.state}: no {schema.PRICE} until every step is weighed")

@@ -265,6 +265,10 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                 todo = [p for p in s.points if p.key not in done]
                 progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to "
                               f"{request.what} -> {request.out}")
+                if request.device.type == "cpu":  # paths that do in PyTorch what a GPU's kernels do: say how long
+                    from swabench.run import cpu_cost
+
+                    progress.note(cpu_cost.estimate(todo, request.device, request.timed).describe(len(todo)))
                 unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
                     if request.device.type == "cuda" else {}
                 if request.counted:
