@@ -476,14 +476,13 @@ def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_
     assert registry.get("decode-tc-window").skip_reason(c, "cudnn", torch.device("cpu")).startswith("has kernels on")
 
 
-def test_cudnn_is_asked_for_by_name_and_never_taken_by_default():
-    """A scenario may name the cudnn backend; a replay or price that names none runs fa2, fa3 and the shelf's XQA
-    and fmha v2 (kernels an engine routes served steps to), never cuDNN (its graph is on a package the node may
-    lack)."""
+def test_the_opt_in_backends_are_asked_for_by_name_and_a_replay_runs_every_served_one():
+    """A scenario names cudnn or fa4 to run them; a replay or price that names no backend runs every backend an
+    engine serves a step with, each once: fa2, fa3, the shelf's cuDNN, XQA and fmha v2, and FlashAttention-4."""
     from swabench.run import replay
-    assert "cudnn" in registry.backends()
+    assert {"cudnn", "fa4"} <= set(registry.backends())
     assert axes.AXES["backend"]("cudnn") == "cudnn"
-    assert replay._checked_backends(()) == ["fa2", "fa3", "xqa", "fmha-v2"]
+    assert replay._checked_backends(()) == ["fa2", "fa3", "cudnn", "xqa", "fmha-v2", "fa4"]
     assert replay._checked_backends(("fa2",)) == ["fa2"]
 
 

@@ -112,6 +112,24 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 16
     [[sweep]]
+    group = "cudnn"
+    implementations = ["cudnn-prefill", "cudnn-decode", "cudnn-graph", "cudnn-graph-band-w"]
+    backend = "cudnn"
+    mode = "verify"
+    draft_tokens = 3
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 16
+    [[sweep]]
+    group = "fa4"
+    implementations = ["fa4-window", "fa4-window-count"]
+    backend = "fa4"
+    mode = "verify"
+    draft_tokens = 3
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 16
+    [[sweep]]
     group = "fmha-v2"
     implementations = ["fmha-v2-window"]
     backend = "fmha-v2"
@@ -159,7 +177,8 @@ EVERY_PATH = textwrap.dedent("""
     """)
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
 NO_SCRIPT_YET = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked", "batch-attention-trim",
-                 "mixed-two-calls", "pod-window")
+                 "mixed-two-calls", "pod-window", "cudnn-prefill", "cudnn-decode", "cudnn-graph", "cudnn-graph-band-w",
+                 "fa4-window", "fa4-window-count")
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 
@@ -279,7 +298,8 @@ def test_every_declared_and_known_bug_has_a_script():
     assert {b.ref for b in upstream.declared()} <= refs
     known = {i.name for i in registry.all_implementations() if i.expected_to_fail}
     assert {name for name in known if not script.no_script(registry.get(name))} <= refs
-    assert known - refs == {"xqa-window-off-by-one", "batch-attention-trim"}  # no script yet, and they say why
+    assert known - refs == {"xqa-window-off-by-one", "batch-attention-trim", "cudnn-graph-band-w",
+                            "fa4-window-count"}  # no script yet, and they say why
     assert "decode-cliff" in refs
 
 

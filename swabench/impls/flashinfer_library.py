@@ -65,7 +65,7 @@ def _shared_module(impl: str, case, backend: str):
 
 LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-python", "flashinfer"),
                                    module="flashinfer", backends=BACKENDS + (CUDNN, XQA, FMHA_V2),
-                                   chooser="auto", opt_in=(CUDNN, XQA, FMHA_V2), served=(XQA, FMHA_V2),
+                                   chooser="auto", opt_in=(CUDNN, XQA, FMHA_V2), served=(CUDNN, XQA, FMHA_V2),
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module,
                                    build_failure=build_failure))

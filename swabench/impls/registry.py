@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 KINDS = ("correct", "known-bug", "planted")
 # each registers its implementations on import
 MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify",
-           "ranges", "xqa", "fmha_v2", "batch_attention", "mixed")
+           "ranges", "xqa", "fmha_v2", "batch_attention", "mixed", "cudnn", "fa4")
 
 
 class Unsupported(Exception):
@@ -43,6 +43,22 @@ class Runner(Protocol):
     def plan(self) -> None: ...
 
     def run(self) -> None: ...
+
+
+def first_call(runner, recorded: float | None) -> float:
+    """The seconds of a runner's first call, made at its first plan (a kernel compiled, a graph built for the
+    shape): what ``compile_s`` records, apart from the plan and run times, which never include it; ``recorded``
+    where it was made already."""
+    if recorded is not None:
+        return recorded
+    import time
+
+    import torch
+
+    started = time.perf_counter()
+    runner.run()
+    torch.cuda.synchronize(runner.w.device)
+    return time.perf_counter() - started
 
 
 def exact(window_left: int, prefix_len: int, page_size: int) -> semantics.Visibility:

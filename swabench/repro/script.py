@@ -77,12 +77,12 @@ def _shares_inputs(part: Part, parts: list[Part]) -> bool:
 
 def no_script(impl) -> str | None:
     """Why an implementation has no standalone script, or None."""
-    if impl.library not in (FLASHINFER, "torch"):
+    if impl.library == "flex":
         return (f"{impl.name} ({impl.library}) has no standalone script: its block mask is built by swabench's own "
                 f"layout code from the page table, which a script would have to carry")
-    if impl.wrapper in ("xqa", "fmha-v2"):
-        return (f"{impl.name} has no standalone script yet: TRT-LLM's kernels are functions taking block tables "
-                f"(and XQA uint32 lengths and a packed chain mask), which the script writer does not rebuild")
+    if impl.library not in (FLASHINFER, "torch") or impl.wrapper in ("xqa", "fmha-v2", "cudnn"):
+        return (f"{impl.name} has no standalone script yet: it calls functions taking block tables (TRT-LLM's "
+                f"kernels, cuDNN, FlashAttention-4), which the script writer does not rebuild")
     if impl.modes == ("mixed",):
         return (f"{impl.name} has no standalone script yet: its two calls write views of the step's output, which "
                 f"the script writer does not name")

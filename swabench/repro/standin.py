@@ -22,7 +22,8 @@ WRAPPERS = {  # class -> the variable a script names its object
     "BatchPODWithPagedKVCacheWrapper": "pod_wrapper",
 }
 RETURNS = {"BatchPODWithPagedKVCacheWrapper": (0, 2)}  # run() returns new outputs shaped as these arguments
-FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache", "trtllm_fmha_v2_prefill")
+FUNCTIONS = ("xqa", "decode.xqa_batch_decode_with_kv_cache", "trtllm_fmha_v2_prefill",
+             "prefill.cudnn_batch_prefill_with_kv_cache", "decode.cudnn_batch_decode_with_kv_cache")
 # plan() keywords the suite passes only where the installed release takes them (FlashInferRunner's hint)
 OPTIONAL_PLAN_KEYWORDS = ("uniform_q_len",)
 

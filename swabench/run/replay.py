@@ -45,10 +45,10 @@ def steps_request(source, sha256: str, steps, implementations, backends, out: Pa
 
 
 def _checked_backends(backends) -> list[str]:
-    """The backends asked for (--backend), or every library's serving backends (FlashInfer's fa2, fa3 and the
-    shelf's XQA and fmha v2, not cuDNN); UserError for one no library takes."""
+    """The backends asked for (--backend), or every library's serving backends, each once (FlashInfer's fa2, fa3,
+    cuDNN, XQA and fmha v2, FlashAttention-4); UserError for one no library takes."""
     if not backends:
-        return [b for lib in registry.libraries() for b in lib.serving_backends]
+        return list(dict.fromkeys(b for lib in registry.libraries() for b in lib.serving_backends))
     for b in backends:
         try:
             axes.AXES["backend"](b)

@@ -1,0 +1,111 @@
+"""FlashAttention-4 (``flash-attn-4``, the CuTe DSL FlashAttention, ``flash_attn.cute``): its varlen forward on the
+suite's own buffers, paged through ``page_table`` or ragged through ``cu_seqlens_k``, every step an engine runs.
+
+FA4 aligns a request's queries to the end of its keys (query ``i`` of ``q_len`` sits at ``p = kv_len - q_len + i``)
+and with ``causal=True, window_size=(W, None)`` keeps the keys ``p - W .. p`` (``mask.py``, ``apply_mask``'s local
+branch; ``testing.construct_local_mask``): the W + 1 keys of FlashInfer's ``window_left = W``, no shift.  Two traps
+sit beside it: ``-1`` is no "no window" (only both sides negative are; ``(-1, None)`` keeps no key at all, so a
+global layer is ``(None, None)``), and a window given as a count of keys (a model config's ``sliding_window``, cuDNN's
+bound, XQA's ``sliding_win_size``: W + 1) shows each query one key before its window (``fa4-window-count``).
+
+- ``fa4-window``: ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, seqused_k, page_table, causal=True,
+  window_size=(W, None), learnable_sink=sinks, softcap=cap, num_splits=1)``: SM90 has no split-KV.
+- ``fa4-window-count``: the same call with ``window_size=(W + 1, None)`` (a known mistake).
+
+GPT-OSS's sinks are ``learnable_sink`` (one logit per query head, in the scaled logits' units, as FlashInfer's),
+Gemma 2's soft-cap is ``softcap`` (``cap * tanh(scale * qk / cap)``; each value compiles its own kernel).  FA4
+compiles each kernel on its first call (seconds, CuTe DSL): the first plan makes that call and records it as
+``compile_s``, never timed.  The public forward returns its output rather than writing a given one, so ``run()``
+takes the tensor it returns as ``out`` (inside a captured graph, the graph's own).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from swabench.core import semantics, workloads
+from .registry import Implementation, Library, first_call, register, register_library
+
+BACKEND = "fa4"
+DTYPES = ("bfloat16", "float16")  # SM90's forward (flash_fwd.py); FP8 is SM100's only
+HEAD_DIM_MAX = 256  # interface.py's _validate_head_dims: 8..256, a multiple of 8 on SM90
+# SM90's causal KV tile up to head_dim 128 (interface.py's tile choice): a page of exactly this many tokens is loaded
+# by TMA; any other page by cp.async rows, which needs head_dim a multiple of 16
+TMA_PAGE, TMA_PAGE_HEAD_DIM = 128, 128
+
+LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",), module="flash_attn.cute",
+                                   backends=(BACKEND,), opt_in=(BACKEND,), served=(BACKEND,)))
+
+
+@lru_cache(maxsize=1)
+def _import_error() -> str | None:
+    try:
+        from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
+    except Exception as e:  # not installed, or its CUDA libraries missing
+        return f"flash_attn.cute is not importable ({type(e).__name__}: {e}); install flash-attn-4[cu13]"
+    return None
+
+
+def window(window_left: int) -> tuple[int | None, None]:
+    """FA4's ``window_size`` for FlashInfer's ``window_left``: the same W, and None (not -1) for no window."""
+    return (window_left if window_left >= 0 else None), None
+
+
+class Fa4Runner:
+    """One varlen forward a step: the lengths and page table built at plan, the call at run."""
+
+    def __init__(self, w, extra_key: int):
+        self.w, self.extra_key = w, extra_key
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = BACKEND
+        self.compile_s = None
+
+    def plan(self) -> None:
+        w = self.w
+        self.cu_seqlens_q = w.qo_indptr.to(torch.int32)
+        self.max_seqlen_q = max(w.qo_lens)
+        if w.case.storage == "paged":
+            self.kv = dict(page_table=workloads.block_tables(w.kv_indptr_host, w.kv_indices_host).to(w.device),
+                           seqused_k=torch.tensor(w.kv_lens, dtype=torch.int32, device=w.device))
+        else:
+            self.kv = dict(cu_seqlens_k=w.kv_indptr.to(torch.int32), max_seqlen_k=max(w.kv_lens))
+        left, right = window(w.case.window_left)
+        self.window_size = (left + self.extra_key if left is not None else None, right)
+        self.compile_s = first_call(self, self.compile_s)  # the first call compiles its kernel
+
+    def run(self) -> None:
+        from flash_attn.cute import flash_attn_varlen_func
+
+        w = self.w
+        self.out, _ = flash_attn_varlen_func(
+            w.q, w.k_store, w.v_store, cu_seqlens_q=self.cu_seqlens_q, max_seqlen_q=self.max_seqlen_q, **self.kv,
+            softmax_scale=w.sm_scale, causal=True, window_size=self.window_size, learnable_sink=w.sinks,
+            softcap=w.case.logits_soft_cap, num_splits=1)
+
+
+def unsupported(case, backend: str) -> str | None:
+    """Why FA4's SM90 forward cannot run a case, from its own checks (``interface.py``)."""
+    if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
+        return f"FA4 on SM90 takes {' and '.join(DTYPES)} queries and caches of one dtype (FP8 is SM100's only)"
+    if not 8 <= case.head_dim <= HEAD_DIM_MAX:
+        return f"FA4 on SM90 takes head_dim 8 to {HEAD_DIM_MAX}, not {case.head_dim}"
+    by_tma = case.page_size == TMA_PAGE and case.head_dim <= TMA_PAGE_HEAD_DIM
+    if case.storage == "paged" and case.head_dim % 16 and not by_tma:
+        return (f"FA4 loads a page other than its KV tile ({TMA_PAGE} tokens up to head_dim {TMA_PAGE_HEAD_DIM}) row "
+                f"by row, which takes head_dim a multiple of 16 (flash_fwd_sm90.py), not {case.head_dim}")
+    return None
+
+
+def _register(name: str, summary: str, extra_key: int, **roles) -> None:
+    register(Implementation(
+        name, BACKEND, ("paged", "ragged"), summary, lambda w, backend: Fa4Runner(w, extra_key), backends=(BACKEND,),
+        needs_cuda=True, unsupported=unsupported, available=_import_error, **roles), __name__)
+
+
+_register("fa4-window", "FlashAttention-4's varlen forward, paged through page_table (ragged through cu_seqlens_k), "
+          "causal with window_size=(W, None): the W + 1 keys of window_left = W", extra_key=0)
+_register("fa4-window-count", "FlashAttention-4 given the window as a count of keys, window_size=(W + 1, None) (a "
+          "config's sliding_window): each query sees one key before its window", extra_key=1, kind="known-bug",
+          visibility=lambda w, prefix, ps: semantics.Visibility(w + 1 if w >= 0 else semantics.NO_WINDOW))

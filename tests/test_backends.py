@@ -1,0 +1,310 @@
+"""cuDNN and FlashAttention-4 (impls.cudnn, impls.fa4), held on stand-ins: every call bound to the signature its
+released source declares (FlashInfer 0.7.4's ``flashinfer/cudnn/prefill.py`` and ``decode.py``, flash-attn-4
+4.0.0b36's ``flash_attn/cute/interface.py``), argument by argument; each library's window convention against
+FlashInfer's (cuDNN counts keys, FA4 takes window_left as it is); the known mistakes must fail exactly where a window
+reaches its oldest key; what each cannot run is a skip that says why."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from typing import Optional
+
+import pytest
+import torch
+
+from swabench.core import semantics, workloads
+from swabench.impls import cudnn, fa4, registry
+from swabench.inputs import axes
+from swabench.repro import standin
+
+
+def case(**kw):
+    base = dict(mode="verify", draft_tokens=3, prefix_len=(30, 13), window_left=5, num_qo_heads=8, num_kv_heads=2,
+                head_dim=64, dtype="bfloat16", batch_size=2, page_size=16)
+    return axes.make_case({k: v for k, v in {**base, **kw}.items() if v is not None})
+
+
+# the released signatures (bodies never run: a call that binds to them is a call the library takes)
+def cudnn_batch_prefill_with_kv_cache(q, k_cache, v_cache, scale, workspace_buffer, *, max_token_per_sequence,
+                                      max_sequence_kv, actual_seq_lens_q=None, actual_seq_lens_kv=None,
+                                      block_tables=None, causal, return_lse, q_scale=None, k_scale=None, v_scale=None,
+                                      batch_offsets_q=None, batch_offsets_o=None, batch_offsets_k=None,
+                                      batch_offsets_v=None, batch_offsets_stats=None, batch_offsets_units="elements",
+                                      out=None, lse=None, is_cuda_graph_compatible=False, backend=None,
+                                      o_data_type=None, lse_base="log2", window_left: Optional[int] = None,
+                                      sinks=None): ...
+
+
+def cudnn_batch_decode_with_kv_cache(q, k_cache, v_cache, scale, workspace_buffer, *, max_sequence_kv,
+                                     actual_seq_lens_kv=None, block_tables=None, is_cuda_graph_compatible=False,
+                                     batch_offsets_q=None, batch_offsets_o=None, batch_offsets_k=None,
+                                     batch_offsets_v=None, out=None, return_lse=False, lse=None, q_len_per_req=1,
+                                     window_left=-1, sinks=None): ...
+
+
+def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
+                           gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
+                           window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
+                           deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None,
+                           block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False,
+                           scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False,
+                           gather_bwd_recompute_p=False, gather_bwd_token_chunk=None): ...
+
+
+RELEASED = {"prefill.cudnn_batch_prefill_with_kv_cache": cudnn_batch_prefill_with_kv_cache,
+            "decode.cudnn_batch_decode_with_kv_cache": cudnn_batch_decode_with_kv_cache}
+
+
+@pytest.fixture(autouse=True)
+def no_device_to_wait_for(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the first call, made at plan
+
+
+def bound(signature_of, args, kwargs) -> dict:
+    """The call bound to the released signature, every default filled in (TypeError where the library refuses it)."""
+    b = inspect.signature(signature_of).bind(*args, **kwargs)
+    b.apply_defaults()
+    return dict(b.arguments)
+
+
+def flashinfer_calls(impl: str, c):
+    w = workloads.build(c)
+    calls = []
+    with standin.installed(lambda obj, cls, method, args, kwargs: calls.append(bound(RELEASED[method], args, kwargs))):
+        runner = registry.get(impl).make(w, "cudnn")
+        runner.plan()
+        runner.run()
+    return w, runner, calls
+
+
+def table_rows(w, tables):
+    """Each request's pages, in order, as the table holds them."""
+    for b in range(w.batch_size):
+        first, last = int(w.kv_indptr_host[b]), int(w.kv_indptr_host[b + 1])
+        assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()
+
+
+def test_cudnn_through_flashinfer_prefill_gets_the_window_the_pages_and_the_offsets():
+    w, runner, calls = flashinfer_calls("cudnn-prefill", case(sinks=True))
+    assert len(calls) == 2 and calls[0].keys() == calls[1].keys()  # the first call (the graph built) at plan, then run
+    call = calls[-1]
+    assert call["q"] is w.q and call["window_left"] == 5 and call["sinks"] is w.sinks and call["out"] is runner.out
+    assert call["k_cache"].shape == (w.k_store.shape[0], 2, 16, 64)  # [pages, heads, page_size, dim]: a view
+    assert call["k_cache"].data_ptr() == w.k_store.data_ptr() and call["causal"] is True
+    table_rows(w, call["block_tables"])
+    assert call["actual_seq_lens_kv"].shape == (2, 1, 1, 1) and call["actual_seq_lens_kv"].flatten().tolist() == w.kv_lens
+    assert call["batch_offsets_q"].tolist() == [x * 8 * 64 for x in w.qo_indptr_host]
+    assert call["max_token_per_sequence"] == 3 and call["max_sequence_kv"] == max(w.kv_lens)
+    assert call["scale"] == w.sm_scale and runner.compile_s is not None
+
+
+def test_cudnn_prefill_takes_no_window_as_none_and_ragged_keys_through_offsets():
+    w, _, calls = flashinfer_calls("cudnn-prefill", case(window_left=-1, storage="ragged", page_size=None))
+    call = calls[-1]
+    assert call["window_left"] is None and call["block_tables"] is None and call["k_cache"] is w.k_store
+    assert call["batch_offsets_k"].tolist() == [x * 2 * 64 for x in w.kv_indptr.tolist()]
+
+
+def test_cudnn_through_flashinfer_decode_runs_a_chain_and_a_table_as_wide_as_its_longest_request():
+    w, runner, calls = flashinfer_calls("cudnn-decode", case())
+    call = calls[-1]
+    assert call["q_len_per_req"] == 3 and call["window_left"] == 5 and call["out"] is runner.out
+    pages = call["block_tables"].shape[1]
+    assert pages == -(-max(w.kv_lens) // 16) and call["max_sequence_kv"] == pages * 16  # cuDNN's rule
+    table_rows(w, call["block_tables"])
+
+
+class Tensor:
+    """A graph tensor: what it was declared as, its ragged offset; hashable, as the variant pack's keys are."""
+
+    def __init__(self, like=None, **declared):
+        self.like, self.declared, self.ragged = like, declared, None
+
+    def set_ragged_offset(self, offset):
+        self.ragged = offset
+
+    def set_output(self, *args):
+        return self
+
+    set_dim = set_stride = set_data_type = set_output
+
+
+class Graph:
+    """The cuDNN frontend's pygraph, recording the tensors it declares, its sdpa and its executes."""
+
+    def __init__(self, calls, **kwargs):
+        self.calls = calls
+        calls.append(("pygraph", kwargs))
+
+    def tensor_like(self, x):
+        return Tensor(x)
+
+    def tensor(self, **kwargs):
+        return Tensor(**kwargs)
+
+    def sdpa(self, **kwargs):
+        self.calls.append(("sdpa", kwargs))
+        return Tensor(), None
+
+    def build(self, modes):
+        self.calls.append(("build", modes))
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, pack, workspace, handle=None):
+        self.calls.append(("execute", pack))
+
+
+@pytest.fixture
+def frontend(monkeypatch):
+    calls = []
+    fake = types.ModuleType("cudnn")
+    fake.pygraph = lambda **kwargs: Graph(calls, **kwargs)
+    fake.data_type = types.SimpleNamespace(FLOAT="float")
+    fake.datatypes = types.SimpleNamespace(_torch_to_cudnn_data_type=str)
+    fake.diagonal_alignment = types.SimpleNamespace(BOTTOM_RIGHT="bottom-right")
+    fake.heur_mode = types.SimpleNamespace(A="A", FALLBACK="fallback")
+    fake.create_handle = lambda: "handle"
+    fake.set_stream = lambda handle, stream: None
+    fake.backend_version = lambda: 91900
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    cudnn._handle.cache_clear()
+    return calls
+
+
+@pytest.mark.parametrize("impl, bound_", [("cudnn-graph", 6), ("cudnn-graph-band-w", 5)])
+def test_the_frontend_graph_counts_the_window_in_keys(frontend, impl, bound_):
+    """W + 1 keys ending at the diagonal, bottom-right, causal; the mistake hands cuDNN W."""
+    w = workloads.build(case())
+    runner = registry.get(impl).make(w, "cudnn")
+    runner.plan()
+    runner.plan()
+    runner.run()
+    sdpa = [kw for name, kw in frontend if name == "sdpa"]
+    assert len(sdpa) == 1 and len([c for c in frontend if c[0] == "build"]) == 1  # one graph for the shape
+    kw = sdpa[0]
+    assert kw["diagonal_band_left_bound"] == bound_ and kw["diagonal_band_right_bound"] == 0
+    assert kw["diagonal_alignment"] == "bottom-right" and kw["use_padding_mask"] is True and "sink_token" not in kw
+    assert kw["attn_scale"] == w.sm_scale and kw["paged_attention_max_seq_len_kv"] % 16 == 0
+    assert kw["q"].declared["dim"] == [2, 8, 3, 64] and kw["q"].declared["stride"] == [8 * 64, 64, 8 * 64, 1]
+    table_rows(w, kw["paged_attention_k_table"].like.view(2, -1))
+    assert kw["seq_len_kv"].like.flatten().tolist() == w.kv_lens
+    packs = [pack for name, pack in frontend if name == "execute"]
+    assert len(packs) == 2  # the first call at the first plan (none at the second), then run
+    assert any(x is runner.out for x in packs[-1].values()) and any(x is w.q for x in packs[-1].values())
+
+
+def test_the_frontend_graph_takes_sinks_as_the_sink_token_and_no_window_as_no_band(frontend):
+    w = workloads.build(case(sinks=True, window_left=-1))
+    registry.get("cudnn-graph").make(w, "cudnn").plan()
+    kw = next(kw for name, kw in frontend if name == "sdpa")
+    assert "diagonal_band_left_bound" not in kw and kw["sink_token"].like.shape == (1, 8, 1, 1)
+
+
+def test_cudnn_counts_its_band_where_flashinfer_counts_the_keys_before_the_query():
+    assert cudnn.band(5) == 6 and cudnn.band(5, counted=False) == 5 and cudnn.band(-1) is None
+
+
+def fa4_call(impl: str, c, monkeypatch):
+    calls = []
+
+    def varlen(*args, **kwargs):
+        calls.append(bound(flash_attn_varlen_func, args, kwargs))
+        return torch.zeros_like(args[0]), None
+
+    pkg, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func, pkg.cute = varlen, cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    w = workloads.build(c)
+    runner = registry.get(impl).make(w, "fa4")
+    runner.plan()
+    runner.run()
+    return w, runner, calls
+
+
+def test_fa4_gets_window_left_as_it_is_the_pages_and_every_key_of_each_request(monkeypatch):
+    w, runner, calls = fa4_call("fa4-window", case(sinks=True, logits_soft_cap=30.0), monkeypatch)
+    call = calls[-1]
+    assert len(calls) == 2 and call["window_size"] == (5, None) and call["causal"] is True
+    assert call["k"] is w.k_store and call["q"] is w.q and call["cu_seqlens_q"].tolist() == w.qo_indptr_host
+    assert call["seqused_k"].tolist() == w.kv_lens and call["cu_seqlens_k"] is None  # every key, the new ones too
+    table_rows(w, call["page_table"])
+    assert call["page_table"].dtype == torch.int32 and call["num_splits"] == 1
+    assert call["learnable_sink"] is w.sinks and call["softcap"] == 30.0 and call["softmax_scale"] == w.sm_scale
+    assert runner.out.shape == w.q.shape and runner.compile_s is not None  # the tensor it returned
+
+
+def test_fa4_takes_no_window_as_none_and_ragged_keys_through_cu_seqlens(monkeypatch):
+    w, _, calls = fa4_call("fa4-window", case(window_left=-1, storage="ragged", page_size=None), monkeypatch)
+    call = calls[-1]
+    assert call["window_size"] == (None, None) and call["page_table"] is None  # never -1: (-1, None) keeps no key
+    assert call["cu_seqlens_k"].tolist() == w.kv_indptr.tolist() and call["max_seqlen_k"] == max(w.kv_lens)
+
+
+def test_fa4_given_a_count_of_keys_sees_one_key_before_its_window(monkeypatch):
+    _, _, calls = fa4_call("fa4-window-count", case(), monkeypatch)
+    assert calls[-1]["window_size"] == (6, None)
+
+
+@pytest.mark.parametrize("impl", ["fa4-window-count", "cudnn-graph-band-w"])
+@pytest.mark.parametrize("window_left, prefix, must", [(5, (30, 13), True), (40, (30, 13), False),
+                                                       (-1, (30, 13), False)])
+def test_each_mistake_must_fail_where_a_window_reaches_its_oldest_key(impl, window_left, prefix, must):
+    """One key more (FA4 given a count) or one key fewer (cuDNN given W): only a window that begins after key 0
+    shows it; with no window, or a window past every request, both see what the truth sees."""
+    c = case(window_left=window_left, prefix_len=prefix)
+    w = workloads.build(c)
+    impl_ = registry.get(impl)
+    assert impl_.must_fail(c, w.qo_lens, w.kv_lens, impl_.backends[0]) is must
+
+
+def test_the_mistakes_see_one_key_more_and_one_key_fewer():
+    c = case()
+    assert registry.get("fa4-window-count").computes(c, 30) == semantics.Visibility(6)
+    assert registry.get("cudnn-graph-band-w").computes(c, 30) == semantics.Visibility(4)
+
+
+@pytest.mark.parametrize("impl, fields, says", [
+    ("cudnn-decode", dict(mode="decode", sinks=True), "no sink on a graph declared with one query"),
+    ("cudnn-prefill", dict(draft_tokens=1, sinks=True), "no sink on a graph declared with one query"),
+    ("cudnn-graph", dict(mode="decode", sinks=True), "no sink on a graph declared with one query"),
+    ("cudnn-graph", dict(logits_soft_cap=30.0), "no soft-cap"),
+    ("cudnn-decode", dict(draft_tokens=(3, 4)), "one draft length for the batch"),
+    ("cudnn-graph-band-w", dict(window_left=0), "left bound of 1 or more"),
+    ("cudnn-prefill", dict(kv_dtype="float8_e4m3"), "caches of one dtype"),
+    ("fa4-window", dict(kv_dtype="float8_e4m3"), "FP8 is SM100's only"),
+    ("fa4-window", dict(head_dim=264, num_qo_heads=8), "head_dim 8 to 256"),
+    ("fa4-window", dict(head_dim=72, page_size=16), "multiple of 16"),
+])
+def test_each_backend_says_where_it_cannot_run(impl, fields, says):
+    backend = registry.get(impl).backends[0]
+    reason = registry.get(impl).skip_reason(case(**fields), backend, None)
+    assert reason and says in reason, reason
+
+
+def test_what_each_backend_runs():
+    assert registry.get("cudnn-graph").skip_reason(case(mode="verify", sinks=True), "cudnn", None) is None
+    assert registry.get("fa4-window").skip_reason(case(head_dim=72, page_size=128), "fa4", None) is None  # by TMA
+    assert registry.get("fa4-window").skip_reason(case(logits_soft_cap=30.0, sinks=True), "fa4", None) is None
+    assert registry.get("fa4-window").runs_on(["fa2", "fa3"]) == [] and fa4.window(-1) == (None, None)
+    assert registry.get("cudnn-decode").skip_reason(case(mode="draft_extend", accept="uniform", draft_tokens=4),
+                                                   "cudnn", None).startswith("models decode and verify")
+
+
+def test_without_either_package_each_path_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    fa4._import_error.cache_clear()
+    cudnn._frontend_error.cache_clear()
+    try:
+        assert "install flash-attn-4" in registry.get("fa4-window").available()
+        assert "install nvidia-cudnn-frontend" in registry.get("cudnn-graph").available()
+    finally:
+        fa4._import_error.cache_clear()
+        cudnn._frontend_error.cache_clear()
