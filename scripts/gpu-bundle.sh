@@ -10,6 +10,11 @@
 #                    scripts/fib_evaluate.py
 #   NO_CUPTI=1 ...   leaves out cupti-python (6 MB; FlashInfer's autotuner uses it only when it is there), so
 #                    that a large JIT cache (default + serving on 0.7.4: 20 MB) still fits a 64 MiB transfer
+#   CUDNN=1 ...      also bundles the cuDNN frontend (nvidia-cudnn-frontend, 11.6 MB; the node's image has cuDNN's
+#                    libraries, nvidia-cudnn-cu13), for the cudnn backend
+#   FA4=1 ...        also bundles FlashAttention-4 (flash-attn-4 and the CuTe DSL it compiles with, 6.8 MB) and, in
+#                    parts/, the DSL's CUDA-13 libraries (a 92 MB wheel, about 61 MiB as xz -9e) in parts of at most
+#                    30 MiB: setup.sh stages the parts it is given and installs the wheel once all have come
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
@@ -20,7 +25,9 @@
 #                      built module's objects emptied (ninja reads their dates only).
 #                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
 #                      scenario's modules in parallel before anything is timed).
+#   parts/             only with FA4: the CUDA-13 libraries' wheel as xz parts and its manifest (scripts/gpu-split.sh)
 #   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
+#   join.sh            scripts/gpu-join.sh: joins the staged parts back into their wheel (setup.sh calls it)
 #
 # To keep the modules a node compiled, pack its cache back on the node and bundle it next time:
 #   tar cJf jitcache.tar.xz -C /tmp/fiws .cache
@@ -44,6 +51,19 @@ download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx pyelftoo
 if [ -n "${FIB:-}" ]; then
     download "${PLAT[@]}" -d "$DEST/whl" flashinfer-bench==0.1.2 pydantic pydantic-core annotated-types \
         typing-inspection typing-extensions docstring-parser
+fi
+if [ -n "${CUDNN:-}" ]; then
+    download "${PLAT[@]}" -d "$DEST/whl" nvidia-cudnn-frontend==1.32.0
+fi
+rm -rf "$DEST/parts"
+if [ -n "${FA4:-}" ]; then  # the image has cuda-bindings, einops and protobuf; tvm-ffi is bundled above
+    download "${PLAT[@]}" -d "$DEST/whl" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+        nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 quack-kernels==0.6.5 \
+        torch-c-dlpack-ext==0.1.5
+    LIBS="$(mktemp -d)"
+    download "${PLAT[@]}" -d "$LIBS" nvidia-cutlass-dsl-libs-cu13==4.8.1
+    "$HERE/gpu-split.sh" "$LIBS"/nvidia_cutlass_dsl_libs_cu13-*.whl "$DEST/parts"
+    rm -rf "$LIBS"
 fi
 if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$DEST/whl" cupti-python; else rm -f "$DEST"/whl/cupti_python-*.whl; fi
 TMP="$(mktemp -d)"
@@ -70,6 +90,7 @@ tar cf - -C "$TMP/site" . | xz -9 -T0 > "$DEST/flashinfer.tar.xz"
 ( cd "$DEST/deb" && apt-get download libdw1 libelf1 >/dev/null 2>&1 ) \
     || echo "note: could not fetch libdw1/libelf1 (nsys reports need them on the node)" >&2
 cp "$HERE/gpu-setup.sh" "$DEST/setup.sh"
+cp "$HERE/gpu-join.sh" "$DEST/join.sh"
 rm -f "$DEST/jitcache.tar.xz"
 if [ -n "${JIT_CACHE:-}" ]; then
     mkdir -p "$TMP/cache" && tar xJf "$JIT_CACHE" -C "$TMP/cache"

@@ -2,12 +2,23 @@
 # which copies this file into the bundle as setup.sh).
 # Installs into /tmp/site (nothing system-wide), points FlashInfer's JIT cache at /tmp/fiws and unpacks the
 # bundled cache there if there is one, and puts Nsight Systems (shipped inside Nsight Compute on the H200
-# image) on PATH.
+# image) on PATH.  A wheel carried in parts (FA4's CUDA-13 libraries) is staged in $SWABENCH_STAGE (default
+# /tmp/swabench-stage, kept while the node stays warm): each transfer adds its parts, and the one that completes them
+# joins and installs the wheel.  FA4's compiled kernels are cached on disk in /tmp/fa4cache.
 _kit="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p /tmp/site /tmp/fiws
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_kit"/whl/*.whl
-rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info  # another bundle's release, on a warm node
-tar xJf "$_kit/flashinfer.tar.xz" -C /tmp/site
+_stage="${SWABENCH_STAGE:-/tmp/swabench-stage}"
+mkdir -p /tmp/site /tmp/fiws "$_stage/parts" "$_stage/whl"
+if ls "$_kit"/parts/* >/dev/null 2>&1; then cp -f "$_kit"/parts/* "$_stage/parts/"; fi
+bash "$_kit/join.sh" "$_stage"
+_wheels="$(ls "$_kit"/whl/*.whl "$_stage"/whl/*.whl 2>/dev/null || true)"
+if [ -n "$_wheels" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $_wheels
+fi
+if [ -f "$_kit/flashinfer.tar.xz" ]; then
+    rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info  # another bundle's release, on a warm node
+    tar xJf "$_kit/flashinfer.tar.xz" -C /tmp/site
+fi
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS="${MAX_JOBS:-16}"
 # FlashInfer leaves the freshness of its JIT modules to ninja, which compares file times: date the
@@ -22,4 +33,4 @@ if ls "$_kit"/deb/*.deb >/dev/null 2>&1; then
     export LD_LIBRARY_PATH="/tmp/dwx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH="$PATH:$d"; done
-unset _kit
+unset _kit _stage _wheels

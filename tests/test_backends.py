@@ -7,6 +7,7 @@ reaches its oldest key; what each cannot run is a skip that says why."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 import sys
 import types
 from typing import Optional
@@ -308,3 +309,36 @@ def test_without_either_package_each_path_says_what_to_install(monkeypatch):
     finally:
         fa4._import_error.cache_clear()
         cudnn._frontend_error.cache_clear()
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_a_wheel_in_parts_joins_back_to_its_bytes_whatever_transfers_bring_them(tmp_path):
+    """gpu-split.sh writes xz parts of at most PART_BYTES and a manifest; gpu-join.sh waits for every part (a
+    transfer may bring only some), then writes the wheel back byte for byte, and refuses parts that do not join."""
+    import os
+    import shutil
+    import subprocess
+
+    if not (shutil.which("xz") and shutil.which("split") and shutil.which("sha256sum")):
+        pytest.skip("needs xz, split and sha256sum")
+    wheel = tmp_path / "big-1.0-py3-none-any.whl"
+    wheel.write_bytes(os.urandom(300_000) + bytes(200_000))  # incompressible, then compressible
+    subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts", "100000"], check=True)
+    parts = sorted((tmp_path / "parts").glob("*.part*"))
+    assert len(parts) >= 3 and all(p.stat().st_size <= 100_000 for p in parts)
+    stage = tmp_path / "stage"
+    (stage / "parts").mkdir(parents=True)
+    shutil.copy(tmp_path / "parts" / f"{wheel.name}.manifest", stage / "parts")
+    for i, part in enumerate(parts):  # one transfer a part
+        shutil.copy(part, stage / "parts")
+        r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", stage], capture_output=True, text=True, check=True)
+        if i < len(parts) - 1:
+            assert f"{i + 1} of {len(parts)} parts staged" in r.stderr and not (stage / "whl" / wheel.name).exists()
+    assert (stage / "whl" / wheel.name).read_bytes() == wheel.read_bytes()
+    (stage / "whl" / wheel.name).unlink()
+    parts[0].rename(stage / "parts" / parts[0].name)  # a part from another bundle
+    (stage / "parts" / parts[1].name).write_bytes((stage / "parts" / parts[0].name).read_bytes())
+    r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", stage], capture_output=True, text=True)
+    assert r.returncode == 1 and "do not join" in r.stderr and not list((stage / "whl").iterdir())
