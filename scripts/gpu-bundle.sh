@@ -13,8 +13,9 @@
 #   CUDNN=1 ...      also bundles the cuDNN frontend (nvidia-cudnn-frontend, 11.6 MB; the node's image has cuDNN's
 #                    libraries, nvidia-cudnn-cu13), for the cudnn backend
 #   FA4=1 ...        also bundles FlashAttention-4 (flash-attn-4 and the CuTe DSL it compiles with, 6.8 MB) and, in
-#                    parts/, the DSL's CUDA-13 libraries (a 92 MB wheel, about 61 MiB as xz -9e) in parts of at most
-#                    30 MiB: setup.sh stages the parts it is given and installs the wheel once all have come
+#                    parts/, the DSL's CUDA-13 libraries (a 92 MB wheel, about 61 MiB as an xz'd tar of its files) in
+#                    parts of at most 30 MiB: setup.sh stages the parts it is given and installs the wheel's files
+#                    once all have come
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
@@ -25,9 +26,9 @@
 #                      built module's objects emptied (ninja reads their dates only).
 #                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
 #                      scenario's modules in parallel before anything is timed).
-#   parts/             only with FA4: the CUDA-13 libraries' wheel as xz parts and its manifest (scripts/gpu-split.sh)
+#   parts/             only with FA4: the CUDA-13 libraries' wheel as tar.xz parts and a manifest (scripts/gpu-split.sh)
 #   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
-#   join.sh            scripts/gpu-join.sh: joins the staged parts back into their wheel (setup.sh calls it)
+#   join.sh            scripts/gpu-join.sh: joins the staged parts, checking each file against the wheel's RECORD
 #
 # To keep the modules a node compiled, pack its cache back on the node and bundle it next time:
 #   tar cJf jitcache.tar.xz -C /tmp/fiws .cache

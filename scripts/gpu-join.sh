@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
-# Join the wheels a bundle carried in parts: for each NAME.whl.manifest in STAGE/parts ("NAME.whl SHA256 PARTS"),
-# once all its parts (NAME.whl.xz.partNN) are staged, decompress them into STAGE/whl/NAME.whl and check its sha256.
-# Parts may arrive over several transfers: each prints how many it still lacks.  Copied into a bundle as join.sh.
+# Put back the wheels a bundle carried in parts (gpu-split.sh): for each NAME.whl.manifest in STAGE/parts, once all
+# its parts are staged, check the stream's sha256, unpack its files into STAGE/unpacked/NAME.whl and check each
+# against the wheel's RECORD.  Parts may arrive over several transfers: each run says how many a wheel still lacks.
+# Copied into a bundle as join.sh; setup.sh copies what it unpacked into the install folder.
 #
 #   gpu-join.sh STAGE
 set -euo pipefail
 STAGE="$1"
-mkdir -p "$STAGE/whl"
+mkdir -p "$STAGE/unpacked"
 shopt -s nullglob
 for manifest in "$STAGE"/parts/*.manifest; do
     read -r name sum count < "$manifest"
-    [ -f "$STAGE/whl/$name" ] && continue
-    parts=("$STAGE/parts/$name".xz.part*)
+    [ -f "$STAGE/unpacked/$name/.joined" ] && continue
+    parts=("$STAGE/parts/$name".tar.xz.part*)
     if [ "${#parts[@]}" -lt "$count" ]; then
         echo "swabench: $name: ${#parts[@]} of $count parts staged in $STAGE; carry the rest and source setup.sh again" >&2
         continue
     fi
-    if ! cat "${parts[@]}" | xz -dc > "$STAGE/whl/$name.joining" 2>/dev/null \
-            || ! echo "$sum  $STAGE/whl/$name.joining" | sha256sum -c --status; then
-        rm -f "$STAGE/whl/$name.joining"
-        echo "swabench: $name: its parts do not join to the bundled wheel (not one xz stream, or its sha256 differs); bundle it again" >&2
+    rm -rf "$STAGE/unpacked/$name" && mkdir -p "$STAGE/unpacked/$name"
+    if [ "$(cat "${parts[@]}" | sha256sum | cut -d' ' -f1)" != "$sum" ] \
+            || ! cat "${parts[@]}" | xz -dc | tar xf - -C "$STAGE/unpacked/$name" 2>/dev/null \
+            || ! python3 - "$STAGE/unpacked/$name" <<'PY'
+import base64, csv, hashlib, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+record = next(root.glob("*.dist-info/RECORD"))
+for path, digest, _ in csv.reader(record.read_text().splitlines()):
+    if digest:
+        algo, want = digest.split("=", 1)
+        got = base64.urlsafe_b64encode(hashlib.new(algo, (root / path).read_bytes()).digest()).rstrip(b"=").decode()
+        if got != want:
+            sys.exit(f"{path}: {algo} differs from the wheel's RECORD")
+PY
+    then
+        rm -rf "$STAGE/unpacked/$name"
+        echo "swabench: $name: its parts do not join to the bundled wheel's files; bundle it again" >&2
         exit 1
     fi
-    mv "$STAGE/whl/$name.joining" "$STAGE/whl/$name"
+    touch "$STAGE/unpacked/$name/.joined"
     echo "swabench: $name joined from $count parts" >&2
 done

@@ -4,15 +4,16 @@
 # bundled cache there if there is one, and puts Nsight Systems (shipped inside Nsight Compute on the H200
 # image) on PATH.  A wheel carried in parts (FA4's CUDA-13 libraries) is staged in $SWABENCH_STAGE (default
 # /tmp/swabench-stage, kept while the node stays warm): each transfer adds its parts, and the one that completes them
-# joins and installs the wheel.  FA4's compiled kernels are cached on disk in /tmp/fa4cache.
+# joins them (join.sh) and installs the wheel's files.  FA4's compiled kernels are cached on disk in /tmp/fa4cache.
 _kit="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _stage="${SWABENCH_STAGE:-/tmp/swabench-stage}"
-mkdir -p /tmp/site /tmp/fiws "$_stage/parts" "$_stage/whl"
+mkdir -p /tmp/site /tmp/fiws "$_stage/parts"
 if ls "$_kit"/parts/* >/dev/null 2>&1; then cp -f "$_kit"/parts/* "$_stage/parts/"; fi
 bash "$_kit/join.sh" "$_stage"
-_wheels="$(ls "$_kit"/whl/*.whl "$_stage"/whl/*.whl 2>/dev/null || true)"
-if [ -n "$_wheels" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $_wheels
+for _files in "$_stage"/unpacked/*/; do [ -f "$_files/.joined" ] && cp -r "$_files"* /tmp/site/; done
+if ls "$_kit"/whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$_kit"/whl/*.whl
 fi
 if [ -f "$_kit/flashinfer.tar.xz" ]; then
     rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info  # another bundle's release, on a warm node
@@ -33,4 +34,4 @@ if ls "$_kit"/deb/*.deb >/dev/null 2>&1; then
     export LD_LIBRARY_PATH="/tmp/dwx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH="$PATH:$d"; done
-unset _kit _stage _wheels
+unset _kit _stage _files

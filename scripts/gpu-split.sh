@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Write a wheel too large for one transfer as xz parts of at most PART_BYTES (default 30 MiB) and a manifest
-# ("NAME.whl SHA256 PARTS") in DEST; gpu-join.sh puts them back together on the node.
+# Write a wheel too large for one transfer as parts of at most PART_BYTES (default 30 MiB): its files unpacked, as
+# one tar stream compressed with xz -9e (a wheel's own deflate leaves xz little: the CuTe DSL's CUDA-13 libraries
+# are 88 MiB as an xz'd wheel, about 61 MiB as an xz'd tar of its files), and a manifest ("NAME.whl SHA256 PARTS",
+# the stream's sha256).  gpu-join.sh puts the files back on the node and checks each against the wheel's RECORD.
 #
 #   gpu-split.sh WHEEL DEST [PART_BYTES]
 set -euo pipefail
 WHEEL="$1" DEST="$2" PART_BYTES="${3:-$((30 << 20))}"
 name="$(basename "$WHEEL")"
 mkdir -p "$DEST"
-rm -f "$DEST/$name".xz.part* "$DEST/$name.manifest"
-xz -9e -T0 -c "$WHEEL" | split -b "$PART_BYTES" -d -a 2 - "$DEST/$name.xz.part"
-count=$(ls "$DEST/$name".xz.part* | wc -l)
-echo "$name $(sha256sum "$WHEEL" | cut -d' ' -f1) $count" > "$DEST/$name.manifest"
+rm -f "$DEST/$name".tar.xz.part* "$DEST/$name.manifest"
+files="$(mktemp -d)"
+trap 'rm -rf "$files"' EXIT
+python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$WHEEL" "$files"
+tar cf - --sort=name --owner=0 --group=0 --mtime=@0 -C "$files" . | xz -9e -T0 \
+    | split -b "$PART_BYTES" -d -a 2 - "$DEST/$name.tar.xz.part"
+count=$(ls "$DEST/$name".tar.xz.part* | wc -l)
+echo "$name $(cat "$DEST/$name".tar.xz.part* | sha256sum | cut -d' ' -f1) $count" > "$DEST/$name.manifest"

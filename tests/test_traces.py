@@ -86,6 +86,7 @@ def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
         ["y", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
         ["z", 30 / 4, "-", "-", "1/4"],
         ["best single fi path", 40 / 4, 30 / 4, 70 / 4, "4/4"],  # z is not fi's
+        ["best single path of any backend", 30 / 4, 30 / 4, 60 / 4, "4/4"],  # z serves verify, x decode
         [replay.SERVED, 30 / 4, 30 / 4, 60 / 4, "4/4"]]
     assert row(out, "best single fi path")["backend"] == "verify: x [fa2]; decode: x [fa2]"
     assert row(out, replay.SERVED)["backend"] == "verify: z [torch] 1/1; decode: x [fa2] 3/3"

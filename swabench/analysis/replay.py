@@ -70,10 +70,10 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     """From ``steps``: per implementation and backend, milliseconds per 1000 steps of the trace's mix,
     split by the step's mode (empty where the path did not time every step of that mode: the decode
     wrappers run no verify), their sum where it timed every step, and the steps it covered.  Then, per
-    library in ``libraries``, its best single path per mode (the fastest of its correct paths that
-    passed every step of the mode), one such row per layer type where the trace has several, with the mix
-    those picks serve (what a server that picks one path per layer type gets), and last the mix served at
-    its best, step by step."""
+    library in ``libraries``, and then over every backend together, the best single path per mode (the fastest
+    correct path that passed every step of the mode), one such row per layer type where the trace has several,
+    with the mix those picks serve (what a server that picks one path per layer type gets), and last the mix
+    served at its best, step by step."""
     import pandas as pd
 
     counts = dict(zip(per_step["case_id"], per_step["count"].astype(int)))
@@ -92,13 +92,15 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     steps_once = per_step.drop_duplicates("case_id").set_index("case_id")
     step_layers = steps_once["layer"].fillna("") if "layer" in steps_once else \
         pd.Series("", index=steps_once.index, dtype=object)
-    for library in libraries:
-        own = correct[correct["library"] == library]
+    choices = [(f"{library} path", f"{library}'s picks", correct[correct["library"] == library]) for library in libraries]
+    if correct["library"].nunique() > 1:  # FlashInfer (its TRT-LLM kernels too), cuDNN, FA4, FlexAttention together
+        choices.append(("path of any backend", "picks over every backend", correct))
+    for path, picked, own in choices:
         if not len(own):
             continue
         if step_layers.nunique() <= 1:
-            out.loc[len(out)] = {"impl": f"best single {library} path", **_totals(*_best_single(own, per_mode),
-                                                                                  per_mode, counts)}
+            out.loc[len(out)] = {"impl": f"best single {path}", **_totals(*_best_single(own, per_mode), per_mode,
+                                                                          counts)}
             continue
         picks = []
         for layer in step_layers.unique():
@@ -106,11 +108,11 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
             scope = {m: steps & ids for m, steps in per_mode.items()}
             row, said = _best_single(own[own["case_id"].isin(ids)], {m: s for m, s in scope.items() if s})
             picks.append((layer, row, said))
-            out.loc[len(out)] = {"impl": f"best single {library} path, {layer}",
+            out.loc[len(out)] = {"impl": f"best single {path}, {layer}",
                                  **_totals({f"{m} ms": row.get(f"{m} ms", float("nan")) for m in per_mode}, said,
                                            scope, counts, {c: counts[c] for c in ids})}
         mixed = {f"{m} ms": sum(row.get(f"{m} ms", 0.0) for _, row, _ in picks) for m in per_mode}
-        out.loc[len(out)] = {"impl": f"{library}'s picks, one path per layer type",
+        out.loc[len(out)] = {"impl": f"{picked}, one path per layer type",
                              **_totals(mixed, [f"{layer}: {', '.join(said)}" for layer, _, said in picks], per_mode,
                                        counts)}
     out.loc[len(out)] = {"impl": SERVED, **_totals(*_served(correct, per_step, per_mode), per_mode, counts)}

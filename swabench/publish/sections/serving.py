@@ -162,8 +162,9 @@ SECTIONS = [
     Section("replay", "Trace replay: milliseconds per 1000 steps",
             "Each distinct step of a server's trace gated and timed once and weighted by how often it occurs: "
             "milliseconds of attention per 1000 steps of the mix, split by the step's mode (empty where a path did "
-            "not run every step of that mode).  Below the paths: each library's best single path per mode, one per "
-            "layer type where the trace mixes layers (heads, head_dim, window, sinks, soft-cap, dtypes), with the "
+            "not run every step of that mode).  Below the paths: each library's best single path per mode, then the "
+            "best over every backend together (FlashInfer, TRT-LLM's kernels, cuDNN, FlashAttention-4, "
+            "FlexAttention), one per layer type where the trace mixes layers (heads, head_dim, window, sinks, soft-cap, dtypes), with the "
             "mix those picks serve (a server picks one path per layer type), and the mix served at its best, each "
             "step by the fastest correct path "
             "that passed it (known bugs never count; a mode is empty where no correct path passed one of its steps, "
