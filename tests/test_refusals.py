@@ -1203,3 +1203,74 @@ def test_vllm_tree_window_gathers_from_its_first_nodes_window_and_computes_the_s
         runner.run()
     assert [len(p[2]) for p in trimmed.parts] == [31 + 8] * 2 and [len(p[2]) for p in whole.parts] == [208] * 2
     assert torch.allclose(trimmed.out.float(), whole.out.float(), atol=1e-2)
+
+
+# --- files the system will not let be written, and a reader that goes away ---------------------------------------
+
+def unwritable(monkeypatch, module, *names):
+    """The files or folders ``names`` (by name) read as read-only or immutable to ``module``'s os.access, as a
+    chattr +i file is even to root."""
+    real = os.access
+    monkeypatch.setattr(module.os, "access", lambda path, mode, **kw: not (Path(path).name in names and mode & os.W_OK)
+                        and real(path, mode, **kw))
+
+
+@pytest.mark.parametrize("name", ["results.csv", "meta.json", "samples.csv.gz", "run"])
+def test_resume_refuses_a_file_it_cannot_rewrite_before_any_point(tmp_path, cut_run, monkeypatch, name):
+    """A resume whose tables could not be renamed over their old selves would fail after its points, leaving the
+    folder running; it is refused first, the folder as it was."""
+    from swabench.store import run_folder
+
+    run = copied(cut_run, tmp_path)
+    before = contents(run)
+    unwritable(monkeypatch, run_folder, name)
+    r = resume(run, cut_run)
+    assert r.exit_code == 2 and "cannot be written" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert contents(run) == before
+
+
+def test_a_table_the_system_will_not_replace_is_exit_2_naming_it(tmp_path, monkeypatch):
+    """What os.replace refuses (an immutable file, a read-only folder) is a message, not a traceback."""
+    from swabench.store import run_folder
+
+    def refused(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(run_folder.os, "replace", refused)
+    r = invoke("import", Path(__file__).parent / "fixtures" / "flashinfer-dump-0.7.4" / "dump", "--out", tmp_path / "t.jsonl")
+    assert r.exit_code == 2 and f"cannot write {tmp_path / 't.jsonl'}: Operation not permitted" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []  # its temporary file removed
+
+
+def test_export_fib_removes_nothing_of_an_export_it_cannot_remove_whole(tmp_path, monkeypatch):
+    from swabench.inputs import fib
+
+    root = exported(tmp_path)
+    before = _tree(root)
+    unwritable(monkeypatch, fib, "gqa_paged")
+    r = invoke("export-fib", tmp_path / "t.jsonl", "--out", root, "--force")
+    assert r.exit_code == 2 and "cannot be removed (read-only or immutable)" in r.output, r.output
+    assert _tree(root) == before  # every blob still beside the workloads that point into it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unwritable(monkeypatch, fib, "empty")
+    r = invoke("export-fib", tmp_path / "t.jsonl", "--out", empty)
+    assert r.exit_code == 2 and f"{empty} cannot be removed" in r.output and empty.is_dir(), r.output
+
+
+@pytest.mark.parametrize("both", [True, False])
+def test_a_reader_that_closes_the_pipe_ends_the_output_not_the_run(tmp_path, write_scenario, both):
+    """``swabench run ... | head -1``: the run goes on to the end, its folder complete, and exits as its gate says."""
+    import subprocess
+    import sys
+
+    scenario = write_scenario(TINY_TORCH)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    command = [sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if both else subprocess.DEVNULL,
+                            env=env)
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert json.loads((out / "meta.json").read_text())["state"] == "complete"
+    assert len(pd.read_csv(out / "results.csv")) == len((out / "rows.jsonl").read_text().splitlines()) > 1

@@ -4,6 +4,7 @@ can fix into a plain message and exit status 2."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,9 +31,49 @@ class PathArg(click.Path):
         return super().convert(value, param, ctx)
 
 
+class QuietOnceClosed:
+    """A standard stream that goes quiet once its reader has gone (``swabench run | head -1``): what is left of the
+    output is dropped, the work goes on, and its folder is finished as if nothing had been printed."""
+
+    def __init__(self, stream):
+        self._stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self):
+        """From now on nothing reaches the pipe; its descriptor points at /dev/null, so that the interpreter's last
+        flush of the stream it wraps finds somewhere to write."""
+        self.gone = True
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream with no descriptor of its own
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class Main(click.Group):
     """Library errors become plain messages: exit 2 for input a user can fix, 1 for work that
-    failed; Ctrl-C anywhere is 130, as a shell expects."""
+    failed; Ctrl-C anywhere is 130, as a shell expects; a reader that closes the pipe ends the output, not the work."""
+
+    def main(self, *args, **kwargs):
+        if not isinstance(sys.stdout, QuietOnceClosed):
+            sys.stdout, sys.stderr = QuietOnceClosed(sys.stdout), QuietOnceClosed(sys.stderr)
+        return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
         try:

@@ -176,8 +176,13 @@ def _exported(path: Path, root: Path) -> bool:
 def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
     """Write ``files`` into a folder beside ``out``, check it with flashinfer-bench's loaders (``check``, whose
     answer this returns), then put it in ``out``'s place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    if out.is_dir():
+        _refuse_unremovable(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    except OSError as e:
+        raise FibError(f"--out {out}: cannot write beside it ({e.strerror or e})") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -189,10 +194,22 @@ def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
         if out.is_dir():
             shutil.rmtree(out) if replace else out.rmdir()
         os.replace(staging, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise FibError(f"--out {out}: {e.strerror or e} ({e.filename or out})") from None
         raise
     return checked
+
+
+def _refuse_unremovable(out: Path) -> None:
+    """FibError, before anything is written or removed, when some file or folder of the old export cannot be removed
+    (read-only or immutable): replacing it would stop halfway, the workloads left without their blobs."""
+    for folder, _, files in os.walk(out):
+        for path in [Path(folder), *(Path(folder) / f for f in files)]:
+            if not os.access(path, os.W_OK):
+                raise FibError(f"--out {out}: {path} cannot be removed (read-only or immutable); make it writable, "
+                               f"or give another folder")
 
 
 def check(root) -> str:

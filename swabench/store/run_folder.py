@@ -46,10 +46,14 @@ os.umask(_UMASK)
 
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it: only over a regular file
-    (OutputError for a link, a device, a FIFO, a folder); its folder made if missing."""
+    (OutputError for a link, a device, a FIFO, a folder, or a file or folder the system will not let be written);
+    its folder made if missing."""
     paths.file_out(path, "the output")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        raise paths.OutputError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
@@ -57,8 +61,10 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise paths.OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
 
 
@@ -323,9 +329,10 @@ class RunStore:
 
 
 def refuse_odd_files(folder: Path) -> None:
-    """RunFolderError when a file the run writes in ``folder`` is there as a link or anything but a regular file: a
-    resume appends to the journal and renames the tables over their old selves, which would write through a link
-    or replace it; checked before any point runs."""
+    """RunFolderError when a file the run writes in ``folder`` is there as a link or anything but a regular file, or
+    it or the folder cannot be written: a resume appends to the journal and renames the tables over their old
+    selves, which would write through a link or replace it, or fail once its points have run; checked before any
+    point runs."""
     for name in (ROWS, META, SCENARIO, TABLE, TABLE + ".gz", SAMPLES, SAMPLES.removesuffix(".gz"), LOCK):
         path = Path(folder) / name
         try:
@@ -338,6 +345,12 @@ def refuse_odd_files(folder: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise RunFolderError(f"{path}: not a regular file but {paths.file_kind(st.st_mode)}; a run folder's files "
                                  f"are its own: move it away, or start a new --out")
+        if not os.access(path, os.W_OK):  # read-only, or immutable: the run would fail on it after its points
+            raise RunFolderError(f"{path} cannot be written (read-only or immutable): a resume rewrites it; make it "
+                                 f"writable, or start a new --out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{folder} cannot be written: a resume writes its tables beside the old ones; make it "
+                             f"writable, or start a new --out")
 
 
 def write_meta(folder: Path, meta: dict) -> None:

@@ -231,7 +231,13 @@ def extent(meta: dict, table: pd.DataFrame) -> str:
     state, planned = meta.get("state", "complete"), meta.get("points")
     held = f"{len(table)}" + (f" of {planned}" if planned and state != "complete" else "")
     return f"{held} points over {table['case_id'].nunique()} cases" + \
-        (f"; the run is {state}" if state != "complete" else "")
+        (f"; the run is {said_state(state)}" if state != "complete" else "")
+
+
+def said_state(state: str) -> str:
+    """A state as a reader may say it: meta.json says "running" of a run still going and of one killed outright
+    (kill -9, a node lost), which no signal handler could record."""
+    return "running, or ended without a word (a resume continues it)" if state == "running" else state
 
 
 def completeness(meta: dict, table: pd.DataFrame) -> str | None:
@@ -241,4 +247,5 @@ def completeness(meta: dict, table: pd.DataFrame) -> str | None:
     if state in ("complete", "skipped"):
         return None
     planned = meta.get("points")
-    return f"this run is {state}: {len(table)}" + (f" of {planned}" if planned else "") + " points recorded"
+    return f"this run is {said_state(state)}: {len(table)}" + (f" of {planned}" if planned else "") + \
+        " points recorded"
