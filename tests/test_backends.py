@@ -379,3 +379,53 @@ def test_a_file_that_differs_from_the_wheels_record_is_refused(tmp_path):
     subprocess.run(["bash", SCRIPTS / "gpu-split.sh", lying, tmp_path / "stage" / "parts"], check=True)
     r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", tmp_path / "stage"], capture_output=True, text=True)
     assert r.returncode == 1 and "do not join" in r.stderr
+
+
+def backends_run(rows):
+    import pandas as pd
+
+    from swabench.publish.sections.base import Run
+
+    t = pd.DataFrame(rows, columns=["case_id", "impl", "backend", "library", "kind", "mode", "status", "median_us",
+                                    "pct_of_floor"])
+    t = t.assign(model="gemma-3-27b", reason=["cuDNN takes no soft-cap" if s == "skip" else "" for s in t["status"]],
+                 attention_chunk=0, block=0, causal=True, storage="paged")
+    return Run("backends-run", t, {"scenario": "backends", "gpu": "NVIDIA H200", "libraries": {"flashinfer": "0.7.4"}})
+
+
+BACKENDS_RUN = [
+    ("c1", "paged-trim", "fa3", "flashinfer", "correct", "verify", "pass", 10.0, 40.0),
+    ("c1", "paged-trim", "fa2", "flashinfer", "correct", "verify", "pass", 12.0, 35.0),
+    ("c1", "fa4-window", "fa4", "fa4", "correct", "verify", "pass", 8.0, 50.0),
+    ("c1", "fa4-window-count", "fa4", "fa4", "known-bug", "verify", "xfail", None, None),
+    ("c1", "cudnn-graph", "cudnn", "cudnn", "correct", "verify", "pass", 30.0, 13.0),
+    ("c1", "cudnn-graph-band-w", "cudnn", "cudnn", "known-bug", "verify", "xfail", None, None),
+    ("c1", "torch-trim", "torch", "torch", "correct", "verify", "pass", 900.0, 1.0),
+    ("c2", "paged-trim", "fa3", "flashinfer", "correct", "verify", "pass", 20.0, 40.0),
+    ("c2", "fa4-window", "fa4", "fa4", "correct", "verify", "pass", 24.0, 33.0),
+    ("c2", "cudnn-graph", "cudnn", "cudnn", "correct", "verify", "skip", None, None),
+    ("c2", "cudnn-graph-band-w", "cudnn", "cudnn", "known-bug", "verify", "pass", 50.0, 8.0),
+]
+
+
+def test_the_findings_hold_each_backend_to_flashinfers_best_on_the_same_cases():
+    from swabench.publish.sections import backends
+
+    t = backends.backends_table(backends_run(BACKENDS_RUN)).set_index("backend")
+    assert list(t.index) == ["FlashInfer", "cuDNN", "FlashAttention-4"]  # the suite's own PyTorch paths are no backend
+    assert t.loc["FlashAttention-4", "fastest correct path"] == "`fa4-window [fa4]`"
+    assert t.loc["FlashAttention-4", "/ FlashInfer's best"] == "1.00"  # the median of 8 / 10 and 24 / 20
+    assert t.loc["FlashAttention-4", "statuses"] == "pass 2, xfail 1" and t.loc["FlashAttention-4", "cases"] == 2
+    assert t.loc["cuDNN", "/ FlashInfer's best"] == "3.00" and t.loc["cuDNN", "cases"] == 1
+    assert t.loc["FlashInfer", "fastest correct path"] == "`paged-trim [fa3]`"
+    said = backends.caught_said(backends_run(BACKENDS_RUN))[0]
+    assert "`fa4-window-count`, verify: caught on 1 of 1 point" in said
+    assert "`cudnn-graph-band-w`, verify: caught on 1 of 2 points, right on 1 where its semantics make it exact" in said
+
+
+def test_the_findings_say_nothing_of_a_run_where_no_new_backend_timed_a_point():
+    from swabench.publish.sections import backends
+
+    only_skips = [r for r in BACKENDS_RUN if r[2] not in ("cudnn", "fa4")] + [
+        ("c1", "cudnn-decode", "cudnn", "flashinfer", "correct", "verify", "skip", None, None)]
+    assert backends.backends_table(backends_run(only_skips)).empty

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from swabench.publish.sections import (answers, compiles, correctness, kernels, machine, method, modes, neighbours,
-                                       releases, repros, runs, serving, shelf, speed, trees)
+from swabench.publish.sections import (answers, backends, compiles, correctness, kernels, machine, method, modes,
+                                       neighbours, releases, repros, runs, serving, shelf, speed, trees)
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section, topic_name
 from swabench.publish.sections.releases import older_releases
 
 INDEX = (answers, runs)
-TOPICS = (correctness, repros, speed, machine, modes, compiles, kernels, serving, shelf, neighbours, trees, releases,
-          method)
+TOPICS = (correctness, repros, speed, machine, modes, compiles, kernels, serving, shelf, backends, neighbours, trees,
+          releases, method)
 SECTIONS: list[Section] = [s for module in INDEX + TOPICS for s in module.SECTIONS]
 assert len({s.key for s in SECTIONS}) == len(SECTIONS), "two sections share a key"
 

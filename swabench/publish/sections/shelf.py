@@ -124,7 +124,11 @@ def conventions_said(run: Run) -> list[str]:
     t = _shelf_rows(run)
     if t.empty:
         return []
-    bugs = t[(t["kind"] == "known-bug") & t["family"].isin(SHELF) & (t["status"] != "skip")]
+    return mistakes_said(t[(t["kind"] == "known-bug") & t["family"].isin(SHELF) & (t["status"] != "skip")], run)
+
+
+def mistakes_said(bugs: pd.DataFrame, run: Run) -> list[str]:
+    """``conventions_said`` of these known-bug rows (each with its step)."""
     said = []
     for (impl, step), g in sorted(bugs.groupby(["impl", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
         count = {s: int((g["status"] == s).sum()) for s in ("pass", "xpass", "fail")}

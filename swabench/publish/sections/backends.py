@@ -1,0 +1,102 @@
+"""Beyond FlashInfer's wrappers (docs/backends.md): per model and step, each backend's fastest correct path (cuDNN,
+FlashAttention-4 and FlexAttention beside FlashInfer's own, TRT-LLM's kernels among them) against FlashInfer's best
+on the same cases, what it reaches of its floor and what it reads, and the window conventions the gate caught."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swabench.publish.markdown import markdown_table
+from swabench.publish.sections.base import Run, Section, path_of, ratio
+from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, mistakes_said, with_counted_bytes
+
+BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
+FLASHINFER = "FlashInfer"
+
+
+def backend_of(t: pd.DataFrame) -> pd.Series:
+    """Each row's backend as an engine names it: cuDNN, FlashAttention-4, FlexAttention, or FlashInfer (its
+    wrappers and the TRT-LLM kernels it ships); None for the suite's own PyTorch paths."""
+    named = t["backend"].map(BEYOND)
+    return named.where(named.notna(), t["library"].map({"flashinfer": FLASHINFER}))
+
+
+def _rows(run: Run) -> pd.DataFrame:
+    """The run's rows of some backend, with their step, model (or '-') and path; empty unless cuDNN or
+    FlashAttention-4 timed a point."""
+    t = run.table.assign(engine=backend_of(run.table)).dropna(subset=["engine"])
+    beyond = t[t["backend"].isin(("cudnn", "fa4"))]
+    if beyond["median_us"].isna().all():
+        return t.iloc[:0]
+    model = t["model"].fillna("-") if "model" in t else pd.Series("-", index=t.index)
+    return t.assign(step=_steps(t), model=model, path=path_of(t))
+
+
+def backends_table(run: Run) -> pd.DataFrame:
+    """Per model and step, per backend: its fastest correct path (the lowest median of its time / FlashInfer's best
+    correct time on each case), the cases that covers, its median share of the floor, DRAM read / needed where the
+    run counted bytes, and the backend's statuses there."""
+    t = _rows(run)
+    if t.empty:
+        return t
+    timed = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    rows = []
+    for (model, step), here in sorted(t.groupby(["model", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
+        ran = timed[(timed["model"] == model) & (timed["step"] == step)]
+        best = ran[ran["engine"] == FLASHINFER].groupby("case_id")["median_us"].min()
+        for engine in [FLASHINFER, *[b for b in BEYOND.values() if b in set(here["engine"])]]:
+            mine, g = here[here["engine"] == engine], ran[ran["engine"] == engine]
+            row = {"model": model, "step": step, "backend": engine, "fastest correct path": "", "cases": "",
+                   "/ FlashInfer's best": "", "of its floor": "", "DRAM read / needed": "",
+                   "statuses": ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))}
+            g = g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float))
+            if len(g):
+                per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
+                                                 cases=("median_us", "count"))
+                pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
+                picked = g[g["path"] == pick.name]
+                floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
+                amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
+                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]),
+                            "/ FlashInfer's best": ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
+                            "of its floor": f"{floor:.0f}%" if floor == floor else "",
+                            "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""})
+            elif len(mine) and (mine["status"] == "skip").all():
+                why = "; ".join(dict.fromkeys(r for r in mine["reason"].fillna("") if r))
+                row["fastest correct path"] = f"skips: {why[:160]}" if why else "skips"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def caught_said(run: Run) -> list[str]:
+    """The conventions that trap callers, as the gate saw them: each new backend's known mistake, per step."""
+    t = _rows(run)
+    if t.empty:
+        return []
+    return mistakes_said(t[(t["kind"] == "known-bug") & t["backend"].isin(("cudnn", "fa4")) & (t["status"] != "skip")],
+                         run)
+
+
+def across(runs: list[Run]) -> list[str]:
+    """Per timed run that holds cuDNN or FlashAttention-4 points: its table (bytes from its counted twin)."""
+    body = []
+    for r in runs:
+        if r.profiled or not r.timed:
+            continue
+        table = backends_table(with_counted_bytes(r, runs))
+        if len(table):
+            body += caught_said(r) + [f"From {r.name}:", markdown_table(table)]
+    return body
+
+
+TOPIC = "Beyond FlashInfer's wrappers"
+
+SECTIONS = [
+    Section("backends", "Beyond FlashInfer's wrappers: cuDNN and FlashAttention-4",
+            "Per model and step, each backend an engine can pick (FlashInfer with the TRT-LLM kernels it ships, cuDNN "
+            "through FlashInfer and through its own graph, FlashAttention-4, FlexAttention; docs/backends.md): its "
+            "fastest correct path, the cases it timed, the median of its time / FlashInfer's best correct time on "
+            "each case, its median share of the floor, DRAM read / needed where the run counted bytes, and its "
+            "statuses on the step. Above: the window conventions the gate caught.",
+            backends_table, caught_said, across=across, profiled=True),
+]
