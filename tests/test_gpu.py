@@ -383,3 +383,30 @@ def test_a_mixed_step_passes_each_way(impl, extend, prefix, page_size):
                             page_size=page_size))
     runner, result = gated(impl, workloads.build(c, "cuda"), "fa2")
     assert result.passed, result.reason
+
+
+BACKEND_PATHS = {"cudnn-prefill": "cudnn", "cudnn-decode": "cudnn", "cudnn-graph": "cudnn",
+                 "cudnn-graph-band-w": "cudnn", "fa4-window": "fa4", "fa4-window-count": "fa4"}
+BACKEND_SHAPES = [("decode", 127, 1000, 1, 16), ("verify", 127, 3000, 4, 64), ("verify", 1023, 5000, 8, 1),
+                  ("extend", 4095, 4200, 512, 16), ("extend", 127, 0, 300, 128), ("draft_extend", 127, 60, 4, 16),
+                  ("decode", -1, 2000, 1, 16)]
+
+
+@pytest.mark.parametrize("mode,window_left,prefix,qo,page_size", BACKEND_SHAPES)
+@pytest.mark.parametrize("impl", list(BACKEND_PATHS))
+@pytest.mark.parametrize("sinks", [False, True])
+def test_cudnn_and_fa4_pass_and_their_mistakes_fail_where_they_must(impl, mode, window_left, prefix, qo, page_size,
+                                                                      sinks):
+    """cuDNN (through FlashInfer and its own graph) and FlashAttention-4 on GPT-OSS's heads, every step: the correct
+    calls pass; W handed to cuDNN uncounted, or the key count to FA4, fail exactly where a window reaches its oldest
+    key; then each replays in a CUDA graph."""
+    queries = {"decode": {}, "extend": {"extend_len": qo}, "draft_extend": {"draft_tokens": qo, "accept": "uniform"},
+               "verify": {"qo_len": qo}}[mode]
+    c = axes.make_case(dict(mode=mode, prefix_len=prefix, window_left=window_left, num_qo_heads=64, num_kv_heads=8,
+                            head_dim=64, dtype="bfloat16", batch_size=3, page_size=page_size, sinks=sinks, **queries))
+    w = workloads.build(c, "cuda")
+    backend = BACKEND_PATHS[impl]
+    runner, result = gated(impl, w, backend)
+    must = registry.get(impl).must_fail(c, w.qo_lens, w.kv_lens, backend)
+    assert result.passed is not must, (must, result.reason)
+    assert_replays_in_a_graph(runner)  # FA4 returns its output: inside the graph, the graph's own tensor
