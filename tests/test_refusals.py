@@ -828,7 +828,9 @@ def test_an_integer_past_pythons_limit_is_exit_2_naming_file_and_line(tmp_path, 
 @pytest.mark.parametrize("name,field,value", [
     ("rows.jsonl", "status", 5), ("rows.jsonl", "status", "maybe"), ("rows.jsonl", "median_us", "fast"),
     ("rows.jsonl", "median_us", 0), ("rows.jsonl", "samples", "abc"), ("rows.jsonl", "backend", True),
-    ("meta.json", "merged_from", 5), ("meta.json", "wall_s", "long"), ("meta.json", "state", 5)])
+    ("rows.jsonl", "window_left", 1.5), ("rows.jsonl", "prefix_len", 2 ** 40), ("rows.jsonl", "kind", "weird"),
+    ("rows.jsonl", "impl", " "), ("meta.json", "merged_from", 5), ("meta.json", "wall_s", "long"),
+    ("meta.json", "state", 5)])
 def test_a_field_of_the_wrong_kind_is_refused_before_any_point(tmp_path, cut_run, one_figure, name, field, value):
     run = copied(cut_run, tmp_path)
     if name == "rows.jsonl":
@@ -1274,3 +1276,93 @@ def test_a_reader_that_closes_the_pipe_ends_the_output_not_the_run(tmp_path, wri
     assert proc.wait(timeout=120) == 0
     assert json.loads((out / "meta.json").read_text())["state"] == "complete"
     assert len(pd.read_csv(out / "results.csv")) == len((out / "rows.jsonl").read_text().splitlines()) > 1
+
+# ---- a topic page is no findings page, a published table is held to the journal's rules, a journal with other names,
+# a scenario.toml that is no file, a blob's metadata past Python's digits
+
+def test_findings_never_replaces_a_topic_page_as_its_page(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a copy of the repository root: FINDINGS.md owns the topic pages in findings/
+    assert invoke("findings", FIXTURE_RUN, "--out", "FINDINGS.md").exit_code == 0
+    (tmp_path / "other").mkdir()
+    assert invoke("findings", FIXTURE_RUN, "--out", tmp_path / "other" / "A.md").exit_code == 0
+    before = _tree(tmp_path)
+    for out, owner in ((Path("findings") / "speed.md", "FINDINGS.md"), (tmp_path / "other/findings/speed.md", "A.md")):
+        r = invoke("findings", FIXTURE_RUN, "--out", out)
+        refused(r, f"{out} is a topic page of the findings page {owner}", "--force")
+        assert _tree(tmp_path) == before
+    assert invoke("findings", FIXTURE_RUN, "--out", "findings/speed.md", "--force").exit_code == 0
+    assert (tmp_path / "findings" / "findings").is_dir()
+
+
+def test_findings_never_deletes_a_link_among_its_topic_pages(tmp_path):
+    page = tmp_path / "FINDINGS.md"
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    kept = tmp_path / "kept.md"  # a topic page of FINDINGS.md this run no longer fills, linked from findings/
+    kept.write_text(page.read_text().split("\n", 1)[0] + "\n\n# Gone\n\nPart of [the findings](../FINDINGS.md): x.\n")
+    link = tmp_path / "findings" / "gone-topic.md"
+    link.symlink_to(kept)
+    before = kept.read_text()
+    assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    assert link.is_symlink() and kept.read_text() == before
+
+
+def _published_cell(run: Path, column: str, value: str, line: int = 3) -> Path:
+    """``run``'s results.csv with the cell of ``column`` on ``line`` (the header is line 1) spelled ``value``."""
+    import csv
+    import io
+
+    path = run / "results.csv"
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    rows[line - 1][rows[0].index(column)] = value
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    path.write_text(out.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("column,value,allowed", [
+    ("case_id", " ", "text, not empty"), ("impl", " ", "text, not empty"),
+    ("batch_size", "1e400", "integer from 1 to 2147483647"), ("prefix_len", "9" * 5000, "integer from 0 to"),
+    ("window_left", "1.5", "integer from -1 to 2147483647"), ("kind", "weird", "one of correct, known-bug, planted"),
+    ("tflops", "inf", "finite number")])
+def test_a_published_table_is_held_to_the_journals_field_rules(tmp_path, one_figure, column, value, allowed):
+    run = Path(shutil.copytree(FIXTURE_RUN, tmp_path / "run"))
+    path = _published_cell(run, column, value)
+    shown = json.dumps(value) if len(json.dumps(value)) <= 60 else json.dumps(value)[:57] + "..."
+    before = contents(run)
+    for r in [invoke("summary", run), invoke("compare", FIXTURE_RUN, run),
+              invoke("report", run, "--out", tmp_path / "rep"), invoke("plot", run, "--out", tmp_path / "rep")]:
+        refused(r, f"{path}: line 3: field {column}: {shown} is not allowed ({allowed}")
+    assert contents(run) == before and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", ".swabench.lock"])
+def test_resume_refuses_a_run_folder_file_with_other_names(tmp_path, cut_run, name):
+    run = copied(cut_run, tmp_path)
+    theirs = tmp_path / "user.jsonl"
+    os.replace(run / name, theirs) if (run / name).exists() else theirs.write_text("precious\n")
+    os.link(theirs, run / name)
+    before, theirs_before = contents(run), theirs.read_bytes()
+    refused(resume(run, cut_run), f"{run / name} has 1 other name(s) (a hard link)")
+    assert contents(run) == before and theirs.read_bytes() == theirs_before
+
+
+def test_repro_names_a_scenario_toml_that_is_no_file(tmp_path, cut_run, no_hang):
+    run = copied(cut_run, tmp_path)
+    (run / "scenario.toml").unlink()
+    os.mkfifo(run / "scenario.toml")
+    r = invoke("repro", run, "--case", "x", "--impl", "torch-trim")
+    refused(r, f"{run / 'scenario.toml'}", "not a regular file but a FIFO")
+    assert "a folder without" not in r.output
+
+
+def test_import_fib_names_a_blob_whose_metadata_holds_an_integer_past_pythons_limit(tmp_path):
+    root = exported(tmp_path)
+    record = json.loads(workload_file(root, DECODE).read_text().splitlines()[0])
+    blob = root / record["workload"]["inputs"]["kv_indptr"]["path"]
+    with safetensors.safe_open(blob, framework="pt") as f:
+        metadata = f.metadata()
+    metadata[fib.META] = metadata[fib.META].rstrip("}") + f', "n": {BIG}}}'
+    safetensors.torch.save_file(safetensors.torch.load_file(blob), blob, metadata=metadata)
+    refused(import_fib(root, DECODE, tmp_path), str(blob), TOO_LONG)
+    assert not (tmp_path / "back.jsonl").exists()

@@ -205,10 +205,15 @@ def _tensor(root: Path, file: Path, n: int, workload: dict, key: str, blobs: dic
     if blob not in blobs:
         try:
             with safetensors.safe_open(blob, framework="pt") as f:
-                meta = json.loads((f.metadata() or {}).get(META, "{}"))
-            blobs[blob] = safetensors.torch.load_file(blob), meta
+                said = (f.metadata() or {}).get(META, "{}")
+            tensors = safetensors.torch.load_file(blob)
         except Exception as e:  # a truncated or foreign file: safetensors says what
             raise FibError(f"{where}.path: {spec.get('path')} is not a safetensors file this reads ({e})") from None
+        error = lambda reason: FibError(f"{where}.path: {blob}: its metadata {META!r}: {reason}")  # noqa: E731
+        try:
+            blobs[blob] = tensors, reading.json_value(said, error)
+        except json.JSONDecodeError as e:
+            raise error(f"not valid JSON ({e})") from None
     tensors, meta = blobs[blob]
     if spec.get("tensor_key") not in tensors:
         raise FibError(f"{where}.tensor_key: {spec.get('tensor_key')!r} is not in {spec.get('path')}")

@@ -8,6 +8,7 @@ folder in each row or sits directly under a "From `folder`:" line."""
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from pathlib import Path
@@ -72,7 +73,7 @@ def _made_for(path: Path) -> str | None:
 
 
 def _replaceable(path: Path, page: str, topic: bool, force: bool) -> None:
-    """OutputError when ``path`` exists and is not the findings page ``page`` or (``topic``) one of its topic pages,
+    """OutputError when ``path`` exists and is not a findings page or (``topic``) one of the topic pages of ``page``,
     unless ``force``: a findings page replaces neither a user's file nor another findings page's topics."""
     if not path.is_file() or force:
         return
@@ -80,6 +81,9 @@ def _replaceable(path: Path, page: str, topic: bool, force: bool) -> None:
     if made is None:
         raise paths.OutputError(f"--out: {path} exists and is not a findings page (its first line does not say "
                                 f"{MADE_BY}`); give another --out, or pass --force to replace it")
+    if not topic and made:
+        raise paths.OutputError(f"--out: {path} is a topic page of the findings page {made}, not a findings page; "
+                                f"give another --out, or pass --force to replace it")
     if topic and made != page:
         whose = f"a topic page of the findings page {made}" if made else "a findings page"
         raise paths.OutputError(f"--out {page}: {path} is {whose} beside it; write {page} in another folder, or "
@@ -88,7 +92,8 @@ def _replaceable(path: Path, page: str, topic: bool, force: bool) -> None:
 
 def write(run_dirs: list[Path], out: Path, force: bool = False) -> list[Path]:
     """The findings page at ``out`` and its topic pages in findings/ beside it, from ``run_dirs``; a file that is
-    no findings page is replaced only with ``force``, and a topic page the runs no longer fill is removed."""
+    no findings page is replaced only with ``force``, and its own topic page the runs no longer fill
+    is removed (a regular file only: never a link)."""
     runs = load(run_dirs)
     out = Path(out)
     folder = out.parent / TOPICS_FOLDER
@@ -101,12 +106,12 @@ def write(run_dirs: list[Path], out: Path, force: bool = False) -> list[Path]:
     written = pages(runs, f"swabench findings {' '.join(r.folder for r in runs)} --out {out}", out.name)
     targets = {name: (folder / name if name else out) for name in written}
     for path in targets.values():
-        if path.exists() and not stat.S_ISREG(path.lstat().st_mode):
+        if os.path.lexists(path) and not stat.S_ISREG(path.lstat().st_mode):
             raise paths.OutputError(f"--out {out}: {path} exists and is not a regular file; move it first")
     for name, path in targets.items():
         _replaceable(path, out.name, bool(name), force)
-    stale = [p for p in folder.glob("*.md") if p.name not in written and p.is_file() and _made_for(p) == out.name] \
-        if folder.is_dir() else []
+    stale = [p for p in folder.glob("*.md") if p.name not in written and stat.S_ISREG(p.lstat().st_mode)
+             and _made_for(p) == out.name] if folder.is_dir() else []
     if len(written) > 1:
         run_folder.make_folder(folder)
     for name, text in written.items():

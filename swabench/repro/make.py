@@ -4,6 +4,7 @@ calls before it is written."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from swabench.core import workloads
@@ -18,7 +19,7 @@ from swabench.store import schema
 def source_file(source: str) -> Path:
     """The scenario file a point's SOURCE names: a run folder's own copy, or a scenario (a file or a name)."""
     folder = Path(source)
-    if folder.is_dir() and not (folder / schema.SCENARIO).is_file():
+    if folder.is_dir() and not os.path.lexists(folder / schema.SCENARIO):  # there but no file: load says what it is
         raise UserError(f"{source}: a folder without {schema.SCENARIO}, so not a run folder; give a run folder or a "
                         f"scenario")
     return folder / schema.SCENARIO if folder.is_dir() else scenarios.find(source)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swabench.impls.registry import KINDS as IMPL_KINDS
 from swabench.store import reading
 from swabench.store.schema import KEY, ROW_FIELDS, STATES, STATUSES
 
@@ -84,17 +87,28 @@ def samples(rows: list[dict]) -> None:
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A number a float holds (NaN and the infinities too; an integer past the largest float is none)."""
+    return isinstance(v, float) or isinstance(v, int) and not isinstance(v, bool) and abs(v) <= sys.float_info.max
 
 
-KINDS = {"text": lambda v: isinstance(v, str), "name": lambda v: isinstance(v, str) and v != "",
-         "number": _number, "number >= 0": lambda v: _number(v) and (v != v or 0 <= v < math.inf),
-         "number > 0": lambda v: _number(v) and (v != v or 0 < v < math.inf),
+def _finite(v) -> bool:
+    return _number(v) and (v != v or -math.inf < v < math.inf)
+
+
+def _integers(low: int, high: int):
+    """The test of a whole number from ``low`` to ``high`` (NaN for none)."""
+    return lambda v: _number(v) and (v != v or (isinstance(v, int) or v.is_integer()) and low <= v <= high)
+
+
+KINDS = {"text": lambda v: isinstance(v, str), "name": lambda v: isinstance(v, str) and v.strip() != "",
+         "number": _number, "finite number": _finite, "number >= 0": lambda v: _finite(v) and not v < 0,
+         "number > 0": lambda v: _finite(v) and not v <= 0,
          "integer >= 0": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
          "true": lambda v: v is True, "false": lambda v: v is False, "null": lambda v: v is None,
          "object": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list),
-         "status": lambda v: v in STATUSES, "state": lambda v: v in STATES}
-NAMED = {"status": "one of " + ", ".join(STATUSES), "state": "one of " + ", ".join(STATES), "name": "text, not empty"}
+         "status": lambda v: v in STATUSES, "state": lambda v: v in STATES, "impl kind": lambda v: v in IMPL_KINDS}
+NAMED = {"status": "one of " + ", ".join(STATUSES), "state": "one of " + ", ".join(STATES), "name": "text, not empty",
+         "impl kind": "one of " + ", ".join(IMPL_KINDS)}
 
 
 @functools.cache
@@ -107,9 +121,11 @@ def holds(kind: str):
             return lambda v: isinstance(v, list) and all(map(each, v))
         return lambda v: isinstance(v, dict) and all(map(each, v.values()))
     first, _, rest = kind.partition(" or ")
+    low, to, high = first.removeprefix("integer from ").partition(" to ")
+    this = _integers(int(low), int(high)) if to else KINDS[first]
     if not rest:
-        return KINDS[first]
-    this, other = KINDS[first], holds(rest)
+        return this
+    other = holds(rest)
     return lambda v: this(v) or other(v)
 
 
@@ -122,7 +138,8 @@ def fields(record: dict, kinds: dict, what: str = "field", within: str = "") -> 
         if kind is not None and not holds(kind)(value):
             shown = json.dumps(value)  # as the file spells it
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise ValueError(f"{what} {name}: {shown} is not allowed ({NAMED.get(kind, kind)})")
+            allowed = " or ".join(NAMED.get(k, k) for k in kind.split(" or "))
+            raise ValueError(f"{what} {name}: {shown} is not allowed ({allowed})")
         if isinstance(value, dict) and not within:
             fields(value, kinds, what, name + ".")
 
@@ -136,6 +153,45 @@ def row(record: dict) -> None:
         raise ValueError(f"field median_us: {json.dumps(median)} is not allowed (a number: the row was timed, "
                          f"{repeats:g} repeats)")
     samples([record])
+
+
+INTEGER = re.compile(r"[-+]?\d+")
+NUMERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf")  # as pandas writes a float
+
+
+def _cell(text, kind: str):
+    """A results table's cell as its journal row would hold it: the text where the field takes text, else the flag
+    or number it spells, None where it is empty; the text itself where that is not of ``kind`` either."""
+    if not isinstance(text, str):
+        return None
+    if holds(kind)(text):
+        return text
+    value = {"True": True, "False": False}.get(text, text)
+    if NUMERAL.fullmatch(text):
+        try:
+            value = int(text) if INTEGER.fullmatch(text) else float(text)
+        except ValueError:  # more digits than Python reads: no number
+            pass
+    return value if holds(kind)(value) else text
+
+
+def cells(text: pd.DataFrame) -> None:
+    """ValueError naming the line and the field where a results table, each cell as its CSV spells it, holds what a
+    journal row may not (``fields``, schema.ROW_FIELDS): a folder published without its journal is read as strictly
+    as one with it.  Each distinct value of a column is judged once."""
+    import pandas as pd
+
+    kinds = {c: ROW_FIELDS[c] for c in text.columns if c in ROW_FIELDS}
+    wrong = pd.Series(False, index=text.index)
+    for column, kind in kinds.items():
+        test = holds(kind)
+        wrong |= text[column].isin([v for v in text[column].unique() if not test(_cell(v, kind))])
+    if wrong.any():
+        line = wrong.idxmax()
+        try:
+            fields({c: _cell(text.at[line, c], kind) for c, kind in kinds.items()}, ROW_FIELDS)
+        except ValueError as e:
+            raise ValueError(f"line {text.index.get_loc(line) + 2}: {e}") from None
 
 
 def _plain(value):

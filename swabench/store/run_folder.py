@@ -329,10 +329,10 @@ class RunStore:
 
 
 def refuse_odd_files(folder: Path) -> None:
-    """RunFolderError when a file the run writes in ``folder`` is there as a link or anything but a regular file, or
-    it or the folder cannot be written: a resume appends to the journal and renames the tables over their old
-    selves, which would write through a link or replace it, or fail once its points have run; checked before any
-    point runs."""
+    """RunFolderError when a file the run writes in ``folder`` is there as a link, a hard link (a file with other
+    names) or anything but a regular file, or it or the folder cannot be written: a resume appends to the journal
+    and renames the tables over their old selves, which would write through a link or replace it, or fail once its
+    points have run; checked before any point runs."""
     for name in (ROWS, META, SCENARIO, TABLE, TABLE + ".gz", SAMPLES, SAMPLES.removesuffix(".gz"), LOCK):
         path = Path(folder) / name
         try:
@@ -345,6 +345,9 @@ def refuse_odd_files(folder: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise RunFolderError(f"{path}: not a regular file but {paths.file_kind(st.st_mode)}; a run folder's files "
                                  f"are its own: move it away, or start a new --out")
+        if st.st_nlink > 1:
+            raise RunFolderError(f"{path} has {st.st_nlink - 1} other name(s) (a hard link): a run folder's files are "
+                                 f"its own; replace it with a copy of its own, or start a new --out")
         if not os.access(path, os.W_OK):  # read-only, or immutable: the run would fail on it after its points
             raise RunFolderError(f"{path} cannot be written (read-only or immutable): a resume rewrites it; make it "
                                  f"writable, or start a new --out")

@@ -8,6 +8,8 @@ reader through ``migrate``, so a folder written before ``format_version`` existe
 from __future__ import annotations
 
 from swabench.core.cases import WRAPPER_MODES
+from swabench.core.footprint import LIMITS
+from swabench.inputs.axes import PAGE_SIZE_MAX, SEED_MAX, WINDOW_MAX
 from swabench.measure import ceiling
 
 FORMAT_VERSION = 11
@@ -96,26 +98,35 @@ META_PREFIXES = ("nvidia_smi.",)  # nvidia-smi's fields as it names them
 
 # What each field holds, checked on every read (``checks.fields``): a journal row's (keys it does not name are the
 # row's own: a row keeps its host and model preset too) and meta.json's ("trace.steps": the key steps of the
-# object trace).  A kind is "text", "name" (text, not empty), "number" (NaN for none), "number >= 0", "number > 0",
-# "integer >= 0", "true or false", "object", "list", "status" (one of STATUSES) or "state" (one of STATES);
-# "list of K", "object of K" (its values), "K or null" ("of" binds first: "object of text or null" is an object
-# whose values are text or null).
-TEXT, NUMBER, FLAG = "text or null", "number or null", "true or false or null"
+# object trace).  A kind is "text", "name" (text, not empty or blank), "number" (NaN for none), "finite number",
+# "number >= 0", "number > 0", "integer >= 0", "integer from LO to HI" (16.0 too: a table's column with empty cells
+# reads as floats), "true or false", "object", "list", "status" (one of STATUSES), "state" (one of STATES) or
+# "impl kind" (one of registry.KINDS); "list of K", "object of K" (its values), "K or null" ("of" binds first:
+# "object of text or null" is an object whose values are text or null).  Each row of results.csv is held to
+# ROW_FIELDS too, each cell as the file spells it (``checks.cells``).
+TEXT, NUMBER, FLAG, FINITE = "text or null", "number or null", "true or false or null", "finite number or null"
+INDEX_MAX = LIMITS.int32_index  # no case holds a count past it: batch x keys past FlashInfer's int32 never runs
+AXIS_RANGES = {"batch_size": (1, INDEX_MAX), "prefix_len": (0, INDEX_MAX), "seq_len": (1, INDEX_MAX),
+               "qo_len": (1, INDEX_MAX), "total_qo": (0, INDEX_MAX), "total_kv": (0, INDEX_MAX),
+               "window_left": (-1, WINDOW_MAX), "sliding_window": (-1, WINDOW_MAX + 1), "page_size": (1, PAGE_SIZE_MAX),
+               "num_qo_heads": (1, INDEX_MAX), "num_kv_heads": (1, INDEX_MAX), "head_dim": (8, INDEX_MAX),
+               "attention_chunk": (0, INDEX_MAX), "block": (0, INDEX_MAX), "prefills": (0, INDEX_MAX),
+               "seed": (0, SEED_MAX)}
 ROW_FIELDS = {
-    **dict.fromkeys(KEY, "name"), "status": "status", "samples": "object of list",
-    **dict.fromkeys(("case", "kind", "library", "wrapper", "resolved_backend", "wrapper_mode", "layout", "reason",
+    **dict.fromkeys(KEY, "name"), "status": "status", "samples": "object of list", "kind": "impl kind or null",
+    **dict.fromkeys(("case", "library", "wrapper", "resolved_backend", "wrapper_mode", "layout", "reason",
                      "upstream", "mode", "storage", "accept", "length_dist", "page_layout", "dtype", "kv_dtype", "tree",
                      "device", "timer", "l2", "clock_reasons_before", "clock_reasons_after", "model", "host"), TEXT),
     "gpu_id": "text or number or null",
     **dict.fromkeys(("must_fail", "sinks", "causal", "throttled", "rows_as_predicted", "reads_evicted"), FLAG),
-    **dict.fromkeys(("batch_size", "prefix_len", "seq_len", "qo_len", "total_qo", "total_kv", "window_left",
-                     "sliding_window", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale",
-                     "logits_soft_cap", "attention_chunk", "block", "prefills", "seed", "rel_l2", "max_abs",
-                     "row_rel_l2", "probe_rel_l2", "unwritten_rows", "wrong_rows", "keys_lost", "rows_losing",
+    **{name: f"integer from {low} to {high} or null" for name, (low, high) in AXIS_RANGES.items()},
+    # the gate's errors: a row the kernel left unwritten (NaN) is infinitely wrong
+    **dict.fromkeys(("rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2"), NUMBER),
+    **dict.fromkeys(("sm_scale", "logits_soft_cap", "unwritten_rows", "wrong_rows", "keys_lost", "rows_losing",
                      "sm_clock_mhz_before", "sm_clock_mhz_after", "pairs", "flops", "min_bytes", "min_read_bytes",
                      "tflops", "tbps", "speedup_vs_mask", "pct_peak_tflops", "pct_peak_tbps", "floor_us",
                      "pct_of_floor", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "kernels_counted",
-                     "read_amplification"), NUMBER),
+                     "read_amplification"), FINITE),
     # a time, a size or a count: never negative; a median > 0 (a call takes time)
     **dict.fromkeys(("plan_us", "compile_s", "workspace_mib", "repeats", "graph_calls", "iqr_us", "noise", "eager_us",
                      "point_s", "workload_s"), "number >= 0 or null"),

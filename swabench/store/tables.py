@@ -128,12 +128,14 @@ def _same_result(listed: dict, recorded: dict) -> bool:
     return str(listed.get("status")) == str(recorded.get("status")) and close
 
 
-def csv_file(path: Path, empty_ok: bool = False) -> pd.DataFrame:
-    """A run folder's CSV file (plain or gzipped), its key columns as text (a case_id of digits stays text);
-    RunFolderError naming it where it cannot be read, or is empty and ``empty_ok`` is not given."""
+def csv_file(path: Path, empty_ok: bool = False, text: bool = False) -> pd.DataFrame:
+    """A run folder's CSV file (plain or gzipped), its key columns as text (a case_id of digits stays text), or
+    with ``text`` every column, each cell as spelled; RunFolderError naming it where it cannot be read, or is empty
+    and ``empty_ok`` is not given."""
     import pandas as pd
     try:
-        return pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)), dtype={k: str for k in KEY})
+        return pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)),
+                           dtype=str if text else {k: str for k in KEY})
     except pd.errors.EmptyDataError as e:
         if empty_ok:
             return pd.DataFrame()
@@ -157,9 +159,12 @@ def read_csv(path: Path, needed) -> pd.DataFrame:
     if missing:
         raise RunFolderError(f"{path} is not a swabench table: no column {', '.join(missing)}")
     try:
-        return checks.table(df)
+        checks.table(df)
+        if "status" in df.columns:  # a results table: its rows hold what journal rows do
+            checks.cells(csv_file(path, text=True))
     except ValueError as e:
         raise RunFolderError(f"{path}: {e}") from None
+    return df
 
 
 def each_once(folders) -> None:
