@@ -78,18 +78,18 @@ def test_time_per_thousand_steps_weights_each_step_and_splits_by_mode():
     per_step = paths([("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
                       ("b", "verify", "x", "correct", "fi", "fa2", "pass", 40.0),
                       ("a", "decode", "y", "correct", "fi", "fa2", "pass", 20.0),
-                      ("b", "verify", "z", "correct", "torch", "torch", "pass", 30.0)], {"a": 3, "b": 1})
+                      ("b", "verify", "z", "correct", "flex", "flex", "pass", 30.0)], {"a": 3, "b": 1})
     assert per_step["ms_per_1000"].tolist() == [30 / 4, 40 / 4, 60 / 4, 30 / 4]  # us per step x its share
     out = replay.per_thousand_steps(per_step, ("fi",)).astype(object).fillna("-")  # empty cells are NaN
     assert out.drop(columns="backend").values.tolist() == [
         ["x", 40 / 4, 30 / 4, (40 + 30) / 4, "4/4"],
         ["y", "-", 60 / 4, "-", "3/4"],  # no verify: no verify cell, no total
         ["z", 30 / 4, "-", "-", "1/4"],
-        ["best single fi path", 40 / 4, 30 / 4, 70 / 4, "4/4"],  # z is not fi's
+        ["best single fi path", 40 / 4, 30 / 4, 70 / 4, "4/4"],  # z is FlexAttention's
         ["best single path of any backend", 30 / 4, 30 / 4, 60 / 4, "4/4"],  # z serves verify, x decode
         [replay.SERVED, 30 / 4, 30 / 4, 60 / 4, "4/4"]]
     assert row(out, "best single fi path")["backend"] == "verify: x [fa2]; decode: x [fa2]"
-    assert row(out, replay.SERVED)["backend"] == "verify: z [torch] 1/1; decode: x [fa2] 3/3"
+    assert row(out, replay.SERVED)["backend"] == "verify: z [flex] 1/1; decode: x [fa2] 3/3"
 
 
 def test_a_replay_written_before_layer_types_weighs_as_one_layer():
@@ -395,3 +395,13 @@ def test_a_key_given_twice_on_a_line_is_refused(tmp_path):
         traces.read(path)
     r = invoke("replay", path, "--device", "cpu", "--out", tmp_path / "run")
     assert r.exit_code == 2 and "line 2: key 'count' given twice" in r.output
+
+
+def test_the_picks_over_every_backend_leave_out_the_suites_own_pytorch_paths():
+    """An engine picks among FlashInfer, cuDNN, FA4 and FlexAttention, never the suite's reference in PyTorch."""
+    per_step = paths([("a", "decode", "x", "correct", "fi", "fa2", "pass", 10.0),
+                      ("a", "decode", "t", "correct", "torch", "torch", "pass", 1.0),
+                      ("a", "decode", "f", "correct", "flex", "flex", "pass", 5.0)], {"a": 1})
+    out = replay.per_thousand_steps(per_step, ("fi",))
+    assert row(out, "best single path of any backend")["backend"] == "decode: f [flex]"
+    assert row(out, replay.SERVED)["backend"].startswith("decode: t [torch]")  # step by step, every correct path

@@ -93,8 +93,9 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     step_layers = steps_once["layer"].fillna("") if "layer" in steps_once else \
         pd.Series("", index=steps_once.index, dtype=object)
     choices = [(f"{library} path", f"{library}'s picks", correct[correct["library"] == library]) for library in libraries]
-    if correct["library"].nunique() > 1:  # FlashInfer (its TRT-LLM kernels too), cuDNN, FA4, FlexAttention together
-        choices.append(("path of any backend", "picks over every backend", correct))
+    engines = correct[correct["library"] != "torch"]  # not the suite's own PyTorch paths
+    if engines["library"].nunique() > 1:  # FlashInfer (its TRT-LLM kernels too), cuDNN, FA4, FlexAttention together
+        choices.append(("path of any backend", "picks over every backend", engines))
     for path, picked, own in choices:
         if not len(own):
             continue
