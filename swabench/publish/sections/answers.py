@@ -110,8 +110,8 @@ def served_mixes(runs: list[Run]) -> list[str]:
             continue
         ms = {row["impl"]: f"{row['all steps ms']:.3g} ms" for _, row in table.iterrows()
               if row["all steps ms"] == row["all steps ms"]}  # those that serve every step (the detail has the rest)
-        single = [f"{impl}: {v}" for impl, v in ms.items()
-                  if impl.startswith("best single ") or impl.endswith(" per layer type")]
+        single = [f"{impl}: {v}" for impl, v in ms.items()  # the whole trace's: not one layer type's part of it
+                  if (impl.startswith("best single ") and ", " not in impl) or impl.endswith(" per layer type")]
         ref = registry.reference_path("paged")
         alone = table[(table["impl"] == ref[0]) & (table["backend"] == ref[1])] if ref else table.iloc[0:0]
         if len(alone) and alone["all steps ms"].notna().iloc[0]:
