@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.publish.markdown import markdown_table
-from swabench.publish.sections.base import Run, Section, path_of, ratio
-from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, mistakes_said, with_counted_bytes
+from swabench.publish.sections.base import Run, Section, path_of
+from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, fastest, mistakes_said, skipped, timed_table
 
 BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
 FLASHINFER = "FlashInfer"
@@ -49,21 +48,11 @@ def backends_table(run: Run) -> pd.DataFrame:
             row = {"model": model, "step": step, "backend": engine, "fastest correct path": "", "cases": "",
                    "/ FlashInfer's best": "", "of its floor": "", "DRAM read / needed": "",
                    "statuses": ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))}
-            g = g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float))
             if len(g):
-                per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
-                                                 cases=("median_us", "count"))
-                pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
-                picked = g[g["path"] == pick.name]
-                floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
-                amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
-                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]),
-                            "/ FlashInfer's best": ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
-                            "of its floor": f"{floor:.0f}%" if floor == floor else "",
-                            "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""})
+                row.update(fastest(g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float)),
+                                   "/ FlashInfer's best"))
             elif len(mine) and (mine["status"] == "skip").all():
-                why = "; ".join(dict.fromkeys(r for r in mine["reason"].fillna("") if r))
-                row["fastest correct path"] = f"skips: {why[:160]}" if why else "skips"
+                row["fastest correct path"] = skipped(mine)
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -78,15 +67,8 @@ def caught_said(run: Run) -> list[str]:
 
 
 def across(runs: list[Run]) -> list[str]:
-    """Per timed run that holds cuDNN or FlashAttention-4 points: its table (bytes from its counted twin)."""
-    body = []
-    for r in runs:
-        if r.profiled or not r.timed:
-            continue
-        table = backends_table(with_counted_bytes(r, runs))
-        if len(table):
-            body += caught_said(r) + [f"From {r.name}:", markdown_table(table)]
-    return body
+    """Per timed run that holds cuDNN or FlashAttention-4 points: the conventions caught and its table."""
+    return [s for r in runs for s in timed_table(r, runs, backends_table, caught_said)]
 
 
 TOPIC = "Beyond FlashInfer's wrappers"

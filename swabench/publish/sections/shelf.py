@@ -99,22 +99,42 @@ def families_table(run: Run) -> pd.DataFrame:
                    "cases": "", "/ best existing": "", "of its floor": "", "DRAM read / needed": "",
                    "statuses": counts}
             if len(g):
-                g = g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float))
-                per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
-                                                 cases=("versus", "count"))
-                pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
-                picked = g[g["path"] == pick.name]
-                floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
-                amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
-                row.update({"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]) or "",
-                            "/ best existing": ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
-                            "of its floor": f"{floor:.0f}%" if floor == floor else "",
-                            "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""})
+                row.update(fastest(g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float)),
+                                   "/ best existing"))
             elif (mine["status"] == "skip").all() and len(mine):
-                why = "; ".join(dict.fromkeys(r for r in mine["reason"].fillna("") if r))
-                row["fastest correct path"] = f"skips: {why[:160]}" if why else "skips"
+                row["fastest correct path"] = skipped(mine)
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def fastest(g: pd.DataFrame, against: str) -> dict:
+    """The cells of the fastest of ``g``'s paths: the lowest median ``versus`` (its time / the best on each case,
+    under the column ``against``), the cases that covers, its median share of the floor and DRAM read / needed."""
+    per_path = g.groupby("path").agg(versus=("versus", "median"), us=("median_us", "median"),
+                                     cases=("versus", "count"))
+    pick = per_path.sort_values(["versus", "us"], na_position="last").iloc[0]
+    picked = g[g["path"] == pick.name]
+    floor = picked["pct_of_floor"].median() if "pct_of_floor" in picked else float("nan")
+    amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
+    return {"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]) or "",
+            against: ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
+            "of its floor": f"{floor:.0f}%" if floor == floor else "",
+            "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""}
+
+
+def skipped(rows: pd.DataFrame) -> str:
+    """A cell for a family or backend whose every point on a step skipped: the reasons, shortened."""
+    why = "; ".join(dict.fromkeys(r for r in rows["reason"].fillna("") if r))
+    return f"skips: {why[:160]}" if why else "skips"
+
+
+def timed_table(run: Run, runs: list[Run], table, said) -> list[str]:
+    """Of a timed run (not one made under a profiler): ``said`` and its ``table`` with bytes from its counted twin
+    among ``runs``, where the table has rows."""
+    if run.profiled or not run.timed:
+        return []
+    frame = table(with_counted_bytes(run, runs))
+    return said(run) + [f"From {run.name}:", markdown_table(frame)] if len(frame) else []
 
 
 def conventions_said(run: Run) -> list[str]:
@@ -222,16 +242,8 @@ def xqa_tiles_said(run: Run) -> list[str]:
 def across(runs: list[Run]) -> list[str]:
     """The findings page's section: per timed run that holds the shelf, its table (bytes from its counted twin) and
     the conventions caught; per counted run, XQA's reads against its tile rule."""
-    body = []
-    for r in runs:
-        if r.profiled:
-            body += xqa_tiles_said(r)
-        if r.profiled or not r.timed:
-            continue
-        table = families_table(with_counted_bytes(r, runs))
-        if len(table):
-            body += conventions_said(r) + [f"From {r.name}:", markdown_table(table)]
-    return body
+    return [s for r in runs for s in (xqa_tiles_said(r) if r.profiled else []) +
+            timed_table(r, runs, families_table, conventions_said)]
 
 
 TOPIC = "FlashInfer's Hopper shelf"
