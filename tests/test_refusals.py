@@ -213,6 +213,21 @@ def test_import_fib_names_a_window_of_the_wrong_type(tmp_path, value):
     assert r.exit_code == 2 and "axes.window_left" in r.output and "is not an integer" in r.output, r.output
 
 
+@pytest.mark.parametrize("axis, value, said", [("window_left", [1], "axes.window_left: [1] is not an axis"),
+                                               ("page_size", {"type": "const", "value": True},
+                                                "axes.page_size: missing, or not a const integer axis")])
+def test_import_fib_names_an_axis_that_is_no_axis(tmp_path, axis, value, said):
+    """An axis given as a list would be passed over, and the preset's window taken in its place; a boolean page size
+    would be read as 1."""
+    root = exported(tmp_path)
+    path = next((root / "definitions").rglob(f"{DECODE}.json"))
+    doc = json.loads(path.read_text())
+    doc["axes"][axis] = value
+    path.write_text(json.dumps(doc))
+    r = import_fib(root, DECODE, tmp_path)
+    assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
 # ---------------------------------------------------------------- 8: a mode that does not fit its steps
 
 def test_a_trace_line_said_verify_must_be_a_verify_step(tmp_path):
@@ -1366,3 +1381,11 @@ def test_import_fib_names_a_blob_whose_metadata_holds_an_integer_past_pythons_li
     safetensors.torch.save_file(safetensors.torch.load_file(blob), blob, metadata=metadata)
     refused(import_fib(root, DECODE, tmp_path), str(blob), TOO_LONG)
     assert not (tmp_path / "back.jsonl").exists()
+
+
+def test_report_refuses_a_folder_where_a_figure_goes_before_writing_anything(tmp_path):
+    out = tmp_path / "rep"
+    (out / "decode.png").mkdir(parents=True)
+    r = invoke("report", Path(__file__).parent / "fixtures" / "h200-run", "--out", out, "--force")
+    assert r.exit_code == 2 and "decode.png exists and is a folder" in r.output, r.output
+    assert [p.name for p in out.iterdir()] == ["decode.png"]

@@ -94,8 +94,11 @@ def _layer(path: Path, doc: dict, model: str) -> tuple[dict, str, str]:
     if not isinstance(doc.get("axes") or {}, dict):
         raise FibError(f"{path}: axes: {type(doc['axes']).__name__}, not an object of named axes "
                        f"({{\"page_size\": {{\"type\": \"const\", \"value\": 16}}, ...}})")
-    const = {k: a.get("value") for k, a in (doc.get("axes") or {}).items() if isinstance(a, dict)
-             and a.get("type") == "const"}
+    odd = next((k for k, a in (doc.get("axes") or {}).items() if not isinstance(a, dict)), None)
+    if odd is not None:
+        raise FibError(f"{path}: axes.{odd}: {json.dumps(doc['axes'][odd])[:80]} is not an axis (an object such as "
+                       f"{{\"type\": \"const\", \"value\": 16}} or {{\"type\": \"var\"}})")
+    const = {k: a.get("value") for k, a in (doc.get("axes") or {}).items() if a.get("type") == "const"}
     try:
         preset = models.get(model)
     except ValueError as e:
@@ -103,7 +106,7 @@ def _layer(path: Path, doc: dict, model: str) -> tuple[dict, str, str]:
     if preset.attention_chunk:
         raise FibError(f"--model {model}: chunked attention (attention_chunk {preset.attention_chunk}), no window")
     for field_ in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"):
-        if not isinstance(const.get(field_), int):
+        if isinstance(const.get(field_), bool) or not isinstance(const.get(field_), int):
             raise FibError(f"{path}: axes.{field_}: missing, or not a const integer axis")
     for field_ in ("num_qo_heads", "num_kv_heads", "head_dim"):
         if const[field_] != getattr(preset, field_):

@@ -41,7 +41,10 @@ def ours(path: Path) -> bool:
 
 def refuse_replacing(files, force: bool, what: str = "--out") -> None:
     """OutputError for the first of ``files`` that exists and that swabench did not write (``ours``), unless
-    ``force``: a command replaces only its own kind of file."""
+    ``force``: a command replaces only its own kind of file; and, forced or not, for one that is no file (a folder,
+    a link, a FIFO), which no write replaces: found before anything is written."""
+    for path in map(Path, files):
+        paths.file_out(path, what)
     if force:
         return
     for path in map(Path, files):
