@@ -608,8 +608,11 @@ def test_every_signal_that_ends_a_run_records_it_as_interrupted(tmp_path, name):
     scenario.write_text(TINY)
     out, rows = tmp_path / "run", tmp_path / "run" / "rows.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    number = getattr(signal, name)  # at its default in the run, under nohup too (a run that starts with SIGHUP
+    # ignored keeps ignoring it, as nohup asks)
     proc = subprocess.Popen([sys.executable, "-m", "swabench", "run", str(scenario), "--device", "cpu", "--out",
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=lambda: signal.signal(number, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline and not (rows.exists() and rows.stat().st_size):
         time.sleep(0.05)
