@@ -41,6 +41,7 @@ if [ -n "${JIT_CACHE:-}" ] && [ ! -f "$JIT_CACHE" ]; then
     echo "JIT_CACHE=$JIT_CACHE: no such file" >&2
     exit 2
 fi
+rm -rf "$DEST/whl"  # an earlier bundle's wheels (CUDNN=1's, FA4=1's) are not this one's
 mkdir -p "$DEST/whl" "$DEST/deb"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64

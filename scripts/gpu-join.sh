@@ -12,7 +12,11 @@ shopt -s nullglob
 for manifest in "$STAGE"/parts/*.manifest; do
     read -r name sum count < "$manifest"
     [ -f "$STAGE/unpacked/$name/.joined" ] && continue
-    parts=("$STAGE/parts/$name".tar.xz.part*)
+    parts=()
+    for ((i = 0; i < count; i++)); do
+        part="$STAGE/parts/$name.tar.xz.part$(printf %02d "$i")"
+        [ -f "$part" ] && parts+=("$part")
+    done
     if [ "${#parts[@]}" -lt "$count" ]; then
         echo "swabench: $name: ${#parts[@]} of $count parts staged in $STAGE; carry the rest and source setup.sh again" >&2
         continue

@@ -8,19 +8,31 @@
 _kit="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _stage="${SWABENCH_STAGE:-/tmp/swabench-stage}"
 mkdir -p /tmp/site /tmp/fiws "$_stage/parts"
+for _manifest in "$_kit"/parts/*.manifest; do  # another bundle's parts of the same wheel: not to be mixed with these
+    [ -f "$_manifest" ] || continue
+    _staged="$_stage/parts/$(basename "$_manifest")"
+    if [ -f "$_staged" ] && ! cmp -s "$_manifest" "$_staged"; then
+        rm -rf "${_staged%.manifest}".tar.xz.part* "$_stage/unpacked/$(basename "${_manifest%.manifest}")"
+    fi
+done
 if ls "$_kit"/parts/* >/dev/null 2>&1; then cp -f "$_kit"/parts/* "$_stage/parts/"; fi
 bash "$_kit/join.sh" "$_stage"
-for _files in "$_stage"/unpacked/*/; do [ -f "$_files/.joined" ] && cp -r "$_files"* /tmp/site/; done
 if ls "$_kit"/whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "$_kit"/whl/*.whl
 fi
+# after pip: --upgrade replaces a package's whole folder, and the CuTe DSL's CUDA-13 libraries share theirs
+for _files in "$_stage"/unpacked/*/; do [ -f "$_files/.joined" ] && cp -r "$_files"* /tmp/site/; done
 if [ -f "$_kit/flashinfer.tar.xz" ]; then
     rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info  # another bundle's release, on a warm node
     tar xJf "$_kit/flashinfer.tar.xz" -C /tmp/site
 fi
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+# a .pth file is read in site-packages, not on PYTHONPATH: the CuTe DSL's (nvidia_cutlass_dsl_packages.pth) adds this
+if [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]; then
+    export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
+fi
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS="${MAX_JOBS:-16}"
 # FlashInfer leaves the freshness of its JIT modules to ninja, which compares file times: date the
 # freshly unpacked sources back so that prebuilt modules count as up to date.
@@ -34,4 +46,13 @@ if ls "$_kit"/deb/*.deb >/dev/null 2>&1; then
     export LD_LIBRARY_PATH="/tmp/dwx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH="$PATH:$d"; done
-unset _kit _stage _files
+python3 - <<'PY' >&2 || true
+import importlib
+for name, needs in (("cudnn", "CUDNN=1"), ("flash_attn.cute", "FA4=1")):
+    try:
+        importlib.import_module(name)
+        print(f"swabench: {name} imports")
+    except Exception as e:
+        print(f"swabench: {name} does not import ({type(e).__name__}: {str(e)[:200]}); a bundle made with {needs} has it")
+PY
+unset _kit _stage _files _manifest _staged

@@ -130,11 +130,21 @@ class Tensor:
     def set_output(self, *args):
         return self
 
-    set_dim = set_stride = set_data_type = set_output
+    def set_dim(self, dim):
+        self.declared["dim"] = dim
+        return self
+
+    def set_stride(self, stride):
+        self.declared["stride"] = stride
+        return self
+
+    set_data_type = set_output
 
 
 class Graph:
     """The cuDNN frontend's pygraph, recording the tensors it declares, its sdpa and its executes."""
+
+    refuse = None  # what build() raises, where cuDNN declines the graph
 
     def __init__(self, calls, **kwargs):
         self.calls = calls
@@ -148,10 +158,13 @@ class Graph:
 
     def sdpa(self, **kwargs):
         self.calls.append(("sdpa", kwargs))
-        return Tensor(), None
+        self.o = Tensor()
+        return self.o, None
 
     def build(self, modes):
         self.calls.append(("build", modes))
+        if self.refuse:
+            raise self.refuse
 
     def get_workspace_size(self):
         return 0
@@ -164,7 +177,12 @@ class Graph:
 def frontend(monkeypatch):
     calls = []
     fake = types.ModuleType("cudnn")
-    fake.pygraph = lambda **kwargs: Graph(calls, **kwargs)
+    def pygraph(**kwargs):
+        graph = Graph(calls, **kwargs)
+        calls.append(("graph", graph))
+        return graph
+
+    fake.pygraph = pygraph
     fake.data_type = types.SimpleNamespace(FLOAT="float")
     fake.datatypes = types.SimpleNamespace(_torch_to_cudnn_data_type=str)
     fake.diagonal_alignment = types.SimpleNamespace(BOTTOM_RIGHT="bottom-right")
@@ -195,6 +213,10 @@ def test_the_frontend_graph_counts_the_window_in_keys(frontend, impl, bound_):
     assert kw["q"].declared["dim"] == [2, 8, 3, 64] and kw["q"].declared["stride"] == [8 * 64, 64, 8 * 64, 1]
     table_rows(w, kw["paged_attention_k_table"].like.view(2, -1))
     assert kw["seq_len_kv"].like.flatten().tolist() == w.kv_lens
+    o = next(c for c in frontend if c[0] == "graph")[1].o
+    assert o.declared == {"dim": [2, 8, 3, 64], "stride": [3 * 8 * 64, 64, 8 * 64, 1]}  # packed as the queries are
+    assert o.ragged.like.flatten().tolist() == kw["q"].ragged.like.flatten().tolist() == \
+        [x * 8 * 64 for x in w.qo_indptr_host]
     packs = [pack for name, pack in frontend if name == "execute"]
     assert len(packs) == 2  # the first call at the first plan (none at the second), then run
     assert any(x is runner.out for x in packs[-1].values()) and any(x is w.q for x in packs[-1].values())
@@ -216,7 +238,8 @@ def fa4_call(impl: str, c, monkeypatch):
 
     def varlen(*args, **kwargs):
         calls.append(bound(flash_attn_varlen_func, args, kwargs))
-        return torch.zeros_like(args[0]), None
+        calls[-1]["returned"] = torch.zeros_like(args[0])
+        return calls[-1]["returned"], None
 
     pkg, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
     cute.flash_attn_varlen_func, pkg.cute = varlen, cute
@@ -238,7 +261,7 @@ def test_fa4_gets_window_left_as_it_is_the_pages_and_every_key_of_each_request(m
     table_rows(w, call["page_table"])
     assert call["page_table"].dtype == torch.int32 and call["num_splits"] == 1
     assert call["learnable_sink"] is w.sinks and call["softcap"] == 30.0 and call["softmax_scale"] == w.sm_scale
-    assert runner.out.shape == w.q.shape and runner.compile_s is not None  # the tensor it returned
+    assert runner.out is call["returned"] and runner.compile_s is not None  # the output it returned
 
 
 def test_fa4_takes_no_window_as_none_and_ragged_keys_through_cu_seqlens(monkeypatch):
@@ -280,7 +303,7 @@ def test_the_mistakes_see_one_key_more_and_one_key_fewer():
     ("cudnn-graph-band-w", dict(window_left=0), "left bound of 1 or more"),
     ("cudnn-prefill", dict(kv_dtype="float8_e4m3"), "caches of one dtype"),
     ("fa4-window", dict(kv_dtype="float8_e4m3"), "FP8 is SM100's only"),
-    ("fa4-window", dict(head_dim=264, num_qo_heads=8), "head_dim 8 to 256"),
+    ("fa4-window", dict(head_dim=264, num_qo_heads=8), "a multiple of 8 from 8 to 256"),
     ("fa4-window", dict(head_dim=72, page_size=16), "multiple of 16"),
 ])
 def test_each_backend_says_where_it_cannot_run(impl, fields, says):
@@ -429,3 +452,37 @@ def test_the_findings_say_nothing_of_a_run_where_no_new_backend_timed_a_point():
     only_skips = [r for r in BACKENDS_RUN if r[2] not in ("cudnn", "fa4")] + [
         ("c1", "cudnn-decode", "cudnn", "flashinfer", "correct", "verify", "skip", None, None)]
     assert backends.backends_table(backends_run(only_skips)).empty
+
+
+def test_a_graph_cudnn_declines_and_a_draw_of_one_query_with_sinks_are_skips(frontend):
+    """What cuDNN refuses at build is a skip in its own words; an acceptance draw of one token a request with sinks
+    is found at plan (the case says four), before cuDNN is asked."""
+    declined = type("cudnnGraphNotSupportedError", (Exception,), {})
+    Graph.refuse = declined("No valid engine configs for SDPA\nmore detail")
+    try:
+        runner = registry.get("cudnn-graph").make(workloads.build(case()), "cudnn")
+        with pytest.raises(registry.Unsupported, match="cuDNN declines the graph: No valid engine configs for SDPA$"):
+            runner.plan()
+    finally:
+        Graph.refuse = None
+    drawn = case(mode="draft_extend", draft_tokens=4, accept="fixed:1", sinks=True)
+    assert registry.get("cudnn-graph").skip_reason(drawn, "cudnn", None) is None  # the case alone cannot say
+    with pytest.raises(registry.Unsupported, match="no sink on a graph declared with one query"):
+        registry.get("cudnn-graph").make(workloads.build(drawn), "cudnn").plan()
+
+
+def test_a_run_records_the_cudnn_library_beside_the_frontends_release(frontend, monkeypatch):
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "version", lambda name: "1.32.0" if name == "nvidia-cudnn-frontend" else
+                        (_ for _ in ()).throw(metadata.PackageNotFoundError(name)))
+    sys.modules["cudnn"].__version__ = "1.32.0"
+    assert cudnn.LIBRARY.version() == "1.32.0 (9.19.0)"
+    cudnn._frontend_error.cache_clear()
+    try:
+        assert cudnn._frontend_error() is None
+        sys.modules["cudnn"].backend_version = lambda: 91200
+        cudnn._frontend_error.cache_clear()
+        assert cudnn._frontend_error().startswith("cuDNN 9.12.0 is loaded; these paths need 9.13 or later")
+    finally:
+        cudnn._frontend_error.cache_clear()

@@ -392,18 +392,24 @@ BACKEND_SHAPES = [("decode", 127, 1000, 1, 16), ("verify", 127, 3000, 4, 64), ("
                   ("decode", -1, 2000, 1, 16)]
 
 
+BACKEND_HEADS = {"gpt-oss": (64, 8, 64, True), "gpt-oss-no-sinks": (64, 8, 64, False),
+                 "gemma-3": (32, 16, 128, False), "gemma-2": (16, 8, 256, False)}  # heads, head_dim, sinks
+
+
 @pytest.mark.parametrize("mode,window_left,prefix,qo,page_size", BACKEND_SHAPES)
 @pytest.mark.parametrize("impl", list(BACKEND_PATHS))
-@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("heads", list(BACKEND_HEADS))
 def test_cudnn_and_fa4_pass_and_their_mistakes_fail_where_they_must(impl, mode, window_left, prefix, qo, page_size,
-                                                                      sinks):
-    """cuDNN (through FlashInfer and its own graph) and FlashAttention-4 on GPT-OSS's heads, every step: the correct
-    calls pass; W handed to cuDNN uncounted, or the key count to FA4, fail exactly where a window reaches its oldest
-    key; then each replays in a CUDA graph."""
+                                                                      heads):
+    """cuDNN (through FlashInfer and its own graph) and FlashAttention-4 on the served models' heads, every step: the
+    correct calls pass; W handed to cuDNN uncounted, or the key count to FA4, fail exactly where a window reaches its
+    oldest key; then each replays in a CUDA graph."""
     queries = {"decode": {}, "extend": {"extend_len": qo}, "draft_extend": {"draft_tokens": qo, "accept": "uniform"},
                "verify": {"qo_len": qo}}[mode]
-    c = axes.make_case(dict(mode=mode, prefix_len=prefix, window_left=window_left, num_qo_heads=64, num_kv_heads=8,
-                            head_dim=64, dtype="bfloat16", batch_size=3, page_size=page_size, sinks=sinks, **queries))
+    qo_heads, kv_heads, head_dim, sinks = BACKEND_HEADS[heads]
+    c = axes.make_case(dict(mode=mode, prefix_len=prefix, window_left=window_left, num_qo_heads=qo_heads,
+                            num_kv_heads=kv_heads, head_dim=head_dim, dtype="bfloat16", batch_size=3,
+                            page_size=page_size, sinks=sinks, **queries))
     w = workloads.build(c, "cuda")
     backend = BACKEND_PATHS[impl]
     runner, result = gated(impl, w, backend)

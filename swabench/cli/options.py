@@ -58,7 +58,9 @@ class QuietOnceClosed:
         flush of the stream it wraps finds somewhere to write."""
         self.gone = True
         try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
         except (OSError, ValueError, AttributeError):  # a stream with no descriptor of its own
             pass
 

@@ -25,6 +25,7 @@ A graph is built on the first call of its shape: the first plan makes that call 
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import torch
@@ -32,15 +33,29 @@ import torch
 from swabench.core import semantics, workloads
 from .flashinfer_library import CUDNN, LIBRARY as FLASHINFER, has_api
 from .flashinfer_workspace import MIB, resource_errors
-from .registry import Implementation, Library, first_call, register, register_library
+from .registry import Implementation, Library, Unsupported, first_call, register, register_library
 
 WORKSPACE_BYTES = 128 * MIB  # FlashInfer's suggestion for its cuDNN entry points
 DTYPES = ("bfloat16", "float16")
 QUERY_MODES = ("prefill", "extend", "verify", "draft_extend", "mixed")  # a block of queries a request
 SINK_ONE_QUERY = "cuDNN on Hopper takes no sink on a graph declared with one query a request (sdpa_support_surface.h)"
+OLDEST = 91300  # the cuDNN library these paths need: sink_token from 9.13 (paged K/V 9.5, ragged queries with it 9.7)
+INT32_MAX = 2 ** 31 - 1  # cuDNN's ragged offsets are int32 elements
+
+
+def _library_version() -> str | None:
+    """The cuDNN library the frontend loaded (the frontend's own release is the distribution's), as 9.19.0."""
+    try:
+        import cudnn
+
+        v = cudnn.backend_version()
+    except Exception:
+        return None
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
 
 LIBRARY = register_library(Library(CUDNN, distributions=("nvidia-cudnn-frontend",), module="cudnn",
-                                   backends=(CUDNN,), opt_in=(CUDNN,), served=(CUDNN,)))
+                                   backends=(CUDNN,), opt_in=(CUDNN,), served=(CUDNN,), underneath=_library_version))
 
 
 @lru_cache(maxsize=1)
@@ -48,9 +63,12 @@ def _frontend_error() -> str | None:
     try:
         import cudnn
 
-        cudnn.backend_version()
+        version = cudnn.backend_version()
     except Exception as e:  # not installed, or no libcudnn it can load
         return f"the cuDNN frontend is not usable ({type(e).__name__}: {e}); install nvidia-cudnn-frontend"
+    if version < OLDEST:
+        return (f"cuDNN {_library_version()} is loaded; these paths need 9.13 or later (sink_token; paged K/V with "
+                f"ragged queries): put the nvidia-cudnn-cu13 wheel's library first")
     return None
 
 
@@ -75,25 +93,44 @@ def _table(w) -> torch.Tensor:
 
 
 class CudnnRunner:
-    """One cuDNN call a step; its first call (a graph built for the shape) made at the first plan and recorded apart."""
+    """One cuDNN call a step; its first call (a graph built for the shape) made at the first plan and recorded apart.
+    A graph cuDNN declines for the step is a skip with cuDNN's words, as is a step it cannot take: a sink where the
+    step's longest query block is one query (an acceptance draw of one token), offsets past int32."""
 
-    def __init__(self, w, backend: str):
+    def __init__(self, w):
         self.w = w
         self.out = torch.empty_like(w.q)
         self.resolved_backend = CUDNN
         self.compile_s = None
-        with resource_errors():
-            self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=w.device)
 
     def plan(self) -> None:
-        self._plan()
-        self.compile_s = first_call(self, self.compile_s)
+        w = self.w
+        if w.sinks is not None and max(w.qo_lens) == 1:
+            raise Unsupported(SINK_ONE_QUERY)
+        if max(w.q.numel(), w.k_store.numel()) > INT32_MAX:
+            raise Unsupported("cuDNN's ragged offsets are int32 elements: this step's tensors hold more")
+        try:
+            self._plan()
+            self.compile_s = first_call(self, self.compile_s)
+        except Exception as e:
+            if type(e).__name__ == "cudnnGraphNotSupportedError":
+                raise Unsupported(f"cuDNN declines the graph: {str(e).strip().splitlines()[0][:300]}") from e
+            raise
 
     def _plan(self) -> None:
         raise NotImplementedError
 
 
-class FlashInferPrefill(CudnnRunner):
+class ThroughFlashInfer(CudnnRunner):
+    """FlashInfer's cuDNN entry points, which take a scratch workspace."""
+
+    def __init__(self, w):
+        super().__init__(w)
+        with resource_errors():
+            self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=w.device)
+
+
+class FlashInferCudnnPrefill(ThroughFlashInfer):
     def _plan(self) -> None:
         w, c = self.w, self.w.case
         rows = c.num_qo_heads * c.head_dim
@@ -118,7 +155,7 @@ class FlashInferPrefill(CudnnRunner):
             window_left=None if w.case.window_left < 0 else w.case.window_left, sinks=w.sinks)
 
 
-class FlashInferDecode(CudnnRunner):
+class FlashInferCudnnDecode(ThroughFlashInfer):
     def _plan(self) -> None:
         w = self.w
         self.table = _table(w)
@@ -137,11 +174,17 @@ class FlashInferDecode(CudnnRunner):
             sinks=w.sinks)
 
 
-@lru_cache(maxsize=64)
-def _handle(device: int):
+@lru_cache(maxsize=256)
+def _handle(device: int, thread: int):
+    """A cuDNN handle for a device and a thread: a handle is not to be shared between threads (the warm-up builds in
+    several)."""
     import cudnn
 
     return cudnn.create_handle()
+
+
+def handle(device: torch.device):
+    return _handle(device.index or 0, threading.get_ident())
 
 
 class FrontendGraph(CudnnRunner):
@@ -149,8 +192,8 @@ class FrontendGraph(CudnnRunner):
     paged K/V through per-request tables, queries and output packed through element offsets, per-request lengths
     for the padding mask, the window as a bottom-right band."""
 
-    def __init__(self, w, backend: str, counted: bool):
-        super().__init__(w, backend)
+    def __init__(self, w, counted: bool):
+        super().__init__(w)
         self.counted = counted
         self.graph = None
 
@@ -171,7 +214,7 @@ class FrontendGraph(CudnnRunner):
             return
         io = cudnn.datatypes._torch_to_cudnn_data_type(w.q.dtype)
         g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=_handle(w.device.index or 0))
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle(w.device))
         s_q, s_kv = max(w.qo_lens), pages * w.page_size
         t = {name: g.tensor_like(x) for name, x in self.tensors.items() if name not in ("q", "o")}
         t["q"] = g.tensor(name="q", dim=[batch, c.num_qo_heads, s_q, c.head_dim],
@@ -197,9 +240,10 @@ class FrontendGraph(CudnnRunner):
     def run(self) -> None:
         import cudnn
 
-        cudnn.set_stream(_handle(self.w.device.index or 0), torch.cuda.current_stream(self.w.device).cuda_stream)
+        h = handle(self.w.device)
+        cudnn.set_stream(h, torch.cuda.current_stream(self.w.device).cuda_stream)
         self.graph.execute({self.graph_tensors[name]: x for name, x in self.tensors.items()}, self.graph_workspace,
-                           handle=_handle(self.w.device.index or 0))
+                           handle=h)
 
 
 def _cudnn_limits(case) -> str | None:
@@ -214,6 +258,7 @@ def _cudnn_limits(case) -> str | None:
 
 
 def _one_query(case) -> bool:
+    """Whether every request of the case has one query (an acceptance draw of one is found at plan)."""
     return case.mode == "decode" or (isinstance(case.qo_len, int) and case.qo_len == 1 and case.mode != "mixed")
 
 
@@ -242,19 +287,20 @@ def _through_flashinfer(api: str):
 
 def _register_graph(name: str, counted: bool, summary: str, **roles) -> None:
     register(Implementation(
-        name, CUDNN, ("paged",), summary, lambda w, backend: FrontendGraph(w, backend, counted), backends=(CUDNN,),
+        name, CUDNN, ("paged",), summary, lambda w, backend: FrontendGraph(w, counted), backends=(CUDNN,),
         needs_cuda=True, available=_frontend_error, unsupported=_unsupported if counted else _band_w_unsupported,
         **roles), __name__)
 
 
 register(Implementation(
     "cudnn-prefill", FLASHINFER.name, ("paged", "ragged"), "cuDNN through flashinfer.cudnn's batch prefill "
-    "(window_left=W, which it hands cuDNN as a band of W + 1 keys)", FlashInferPrefill, wrapper="cudnn",
+    "(window_left=W, which it hands cuDNN as a band of W + 1 keys)", lambda w, backend: FlashInferCudnnPrefill(w),
+    wrapper="cudnn",
     backends=(CUDNN,), modes=QUERY_MODES, needs_cuda=True, unsupported=_unsupported,
     available=_through_flashinfer("prefill.cudnn_batch_prefill_with_kv_cache")), __name__)
 register(Implementation(
     "cudnn-decode", FLASHINFER.name, ("paged",), "cuDNN through flashinfer.cudnn's batch decode, a chain of "
-    "q_len_per_req queries a request", FlashInferDecode, wrapper="cudnn", backends=(CUDNN,),
+    "q_len_per_req queries a request", lambda w, backend: FlashInferCudnnDecode(w), wrapper="cudnn", backends=(CUDNN,),
     modes=("decode", "verify"), needs_cuda=True, unsupported=_decode_unsupported,
     available=_through_flashinfer("decode.cudnn_batch_decode_with_kv_cache")), __name__)
 _register_graph("cudnn-graph", True, "the cuDNN frontend's paged SDPA graph, built as an engine builds it, with "

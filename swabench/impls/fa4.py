@@ -14,8 +14,9 @@ bound, XQA's ``sliding_win_size``: W + 1) shows each query one key before its wi
 
 GPT-OSS's sinks are ``learnable_sink`` (one logit per query head, in the scaled logits' units, as FlashInfer's),
 Gemma 2's soft-cap is ``softcap`` (``cap * tanh(scale * qk / cap)``; each value compiles its own kernel).  FA4
-compiles each kernel on its first call (seconds, CuTe DSL): the first plan makes that call and records it as
-``compile_s``, never timed.  The public forward returns its output rather than writing a given one, so ``run()``
+compiles each kernel variant on its first call (seconds, CuTe DSL; shapes are not in its compile key, so the warm-up's
+tiny case compiles what a scenario's points run, and the warm-up says how long): a point's first plan makes its first
+call, recorded as ``compile_s`` and never timed.  The public forward returns its output rather than writing a given one, so ``run()``
 takes the tensor it returns as ``out`` (inside a captured graph, the graph's own).
 """
 
@@ -56,8 +57,8 @@ def window(window_left: int) -> tuple[int | None, None]:
 class Fa4Runner:
     """One varlen forward a step: the lengths and page table built at plan, the call at run."""
 
-    def __init__(self, w, extra_key: int):
-        self.w, self.extra_key = w, extra_key
+    def __init__(self, w, extra_keys: int):
+        self.w, self.extra_keys = w, extra_keys
         self.out = torch.empty_like(w.q)
         self.resolved_backend = BACKEND
         self.compile_s = None
@@ -72,7 +73,7 @@ class Fa4Runner:
         else:
             self.kv = dict(cu_seqlens_k=w.kv_indptr.to(torch.int32), max_seqlen_k=max(w.kv_lens))
         left, right = window(w.case.window_left)
-        self.window_size = (left + self.extra_key if left is not None else None, right)
+        self.window_size = (left + self.extra_keys if left is not None else None, right)
         self.compile_s = first_call(self, self.compile_s)  # the first call compiles its kernel
 
     def run(self) -> None:
@@ -89,8 +90,8 @@ def unsupported(case, backend: str) -> str | None:
     """Why FA4's SM90 forward cannot run a case, from its own checks (``interface.py``)."""
     if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
         return f"FA4 on SM90 takes {' and '.join(DTYPES)} queries and caches of one dtype (FP8 is SM100's only)"
-    if not 8 <= case.head_dim <= HEAD_DIM_MAX:
-        return f"FA4 on SM90 takes head_dim 8 to {HEAD_DIM_MAX}, not {case.head_dim}"
+    if not 8 <= case.head_dim <= HEAD_DIM_MAX or case.head_dim % 8:
+        return f"FA4 on SM90 takes head_dim a multiple of 8 from 8 to {HEAD_DIM_MAX}, not {case.head_dim}"
     by_tma = case.page_size == TMA_PAGE and case.head_dim <= TMA_PAGE_HEAD_DIM
     if case.storage == "paged" and case.head_dim % 16 and not by_tma:
         return (f"FA4 loads a page other than its KV tile ({TMA_PAGE} tokens up to head_dim {TMA_PAGE_HEAD_DIM}) row "
@@ -98,14 +99,15 @@ def unsupported(case, backend: str) -> str | None:
     return None
 
 
-def _register(name: str, summary: str, extra_key: int, **roles) -> None:
+def _register(name: str, summary: str, extra_keys: int, **roles) -> None:
+    """``extra_keys``: how many keys the call's window_size adds to window_left (1: the window given as a count)."""
     register(Implementation(
-        name, BACKEND, ("paged", "ragged"), summary, lambda w, backend: Fa4Runner(w, extra_key), backends=(BACKEND,),
+        name, BACKEND, ("paged", "ragged"), summary, lambda w, backend: Fa4Runner(w, extra_keys), backends=(BACKEND,),
         needs_cuda=True, unsupported=unsupported, available=_import_error, **roles), __name__)
 
 
 _register("fa4-window", "FlashAttention-4's varlen forward, paged through page_table (ragged through cu_seqlens_k), "
-          "causal with window_size=(W, None): the W + 1 keys of window_left = W", extra_key=0)
+          "causal with window_size=(W, None): the W + 1 keys of window_left = W", extra_keys=0)
 _register("fa4-window-count", "FlashAttention-4 given the window as a count of keys, window_size=(W + 1, None) (a "
-          "config's sliding_window): each query sees one key before its window", extra_key=1, kind="known-bug",
+          "config's sliding_window): each query sees one key before its window", extra_keys=1, kind="known-bug",
           visibility=lambda w, prefix, ps: semantics.Visibility(w + 1 if w >= 0 else semantics.NO_WINDOW))

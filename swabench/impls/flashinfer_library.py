@@ -9,7 +9,7 @@ from .flashinfer_workspace import WORKSPACE_BYTES, build_failure
 from .registry import Library, register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
-CUDNN = "cudnn"  # cuDNN's paged decode graph, on Hopper the decode wrapper's one backend beyond fa2/fa3
+CUDNN = "cudnn"  # cuDNN's graphs: the decode wrapper's backend beyond fa2/fa3, flashinfer.cudnn's, the frontend's
 XQA = "xqa"  # TRT-LLM's XQA decode kernel, called as a function (impls.xqa), asked for by name
 FMHA_V2 = "fmha-v2"  # TRT-LLM's fmha v2 prefill kernels, called as a function (impls.fmha_v2), asked for by name
 CUDA_CORE_BACKENDS = ("fa2", "auto", CUDNN)  # "auto": fa2's CUDA-core kernel on Hopper, cuDNN where its rule says

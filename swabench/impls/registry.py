@@ -274,6 +274,9 @@ class Library:
     # an error -> the library's message where it says a JIT module could not be built, else None: the points that
     # meet it skip, wherever the library builds (at plan, or on a kernel's first call)
     build_failure: Callable[[BaseException], str | None] = lambda e: None
+    # the library underneath the package, where its release is its own (the cuDNN the frontend loaded): recorded
+    # beside the package's release, "1.32.0 (9.19.0)"
+    underneath: Callable[[], str | None] = lambda: None
 
     def version(self) -> str | None:
         """The release that runs: the module's own ``__version__`` where it has one (a folder that holds
@@ -291,7 +294,8 @@ class Library:
                 running = getattr(importlib.import_module(self.module), "__version__", None) if self.module else None
             except Exception:  # installed but not importable here (no CUDA): the record is all there is
                 running = None
-            return str(running) if running else installed
+            below = self.underneath()
+            return (str(running) if running else installed) + (f" ({below})" if below else "")
         return None
 
     def __post_init__(self):
