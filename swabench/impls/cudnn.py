@@ -107,8 +107,9 @@ class CudnnRunner:
         w = self.w
         if w.sinks is not None and max(w.qo_lens) == 1:
             raise Unsupported(SINK_ONE_QUERY)
-        if max(w.q.numel(), w.k_store.numel()) > INT32_MAX:
-            raise Unsupported("cuDNN's ragged offsets are int32 elements: this step's tensors hold more")
+        offset = [w.q] + ([w.k_store] if w.case.storage == "ragged" else [])  # pages are reached through tables
+        if max(x.numel() for x in offset) > INT32_MAX:
+            raise Unsupported("cuDNN's ragged offsets are int32 elements: this step's queries or keys hold more")
         try:
             self._plan()
             self.compile_s = first_call(self, self.compile_s)
