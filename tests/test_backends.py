@@ -486,3 +486,14 @@ def test_a_run_records_the_cudnn_library_beside_the_frontends_release(frontend, 
         assert cudnn._frontend_error().startswith("cuDNN 9.12.0 is loaded; these paths need 9.13 or later")
     finally:
         cudnn._frontend_error.cache_clear()
+
+
+def test_only_ragged_keys_are_held_to_cudnns_int32_offsets(frontend, monkeypatch):
+    """Pages are reached through the table, so a pool past int32 elements is no limit; ragged keys are offsets."""
+    monkeypatch.setattr(cudnn, "INT32_MAX", 4_000)
+    paged = workloads.build(case())
+    assert paged.k_store.numel() > 4_000 > paged.q.numel()
+    registry.get("cudnn-graph").make(paged, "cudnn").plan()
+    ragged = workloads.build(case(storage="ragged", page_size=None))
+    with pytest.raises(registry.Unsupported, match="int32 elements"):
+        registry.get("cudnn-prefill").make(ragged, "cudnn").plan()
