@@ -7,9 +7,10 @@ reaches its oldest key; what each cannot run is a skip that says why."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
+import os
 import sys
 import types
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -338,17 +339,50 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def wheel_of(path: Path, files: dict[str, bytes]) -> Path:
-    """A wheel holding ``files`` and a RECORD of their sha256, as pip and the build tools write one."""
+    """A wheel holding ``files``, its metadata and a RECORD of their sha256, as pip and the build tools write one."""
     import base64
     import hashlib
     import zipfile
 
-    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-                     f"{len(data)}\n" for name, data in files.items()) + "big-1.0.dist-info/RECORD,,\n"
+    name, version = path.name.split("-")[:2]
+    info = f"{name}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for n, data in files.items()) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in {**files, "big-1.0.dist-info/RECORD": record.encode()}.items():
-            z.writestr(name, data)
+        for n, data in {**files, f"{info}/RECORD": record.encode()}.items():
+            z.writestr(n, data)
     return path
+
+
+def test_setup_installs_a_wheel_in_parts_beside_the_wheels_that_share_its_folder(tmp_path):
+    """The CuTe DSL's CUDA-13 libraries come in parts and live in the folder its other wheels install into: setup.sh
+    must copy them in after pip (whose --upgrade replaces that folder), put the DSL's packages on PYTHONPATH (a .pth
+    file is not read there), and say which backends import."""
+    import shutil
+    import subprocess
+
+    if not all(shutil.which(tool) for tool in ("xz", "split", "sha256sum", "tar")):
+        pytest.skip("needs xz, split, sha256sum and tar")
+    kit = tmp_path / "kit"
+    (kit / "whl").mkdir(parents=True)
+    for script, name in (("gpu-setup.sh", "setup.sh"), ("gpu-join.sh", "join.sh")):
+        shutil.copy(SCRIPTS / script, kit / name)
+    wheel_of(kit / "whl" / "dsl-1.0-py3-none-any.whl", {"dsl/__init__.py": b"", "dsl/dsl_packages/cutlass.py": b""})
+    libs = wheel_of(tmp_path / "dsllibs-1.0-py3-none-any.whl", {"dsl/cu13/lib.so": b"\x7fELF" + bytes(1000)})
+    subprocess.run(["bash", SCRIPTS / "gpu-split.sh", libs, kit / "parts"], check=True)
+    site, stage = tmp_path / "site", tmp_path / "stage"
+    shell = (f"source {kit / 'setup.sh'} && echo \"PYTHONPATH=$PYTHONPATH\"")
+    r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True,
+                       env={**os.environ, "SWABENCH_SITE": str(site), "SWABENCH_STAGE": str(stage)})
+    assert (site / "dsl" / "cu13" / "lib.so").is_file() and (site / "dsl" / "__init__.py").is_file(), r.stderr
+    assert "swabench: dsllibs-1.0-py3-none-any.whl joined from 1 parts" in r.stderr
+    assert "swabench: flash_attn.cute does not import" in r.stderr  # said, not fatal
+    (site / "nvidia_cutlass_dsl" / "dsl_packages").mkdir(parents=True)
+    r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True,
+                       env={**os.environ, "SWABENCH_SITE": str(site), "SWABENCH_STAGE": str(stage)})
+    assert f"PYTHONPATH={site}/nvidia_cutlass_dsl/dsl_packages:{site}" in r.stdout
 
 
 def test_a_wheel_in_parts_joins_back_to_its_files_whatever_transfers_bring_them(tmp_path):
