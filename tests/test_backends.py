@@ -97,7 +97,8 @@ def test_cudnn_through_flashinfer_prefill_gets_the_window_the_pages_and_the_offs
     assert call["k_cache"].shape == (w.k_store.shape[0], 2, 16, 64)  # [pages, heads, page_size, dim]: a view
     assert call["k_cache"].data_ptr() == w.k_store.data_ptr() and call["causal"] is True
     table_rows(w, call["block_tables"])
-    assert call["actual_seq_lens_kv"].shape == (2, 1, 1, 1) and call["actual_seq_lens_kv"].flatten().tolist() == w.kv_lens
+    lens = call["actual_seq_lens_kv"]
+    assert lens.shape == (2, 1, 1, 1) and lens.flatten().tolist() == w.kv_lens
     assert call["batch_offsets_q"].tolist() == [x * 8 * 64 for x in w.qo_indptr_host]
     assert call["max_token_per_sequence"] == 3 and call["max_sequence_kv"] == max(w.kv_lens)
     assert call["scale"] == w.sm_scale and runner.compile_s is not None
@@ -531,3 +532,4 @@ def test_only_ragged_keys_are_held_to_cudnns_int32_offsets(frontend, monkeypatch
     ragged = workloads.build(case(storage="ragged", page_size=None))
     with pytest.raises(registry.Unsupported, match="int32 elements"):
         registry.get("cudnn-prefill").make(ragged, "cudnn").plan()
+

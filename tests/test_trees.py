@@ -867,3 +867,16 @@ def test_a_release_set_is_keyed_by_the_cases_its_command_picked():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", argv)
         assert picked_cases(environment.collect_command()) == ("verify b8 q16",)
+
+
+@pytest.mark.parametrize("impl", ["sglang-verify-tree", "eagle-verify-untrimmed"])
+@pytest.mark.parametrize("model, says", [("gpt-oss-20b", "does not serve GPT-OSS through its FlashInfer backend"),
+                                         ("mistral-7b-v0.1", "runs Mistral's layers as full attention"),
+                                         ("gemma-3-27b", None)])
+def test_sglangs_recipes_skip_the_models_sglang_never_runs_them_on(impl, model, says):
+    """SGLang's EAGLE verify on an SWA layer is its FlashInfer backend's: never GPT-OSS's (refused that backend) or
+    Mistral's (no window in SGLang); Gemma's it runs."""
+    tree = {"tree": "eagle:2:2", "draft_tokens": 5} if impl == "sglang-verify-tree" else {"qo_len": 4}
+    c = axes.make_case(dict(mode="verify", prefix_len=5000, model=model, batch_size=2, page_size=1, **tree))
+    reason = registry.get(impl).skip_reason(c, "fa2", None)
+    assert (reason is None) if says is None else (says in reason and "sglang 0.5.23" in reason), reason

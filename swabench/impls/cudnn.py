@@ -252,7 +252,8 @@ def _cudnn_limits(case) -> str | None:
     if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
         return "cuDNN's Hopper attention takes bfloat16 or float16 queries and caches of one dtype here"
     if case.logits_soft_cap:
-        return "cuDNN takes no soft-cap with paging (a score modifier excludes the padding mask; sdpa_support_surface.h)"
+        return ("cuDNN takes no soft-cap with paging (a score modifier excludes the padding mask; "
+                "sdpa_support_surface.h)")
     if case.head_dim % 8 or case.head_dim > 256:
         return f"cuDNN's Hopper attention takes head_dim a multiple of 8 up to 256, not {case.head_dim}"
     return None

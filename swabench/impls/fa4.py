@@ -16,8 +16,8 @@ GPT-OSS's sinks are ``learnable_sink`` (one logit per query head, in the scaled 
 Gemma 2's soft-cap is ``softcap`` (``cap * tanh(scale * qk / cap)``; each value compiles its own kernel).  FA4
 compiles each kernel variant on its first call (seconds, CuTe DSL; shapes are not in its compile key, so the warm-up's
 tiny case compiles what a scenario's points run, and the warm-up says how long): a point's first plan makes its first
-call, recorded as ``compile_s`` and never timed.  The public forward returns its output rather than writing a given one, so ``run()``
-takes the tensor it returns as ``out`` (inside a captured graph, the graph's own).
+call, recorded as ``compile_s`` and never timed.  The public forward returns its output rather than writing a given
+one, so ``run()`` takes the tensor it returns as ``out`` (inside a captured graph, the graph's own).
 """
 
 from __future__ import annotations

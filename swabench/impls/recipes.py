@@ -198,6 +198,20 @@ _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at
                  seen=_ragged_nowindow_seen, garbled=_ragged_nowindow_garbled)
 
 
+def sglang_serves(case, backend: str) -> str | None:
+    """Why SGLang never runs its FlashInfer backend's SWA recipe on the case's model, or None (read in sglang 0.5.23):
+    GPT-OSS is refused that backend (sinks), and Mistral's layers are full attention in SGLang."""
+    model = case.model or ""
+    if model.startswith("gpt-oss"):
+        return ("SGLang does not serve GPT-OSS through its FlashInfer backend: it asserts one of triton, trtllm_mha, "
+                "fa3, fa4 (FlashInfer takes no sinks there) and picks fa3 on Hopper (sglang 0.5.23: "
+                "srt/arg_groups/model_hook.py, model_overrides/gpt_oss.py)")
+    if model.startswith("mistral"):
+        return ("SGLang runs Mistral's layers as full attention: MistralForCausalLM is LlamaForCausalLM, whose "
+                "RadixAttention takes no sliding window (sglang 0.5.23: srt/models/mistral.py, llama.py)")
+    return None
+
+
 def _eagle_keys(case, qo_len, kv_len, page_size):
     """Keys the untrimmed verify keeps: the request's first min(prefix, W) + draft."""
     return min(kv_len - qo_len, case.window_left) + qo_len
@@ -211,4 +225,4 @@ def _eagle_visibility(window_left, prefix_len, page_size):
 fi.register_variant("eagle-verify-untrimmed", "EAGLE verify on an SWA layer (SGLang issue 22679): KV length cut to "
                     "min(prefix, W) + draft, table not shifted (kv_start_idx missing): the request's first keys",
                     fi.Variant("paged", window_at_plan=False, end=_eagle_keys, modes=("verify",)), kind="known-bug",
-                    visibility=_eagle_visibility, wrapper="recipe", module=__name__)
+                    visibility=_eagle_visibility, wrapper="recipe", module=__name__, also=sglang_serves)

@@ -36,6 +36,7 @@ from swabench.core import semantics, trees, workloads
 from . import flashinfer_impls as fi
 from .embedded import GatherRunner
 from .fa2_split import run_window_first_keys
+from .recipes import sglang_serves
 from .registry import Implementation, computed, register
 
 TREES = dict(tree=True, requires=frozenset({"tree"}))  # verifies draft trees, and only those
@@ -200,8 +201,7 @@ fi.register_variant("sglang-verify-tree", "SGLang's EAGLE target verify on an SW
                     "to min(prefix, W) + n keys from the request's first, the full-prefix tree mask, W at run only",
                     fi.Variant("paged", mask=True, end=lambda case, q, k, ps: sglang_kept(case, q, k), modes=VERIFY),
                     kind="known-bug", wrapper="recipe", runner=SGLangVerifyRunner, seen=_sglang_seen,
-                    timed_where_exact=True,
-                    module=__name__, **TREES)
+                    timed_where_exact=True, also=sglang_serves, module=__name__, **TREES)
 
 
 # ---------------------------------------------------------------- vLLM's rule, and what FlashInfer lacks
