@@ -1392,3 +1392,14 @@ def test_report_refuses_a_folder_where_a_figure_goes_before_writing_anything(tmp
     r = invoke("report", Path(__file__).parent / "fixtures" / "h200-run", "--out", out, "--force")
     assert r.exit_code == 2 and "decode.png exists and is a folder" in r.output, r.output
     assert [p.name for p in out.iterdir()] == ["decode.png"]
+
+
+@pytest.mark.parametrize("value", ["uniform:1_0:20", "uniform:\uff11:\uff15", "lognormal:4_096:0.5"])
+def test_a_distribution_is_spelled_in_ascii_digits_one_way(value):
+    """int() reads '1_0' and full-width digits as 10 and 1: the same lengths would carry two case ids."""
+    from swabench.core.cases import parse_accept, parse_length
+
+    with pytest.raises(ValueError, match="must be an integer, 'uniform:LO:HI'"):
+        parse_length(value, 1)
+    with pytest.raises(ValueError, match="in ASCII digits"):
+        parse_accept("fixed:1_0")

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 from swabench.core import semantics, trees
@@ -33,6 +34,11 @@ LOGNORMAL_TAIL = 4.0  # lognormal draws stop at MEDIAN * e^(4 SIGMA): a bound th
 DRAW_MAX = 2 ** 31 - 1  # a drawn length past FlashInfer's int32 index could never run (nor become a float)
 
 
+# A distribution as one spelling of ASCII digits: Python's int() and float() also read '1_0' and full-width digits,
+# which would give one value two case ids
+SPELLED = re.compile(r"(uniform:[0-9]+:[0-9]+|lognormal:[0-9]+:[0-9]*\.?[0-9]+|fixed:[0-9]+|geometric:0?\.[0-9]+)")
+
+
 def parse_length(value, lo: int):
     """A length axis value: an integer >= lo (every request), a distribution drawn per request with
     the case seed ('uniform:LO:HI', 'lognormal:MEDIAN:SIGMA', its draws at most DRAW_MAX), or an explicit
@@ -43,7 +49,7 @@ def parse_length(value, lo: int):
         return value
     if isinstance(value, (list, tuple)) and value and all(whole(x) for x in value):
         return tuple(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and SPELLED.fullmatch(value):
         kind, _, args = value.partition(":")
         parts = args.split(":")
         try:
@@ -101,6 +107,8 @@ def parse_accept(value) -> tuple[str, float]:
     if not isinstance(value, str):
         raise ValueError(f"must be {ACCEPT_FORMS}; got {value!r}")
     kind, _, arg = value.partition(":")
+    if arg and not SPELLED.fullmatch(value):
+        raise ValueError(f"must be {ACCEPT_FORMS}, in ASCII digits; got {value!r}")
     try:
         if kind in ("uniform", "full") and not arg:
             return kind, 0.0
