@@ -307,6 +307,7 @@ def test_the_mistakes_see_one_key_more_and_one_key_fewer():
     ("fa4-window", dict(kv_dtype="float8_e4m3"), "FP8 is SM100's only"),
     ("fa4-window", dict(head_dim=264, num_qo_heads=8), "a multiple of 8 from 8 to 256"),
     ("fa4-window", dict(head_dim=72, page_size=16), "multiple of 16"),
+    ("fa4-window", dict(tree="eagle:2:2", draft_tokens=5), "a mask_mod drops causal and the window"),
 ])
 def test_each_backend_says_where_it_cannot_run(impl, fields, says):
     backend = registry.get(impl).backends[0]

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from swabench.core import semantics, workloads
+from swabench.core import semantics, trees, workloads
 from .registry import Implementation, Library, first_call, register, register_library
 
 BACKEND = "fa4"
@@ -88,6 +88,9 @@ class Fa4Runner:
 
 def unsupported(case, backend: str) -> str | None:
     """Why FA4's SM90 forward cannot run a case, from its own checks (``interface.py``)."""
+    if case.tree not in (None, trees.CHAIN):
+        return ("FA4 takes a draft tree only as a mask_mod, and a mask_mod drops causal and the window "
+                "(interface.py, _resolve_causal_local_window): every tile is loaded; not built here")
     if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
         return f"FA4 on SM90 takes {' and '.join(DTYPES)} queries and caches of one dtype (FP8 is SM100's only)"
     if not 8 <= case.head_dim <= HEAD_DIM_MAX or case.head_dim % 8:
@@ -103,7 +106,7 @@ def _register(name: str, summary: str, extra_keys: int, **roles) -> None:
     """``extra_keys``: how many keys the call's window_size adds to window_left (1: the window given as a count)."""
     register(Implementation(
         name, BACKEND, ("paged", "ragged"), summary, lambda w, backend: Fa4Runner(w, extra_keys), backends=(BACKEND,),
-        needs_cuda=True, unsupported=unsupported, available=_import_error, **roles), __name__)
+        needs_cuda=True, unsupported=unsupported, available=_import_error, tree=True, **roles), __name__)
 
 
 _register("fa4-window", "FlashAttention-4's varlen forward, paged through page_table (ragged through cu_seqlens_k), "
