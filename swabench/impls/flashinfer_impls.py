@@ -19,9 +19,9 @@ import torch
 
 from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
-from . import fa2_split
+from .fa2_run_window import merged_out_of_step, window_at_run
 from .flashinfer_library import (BACKENDS, CUDA_CORE_BACKENDS, CUDA_CORE_DECODE_GROUPS, CUDNN, DTYPES, HEAD_DIMS,
-                                 LIBRARY, SINK_HEAD_DIMS, SINK_WRAPPERS, _import_error, _sink_module)
+                                 LIBRARY, SINK_HEAD_DIMS, SINK_WRAPPERS, _import_error, _sink_module, accepts)
 from .flashinfer_workspace import WORKSPACE_BYTES, plan_sized, resource_errors, workspace
 from .registry import Implementation, Unsupported, register
 
@@ -44,10 +44,6 @@ class Variant:
         """Each request's keys ``[start, end)`` that its table holds."""
         return [(self.start(case, q, k, page_size) if self.start else 0, self.end(case, q, k, page_size) if self.end
                  else k) for q, k in zip(qo_lens, kv_lens)]
-
-
-def _accepts(fn, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
 
 
 def _needs(variant: Variant) -> list[tuple[str, str, str | None]]:
@@ -147,7 +143,7 @@ class FlashInferRunner:
         self.wrapper = self._new_wrapper(workspace(dev, WORKSPACE_BYTES))
         self.workspace_mib: int | None = None  # set by the first successful plan()
         self.hint = uniform_hint and not variant.decode and len(set(w.qo_lens)) == 1 \
-            and _accepts(self.wrapper.plan, "uniform_q_len")
+            and accepts(self.wrapper.plan, "uniform_q_len")
 
     def plan(self) -> None:
         """Host work of one serving step: trimmed page tables or the custom mask, then plan()."""
@@ -316,59 +312,6 @@ register_variant("paged-mask", "full KV, window and causality as a custom mask (
                  baseline=True, noncausal=True, chunked=True, block=True)
 register_variant("ragged-mask", "ragged wrapper, window and causality as a custom mask (naive)",
                  Variant("ragged", mask=True), baseline=True, noncausal=True, chunked=True, block=True)
-@lru_cache(maxsize=1)
-def plans_uniform_q_len() -> bool:
-    """Whether the installed FlashInfer's prefill ``plan()`` takes ``uniform_q_len`` (which FlashInferRunner then
-    passes for a batch of one query count, and which sizes fa2's query tile); where FlashInfer is not installed,
-    as 0.7.4, the release of the published runs, does."""
-    if _import_error():
-        return True
-    import flashinfer
-
-    return _accepts(flashinfer.BatchPrefillWithPagedKVCacheWrapper.plan, "uniform_q_len")
-
-
-def uniform_hint(qo_lens, hinted: bool = True) -> bool:
-    """Whether a runner that passes ``uniform_q_len`` where it can (``hinted``) passes it for this batch: one query
-    count, on a release that takes it."""
-    return hinted and len(set(qo_lens)) == 1 and plans_uniform_q_len()
-
-
-def run_window_tile(case, qo_lens, hinted: bool = True) -> int:
-    """fa2's query tile for a batch planned as the runners plan it: the CUDA-graph mode the case asks for, and
-    ``uniform_q_len`` where ``hinted`` runners pass it."""
-    return fa2_split.query_tile(qo_lens, case.gqa_group, case.head_dim, case.wrapper_mode != "plain",
-                                uniform_hint(qo_lens, hinted))
-
-
-def window_at_run(case, qo_lens, kv_lens, backend: str, hinted: bool = True) \
-        -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """What each query sees, as key intervals, where ``plan()`` built the kernel without a window and ``run()``
-    hands it W: on fa2 every key from its query tile's start (``fa2_split.run_window_first_keys``) up to itself,
-    so a tile's first query is exact and each later one sees a key more; fa3 takes no window at run: every key."""
-    tile = run_window_tile(case, qo_lens, hinted)
-    seen = []
-    for q, k in zip(qo_lens, kv_lens):
-        first = fa2_split.run_window_first_keys(q, k, case.window_left, case.gqa_group, tile) \
-            if backend == "fa2" and case.window_left >= 0 else [0] * q
-        seen.append((torch.tensor(first), semantics.query_positions(q, k)))
-    return seen
-
-
-def merged_out_of_step(case, qo_lens, kv_lens, backend: str, page_size: int | None = None,
-                       hinted: bool = True) -> list[torch.Tensor]:
-    """The rows fa2 writes out of step where ``plan()`` had no window and ``run()`` hands it W: every row of a
-    request of several queries that plan() split into more KV chunks than the window needs
-    (``fa2_split.run_window_mixed``); none on fa3.  ``page_size``: the table's, where not the case's (1 for a
-    ragged part)."""
-    mixed = [False] * len(qo_lens)
-    if backend == "fa2":
-        mixed = fa2_split.run_window_mixed(qo_lens, kv_lens, case.window_left, page_size or case.page_size or 1,
-                                           case.gqa_group, case.num_kv_heads, case.head_dim, fa2_split.device_sms(),
-                                           case.wrapper_mode != "plain", uniform_hint(qo_lens, hinted))
-    return [torch.full((q,), m) for q, m in zip(qo_lens, mixed)]
-
-
 register_variant("paged-plan-no-window", "plan() without window_left, then the deprecated forward(window_left=W): "
                  "plan() builds the kernel without the window mask, yet run() hands it W; fa2 starts each query "
                  "tile's keys at its first query's window start, so later queries of a tile see keys before their "

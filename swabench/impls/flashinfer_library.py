@@ -3,6 +3,7 @@ warm-up built), and the sink wrapper's module names before 0.7.4 (flashinfer#167
 
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 
 from .flashinfer_workspace import WORKSPACE_BYTES, build_failure
@@ -69,6 +70,23 @@ LIBRARY = register_library(Library("flashinfer", distributions=("flashinfer-pyth
                                    workspace_bytes=WORKSPACE_BYTES, jit_modules=jit_modules,
                                    jit_cache_dir=jit_cache_dir, shared_module=_shared_module,
                                    build_failure=build_failure))
+
+
+def accepts(fn, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (an argument some releases added)."""
+    return name in inspect.signature(fn).parameters
+
+
+@lru_cache(maxsize=1)
+def plans_uniform_q_len() -> bool:
+    """Whether the installed FlashInfer's prefill ``plan()`` takes ``uniform_q_len`` (which FlashInferRunner then
+    passes for a batch of one query count, and which sizes fa2's query tile); where FlashInfer is not installed,
+    as 0.7.4, the release of the published runs, does."""
+    if _import_error():
+        return True
+    import flashinfer
+
+    return accepts(flashinfer.BatchPrefillWithPagedKVCacheWrapper.plan, "uniform_q_len")
 
 
 def has_api(name: str):

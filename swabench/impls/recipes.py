@@ -39,7 +39,7 @@ import torch
 
 from swabench.core import semantics, workloads
 from swabench.core.cases import WRAPPER_MODES
-from . import flashinfer_impls as fi
+from . import fa2_run_window, flashinfer_impls as fi
 from . import flashinfer_workspace as ws
 from .registry import Implementation, register
 
@@ -174,10 +174,10 @@ _register_extend("sglang-extend-nomask", "SGLang's extend before PR 26513's mask
 def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
     """The recipe with its ragged part planned without a window and given W at run, as key intervals: a query whose
     window starts in the prefix sees it exactly (the prefix's mask, then every new token up to itself); one whose
-    window starts among the new tokens sees them as a window handed only to run() shows them (``fi.window_at_run``
+    window starts among the new tokens sees them as a window handed only to run() shows them (``fa2_run_window.window_at_run``
     over the new tokens; the recipe plans its ragged part without ``uniform_q_len``)."""
     seen = []
-    for (new_lo, _), q, k in zip(fi.window_at_run(case, qo_lens, qo_lens, backend, hinted=False), qo_lens, kv_lens):
+    for (new_lo, _), q, k in zip(fa2_run_window.window_at_run(case, qo_lens, qo_lens, backend, hinted=False), qo_lens, kv_lens):
         positions = semantics.query_positions(q, k)
         exact = (positions - case.window_left).clamp_min(0)
         seen.append((torch.where(exact < k - q, exact, k - q + new_lo), positions))
@@ -185,9 +185,9 @@ def _ragged_nowindow_seen(case, qo_lens, kv_lens, backend: str) -> list:
 
 
 def _ragged_nowindow_garbled(case, qo_lens, kv_lens, backend: str) -> list:
-    """The ragged part's rows merged out of step (``fi.merged_out_of_step`` over the new tokens, one a page): a
+    """The ragged part's rows merged out of step (``fa2_run_window.merged_out_of_step`` over the new tokens, one a page): a
     request whose new tokens' rows are garbled is wrong on every row once the parts are merged."""
-    return fi.merged_out_of_step(case, qo_lens, qo_lens, backend, page_size=1, hinted=False)
+    return fa2_run_window.merged_out_of_step(case, qo_lens, qo_lens, backend, page_size=1, hinted=False)
 
 
 _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at 0005834c: the ragged part planned "

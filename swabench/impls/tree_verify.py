@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from swabench.core import semantics, trees, workloads
-from . import flashinfer_impls as fi
+from . import fa2_run_window, flashinfer_impls as fi
 from .embedded import GatherRunner
 from .fa2_split import run_window_first_keys
 from .recipes import sglang_serves
@@ -159,7 +159,7 @@ def _sglang_seen(case, qo_lens, kv_lens, backend: str) -> list:
     the recipe runs on fa2 only, as fa3 takes no custom mask)."""
     drafts = trees.of_case(case)
     bits = full_prefix_mask(qo_lens, kv_lens, drafts)
-    tile = fi.run_window_tile(case, qo_lens)
+    tile = fa2_run_window.run_window_tile(case, qo_lens)
     out, offset = [], 0
     for q, k in zip(qo_lens, kv_lens):
         kept = sglang_kept(case, q, k)

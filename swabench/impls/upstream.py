@@ -58,13 +58,13 @@ def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
     """Per request, the rows fa2's split-KV schedule gets wrong for this path under a non-causal window, over
     the lengths it plans."""
     from swabench.core import workloads
-    from swabench.impls import fa2_split, flashinfer_impls
+    from swabench.impls import fa2_run_window, fa2_split, flashinfer_impls
 
     qo_lens, kv_lens = workloads.request_lengths(case)
     kv_lens = flashinfer_impls.planned_kv_lens(impl, case, qo_lens, kv_lens)
     return fa2_split.wrong_rows(qo_lens, kv_lens, case.window_left, case.page_size or 1, case.gqa_group,
                                 case.num_kv_heads, case.head_dim, num_sms, case.wrapper_mode != "plain",
-                                flashinfer_impls.uniform_hint(qo_lens))
+                                fa2_run_window.uniform_hint(qo_lens))
 
 
 # The table: every library bug on a correct call that swabench knows, with where it shows.
