@@ -191,7 +191,7 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_p
     before = snapshot(out)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from swabench.store.run_folder import FolderLock
+        from swabench.store.lock import FolderLock
         FolderLock({str(out)!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)

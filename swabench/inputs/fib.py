@@ -176,6 +176,8 @@ def _exported(path: Path, root: Path) -> bool:
 def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
     """Write ``files`` into a folder beside ``out``, check it with flashinfer-bench's loaders (``check``, whose
     answer this returns), then put it in ``out``'s place."""
+    from swabench.store import paths
+
     if out.is_dir():
         _refuse_unremovable(out)
     try:
@@ -184,9 +186,7 @@ def _write_folder(out: Path, files: dict[str, bytes], replace: bool) -> str:
     except OSError as e:
         raise FibError(f"--out {out}: cannot write beside it ({e.strerror or e})") from None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is the owner's alone; the export is not
+        os.chmod(staging, 0o777 & ~paths.UMASK)  # mkdtemp's folder is the owner's alone; the export is not
         for rel, data in files.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes(data)

@@ -13,6 +13,8 @@ from pathlib import Path
 from swabench.errors import UserError
 
 NAME_MAX = 255  # bytes in one name of a path (Linux, macOS)
+UMASK = os.umask(0)  # the process's umask, read once (reading it sets it): what a file made private is opened to
+os.umask(UMASK)
 
 
 class OutputError(UserError):

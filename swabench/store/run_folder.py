@@ -19,19 +19,17 @@ One process writes a folder at a time (a lock file it holds; a dead holder's loc
 from __future__ import annotations
 
 import atexit
-import datetime
-import fcntl
 import gzip
 import hashlib
 import json
 import os
-import socket
 import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swabench.store import checks, paths, reading, schema
+from swabench.store.lock import FolderLock
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
 from swabench.store.tables import (RunFolderError, impl_renames, in_folder, journal, read_csv,  # noqa: F401
                                    read_meta, refuse_stale_table, renamed, stored, stored_version, to_samples,
@@ -39,9 +37,6 @@ from swabench.store.tables import (RunFolderError, impl_renames, in_folder, jour
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -55,7 +50,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     except OSError as e:
         raise paths.OutputError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, 0o666 & ~paths.UMASK)  # mkstemp's file is the owner's alone
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
             f.flush()
@@ -162,39 +157,6 @@ def refuse_inside_a_run(path, what: str = "--out", named=None) -> None:
                              f"its run wrote; write outside it")
 
 
-class FolderLock:
-    """An exclusive ``flock`` on the folder's lock file: released when the holder closes it or dies,
-    so a crashed run never blocks the next; the file names the holder for whoever is refused."""
-
-    def __init__(self, folder: Path):
-        self.path = Path(folder) / LOCK
-        self.fd: int | None = None
-        self.took_over: str | None = None  # the previous holder, when it had died holding the folder
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_UMASK)  # never through a link
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise RunFolderError(f"{self.path.parent} is being written by another swabench process "
-                                 f"({holder or 'holder unknown'}); wait for it or stop it, then --resume") from None
-        # a holder that finished emptied the file; one that died holding the lock left its name
-        self.took_over = os.pread(fd, 4096, 0).decode(errors="replace").strip() or None
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
 NOTHING_WRITTEN = "choose another --out (nothing was written)"
 
 
@@ -290,7 +252,7 @@ class RunStore:
 
     def extend(self, rows: list[dict]) -> None:
         """Record several rows durably with one flush to disk (a merge writes hundreds at once)."""
-        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_UMASK)
+        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         with os.fdopen(fd, "a") as f:
             f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
             f.flush()
