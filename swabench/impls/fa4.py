@@ -27,7 +27,8 @@ from functools import lru_cache
 import torch
 
 from swabench.core import semantics, trees, workloads
-from .registry import Implementation, Library, first_call, register, register_library
+from .library import Library
+from .registry import Implementation, first_call, register, register_library
 
 BACKEND = "fa4"
 DTYPES = ("bfloat16", "float16")  # SM90's forward (flash_fwd.py); FP8 is SM100's only

@@ -7,7 +7,8 @@ import inspect
 from functools import lru_cache
 
 from .flashinfer_workspace import WORKSPACE_BYTES, build_failure
-from .registry import Library, register_library
+from .library import Library
+from .registry import register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
 CUDNN = "cudnn"  # cuDNN's graphs: the decode wrapper's backend beyond fa2/fa3, flashinfer.cudnn's, the frontend's
