@@ -192,7 +192,7 @@ def answers(runs: list[Run]) -> list[str]:
     steps = per_step(runs)
     if len(steps):
         parts += [f"**Which path for each step** ({topic_link(speed)}), medians over each step's cases: 'of its "
-                  f"floor' is the floor at the GPU's peak (maximum clocks) / its time ({topic_link(machine, 'roofline')})"
+                  f"floor' is the floor at the GPU's peak clocks / its time ({topic_link(machine, 'roofline')})"
                   + ("; 'on the shelf' is the best other Hopper kernel ("
                      + "".join(f"{run}, " for run in [steps.attrs.get("shelf_run")] if run) + f"{topic_link(shelf)})"
                      if SHELF_COLUMN in steps else "")
