@@ -571,33 +571,26 @@ def test_a_window_given_only_at_run_is_exact_where_each_query_starts_its_own_til
 @pytest.mark.slow
 def test_the_published_runs_hold_the_run_window_rule_point_by_point():
     """Every point of a path planned without a window and handed W at run that the H200 gated, in every committed
-    run: the gate's outcome (right or wrong) is what the rule predicts, on fa2 and fa3 (823 fa2 points, 213 of them
+    run (frozen under tests/fixtures/published/run-window): the gate's outcome (right or wrong) is what the rule predicts, on fa2 and fa3 (823 fa2 points, 213 of them
     right at one query a request, which the runs once printed as xpass), and where the run counted the rows the
     gate found wrong, as many as predicted (the tile rule, and the rows a split request merges out of step)."""
     import pandas as pd
     from pathlib import Path
     from swabench.inputs import scenarios
 
-    results = Path(__file__).resolve().parent.parent / "results"
+    frozen = Path(__file__).resolve().parent / "fixtures" / "published" / "run-window"  # make_published.py
     checked = 0
-    for table in sorted(results.glob("*/results.csv*")):
-        rows = pd.read_csv(table, low_memory=False)
-        if "impl" not in rows:
-            continue
-        rows = rows[rows["impl"].isin(["paged-plan-no-window", "sglang-extend-ragged-nowindow", "sglang-verify-tree"])
-                    & rows["status"].isin(["pass", "xpass", "xfail", "fail"])]
-        if rows.empty:
-            continue
-        cases = {c.case_id: c for c in scenarios.load(table.parent / "scenario.toml").cases}
+    for run, rows in pd.read_csv(frozen / "rows.csv.gz", low_memory=False).groupby("run"):
+        cases = {c.case_id: c for c in scenarios.load(frozen / f"{run}.toml").cases}
         for row in rows.itertuples():
             impl, case = registry.get(row.impl), cases[row.case_id]
             qo, kv = workloads.request_lengths(case)
             wrong = row.status in ("xfail", "fail")
-            assert impl.must_fail(case, qo, kv, row.backend) is wrong, (table.parent.name, row.case, row.backend)
-            assert row.status != "xpass", (table.parent.name, row.case)
-            if pd.notna(getattr(row, "wrong_rows", None)):
+            assert impl.must_fail(case, qo, kv, row.backend) is wrong, (run, row.case, row.backend)
+            assert row.status != "xpass", (run, row.case)
+            if pd.notna(row.wrong_rows):
                 predicted = int(torch.cat(impl.rows_wrong(case, qo, kv, row.backend)).sum())
-                assert predicted == row.wrong_rows, (table.parent.name, row.case, row.backend)
+                assert predicted == row.wrong_rows, (run, row.case, row.backend)
             checked += 1
     assert checked > 1000
 
