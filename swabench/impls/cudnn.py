@@ -33,7 +33,7 @@ import torch
 from swabench.core import semantics, workloads
 from .flashinfer_library import CUDNN, LIBRARY as FLASHINFER, has_api
 from .flashinfer_workspace import MIB, resource_errors
-from .library import Library
+from .library import Library, not_importable
 from .registry import Implementation, Unsupported, first_call, register, register_library
 
 WORKSPACE_BYTES = 128 * MIB  # FlashInfer's suggestion for its cuDNN entry points
@@ -44,15 +44,21 @@ OLDEST = 91300  # the cuDNN library these paths need: sink_token from 9.13 (page
 INT32_MAX = 2 ** 31 - 1  # cuDNN's ragged offsets are int32 elements
 
 
-def _library_version() -> str | None:
-    """The cuDNN library the frontend loaded (the frontend's own release is the distribution's), as 9.19.0."""
-    try:
-        import cudnn
+def _dotted(version: int) -> str:
+    """cuDNN's version number (91900) as its release (9.19.0)."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
-        v = cudnn.backend_version()
-    except Exception:
+
+def _library_version() -> str | None:
+    """The cuDNN library the frontend loaded (the frontend's own release is the distribution's)."""
+    if not_importable("cudnn", "nvidia-cudnn-frontend"):
         return None
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    import cudnn
+
+    try:
+        return _dotted(cudnn.backend_version())
+    except Exception:  # no libcudnn it can load
+        return None
 
 
 LIBRARY = register_library(Library(CUDNN, distributions=("nvidia-cudnn-frontend",), module="cudnn",
@@ -61,14 +67,17 @@ LIBRARY = register_library(Library(CUDNN, distributions=("nvidia-cudnn-frontend"
 
 @lru_cache(maxsize=1)
 def _frontend_error() -> str | None:
-    try:
-        import cudnn
+    missing = not_importable("cudnn", "nvidia-cudnn-frontend")
+    if missing:
+        return missing
+    import cudnn
 
+    try:
         version = cudnn.backend_version()
-    except Exception as e:  # not installed, or no libcudnn it can load
-        return f"the cuDNN frontend is not usable ({type(e).__name__}: {e}); install nvidia-cudnn-frontend"
+    except Exception as e:  # no libcudnn it can load
+        return f"the cuDNN frontend loads no cuDNN library ({type(e).__name__}: {e}); install nvidia-cudnn-cu13"
     if version < OLDEST:
-        return (f"cuDNN {_library_version()} is loaded; these paths need 9.13 or later (sink_token; paged K/V with "
+        return (f"cuDNN {_dotted(version)} is loaded; these paths need 9.13 or later (sink_token; paged K/V with "
                 f"ragged queries): put the nvidia-cudnn-cu13 wheel's library first")
     return None
 

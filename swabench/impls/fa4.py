@@ -27,7 +27,7 @@ from functools import lru_cache
 import torch
 
 from swabench.core import semantics, trees, workloads
-from .library import Library
+from .library import Library, not_importable
 from .registry import Implementation, first_call, register, register_library
 
 BACKEND = "fa4"
@@ -43,11 +43,7 @@ LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",), mod
 
 @lru_cache(maxsize=1)
 def _import_error() -> str | None:
-    try:
-        from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
-    except Exception as e:  # not installed, or its CUDA libraries missing
-        return f"flash_attn.cute is not importable ({type(e).__name__}: {e}); install flash-attn-4[cu13]"
-    return None
+    return not_importable("flash_attn.cute", "flash-attn-4[cu13]")
 
 
 def window(window_left: int) -> tuple[int | None, None]:

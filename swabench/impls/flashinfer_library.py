@@ -7,7 +7,7 @@ import inspect
 from functools import lru_cache
 
 from .flashinfer_workspace import WORKSPACE_BYTES, build_failure
-from .library import Library
+from .library import Library, not_importable
 from .registry import register_library
 
 BACKENDS = ("fa2", "fa3", "auto")
@@ -23,11 +23,7 @@ CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 
 @lru_cache(maxsize=1)
 def _import_error() -> str | None:
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as e:  # ImportError, or a broken CUDA setup inside flashinfer's import
-        return f"flashinfer is not importable ({type(e).__name__}: {e}); install swabench[gpu]"
-    return None
+    return not_importable("flashinfer", "swabench[gpu]")
 
 
 def jit_modules() -> dict[str, float]:

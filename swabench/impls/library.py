@@ -70,3 +70,15 @@ class Library:
     def serving_backends(self) -> tuple[str, ...]:
         """The backends a replay or price runs when none is named: the chosen ones and the served opt-in ones."""
         return self.chosen_backends + tuple(b for b in self.opt_in if b in self.served)
+
+
+def not_importable(module: str, install: str) -> str | None:
+    """Why ``module`` does not import here (not installed, or a broken CUDA setup inside its import), saying what
+    to ``install``; None where it imports."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        return f"{module} is not importable ({type(e).__name__}: {e}); install {install}"
+    return None
