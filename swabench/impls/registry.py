@@ -168,13 +168,7 @@ class Implementation:
 
         if not self.expected_to_fail or self.ignores & case.features:
             return [torch.full((q,), self.expected_to_fail) for q in qo_lens]
-        truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
-        if self.seen:
-            rows = [_rows_off(seen, truth, q, k, t)
-                    for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
-        else:
-            rows = [semantics.rows_differ(self.computes(case, k - q), truth, q, k, t)
-                    for q, k, t in zip(qo_lens, kv_lens, drafts)]
+        rows = self._against_truth(case, qo_lens, kv_lens, backend, _rows_off, semantics.rows_differ)
         return [r | g for r, g in zip(rows, self.garbled_rows(case, qo_lens, kv_lens, backend))]
 
     def garbled_rows(self, case, qo_lens, kv_lens, backend: str) -> list:
@@ -189,15 +183,18 @@ class Implementation:
         path computes on ``backend`` against the exact semantics: 0 for a correct path."""
         if not self.expected_to_fail:
             return 0, 0.0
-        truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
-        if self.seen:
-            missed = [_missed(seen, truth, q, k, t)
-                      for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
-        else:
-            missed = [semantics.keys_missed(self.computes(case, k - q), truth, q, k, t)
-                      for q, k, t in zip(qo_lens, kv_lens, drafts)]
+        missed = self._against_truth(case, qo_lens, kv_lens, backend, _missed, semantics.keys_missed)
         rows = [int(x) for m in missed for x in m]
         return max(rows, default=0), sum(x > 0 for x in rows) / max(1, len(rows))
+
+    def _against_truth(self, case, qo_lens, kv_lens, backend: str, by_seen, by_visibility) -> list:
+        """Per request, ``by_seen(seen, truth, qo_len, kv_len, tree)`` where the path says what each query sees
+        (``seen``), else ``by_visibility(what it computes, truth, qo_len, kv_len, tree)``."""
+        truth, drafts = semantics.of_case(case), trees.of_case(case) or [None] * len(qo_lens)
+        if self.seen:
+            return [by_seen(seen, truth, q, k, t)
+                    for seen, q, k, t in zip(self.seen(case, qo_lens, kv_lens, backend), qo_lens, kv_lens, drafts)]
+        return [by_visibility(self.computes(case, k - q), truth, q, k, t) for q, k, t in zip(qo_lens, kv_lens, drafts)]
 
     def seen_masks(self, case, qo_lens, kv_lens, backend: str) -> list:
         """``seen`` as one bool mask per request, whichever form the path gives it in."""
