@@ -127,7 +127,9 @@ def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_
 
     text, parts = make.for_bug("holistic-offset")
     assert make.shown_where(text).endswith("requests 47, 64, 121, 123 read a page that ends past 2^32 elements")
-    assert "Not reported upstream yet" in " ".join(text.split()) and "CONTROL, {CONTROL}" in text
+    fault = "FlashInfer bug: prefetch_offest in include/flashinfer/attention/persistent.cuh:66"
+    assert fault in " ".join(text.split())
+    assert "CONTROL, {CONTROL}" in text
     header = script.Header("t")
     original = holistic.MAIN
     for old, new in [("causal=True", "causal=False"), ("max(0, k - n - window)", "max(0, k - n - window - 1)"),

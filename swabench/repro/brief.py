@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from string import Template
 
-from swabench.core import workloads
+from swabench.core import gate, workloads
 from swabench.impls.flashinfer_workspace import WORKSPACE_BYTES
-from swabench.repro import script, verify
+from swabench.repro import screen, script, verify
 from swabench.repro.script import Part
 
 REF = "flashinfer#4972"
@@ -39,8 +39,8 @@ def main(dev="cuda"):
     qo_indptr, kv_indptr, kv_last_page_len = (torch.tensor(v, dtype=i32) for v in ([0, $qo], [0, $pages], [$last]))
     for control in ({}, {"disable_split_kv": True}):  # the call, then the control: no request split along KV
         wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=$h, num_kv_heads=$hkv,
-                     q_data_type=bf16, kv_data_type=bf16, sm_scale=$scale, causal=False,
-                     window_left=$w, head_dim_qk=$d, page_size=$ps, uniform_q_len=$qo, **control)
+                     q_data_type=bf16, kv_data_type=bf16, sm_scale=$scale, causal=False, window_left=$w,
+                     head_dim_qk=$d, page_size=$ps, **taken_by(wrapper.plan, uniform_q_len=$qo), **control)
         wrong, what = outcome(lambda: wrapper.run(q, (k_cache, v_cache), out=out), out, expected)
         if not control:
             reproduced = wrong
@@ -50,28 +50,6 @@ def main(dev="cuda"):
     print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
     return 1 if reproduced else 0
 
-
-def outcome(step, out, expected):
-    """(wrong, what): what step() writes to out against expected, NaN first: a row it never writes is wrong."""
-    out.fill_(float("nan"))
-    try:
-        step()
-        torch.cuda.synchronize()
-    except RuntimeError as e:  # an illegal memory access or a launch failure: the call never finished
-        return True, f"crash: {str(e).strip().splitlines()[0]}"
-    err, tol = (out.float() - expected).nan_to_num(nan=float("inf")), TOLERANCE
-    head = err.norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-6)  # [row, head]
-    rel, row = float(err.norm() / expected.norm()), head.amax(dim=-1)
-    said = f"rel-L2 {rel:.3g}, worst row {float(row.max()):.3g}; tolerances {tol['rel_l2']:g}, {tol['row_rel_l2']:g}"
-    bad = set((row > tol["row_rel_l2"]).nonzero().flatten().tolist())
-    if rel <= tol["rel_l2"] and not bad:
-        return False, f"right ({said})"
-    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in zip(sorted(r for r in bad if r - 1 not in bad),
-                                                                      sorted(r for r in bad if r + 1 not in bad)))
-    w, h = divmod(int(head.argmax()), head.shape[1])
-    e, o = ([round(x, 3) for x in t[w, h, :4].tolist()] for t in (expected, out.float()))
-    return True, (f"request 0: rows {rows} wrong" if rows else "no row past the row tolerance") + f" ({said})\\n" \\
-                 f"worst: request 0 row {w}, head {h}, first values expected {e}, got {o}"
 ''')
 
 
@@ -79,7 +57,7 @@ def header_lines(lines: list[str]) -> list[str]:
     """The traced scripts' top comment, cut to what a maintainer reads: Expected and Control said shortly."""
     short = {"Expected": EXPECTED, "Control": CONTROL, "Run": RUN}
     return [f"{name}: {short.get(name, text)}" for name, _, text in (line.partition(": ") for line in lines)
-            if name not in ("What is wrong", "Upstream", "Made by")]
+            if name not in ("What is wrong", "Upstream", "Made by", "Where it shows", "Rows, as the suite models the path")]
 
 
 def render(case, header: script.Header) -> str:
@@ -98,9 +76,11 @@ def render(case, header: script.Header) -> str:
     call = (f"Call: BatchPrefillWithPagedKVCacheWrapper(backend=\"fa2\", use_cuda_graph=True), then plan(causal=False, "
             f"window_left={case.window_left}, uniform_q_len={qo[0]}) and run()")
     said = script.wrapped([call, script.shape_line(script.case_literals(case))], WIDTH)
+    tol = gate.TOLERANCES[case.dtype]
+    outcome = Template(screen.OUTCOME).substitute(rel=tol.rel_l2, row=tol.row_rel_l2).strip()
     return "\n".join(["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
-                      "import subprocess", "import sys", "", "import flashinfer", "import torch", "",
-                      script.tolerance_line(case.dtype), "", "", main.strip(), "", "",
+                      "import inspect", "import subprocess", "import sys", "", "import flashinfer", "import torch", "",
+                      "", main.strip(), "", "", outcome, "", "", screen.TAKEN_BY.strip(), "", "",
                       'if __name__ == "__main__":', "    sys.exit(main())", ""])
 
 

@@ -4,14 +4,15 @@ calls before it is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
-from swabench.core import workloads
+from swabench.core import gate, workloads
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import brief, bugs, command, holistic, script, trace, verify
+from swabench.repro import brief, bugs, command, holistic, screen, script, trace, verify
 from swabench.store import schema
 
 
@@ -119,14 +120,18 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most "
                                  f"{bugs.CLIFF_THRESHOLD}x): the kernel skips the pages before the window"
                                  if bug.twin else EXPECTED))
-    lines += observed_lines(observed) or ["Observed: not yet run; the line above says where the suite finds it"]
-    lines += [f"Fault: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
+    lines += observed_lines(observed) or ["Observed: not yet run"]
+    lines += [f"Fault: {bug.filing.kind}: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
     said = control.says if control else bug.filing.control_said
     lines.append(f"Control: {said}; its verdict is printed beside the bug's" if said else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
     template = TEMPLATES.get(bug.ref)
+    if template is None and not bug.twin:
+        one = _one_screen(bug, parts, observed, progress)
+        if one:
+            return one
     lines = getattr(template, "header_lines", list)(lines)
     header = script.Header(bug.filing.title, script.wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
@@ -143,6 +148,33 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
 # bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
 # and #4972's is a comment on its upstream issue, which reads best on one screen
 TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
+
+
+def _one_screen(bug, parts: list[script.Part], observed, progress) -> tuple[str, list[script.Part]] | None:
+    """(script, parts) on one screen, on the case's first request alone where the bug shows there; None where one
+    screen cannot write the parts (the traced script is written instead)."""
+    one = [dataclasses.replace(p, case=screen.one_request(p.case)) for p in parts]
+    if not bugs.shows(bug, one):
+        return None
+    tol = gate.TOLERANCES[one[0].case.dtype]
+    control = next((p for p in one if p.role == "control"), None)
+    lines = [f"Fault: {bug.filing.kind}: {bug.filing.fault}",
+             f"Control: {control.says}, on the same inputs" if control else "Control: none in one process",
+             f"Expected: softmax attention in float32 over each query's mask (expected, in main), within rel-L2 "
+             f"{tol.rel_l2:g} overall and {tol.row_rel_l2:g} in each row and head; the script exits 1 when not"]
+    header = script.Header(bug.filing.title, script.wrapped(lines, screen.WIDTH))
+    progress(f"tracing {', '.join(p.impl for p in one)} on one request, on the CPU against a stand-in FlashInfer")
+    try:
+        text = screen.render(one, header)
+    except trace.Unrenderable:
+        return None
+    progress("checking the script against the suite, call by call")
+    try:
+        verify.check(one, text, sequential=True)
+    except verify.Drift as e:
+        raise RunFailed(f"the script would not make the suite's calls ({e}); nothing written: please report it") \
+            from None
+    return text, one
 
 
 def observed_lines(observed) -> list[str]:

@@ -145,12 +145,12 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
         constants.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
     constants.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
     main = "\n".join(["def main():", "    dev = torch.device(DEVICE)"] + _indent(body))
-    return assemble(header, [_call_line(first), shape_line(case)], imports, constants, main, helpers)
+    return assemble(header, [call_line(first), shape_line(case)], imports, constants, main, helpers)
 
 
 def tolerance_line(dtype: str) -> str:
     tol = gate.TOLERANCES[dtype]
-    return f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # swabench's gate on " \
+    return f"TOLERANCE = {{'rel_l2': {tol.rel_l2!r}, 'row_rel_l2': {tol.row_rel_l2!r}}}  # rel-L2 error allowed on " \
            f"random inputs, {dtype}"
 
 
@@ -178,7 +178,7 @@ def case_keys(text: str, helpers: list[str]) -> set[str]:
     return keys | set(re.findall(r'CASE\w*\["(\w+)"\]', text))
 
 
-def _call_line(t: trace.Tracer) -> str:
+def call_line(t: trace.Tracer) -> str:
     """The checked call in the library's terms: each wrapper, then the calls made on it with their keywords (a
     PyTorch path makes no library call: its torch calls are main()'s lines)."""
     if not t.api:
@@ -198,9 +198,10 @@ def shape_line(c: dict) -> str:
     said = [f"batch {n}", f"qo_len {lengths(c['qo_lens'])}", f"kv_len {lengths(c['kv_lens'])}",
             f"{c['num_qo_heads']} query and {c['num_kv_heads']} KV heads", f"head_dim {c['head_dim']}",
             f"page_size {c['page_size']} ({c['page_layout']} pages)" if c["storage"] == "paged" else "ragged KV",
-            f"window_left {c['window_left']}", f"causal={c['causal']}"]
+            f"window_left {c['window_left']}"] + ([] if c["causal"] else ["non-causal"])
     said += [f"chunks of {c['chunk']}"] if c["chunk"] else []
-    said += ["a draft tree per request (parents in CASE)"] if c.get("parents") else []
+    chains = all(p == list(range(-1, len(p) - 1)) for p in c.get("parents") or [[-1]])
+    said += [] if chains else ["a draft tree (its parents in the script)"]
     said += ["sinks" if c["sinks"] else "no sinks", f"soft-cap {c['soft_cap']}" if c["soft_cap"] else "no soft-cap"]
     said.append(c["dtype"] + (f" (a {c['cache_dtype']} cache)" if c["cache_dtype"] != c["dtype"] else ""))
     return "Shape: " + "; ".join(said)

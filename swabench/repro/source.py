@@ -24,19 +24,20 @@ def index(rendered: list[str], raw) -> str:
 
 def empty(t: torch.Tensor) -> str:
     """A buffer of ``t``'s shape and dtype on the script's device."""
-    return f"torch.empty({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)"
+    shape = t.shape[0] if t.dim() == 1 else tuple(t.shape)
+    return f"torch.empty({shape}, dtype={DTYPES[t.dtype]}, device=dev)"
 
 
-def call(fn: str, args: list[str], kwargs: dict[str, str]) -> str:
-    """``fn(args, kwargs)``, wrapped at 110 columns with the arguments packed four spaces in."""
+def call(fn: str, args: list[str], kwargs: dict[str, str], width: int = 110) -> str:
+    """``fn(args, kwargs)``, wrapped at ``width`` columns with the arguments packed four spaces in."""
     parts = args + [f"**taken_by({v})" if k == "**taken_by" else f"{k}={v}" for k, v in kwargs.items()]
     one = f"{fn}({', '.join(parts)})"
-    if len(one) <= 110:
+    if len(one) <= width:
         return one
     lines = [f"{fn}("]
     for i, part in enumerate(parts):
         piece = part + ("," if i < len(parts) - 1 else ")")
-        if len(lines) > 1 and len(lines[-1]) + 1 + len(piece) <= 110:
+        if len(lines) > 1 and len(lines[-1]) + 1 + len(piece) <= width:
             lines[-1] += " " + piece
         else:
             lines.append("    " + piece)

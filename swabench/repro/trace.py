@@ -135,7 +135,8 @@ class Tracer(TorchFunctionMode):
         name = stem + self.suffix if stem not in {n.removesuffix(self.suffix) for n in self.names.values()} \
             else self._fresh(stem)
         fill = "empty" if stem == "workspace" else "zeros"
-        self._declare(f"{name} = torch.{fill}({tuple(t.shape)}, dtype={DTYPES[t.dtype]}, device=dev)")
+        shape = t.shape[0] if t.dim() == 1 else tuple(t.shape)
+        self._declare(f"{name} = torch.{fill}({shape}, dtype={DTYPES[t.dtype]}, device=dev)")
         return self.name(t, name)
 
     def _computed(self, t: torch.Tensor) -> str:

@@ -56,12 +56,18 @@ def same(a, b) -> bool:
     return a == b
 
 
-def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
+def suite_calls(parts: list[Part], sequential: bool = False) -> tuple[list, list[torch.Tensor]]:
     """The suite's own calls for the parts, in the script's order (each part built and planned in turn, a
-    part run ``first`` run at once, the others after every part is planned), and their outputs."""
-    calls, outputs, later, extra, checked = [], [], [], {}, None
+    part run ``first`` run at once, the others after every part is planned; ``sequential``: each part run as
+    soon as it is planned, as one screen reads), and their outputs."""
+    calls, outputs, later, extra, checked, starts = [], [], [], {}, None, []
     with standin.installed(_recorder(calls, extra)):
         for p in parts:
+            if sequential:
+                for runner, keywords in later:
+                    _run(runner, keywords, extra, outputs)
+                later.clear()
+            starts.append((len(calls), p.role))
             if script.replans(p, parts):  # the checked runner, planned again once it has run
                 later.append((checked, dict(p.plan_keywords)))
                 continue
@@ -76,13 +82,32 @@ def suite_calls(parts: list[Part]) -> tuple[list, list[torch.Tensor]]:
             else:
                 later.append((runner, None))
         for runner, keywords in later:
-            if keywords is not None:
-                extra.update(keywords)
-                runner.plan()
-                extra.clear()
-            runner.run()
-            outputs.append(runner.out.clone())
-    return calls, outputs
+            _run(runner, keywords, extra, outputs)
+    return (_reused(calls, starts) if sequential else calls), outputs
+
+
+def _reused(calls: list, starts: list) -> list:
+    """The calls without a control's constructions that an earlier part made the same way: one screen plans the
+    earlier wrapper again there."""
+    ends = [at for at, _ in starts[1:]] + [len(calls)]
+    kept = []
+    for (start, role), end in zip(starts, ends):
+        for call in calls[start:end]:
+            if role == "control" and call[1] == "__init__" and any(
+                    c[1] == "__init__" and same(c, call) for c in calls[:start]):
+                continue
+            kept.append(call)
+    return kept
+
+
+def _run(runner, keywords: dict | None, extra: dict, outputs: list) -> None:
+    """Run a planned runner (planned again first with ``keywords``, a control's), keeping its output."""
+    if keywords is not None:
+        extra.update(keywords)
+        runner.plan()
+        extra.clear()
+    runner.run()
+    outputs.append(runner.out.clone())
 
 
 def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
@@ -101,14 +126,14 @@ def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
     with standin.installed(_recorder(calls)), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(text, "<repro script>", "exec"), ns)
         ns.update(DEVICE="cpu", outcome=outcome, graph_time_us=lambda step: 1.0, environment=lambda: [],
-                  subprocess=types.SimpleNamespace(run=lambda *a, **k: types.SimpleNamespace(stdout="")))
+                  subprocess=types.SimpleNamespace(run=lambda *a, **k: types.SimpleNamespace(stdout="(environment)")))
         ns["main"](*(["cpu"] if inspect.signature(ns["main"]).parameters else []))  # brief's main(dev)
     return calls, outputs
 
 
-def check(parts: list[Part], text: str) -> None:
+def check(parts: list[Part], text: str, sequential: bool = False) -> None:
     """Drift where the script's calls (or, for a PyTorch path, its output) differ from the suite's."""
-    (want, want_out), (got, got_out) = suite_calls(parts), script_calls(text)
+    (want, want_out), (got, got_out) = suite_calls(parts, sequential), script_calls(text)
     same_calls(want, got)
     torch_paths = [registry.get(p.impl).library == "torch" for p in parts if p.role != "first"]
     for i, (a, b, is_torch) in enumerate(zip(want_out, got_out, torch_paths)):
