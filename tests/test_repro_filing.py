@@ -12,7 +12,7 @@ from conftest import invoke
 
 from swabench.core import workloads
 from swabench.inputs import scenarios
-from swabench.repro import bugs, issue, kit, make, script
+from swabench.repro import bugs, filings, issue, kit, make, script
 
 QUICK = [b.ref for b in bugs.catalogue() if b.ref not in ("chunk-as-window", "vllm-tree-window", "decode-cliff")]
 LOG = """REPRODUCED: request 0: rows 0-863 wrong (rel-L2 0.67, worst row 1.2; tolerances 0.01, 0.05)
@@ -38,7 +38,7 @@ def test_each_script_says_its_call_shape_fault_and_control_first(written, ref):
     text, parts = written[ref]
     said = header(text)
     assert {"Call", "Shape", "Fault", "Control"} <= set(said), said
-    assert said["Fault"].split(": ")[0] in bugs.KINDS, said["Fault"]
+    assert said["Fault"].split(": ")[0] in filings.KINDS, said["Fault"]
     assert said["Call"].startswith(("flashinfer.", "torch")) or "Batch" in said["Call"] or ref.startswith("planted")
     lines = text.splitlines()
     first_call = next(i for i, line in enumerate(lines) if "def step(" in line or "wrapper.run(" in line)

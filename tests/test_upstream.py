@@ -67,13 +67,13 @@ def test_the_sink_module_condition_needs_two_head_dims_in_one_process(monkeypatc
 
 
 def test_every_declaration_names_registered_paths_and_a_link_or_how_to_file_it():
-    from swabench.repro import bugs
+    from swabench.repro import filings
 
     names = set(registry.names())
     for bug in upstream.declared():
         assert bug.impls <= names and bug.summary
-        filing = bugs.FILINGS[bug.ref]
-        assert filing.kind in bugs.KINDS and filing.fault, bug.ref
+        filing = filings.FILINGS[bug.ref]
+        assert filing.kind in filings.KINDS and filing.fault, bug.ref
         assert bug.url.startswith("https://") or filing.kind == "FlashInfer bug" and filing.ask, bug.ref
 
 

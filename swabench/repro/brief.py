@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from string import Template
 
-from swabench.core import gate, workloads
+from swabench.core import workloads
 from swabench.impls.flashinfer_workspace import WORKSPACE_BYTES
 from swabench.repro import screen, script, verify
 from swabench.repro.script import Part
@@ -53,11 +53,14 @@ def main(dev="cuda"):
 ''')
 
 
+DROPPED = ("What is wrong", "Upstream", "Made by", "Where it shows", "Rows, as the suite models the path")
+
+
 def header_lines(lines: list[str]) -> list[str]:
     """The traced scripts' top comment, cut to what a maintainer reads: Expected and Control said shortly."""
     short = {"Expected": EXPECTED, "Control": CONTROL, "Run": RUN}
     return [f"{name}: {short.get(name, text)}" for name, _, text in (line.partition(": ") for line in lines)
-            if name not in ("What is wrong", "Upstream", "Made by", "Where it shows", "Rows, as the suite models the path")]
+            if name not in DROPPED]
 
 
 def render(case, header: script.Header) -> str:
@@ -76,11 +79,9 @@ def render(case, header: script.Header) -> str:
     call = (f"Call: BatchPrefillWithPagedKVCacheWrapper(backend=\"fa2\", use_cuda_graph=True), then plan(causal=False, "
             f"window_left={case.window_left}, uniform_q_len={qo[0]}) and run()")
     said = script.wrapped([call, script.shape_line(script.case_literals(case))], WIDTH)
-    tol = gate.TOLERANCES[case.dtype]
-    outcome = Template(screen.OUTCOME).substitute(rel=tol.rel_l2, row=tol.row_rel_l2).strip()
     return "\n".join(["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
                       "import inspect", "import subprocess", "import sys", "", "import flashinfer", "import torch", "",
-                      "", main.strip(), "", "", outcome, "", "", screen.TAKEN_BY.strip(), "", "",
+                      "", main.strip(), "", "", screen.outcome_source(case.dtype), "", "", screen.TAKEN_BY.strip(), "", "",
                       'if __name__ == "__main__":', "    sys.exit(main())", ""])
 
 

@@ -111,6 +111,10 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
         parts, where = bugs.parts(bug)
     except LookupError as e:  # the shipped scenarios hold no case that shows it (a scenario file was edited)
         raise UserError(f"--bug {ref}: {e}") from None
+    template = TEMPLATES.get(bug.ref)
+    one = _one_screen(bug, parts, progress) if template is None and not bug.twin else None
+    if one:
+        return one
     fixed = f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""
     control = next((p for p in parts if p.role == "control" or p.label == "_twin"), None)
     lines = [f"What is wrong: {bug.summary}", f"Where it shows: {where}{fixed}"]
@@ -127,11 +131,6 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
     lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
-    template = TEMPLATES.get(bug.ref)
-    if template is None and not bug.twin:
-        one = _one_screen(bug, parts, observed, progress)
-        if one:
-            return one
     lines = getattr(template, "header_lines", list)(lines)
     header = script.Header(bug.filing.title, script.wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
@@ -150,9 +149,10 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
 TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
 
 
-def _one_screen(bug, parts: list[script.Part], observed, progress) -> tuple[str, list[script.Part]] | None:
+def _one_screen(bug, parts: list[script.Part], progress) -> tuple[str, list[script.Part]] | None:
     """(script, parts) on one screen, on the case's first request alone where the bug shows there; None where one
-    screen cannot write the parts (the traced script is written instead)."""
+    screen cannot write the parts (the traced script is written instead).  What runs of it printed goes in its
+    issue body, not in the script."""
     one = [dataclasses.replace(p, case=screen.one_request(p.case)) for p in parts]
     if not bugs.shows(bug, one):
         return None

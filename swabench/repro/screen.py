@@ -13,7 +13,7 @@ from string import Template
 
 import torch
 
-from swabench.core import gate, workloads
+from swabench.core import gate
 from swabench.repro import kit, script, trace
 from swabench.repro.script import Part
 from swabench.repro.source import call, literal
@@ -100,34 +100,18 @@ def one_request(case):
     return dataclasses.replace(case, batch_size=1)
 
 
-def traced(part: Part, inputs: str) -> ScreenTracer:
-    """The part's path run on the CPU against the stand-in, its calls traced in one request's names."""
-    from swabench.impls import registry
-    from swabench.repro import standin
-
-    impl = registry.get(part.impl)
-    why = script.no_script(impl)
-    if why:
-        raise trace.Unrenderable(why)
-    literals = script.case_literals(part.case)
-    if len(literals["kv_lens"]) != 1 or (part.case.page_layout or "scattered") != "scattered" or part.case.block:
+def traced(part: Part) -> ScreenTracer:
+    """The part's path run on the CPU against the stand-in, its calls traced in one request's names (a control
+    writes into the call's ``out``)."""
+    if part.case.batch_size != 1 or (part.case.page_layout or "scattered") != "scattered" or part.case.block:
         raise trace.Unrenderable(f"one screen writes one request on scattered pages, not {part.case.label}")
-    x = kit.make_inputs(literals, "cpu")
-    w = workloads.build(part.case, "cpu")
-    tracer = ScreenTracer(literals, x, {"q": w.q, "k_cache": w.k_store, "v_cache": w.v_store, "sinks": w.sinks},
-                          impl, part.case, part.label, inputs, dict(part.plan_keywords))
-    tracer.inputs = ""  # one set of inputs, named plainly
-    for name, t in (("q", w.q), ("k_cache", w.k_store), ("v_cache", w.v_store), ("sinks", w.sinks)):
-        tracer.name(t, name)
-    with standin.installed(tracer.library_call):
-        runner = impl.make(w, part.backend)
-        tracer.owned(runner)
-        tracer.name(runner.out, "out" + ("" if part.role == "control" else part.label))  # a control reuses out
-        runner.plan()
-        tracer.phase = "step"
-        with tracer:
-            runner.run()
-    return tracer
+    return script.traced(part, "", ScreenTracer, "out" if part.role == "control" else "")
+
+
+def outcome_source(dtype: str) -> str:
+    """``outcome()`` as a script carries it, its tolerances those of ``dtype``."""
+    tol = gate.TOLERANCES[dtype]
+    return Template(OUTCOME).substitute(rel=tol.rel_l2, row=tol.row_rel_l2).strip()
 
 
 def inputs(c: dict, needs: set[str]) -> list[str]:
@@ -185,7 +169,7 @@ def _mask(c: dict, qo: int, kv: int, alone: bool) -> list[str]:
     w, prefix = c["window_left"], kv - qo
     window = [f"key >= position - {w}"] if w >= 0 else []
     parents = c.get("parents", [None])[0]
-    if parents and parents != list(range(-1, qo - 1)):  # a chain's mask is the causal one
+    if parents and not script.is_chain(parents):
         lines = [f"parents = {literal(parents)}  # the draft tree: each node's parent (-1: the root)",
                  f"depth, tree = [0] * {qo}, torch.eye({qo}, dtype=torch.bool, device=dev)  # tree[i, j]: j is i or "
                  f"its ancestor",
@@ -303,8 +287,7 @@ def render(parts: list[Part], header: script.Header) -> str:
     checked = next(p for p in parts if p.role == "checked")
     if any(p.case != checked.case for p in parts):
         raise trace.Unrenderable("one screen writes the inputs of one case, and these parts run two")
-    tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p, "")
-               for p in parts]
+    tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p) for p in parts]
     needs = set().union(*(t.used for t in tracers))
     c = script.case_literals(checked.case)
     body, earlier, checked_step = inputs(c, needs), [], ""
@@ -329,11 +312,10 @@ def render(parts: list[Part], header: script.Header) -> str:
         body = body[:1] + BUFFERS.strip().splitlines() + [_buffered(line) for line in body[1:]]
     text = "\n".join(body)
     said = script.wrapped([script.call_line(tracers[parts.index(checked)]), script.shape_line(c)], WIDTH)
-    tol = gate.TOLERANCES[checked.case.dtype]
     out = ["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
            *(["import inspect"] if "taken_by(" in text else []), "import subprocess", "import sys", "",
            "import flashinfer", "import torch", "", "", 'def main(dev="cuda"):', *_indent(body), "", "",
-           Template(OUTCOME).substitute(rel=tol.rel_l2, row=tol.row_rel_l2).strip()]
+           outcome_source(checked.case.dtype)]
     if "taken_by(" in text:
         out += ["", "", TAKEN_BY.strip()]
     return "\n".join(out + ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""])

@@ -92,9 +92,10 @@ def no_script(impl) -> str | None:
     return None
 
 
-def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
+def traced(part: Part, inputs: str | None = None, tracer_class=trace.Tracer, out: str = "") -> trace.Tracer:
     """Run the part's path on the CPU against the stand-in, tracing its calls; ``inputs``: the suffix of the CASE,
-    x and input names it reads (its own label unless it shares another part's)."""
+    x and input names it reads (its own label unless it shares another part's); ``out``: its output's name, where
+    not ``out`` and its label."""
     impl = registry.get(part.impl)
     why = no_script(impl)
     if why:
@@ -103,12 +104,12 @@ def traced(part: Part, inputs: str | None = None) -> trace.Tracer:
     x = kit.make_inputs(literals, "cpu")
     w = workloads.build(part.case, "cpu")
     names = {"q": w.q, "k_cache": w.k_store, "v_cache": w.v_store, "sinks": w.sinks}
-    tracer = trace.Tracer(literals, x, names, impl, part.case, part.label, part.label if inputs is None else inputs,
+    tracer = tracer_class(literals, x, names, impl, part.case, part.label, part.label if inputs is None else inputs,
                           dict(part.plan_keywords))
     with standin.installed(tracer.library_call):
         runner = impl.make(w, part.backend)
         tracer.owned(runner)
-        tracer.name(runner.out, "out" + part.label)
+        tracer.name(runner.out, out or "out" + part.label)
         runner.plan()
         tracer.phase = "step"
         with tracer:
@@ -200,11 +201,15 @@ def shape_line(c: dict) -> str:
             f"page_size {c['page_size']} ({c['page_layout']} pages)" if c["storage"] == "paged" else "ragged KV",
             f"window_left {c['window_left']}"] + ([] if c["causal"] else ["non-causal"])
     said += [f"chunks of {c['chunk']}"] if c["chunk"] else []
-    chains = all(p == list(range(-1, len(p) - 1)) for p in c.get("parents") or [[-1]])
-    said += [] if chains else ["a draft tree (its parents in the script)"]
+    said += [] if all(map(is_chain, c.get("parents") or [])) else ["a draft tree (its parents in the script)"]
     said += ["sinks" if c["sinks"] else "no sinks", f"soft-cap {c['soft_cap']}" if c["soft_cap"] else "no soft-cap"]
     said.append(c["dtype"] + (f" (a {c['cache_dtype']} cache)" if c["cache_dtype"] != c["dtype"] else ""))
     return "Shape: " + "; ".join(said)
+
+
+def is_chain(parents: list[int]) -> bool:
+    """Whether a draft tree is a chain, each node the child of the one before: its mask is the causal one."""
+    return parents == list(range(-1, len(parents) - 1))
 
 
 def needed_helpers(helpers, text: str, case: dict) -> list[str]:

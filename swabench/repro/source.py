@@ -22,10 +22,14 @@ def index(rendered: list[str], raw) -> str:
     return text[1:-1].rstrip(",") if isinstance(raw, tuple) else text
 
 
+def shape(t: torch.Tensor) -> str:
+    """``t``'s shape as torch.empty takes it: a length alone, or a tuple."""
+    return str(t.shape[0] if t.dim() == 1 else tuple(t.shape))
+
+
 def empty(t: torch.Tensor) -> str:
     """A buffer of ``t``'s shape and dtype on the script's device."""
-    shape = t.shape[0] if t.dim() == 1 else tuple(t.shape)
-    return f"torch.empty({shape}, dtype={DTYPES[t.dtype]}, device=dev)"
+    return f"torch.empty({shape(t)}, dtype={DTYPES[t.dtype]}, device=dev)"
 
 
 def call(fn: str, args: list[str], kwargs: dict[str, str], width: int = 110) -> str:

@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from swabench.core import semantics
 from swabench.repro import kit, standin
-from swabench.repro.source import DTYPES, call, empty, index, literal
+from swabench.repro.source import DTYPES, call, empty, index, literal, shape
 
 INPUTS = ("q", "k_cache", "v_cache", "sinks", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "slots")
 LITERAL_LIMIT = 4096  # the most elements a computed index is written out as a literal
@@ -135,8 +135,7 @@ class Tracer(TorchFunctionMode):
         name = stem + self.suffix if stem not in {n.removesuffix(self.suffix) for n in self.names.values()} \
             else self._fresh(stem)
         fill = "empty" if stem == "workspace" else "zeros"
-        shape = t.shape[0] if t.dim() == 1 else tuple(t.shape)
-        self._declare(f"{name} = torch.{fill}({shape}, dtype={DTYPES[t.dtype]}, device=dev)")
+        self._declare(f"{name} = torch.{fill}({shape(t)}, dtype={DTYPES[t.dtype]}, device=dev)")
         return self.name(t, name)
 
     def _computed(self, t: torch.Tensor) -> str:

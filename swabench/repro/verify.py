@@ -125,8 +125,9 @@ def script_calls(text: str) -> tuple[list, list[torch.Tensor]]:
 
     with standin.installed(_recorder(calls)), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(text, "<repro script>", "exec"), ns)
+        report = types.SimpleNamespace(stdout="(environment)")  # what collect_env prints, for a script to print
         ns.update(DEVICE="cpu", outcome=outcome, graph_time_us=lambda step: 1.0, environment=lambda: [],
-                  subprocess=types.SimpleNamespace(run=lambda *a, **k: types.SimpleNamespace(stdout="(environment)")))
+                  subprocess=types.SimpleNamespace(run=lambda *a, **k: report))
         ns["main"](*(["cpu"] if inspect.signature(ns["main"]).parameters else []))  # brief's main(dev)
     return calls, outputs
 

@@ -1,0 +1,200 @@
+"""How each bug is filed: its title in the library's terms, whose fault it is as the release's own source shows,
+what decides it, the control that pins the cause, and what a report asks for (``bugs`` finds where each shows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swabench.repro import holistic
+
+
+KINDS = ("FlashInfer bug", "FlashInfer docs gap", "performance request", "caller's mistake", "SGLang bug",
+         "regression test", "planted")  # whose fault a script shows, as its Fault line says
+
+
+@dataclass(frozen=True)
+class Filing:
+    """How a bug is filed: its title in the library's terms, whose mistake it is (``kind``, one of KINDS) and why,
+    read at the release's source, the arguments that decide it, and the control that pins the cause: the correct
+    path run beside it on the same inputs (``control``, said in the library's terms by ``control_said``), its own
+    call planned again with ``keywords``, or one only its script makes.  ``chain``: shown where the draft is a
+    chain, so its custom mask is the causal one."""
+    title: str
+    kind: str
+    fault: str
+    matters: str = ""
+    control: str = ""
+    keywords: tuple = ()
+    control_said: str = ""
+    ask: str = ""  # what the report asks for: the fix, the docs change, the request
+    chain: bool = False
+
+
+SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
+PLAN_WINDOW = "the same table planned with window_left at plan()"
+TRIM = "the table from the page holding the first query's oldest key, planned with window_left"
+TREE_TRIM = "the table from the page holding key kv_len - qo_len - window_left, the window by tree depth in " \
+            "custom_mask, no window_left"
+FILINGS: dict[str, Filing] = {
+    "flashinfer#4972": Filing(
+        title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV "
+              "chunk are wrong",
+        kind="FlashInfer bug",
+        fault="fa2's split-KV plan under use_cuda_graph=True with causal=False and a window: flashinfer#4972 "
+              "reports it; PR flashinfer#4992 proposes a fix",
+        matters="fa2 splits a request along KV by SM count (the rows depend on the GPU), always under "
+                "use_cuda_graph=True",
+        keywords=(("disable_split_kv", True),),
+        ask="until the fix lands, plan(disable_split_kv=True) is right on the same inputs",
+    ),
+    "holistic-offset": Filing(
+        title="BatchAttention reads the wrong K/V rows from pages past 2^32 elements of the cache",
+        kind="FlashInfer bug",
+        fault="prefetch_offest in include/flashinfer/attention/persistent.cuh:66 computes indices[page_iter] * "
+              "kv_stride_page (an int32 index, uint32 strides) in 32 bits and widens it to size_t only when it "
+              "stores it, so the offset wraps at 2^32 elements",
+        matters="a K or V cache of more than 2^32 elements and a page index past 2^32 / (page_size x num_kv_heads "
+                "x head_dim)",
+        control_said=holistic.CONTROL,
+        ask="widen before the multiply: static_cast<size_t>(... indices[page_iter] ...) * kv_stride_page, as "
+            "paged_kv_t::get_elem_offset (include/flashinfer/page.cuh:199) does for the page kernels and as "
+            "flashinfer#3136 did for the MLA kernels (issue flashinfer#3130)",
+    ),
+    "flashinfer#1679": Filing(
+        title="BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's "
+              "module",
+        kind="regression test",
+        fault="fixed in 0.7.4: the sink wrapper's JIT module was named without its head_dim (flashinfer#1679 is the "
+              "pull request that added the wrapper); nothing to file",
+        matters="two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process",
+    ),
+    "decode-cliff": Filing(
+        title="BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever "
+              "window_left says",
+        kind="performance request",
+        fault="the CUDA-core decode kernel loops over the whole [0, kv_len) and applies the window as a mask on each "
+              "score (include/flashinfer/attention/decode.cuh:438-442, 539 and 97-99); its plan is sized on "
+              "kv_len (csrc/batch_decode.cu:66-72). The tensor-core path starts at the window "
+              "(include/flashinfer/attention/prefill.cuh:4379-4385), as flashinfer#1661 made fa2 prefill do and "
+              "flashinfer#4825 the cute-dsl decode",
+        matters="use_tensor_cores=False with window_left >= 0 and a page table longer than the window",
+        ask="start the CUDA-core decode kernel's chunk at kv_len - window_left - 1, or document that windowed "
+            "decode wants use_tensor_cores=True or a table trimmed to the window",
+    ),
+    "paged-plan-no-window": Filing(
+        title="plan() without window_left, then forward(window_left=W): not the window W asks for",
+        kind="caller's mistake",
+        fault="window_left belongs to plan(): fa2 plans its KV chunks there, and a window given only to the "
+              "deprecated forward() runs against chunks planned for the whole table",
+        matters="window_left given to forward() instead of plan()",
+        control="paged-window", control_said=PLAN_WINDOW,
+    ),
+    "paged-trim-causal": Filing(
+        title="a table trimmed at kv_len - qo_len - W, planned causal without a window: keys before the window",
+        kind="caller's mistake",
+        fault="a trimmed table still needs window_left at plan(): the first query's window is not the last's",
+        matters="the trimmed table with window_left=-1 at plan()",
+        control="paged-trim", control_said=TRIM,
+    ),
+    "batch-attention-trim": Filing(
+        title="BatchAttention on a table trimmed to the window: keys before a query's own window",
+        kind="caller's mistake",
+        fault="BatchAttention's plan() takes no window_left, so a table trimmed to the window's first page is all "
+              "a window can be there; it is exact only on decode steps at page size 1",
+        matters="the trimmed table, causal=True, and no window_left to give",
+        control="paged-trim", control_said=TRIM,
+    ),
+    "decode-trim-nowindow": Filing(
+        title="decode on a table trimmed by kv_start_idx with window_left=-1 sees keys before the window",
+        kind="caller's mistake",
+        fault="SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx, window_left=-1) is exact only at page "
+              "size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in",
+        matters="page_size > 1",
+        control="decode-trim", control_said="the same trimmed table planned with window_left",
+    ),
+    "paged-sinks-dropped": Filing(
+        title="BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) on fa2 and fa3: the sinks are silently dropped",
+        kind="FlashInfer bug",
+        fault="run()'s docstring says of sinks \"When provided, the kernel applies the attention-with-sink "
+              "variant\" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only "
+              "(prefill.py:867): fa2 (878-916) and fa3 (919-975) drop them, where cute-dsl and cudnn raise",
+        matters="sinks= given to the paged prefill wrapper's run() on fa2 or fa3",
+        control="sink-window", control_said=f"{SINK_WRAPPER}, the wrapper that applies sinks",
+        ask="raise in run() where the backend does not apply sinks (one line at prefill.py:5244: if sinks is not "
+            "None and self._backend != \"trtllm-gen\": raise ValueError(...)), or apply them",
+    ),
+    "sglang-extend-nomask": Filing(
+        title="SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
+        kind="SGLang bug",
+        fault="SGLang's FlashInfer extend path before its PR 26513 (fixed there) planned the cached prefix without "
+              "the window mask",
+        matters="the prefix planned without the window mask",
+        control="sglang-extend", control_said="the same three calls with the prefix's window as its custom_mask",
+    ),
+    "sglang-extend-ragged-nowindow": Filing(
+        title="SGLang's extend at 0005834c: the ragged part shows new tokens before the window",
+        kind="SGLang bug",
+        fault="SGLang's FlashInfer extend path at 0005834c plans the ragged part without a window and gives it to "
+              "run() only",
+        matters="window_left at run() only",
+        control="sglang-extend", control_said="the same three calls with window_left at the ragged plan()",
+    ),
+    "eagle-verify-untrimmed": Filing(
+        title="EAGLE verify on an SWA layer cuts the KV length without kv_start_idx: the wrong keys",
+        kind="SGLang bug",
+        fault="SGLang's EAGLE verify on SWA layers cuts the KV length but reads the table from the request's first "
+              "key (sglang#22679)",
+        matters="the KV length cut without kv_start_idx",
+        control="paged-trim", control_said=TRIM,
+    ),
+    "chunk-as-window": Filing(
+        title="a chunk of C planned as window_left = C - 1 reaches into the previous chunk",
+        kind="caller's mistake",
+        fault="chunked attention is not a sliding window: window_left = C - 1 lets a query see the previous chunk",
+        matters="window_left = C - 1 in place of a chunked table",
+        control="chunk-trim", control_said="the table trimmed to the query's own chunk, causal, no window",
+    ),
+    "tree-window-slot": Filing(
+        title="window_left with a draft tree as custom_mask: the window counts from the query's row, not its "
+              "depth",
+        kind="FlashInfer docs gap",
+        fault="the kernel measures the window from the query's row kv_len - qo_len + i (include/flashinfer/"
+              "attention/variants.cuh:89, prefill.cuh:4379), and window_left's docstring (flashinfer/prefill.py:"
+              "3690-3692) does not say so; a tree needs its depth",
+        matters="custom_mask (a draft tree) with window_left >= 0 at plan()",
+        control="tree-trim-depth", control_said=TREE_TRIM,
+        ask="add to window_left's docstring: key j is attended by query row i only if j >= kv_len - qo_len + i - "
+            "window_left; with custom_mask (tree attention) the row, not the token's tree depth, sets the window, "
+            "so put the window in the mask",
+    ),
+    "tree-sink-mask": Filing(
+        title="BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask",
+        kind="FlashInfer bug",
+        fault="the sink wrapper inherits plan(custom_mask=...) and sets the custom mask mode (flashinfer/prefill.py:"
+              "5112), but its AttentionSink variant never reads a mask (flashinfer/jit/attention/variants.py:34-36, "
+              "where DefaultAttention reads it: include/flashinfer/attention/variants.cuh:80-85): fa2 runs "
+              "non-causal",
+        matters="custom_mask given to the sink wrapper",
+        control="sink-window", control_said=f"the same {SINK_WRAPPER} planned causal=True with no mask",
+        ask="support custom_mask in the sink variant, or raise in plan() when it is given",
+        chain=True,
+    ),
+    "sglang-verify-tree": Filing(
+        title="SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
+        kind="SGLang bug",
+        fault="SGLang's FlashInfer backend (flashinfer_backend.py at 0005834cdb2a) cuts the KV length to the "
+              "window without kv_start_idx and hands FlashInfer the full-prefix tree mask; sglang#39160 and "
+              "sglang#39287 report it",
+        matters="a context past the window",
+        control="tree-trim-depth", control_said=TREE_TRIM,
+    ),
+    "vllm-tree-window": Filing(
+        title="vLLM's tree attention counts the window from a node's slot, not its depth",
+        kind="caller's mistake",
+        fault="vLLM's tree attention measures the window by slot",
+        matters="a draft tree past the window",
+        control="torch-trim", control_said="the keys each node's window and ancestors hold, in PyTorch",
+    ),
+}
+PLANTED = Filing("", "planted", "a mistake planted to show the check catches it", control="torch-trim",
+                 control_said="the keys each query's window holds, in PyTorch")
