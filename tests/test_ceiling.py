@@ -16,7 +16,8 @@ from swabench.publish.sections import Run, machine, method
 from swabench.store import schema, tables
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = sorted(p.parent for p in (ROOT / "results").glob("*/meta.json"))
+# every published run's meta and timed rows, frozen by tests/fixtures/make_published.py (freeze_ceiling)
+PUBLISHED = sorted(p.parent for p in (ROOT / "tests" / "fixtures" / "published" / "ceiling").glob("*/meta.json"))
 MEASURED = {"bf16_matmul_tflops": 790.0, "copy_tbps": 4.2, "method": "bf16 matmul and a device copy"}
 H200_META = {"format_version": 10, "gpu": "NVIDIA H200", "gpu_sms": 132, "compute_capability": "9.0",
              "nvidia_smi.clocks.max.mem": "3201", "nvidia_smi.clocks.max.sm": "1980", "peaks": MEASURED}
