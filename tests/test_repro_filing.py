@@ -212,7 +212,7 @@ def test_the_non_causal_script_s_reference_and_verdict_are_the_suite_s(written, 
     wrong = expected.clone()
     wrong[[3, 4, 5, 9]] += 1.0
     said = outcome(lambda: out.copy_(wrong), out, expected)
-    assert said[0] and said[1].startswith(f"rows 3-5, 9 of {len(expected)} wrong (rel-L2 ")
+    assert said[0] and said[1].startswith(f"4 of {len(expected)} rows wrong, 3-9 (rel-L2 ")
     defaults = {k: v.default for k, v in inspect.signature(outcome).parameters.items() if v.default is not v.empty}
     for given in (expected, wrong, expected * 1.03):  # right, rows wrong, wrong overall but in no one row
         wrong_, what, _ = kit.outcome(literals, x, lambda: out.copy_(given), out, defaults)

@@ -31,10 +31,9 @@ class Filing:
 
 
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
-PLAN_WINDOW = "the same table planned with window_left at plan()"
-TRIM = "the table from the page holding the first query's oldest key, planned with window_left"
-TREE_TRIM = "the table from the page holding key kv_len - qo_len - window_left, the window by tree depth in " \
-            "custom_mask, no window_left"
+PLAN_WINDOW = "the same table, window_left at plan()"
+TRIM = "the table from the page of the first query's oldest key, window_left at plan()"
+TREE_TRIM = "the window by tree depth in custom_mask over the table from its first page, no window_left"
 FILINGS: dict[str, Filing] = {
     "flashinfer#4972": Filing(
         title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV "
@@ -110,7 +109,7 @@ FILINGS: dict[str, Filing] = {
         fault="SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx, window_left=-1) is exact only at page "
               "size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in",
         matters="page_size > 1",
-        control="decode-trim", control_said="the same trimmed table planned with window_left",
+        control="decode-trim", control_said="the same trimmed table, window_left at plan()",
     ),
     "paged-sinks-dropped": Filing(
         title="BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) on fa2 and fa3: the sinks are silently dropped",
@@ -119,25 +118,23 @@ FILINGS: dict[str, Filing] = {
               "variant\" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only "
               "(prefill.py:867): fa2 (878-916) and fa3 (919-975) drop them, where cute-dsl and cudnn raise",
         matters="sinks= given to the paged prefill wrapper's run() on fa2 or fa3",
-        control="sink-window", control_said=f"{SINK_WRAPPER}, the wrapper that applies sinks",
+        control="sink-window", control_said=f"{SINK_WRAPPER} (it applies sinks)",
         ask="raise in run() where the backend does not apply sinks (one line at prefill.py:5244: if sinks is not "
             "None and self._backend != \"trtllm-gen\": raise ValueError(...)), or apply them",
     ),
     "sglang-extend-nomask": Filing(
         title="SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
         kind="SGLang bug",
-        fault="SGLang's FlashInfer extend path before its PR 26513 (fixed there) planned the cached prefix without "
-              "the window mask",
+        fault="fixed by its PR 26513: its FlashInfer extend path planned the cached prefix without the window mask",
         matters="the prefix planned without the window mask",
-        control="sglang-extend", control_said="the same three calls with the prefix's window as its custom_mask",
+        control="sglang-extend", control_said="the same calls with the window as the prefix's custom_mask",
     ),
     "sglang-extend-ragged-nowindow": Filing(
         title="SGLang's extend at 0005834c: the ragged part shows new tokens before the window",
         kind="SGLang bug",
-        fault="SGLang's FlashInfer extend path at 0005834c plans the ragged part without a window and gives it to "
-              "run() only",
+        fault="at 0005834c its ragged part is planned without window_left, which only run() gets",
         matters="window_left at run() only",
-        control="sglang-extend", control_said="the same three calls with window_left at the ragged plan()",
+        control="sglang-extend", control_said="the same calls with window_left at the ragged plan()",
     ),
     "eagle-verify-untrimmed": Filing(
         title="EAGLE verify on an SWA layer cuts the KV length without kv_start_idx: the wrong keys",
@@ -152,15 +149,14 @@ FILINGS: dict[str, Filing] = {
         kind="caller's mistake",
         fault="chunked attention is not a sliding window: window_left = C - 1 lets a query see the previous chunk",
         matters="window_left = C - 1 in place of a chunked table",
-        control="chunk-trim", control_said="the table trimmed to the query's own chunk, causal, no window",
+        control="chunk-trim", control_said="the table trimmed to the query's own chunk, no window",
     ),
     "tree-window-slot": Filing(
         title="window_left with a draft tree as custom_mask: the window counts from the query's row, not its "
               "depth",
         kind="FlashInfer docs gap",
-        fault="the kernel measures the window from the query's row kv_len - qo_len + i (include/flashinfer/"
-              "attention/variants.cuh:89, prefill.cuh:4379), and window_left's docstring (flashinfer/prefill.py:"
-              "3690-3692) does not say so; a tree needs its depth",
+        fault="window_left's docstring (flashinfer/prefill.py:3690) does not say that the window counts from the "
+              "query's row kv_len - qo_len + i (include/flashinfer/attention/variants.cuh:89)",
         matters="custom_mask (a draft tree) with window_left >= 0 at plan()",
         control="tree-trim-depth", control_said=TREE_TRIM,
         ask="add to window_left's docstring: key j is attended by query row i only if j >= kv_len - qo_len + i - "
@@ -175,16 +171,15 @@ FILINGS: dict[str, Filing] = {
               "where DefaultAttention reads it: include/flashinfer/attention/variants.cuh:80-85): fa2 runs "
               "non-causal",
         matters="custom_mask given to the sink wrapper",
-        control="sink-window", control_said=f"the same {SINK_WRAPPER} planned causal=True with no mask",
+        control="sink-window", control_said="the same wrapper planned causal=True, no mask",
         ask="support custom_mask in the sink variant, or raise in plan() when it is given",
         chain=True,
     ),
     "sglang-verify-tree": Filing(
         title="SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
         kind="SGLang bug",
-        fault="SGLang's FlashInfer backend (flashinfer_backend.py at 0005834cdb2a) cuts the KV length to the "
-              "window without kv_start_idx and hands FlashInfer the full-prefix tree mask; sglang#39160 and "
-              "sglang#39287 report it",
+        fault="SGLang's FlashInfer backend (flashinfer_backend.py at 0005834cdb2a) cuts the KV to the window "
+              "without kv_start_idx and hands over the full-prefix tree mask; sglang#39160, sglang#39287",
         matters="a context past the window",
         control="tree-trim-depth", control_said=TREE_TRIM,
     ),

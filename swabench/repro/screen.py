@@ -14,6 +14,7 @@ from string import Template
 import torch
 
 from swabench.core import gate
+from swabench.impls import registry
 from swabench.repro import kit, script, trace
 from swabench.repro.script import Part
 from swabench.repro.source import call, literal
@@ -34,11 +35,10 @@ def outcome(step, out, expected, rel_l2=$rel, row_rel_l2=$row):
         return True, f"crash: {str(e).strip().splitlines()[0]}"
     err = (out.float() - expected).nan_to_num(nan=float("inf"))
     row = (err.norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-6)).amax(dim=-1)  # rel-L2 of each row's worst head
-    rel, bad = float(err.norm() / expected.norm()), set((row > row_rel_l2).nonzero().flatten().tolist())
-    rows = ", ".join(f"{a}-{z}" if z > a else f"{a}" for a, z in zip(sorted(r for r in bad if r - 1 not in bad),
-                                                                      sorted(r for r in bad if r + 1 not in bad)))
-    return rel > rel_l2 or bool(bad), (f"rows {rows} of {len(row)} wrong" if bad else "every row right") + \\
-        f" (rel-L2 {rel:.3g}, worst row {float(row.max()):.3g}; tolerances {rel_l2:g}, {row_rel_l2:g})"
+    rel, bad = float(err.norm() / expected.norm()), (row > row_rel_l2).nonzero().flatten().tolist()
+    rows = f"{len(bad)} of {len(row)} rows wrong, {bad[0]}-{bad[-1]}" if bad else "every row right"
+    return rel > rel_l2 or bool(bad), f"{rows} (rel-L2 {rel:.3g}, worst row {float(row.max()):.3g}; tolerances " \\
+                                      f"{rel_l2:g}, {row_rel_l2:g})"
 '''
 
 TAKEN_BY = '''
@@ -46,10 +46,10 @@ def taken_by(fn, **keywords):  # the keywords this release's fn takes: 0.6 plans
     return {k: v for k, v in keywords.items() if k in inspect.signature(fn).parameters}
 '''
 
-# FlashInfer's own report: the GPU and its SM count, driver, CUDA, torch, cubin and JIT-cache packages
-ENVIRONMENT = [
-    'env = subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout',
-    'print(env or f"flashinfer {flashinfer.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")']
+# FlashInfer's own report (every release since 0.6.16): the GPU and its SM count, driver, CUDA, torch, cubin and
+# JIT-cache packages, from a child process, so a crashed CUDA context cannot stop it
+ENVIRONMENT = ['print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, '
+               'text=True).stdout)']
 
 
 class ScreenTracer(trace.Tracer):
@@ -95,9 +95,15 @@ class ScreenTracer(trace.Tracer):
         return None
 
 
-def one_request(case):
-    """The case with its first request alone, which one screen writes out."""
-    return dataclasses.replace(case, batch_size=1)
+WRAPPER_MODES = ("plain", "cuda-graph")  # a wrapper without plan buffers first: fewer lines, where the bug shows
+
+
+def one_request(parts: list[Part], wrapper_mode: str) -> list[Part] | None:
+    """The parts on their case's first request alone, their wrappers built in ``wrapper_mode``; None where a part's
+    path does not run so."""
+    one = [dataclasses.replace(p, case=dataclasses.replace(p.case, batch_size=1, wrapper_mode=wrapper_mode))
+           for p in parts]
+    return one if all(registry.get(p.impl).skip_reason(p.case, p.backend, None) is None for p in one) else None
 
 
 def traced(part: Part) -> ScreenTracer:
@@ -152,7 +158,8 @@ def inputs(c: dict, needs: set[str]) -> list[str]:
         lines.append(f"s = torch.cat([s, sinks[:, None, None].expand(-1, {qo}, 1)], dim=-1)  # each head's sink "
                      f"joins the softmax")
     cut = f"[..., :{kv}]" if c["sinks"] else ""
-    lines.append(f"expected = torch.einsum(\"hqk,khd->qhd\", s.softmax(dim=-1){cut}, v)  # float32 reference")
+    reference = f"expected, out = torch.einsum(\"hqk,khd->qhd\", s.softmax(dim=-1){cut}, v), torch.empty_like(q)"
+    lines.append(reference + ("  # float32" if len(reference) <= WIDTH - 16 else ""))
     tables = [("qo_indptr", [0, qo])] + ([("kv_indptr", [0, pages]), ("kv_last_page_len", [kv - (pages - 1) * ps])]
                                         if paged else [("kv_indptr", [0, kv])])
     tables = [(n, v) for n, v in tables if n in needs]
@@ -177,11 +184,19 @@ def _mask(c: dict, qo: int, kv: int, alone: bool) -> list[str]:
                  "    depth[i], tree[i] = depth[parents[i]] + 1, tree[i] | tree[parents[i]]",
                  f"position = {prefix} + torch.tensor(depth, device=dev)[:, None]  # node i sits at {prefix} + its "
                  f"depth",
-                 f"key = torch.cat([torch.arange({prefix}, device=dev), position[:, 0]])  # a draft key at its node's",
+                 f"key = torch.cat([torch.arange({prefix}, device=dev), position[:, 0]])  # a draft key at its node",
                  f"allowed = torch.cat([torch.ones({qo}, {prefix}, dtype=torch.bool, device=dev), tree], dim=1)"]
         return lines + ["seen = " + " & ".join(["allowed"] + [f"({t})" for t in window])]
-    lines = [f"position, key = torch.arange({prefix}, {kv}, device=dev)[:, None], torch.arange({kv}, device=dev)"
-             f"  # query i at {prefix} + i"]
+    lines = [f"position, key = torch.arange({prefix}, {kv}, device=dev)[:, None], torch.arange({kv}, device=dev)"]
+    said = f"  # query i at {prefix} + i"
+    lines[0] += said if len(lines[0] + said) <= WIDTH - 4 else ""
+    if not alone and c["causal"] and not c["chunk"] and w >= 0:  # a band: query i sees keys p - w .. p
+        band = f"seen = torch.ones({qo}, {kv}, dtype=torch.bool, device=dev).tril({prefix})"
+        if prefix - w + qo - 1 > 0:
+            band, said = band + f".triu({prefix - w})", f"  # query i: keys {prefix - w} + i .. {prefix} + i"
+        else:
+            said = f"  # query i: keys 0 .. {prefix} + i"
+        return [band + (said if len(band + said) <= WIDTH - 4 else "")]
     causal = ["key <= position"] if c["causal"] else ["key >= 0"]
     terms = window + ([f"key >= position - position % {c['chunk']}"] if c["chunk"] else [])
     if alone:
@@ -194,26 +209,14 @@ def _indent(lines: list[str], pad: str = "    ") -> list[str]:
     return [pad + line if line else "" for entry in lines for line in entry.split("\n")]
 
 
-BUFFER = re.compile(r"(\w+)_buf=torch\.empty\((\d+), dtype=(?:torch\.int32|i32|torch\.uint8), device=dev\)")
-BUFFERS = '''
-def buffers(**sizes):  # what a CUDA-graph wrapper plans into: int32 arrays, the custom mask's bytes
-    return {f"{name}_buf": torch.empty(n, dtype=torch.uint8 if name == "custom_mask" else i32, device=dev)
-            for name, n in sizes.items()}
-'''
+BUFFER = re.compile(r"torch\.(empty|zeros)\(((?:\([^()]*\)|[^(),])+), dtype=([\w.]+), device=dev\)")
 
 
 def _names(text: str) -> str:
-    """A traced line in the script's aliases, its call packed again at the screen's width."""
+    """A traced line in the script's aliases, a buffer made on q's device, its call packed again at the screen's
+    width."""
+    text = BUFFER.sub(lambda m: f"q.new_{m[1]}({m[2]}, dtype={m[3]})", text)
     return _reflow(text.replace("torch.bfloat16", "bf16").replace("torch.int32", "i32"))
-
-
-def _buffered(text: str) -> str:
-    """A construction with its plan buffers made by ``buffers()``."""
-    found = BUFFER.findall(text)
-    if not found or " = flashinfer." not in text:
-        return text
-    text = re.sub(r"(,\s*)+", ", ", BUFFER.sub("", text)).replace(", )", ")")
-    return _names(text[:-1] + f", **buffers({', '.join(f'{name}={n}' for name, n in found)}))")
 
 
 def _reflow(text: str, width: int = WIDTH - 4) -> str:
@@ -252,32 +255,65 @@ def _shared(lines: list[str], earlier: list[str], label: str) -> tuple[list[str]
     return kept, renamed
 
 
-def _inline_workspace(lines: list[str]) -> list[str]:
-    """A workspace used by one construction alone, written inside it."""
+def _inline_once(lines: list[str]) -> list[str]:
+    """A workspace or a step's temporary (``t1``), a whole statement on its line, that one line alone reads: written
+    inside that line where it still fits the screen."""
     out = list(lines)
     for line in lines:
-        name, _, value = line.partition(" = ")
-        if name.startswith("workspace") and value.startswith("torch.empty(") and \
-                sum(len(re.findall(rf"\b{name}\b", other)) for other in lines) == 2:
+        name, _, value = line.strip().partition(" = ")
+        if not re.fullmatch(r"workspace\w*|t\d+\w*", name) or any(value.count(a) != value.count(b) for a, b in
+                                                                      ("()", "[]")):
+            continue
+        readers = [i for i, other in enumerate(out) if other is not line and re.search(rf"\b{name}\b", other)]
+        if len(readers) != 1 or len(re.findall(rf"\b{name}\b", out[readers[0]])) != 1:
+            continue
+        written = re.sub(rf"\b{name}\b", lambda _: value, out[readers[0]])
+        if "\n" in written or len(written) > WIDTH - 4:
+            written = _names(written) if not written.startswith(" ") else ""
+        if written and max(map(len, written.split("\n"))) <= WIDTH - 4:
+            out[readers[0]] = written
             out.remove(line)
-            out = [_names(re.sub(rf"\b{name}\b", value, other)) if re.search(rf"\b{name}\b", other) else other
-                   for other in out]
     return out
 
 
-def part_lines(p: Part, t: ScreenTracer, said: str, earlier: list[str]) -> tuple[list[str], str]:
-    """One path: a comment saying what it is, its output buffer, its construction (where an earlier part has not
-    made the same) and plan; and its step, a lambda where it is one call, else a function defined here."""
-    lines = textwrap.wrap(said, WIDTH - 6, initial_indent="# ", subsequent_indent="# ") if said else []
-    lines += [] if p.role == "control" else [f"out{p.label} = torch.empty_like(q)"]
+def _grouped(lines: list[str]) -> list[str]:
+    """Buffers made alike, made on one line: ``a, b = (q.new_zeros(...) for _ in range(2))``."""
+    made: dict[str, list[int]] = {}
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"(\w+) = (q\.new_(?:zeros|empty)\(.*\))", line)
+        if m:
+            made.setdefault(m[2], []).append(i)
+    out = list(lines)
+    for value, at in made.items():
+        if len(at) > 1:
+            names = ", ".join(lines[i].partition(" = ")[0] for i in at)
+            out[at[0]] = f"{names} = ({value} for _ in range({len(at)}))"
+            for i in at[1:]:
+                out[i] = None
+    return [line for line in out if line is not None]
+
+
+def part_lines(p: Part, t: ScreenTracer, earlier: list[str], steps: dict) -> tuple[list[str], str]:
+    """One path: its output buffer (the call's is made with the reference, and a control writes it), its
+    construction (where an earlier part has not made the same) and plan; and its step, a lambda where it is one call, else a function defined here, or an
+    earlier part's where it is the same (``steps``: each earlier step's lines, by its name)."""
+    lines = [] if p.role == "control" or not p.label else [f"out{p.label} = torch.empty_like(q)"]
     setup, renamed = _shared([_names(s) for s in t.setup], earlier, p.label) if p.label else \
         ([_names(s) for s in t.setup], {})
     step = [_names(s) for s in t.step]
+    temporaries = {m for line in step for m in re.findall(rf"^(\w+{p.label}) = ", line)} if p.label else set()
+    renamed.update({name: name.removesuffix(p.label) for name in temporaries})
     for old, new in renamed.items():
         step = [re.sub(rf"\b{old}\b", new, line) for line in step]
-    lines += setup
+    last_plan = {line.partition(".plan(")[0]: line for line in earlier if ".plan(" in line.split("\n")[0]}
+    lines += [line for line in setup if ".plan(" not in line.split("\n")[0] or p.role != "control"
+              or last_plan.get(line.partition(".plan(")[0]) != line]
+    same = next((name for name, lines_of in steps.items() if lines_of == step), None)
+    if same:
+        return lines, same
     if len(step) == 1 and "\n" not in step[0]:
         return lines, f"lambda: {step[0]}"
+    steps[f"step{p.label}"] = step
     return lines + [f"def step{p.label}():"] + _indent(step), f"step{p.label}"
 
 
@@ -290,13 +326,13 @@ def render(parts: list[Part], header: script.Header) -> str:
     tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p) for p in parts]
     needs = set().union(*(t.used for t in tracers))
     c = script.case_literals(checked.case)
-    body, earlier, checked_step = inputs(c, needs), [], ""
+    body, earlier, checked_step, steps = inputs(c, needs), [], "", {}
     for p, t in zip(parts, tracers):
         if script.replans(p, parts):
-            body += [f"# Control: {p.says}"] + [_names(s) for s in t.setup if ".plan(" in s.split("\n")[0]]
+            body += [_names(s) for s in t.setup if ".plan(" in s.split("\n")[0]]
             body += _verdict(p.says, checked_step)
             continue
-        lines, step = part_lines(p, t, "" if p.role == "checked" else f"Control: {p.says}", earlier)
+        lines, step = part_lines(p, t, earlier, steps)
         earlier += [_names(s) for s in t.setup]
         body += lines
         if p.role == "first":
@@ -307,9 +343,7 @@ def render(parts: list[Part], header: script.Header) -> str:
                      'print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)']
         else:
             body += _verdict(p.says, step)
-    body = _inline_workspace(body) + ENVIRONMENT + ["return 1 if wrong else 0"]
-    if sum(" = flashinfer." in line and bool(BUFFER.search(line)) for line in body) > 1:
-        body = body[:1] + BUFFERS.strip().splitlines() + [_buffered(line) for line in body[1:]]
+    body = _grouped(_inline_once(body)) + ENVIRONMENT + ["return 1 if wrong else 0"]
     text = "\n".join(body)
     said = script.wrapped([script.call_line(tracers[parts.index(checked)]), script.shape_line(c)], WIDTH)
     out = ["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
@@ -323,4 +357,6 @@ def render(parts: list[Part], header: script.Header) -> str:
 
 def _verdict(says: str, step: str) -> list[str]:
     """The control's verdict, printed under the call's."""
-    return [f"what = outcome({step}, out, expected)[1]", f"print({'CONTROL, ' + says + ': '!r} + what)"]
+    said = textwrap.wrap(f"CONTROL, {says}: ", WIDTH - 22, drop_whitespace=False)
+    return [f"what = outcome({step}, out, expected)[1]",
+            "print(" + "\n      ".join(repr(piece) for piece in said) + " + what)"]

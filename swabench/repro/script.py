@@ -180,13 +180,13 @@ def case_keys(text: str, helpers: list[str]) -> set[str]:
 
 
 def call_line(t: trace.Tracer) -> str:
-    """The checked call in the library's terms: each wrapper, then the calls made on it with their keywords (a
-    PyTorch path makes no library call: its torch calls are main()'s lines)."""
+    """The checked call in the library's terms: each wrapper, then the calls made on it with their keywords, then
+    the library's functions it calls (a PyTorch path makes no library call: its torch calls are main()'s lines)."""
     if not t.api:
         return "Call: PyTorch only, written out in main()"
-    return "Call: " + "; ".join(calls[0] + (", then " + ", ".join(calls[1:]) if len(calls) > 1 else "")
-                                if name != "flashinfer" else ", ".join(f"flashinfer.{c}" for c in calls)
-                                for name, calls in t.api.items())
+    return "Call: " + "; ".join(calls[0].removeprefix("flashinfer.") + (", then " + ", ".join(calls[1:])
+                                                                          if len(calls) > 1 else "")
+                                if name != "flashinfer" else ", ".join(calls) for name, calls in t.api.items())
 
 
 def shape_line(c: dict) -> str:
@@ -197,12 +197,14 @@ def shape_line(c: dict) -> str:
         return str(values[0]) + (" each" if n > 1 else "") if len(set(values)) == 1 else str(values)
 
     said = [f"batch {n}", f"qo_len {lengths(c['qo_lens'])}", f"kv_len {lengths(c['kv_lens'])}",
-            f"{c['num_qo_heads']} query and {c['num_kv_heads']} KV heads", f"head_dim {c['head_dim']}",
-            f"page_size {c['page_size']} ({c['page_layout']} pages)" if c["storage"] == "paged" else "ragged KV",
+            f"{c['num_qo_heads']} query, {c['num_kv_heads']} KV heads", f"head_dim {c['head_dim']}",
+            (f"page_size {c['page_size']}" + ("" if c["page_layout"] in ("scattered", "") else
+                                                f" ({c['page_layout']} pages)")) if c["storage"] == "paged"
+            else "ragged KV",
             f"window_left {c['window_left']}"] + ([] if c["causal"] else ["non-causal"])
     said += [f"chunks of {c['chunk']}"] if c["chunk"] else []
-    said += [] if all(map(is_chain, c.get("parents") or [])) else ["a draft tree (its parents in the script)"]
-    said += ["sinks" if c["sinks"] else "no sinks", f"soft-cap {c['soft_cap']}" if c["soft_cap"] else "no soft-cap"]
+    said += [] if all(map(is_chain, c.get("parents") or [])) else ["a draft tree"]
+    said += (["sinks"] if c["sinks"] else []) + ([f"soft-cap {c['soft_cap']}"] if c["soft_cap"] else [])
     said.append(c["dtype"] + (f" (a {c['cache_dtype']} cache)" if c["cache_dtype"] != c["dtype"] else ""))
     return "Shape: " + "; ".join(said)
 

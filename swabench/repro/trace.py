@@ -333,7 +333,8 @@ class Tracer(TorchFunctionMode):
 
 
 SHAPE_KEYWORDS = {"num_qo_heads", "num_kv_heads", "head_dim", "head_dim_qk", "head_dim_vo", "q_data_type",
-                  "kv_data_type", "data_type", "o_data_type", "sm_scale", "page_size", "return_lse"}
+                  "kv_data_type", "data_type", "o_data_type", "sm_scale", "page_size", "return_lse",
+                  "uniform_q_len"}  # and the plan's hint of the query count, which the shape says too
 
 
 def _scalars(kwargs: dict) -> str:

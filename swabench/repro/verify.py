@@ -87,14 +87,20 @@ def suite_calls(parts: list[Part], sequential: bool = False) -> tuple[list, list
 
 
 def _reused(calls: list, starts: list) -> list:
-    """The calls without a control's constructions that an earlier part made the same way: one screen plans the
-    earlier wrapper again there."""
+    """The calls without a control's constructions that an earlier part made the same way (one screen plans the
+    earlier wrapper again there), nor its plans of such a wrapper that repeat the earlier part's last plan of it."""
     ends = [at for at, _ in starts[1:]] + [len(calls)]
     kept = []
     for (start, role), end in zip(starts, ends):
+        reused = set()
         for call in calls[start:end]:
-            if role == "control" and call[1] == "__init__" and any(
-                    c[1] == "__init__" and same(c, call) for c in calls[:start]):
+            earlier = calls[:start]
+            if role == "control" and call[1] == "__init__" and any(c[1] == "__init__" and same(c, call)
+                                                                    for c in earlier):
+                reused.add(call[0])
+                continue
+            planned = [c for c in earlier if c[:2] == (call[0], "plan")]
+            if role == "control" and call[1] == "plan" and call[0] in reused and planned and same(planned[-1], call):
                 continue
             kept.append(call)
     return kept
