@@ -123,23 +123,29 @@ def test_the_offset_bug_is_declared_where_the_trim_is_exact_and_left_to_the_know
 
 
 def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_same_pages():
+    from string import Template
+
     from swabench.repro import bugs, holistic, make, script, verify
 
     text, parts = make.for_bug("holistic-offset")
-    assert make.shown_where(text).endswith("requests 47, 64, 121, 123 read a page that ends past 2^32 elements")
-    fault = "FlashInfer bug: prefetch_offest in include/flashinfer/attention/persistent.cuh:66"
-    assert fault in " ".join(text.split())
-    assert "CONTROL, {CONTROL}" in text
+    lines = text.splitlines()
+    assert len(lines) <= 80 and max(map(len, lines)) <= 118
+    said = " ".join(text.split('"""')[1].split())
+    assert "Where: the request's 128 pages are the cache's last, from page 4194304" in said
+    assert "Needs: 16.0 GiB of GPU memory" in said
+    assert "FlashInfer bug: prefetch_offest in include/flashinfer/attention/persistent.cuh:66" in said
+    assert "first = 2**32 // (8 * 128)" in text and "window" not in text.split('"""')[2]
     header = script.Header("t")
     original = holistic.MAIN
-    for old, new in [("causal=True", "causal=False"), ("max(0, k - n - window)", "max(0, k - n - window - 1)"),
-                     ("plan(torch.arange(len(used), dtype=torch.int32))", "plan(kv_indices)")]:
-        holistic.MAIN = original.replace(old, new, 1)
+    for old, new in [("causal=True", "causal=False"), ("sm_scale=$scale", "sm_scale=1.0"),
+                     ("(0, True)", "(1, True)"), ("logits_soft_cap=0.0", "logits_soft_cap=1.0")]:
+        holistic.MAIN = Template(original.template.replace(old, new, 1))
         try:
             with pytest.raises(verify.Drift):
                 holistic.check(parts, header)
         finally:
             holistic.MAIN = original
+    holistic.check(parts, header)
     assert bugs.get("holistic-offset").impl == "batch-attention-trim"
 
 

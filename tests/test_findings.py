@@ -136,6 +136,9 @@ def test_the_suite_and_control_verdicts_read_plainly():
     assert repros._suite_said(gate) == "wrong; control right"
     assert repros._control_said("CONTROL, the same plan with x=True: right (rel-L2 0.002)") == "right (rel-L2 0.002)"
     assert repros._control_said("CONTROL, f (a: b): requests 0-3: rows 0 wrong") == "requests 0-3: rows 0 wrong"
+    assert repros._control_said("CONTROL, the same table, window_left at plan(): every row right (rel-L2 0.002)") == \
+        "every row right (rel-L2 0.002)"
+    assert repros._control_said("CONTROL, a: b: 3 of 8 rows wrong, 0-7 (rel-L2 1)") == "3 of 8 rows wrong, 0-7 (rel-L2 1)"
 
 
 def test_runs_section_names_each_folder_once_with_its_environment(page, cpu_run):

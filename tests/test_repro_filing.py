@@ -226,7 +226,7 @@ def test_the_non_causal_script_s_reference_and_verdict_are_the_suite_s(written, 
 
 @pytest.mark.parametrize("old,new", [("window_left=$w,", "window_left=$w - 1,"),
                                      ('{"disable_split_kv": True}', "{}"),
-                                     ("manual_seed($seed1)", "manual_seed($seed)")])
+                                     ("$drawn", "$drawn\n    q.neg_()")])
 def test_the_non_causal_script_that_drifts_from_the_suite_is_caught(written, monkeypatch, old, new):
     from string import Template
 

@@ -12,10 +12,6 @@ FILED = ["flashinfer#4972", "holistic-offset", "flashinfer#1679", "decode-cliff"
          "paged-trim-causal", "decode-trim-nowindow", "paged-sinks-dropped", "sglang-extend-nomask",
          "sglang-extend-ragged-nowindow", "eagle-verify-untrimmed", "chunk-as-window", "tree-window-slot",
          "tree-sink-mask", "sglang-verify-tree"]
-NOT_YET = {  # still over a screen: each needs its own shape (issue 54), not a looser test
-    "holistic-offset": "its template is the 128-request case, not the one-request overflow",
-    "flashinfer#1679": "two head_dims need two sets of inputs",
-    "decode-cliff": "the timed arms are not on one screen yet"}
 SUITE_WORDS = [r"\bswabench\b", r"\bgate\b", r"\bCASE\b", r"\bxfail\b", r"\b[bpq]\d+\b", r"\bps\d+\b", r"\bW\d+\b",
                r"\bh\d+/\d+\b", r"\bs\d\b", r"\[[a-z0-9.]+-[a-z0-9.-]+\]"]
 
@@ -34,8 +30,7 @@ def test_the_word_check_finds_the_suites_words():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ref", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[r]))
-                                 if r in NOT_YET else r for r in FILED])
+@pytest.mark.parametrize("ref", FILED)
 def test_a_filed_script_fits_one_screen_in_flashinfers_terms(ref):
     text, _ = make.for_bug(ref)
     lines = text.splitlines()

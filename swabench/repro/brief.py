@@ -23,11 +23,7 @@ RUN = "python3 with torch and flashinfer on a CUDA GPU; kernels build on first u
 
 MAIN = Template('''
 def main(dev="cuda"):
-    bf16, i32 = torch.bfloat16, torch.int32
-    kv_indices = torch.randperm($pages, generator=torch.Generator().manual_seed($seed1)).to(i32)  # pages, shuffled
-    g = torch.Generator(dev).manual_seed($seed)
-    q, k_cache, v_cache = (torch.randn(shape, generator=g, device=dev).to(bf16)
-                           for shape in (($qo, $h, $d), ($pages, $ps, $hkv, $d), ($pages, $ps, $hkv, $d)))
+    $drawn
     k, v = (c[kv_indices.long()].flatten(0, 1)[:$kv].float().repeat_interleave($group, dim=1) for c in (k_cache, v_cache))
     seen = torch.ones($qo, $kv, dtype=torch.bool, device=dev).triu($diagonal)  # query i sees keys j >= i - $w
     s = (torch.einsum("qhd,khd->hqk", q.float(), k) * $scale).masked_fill(~seen, float("-inf"))
@@ -75,7 +71,8 @@ def render(case, header: script.Header) -> str:
     main = MAIN.substitute(qo=qo[0], kv=kv[0], diagonal=kv[0] - qo[0] - case.window_left, pages=pages, ps=ps,
                            last=kv[0] - (pages - 1) * ps, h=case.num_qo_heads, hkv=case.num_kv_heads,
                            group=case.num_qo_heads // case.num_kv_heads, d=case.head_dim, w=case.window_left,
-                           scale=case.scale, seed=case.seed, seed1=case.seed + 1, workspace=WORKSPACE_BYTES)
+                           scale=case.scale, workspace=WORKSPACE_BYTES,
+                           drawn="\n    ".join(screen.drawn(script.case_literals(case))))
     call = (f"Call: BatchPrefillWithPagedKVCacheWrapper(backend=\"fa2\", use_cuda_graph=True), then plan(causal=False, "
             f"window_left={case.window_left}, uniform_q_len={qo[0]}) and run()")
     said = script.wrapped([call, script.shape_line(script.case_literals(case))], WIDTH)

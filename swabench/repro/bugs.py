@@ -16,7 +16,7 @@ from functools import lru_cache
 from swabench.core import gate, workloads
 from swabench.impls import fa2_split, registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import holistic, script
+from swabench.repro import cliff, holistic, script
 from swabench.repro.filings import FILINGS, PLANTED, Filing
 from swabench.repro.script import Part
 
@@ -115,9 +115,7 @@ def parts(bug: Bug, num_sms: int = fa2_split.H200_SMS) -> tuple[list[Part], str]
         # the smallest such case of any scenario: the cliff shows wherever the table outgrows the window, and a
         # script builds its case on the CPU too
         p = min((p for p in points if wide(p)), key=lambda p: _size(p.case))
-        return ([Part(p.case, bug.impl, p.backend, "timed", says="the full page table"),
-                 Part(p.case, bug.twin, p.backend, "timed", "_twin", says="the table trimmed to the window")],
-                f"{p.case.label}: {sum(workloads.request_lengths(p.case)[1])} keys in the table")
+        return cliff.parts(p.case), f"{p.case.label}: {sum(workloads.request_lengths(p.case)[1])} keys in the table"
     if bug.ref == "flashinfer#1679":
         p = next(p for p in points if p.backend == "fa2")
         other = 128 if p.case.head_dim == 64 else 64

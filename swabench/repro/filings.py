@@ -63,19 +63,16 @@ FILINGS: dict[str, Filing] = {
         title="BatchAttentionWithAttentionSinkWrapper at a second head_dim in one process runs the first's "
               "module",
         kind="regression test",
-        fault="fixed in 0.7.4: the sink wrapper's JIT module was named without its head_dim (flashinfer#1679 is the "
-              "pull request that added the wrapper); nothing to file",
+        fault="fixed in 0.7.4, which names the sink wrapper's JIT module with its head_dim; nothing to file",
         matters="two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process",
     ),
     "decode-cliff": Filing(
         title="BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever "
               "window_left says",
         kind="performance request",
-        fault="the CUDA-core decode kernel loops over the whole [0, kv_len) and applies the window as a mask on each "
-              "score (include/flashinfer/attention/decode.cuh:438-442, 539 and 97-99); its plan is sized on "
-              "kv_len (csrc/batch_decode.cu:66-72). The tensor-core path starts at the window "
-              "(include/flashinfer/attention/prefill.cuh:4379-4385), as flashinfer#1661 made fa2 prefill do and "
-              "flashinfer#4825 the cute-dsl decode",
+        fault="the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score "
+              "(include/flashinfer/attention/decode.cuh:438-442, 539), planned on kv_len (csrc/batch_decode.cu:66); "
+              "the tensor-core path starts at the window (prefill.cuh:4379), as flashinfer#1661 and #4825 made others",
         matters="use_tensor_cores=False with window_left >= 0 and a page table longer than the window",
         ask="start the CUDA-core decode kernel's chunk at kv_len - window_left - 1, or document that windowed "
             "decode wants use_tensor_cores=True or a table trimmed to the window",

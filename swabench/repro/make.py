@@ -12,7 +12,7 @@ from swabench.core import gate, workloads
 from swabench.errors import RunFailed, UserError
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import brief, bugs, command, holistic, screen, script, trace, verify
+from swabench.repro import brief, bugs, cliff, command, holistic, screen, script, trace, verify
 from swabench.store import schema
 
 
@@ -146,7 +146,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
 
 # bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
 # and #4972's is a comment on its upstream issue, which reads best on one screen
-TEMPLATES = {holistic.REF: holistic, brief.REF: brief}
+TEMPLATES = {holistic.REF: holistic, brief.REF: brief, cliff.REF: cliff}
 
 
 def _one_screen(bug, parts: list[script.Part], progress) -> tuple[str, list[script.Part]] | None:

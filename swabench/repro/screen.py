@@ -52,6 +52,9 @@ ENVIRONMENT = ['print(subprocess.run([sys.executable, "-m", "flashinfer.collect_
                'text=True).stdout)']
 
 
+DRAWN = ("q", "k_cache", "v_cache", "sinks")  # what a part's own inputs are; the tables are the request's
+
+
 class ScreenTracer(trace.Tracer):
     """The tracer in one request's terms: a table trimmed from the request's is a slice of ``kv_indices``, and a
     custom mask is a slice of the reference's own ``seen`` (or ``allowed``, the mask without the window)."""
@@ -76,6 +79,13 @@ class ScreenTracer(trace.Tracer):
             self.name(t, expr)
         self.used.add("kv_indices")
         return said[1]
+
+    def _computed(self, t: torch.Tensor) -> str:
+        """As the tracer names it, a table the parts share named plainly (a part on its own q, K and V reads the
+        request's tables)."""
+        said = super()._computed(t)
+        shared = {name + self.inputs for name in trace.INPUTS if name not in DRAWN}
+        return said.removesuffix(self.inputs) if self.inputs and said in shared else said
 
     def _assign(self, expr: str, t: torch.Tensor) -> str:
         """A slice of the reference's mask is written where the call takes it; anything else gets a name."""
@@ -106,12 +116,13 @@ def one_request(parts: list[Part], wrapper_mode: str) -> list[Part] | None:
     return one if all(registry.get(p.impl).skip_reason(p.case, p.backend, None) is None for p in one) else None
 
 
-def traced(part: Part) -> ScreenTracer:
+def traced(part: Part, inputs: str = "") -> ScreenTracer:
     """The part's path run on the CPU against the stand-in, its calls traced in one request's names (a control
-    writes into the call's ``out``)."""
+    writes into the call's ``out``; ``inputs``: the suffix of q, K, V and the sinks it reads, where they are its
+    own)."""
     if part.case.batch_size != 1 or (part.case.page_layout or "scattered") != "scattered" or part.case.block:
         raise trace.Unrenderable(f"one screen writes one request on scattered pages, not {part.case.label}")
-    return script.traced(part, "", ScreenTracer, "out" if part.role == "control" else "")
+    return script.traced(part, inputs, ScreenTracer, "out" if part.role == "control" else "")
 
 
 def outcome_source(dtype: str) -> str:
@@ -127,21 +138,7 @@ def inputs(c: dict, needs: set[str]) -> list[str]:
     dtype = {"bfloat16": "bf16", "float16": "torch.float16"}[c["dtype"]]
     paged, ps = c["storage"] == "paged", c["page_size"]
     pages = -(-kv // ps)
-    lines = ["bf16, i32 = torch.bfloat16, torch.int32"]
-    if paged:
-        lines.append(f"kv_indices = torch.randperm({pages}, generator=torch.Generator().manual_seed({c['seed'] + 1}))"
-                     f".to(i32)  # pages, shuffled")
-    cache = f"({pages}, {ps}, {hkv}, {d})" if paged else f"({kv}, {hkv}, {d})"
-    lines += [f"g = torch.Generator(dev).manual_seed({c['seed']})",
-              f"q, k_cache, v_cache = (torch.randn(shape, generator=g, device=dev).to({dtype})",
-              f"                       for shape in (({qo}, {h}, {d}), {cache}, {cache}))"]
-    if c["soft_cap"]:
-        cap, scale = c["soft_cap"], c["sm_scale"]
-        lines += [f"q.mul_({0.1 * cap / scale / (d - 1) ** 0.5!r})  # logits near 0.3 of the cap, where tanh bends",
-                  f"q[..., 0], k_cache[..., 0] = {0.3 * cap / scale!r}, 1"]
-    if c["sinks"]:
-        lines.append(f"sinks = 3.0 + 2.0 * torch.randn({h}, generator=torch.Generator(dev).manual_seed({c['seed'] + 7}),"
-                     f" device=dev)")
+    lines = drawn(c)
     if "slots" in needs:
         lines.append(f"slots = (kv_indices.long()[:, None] * {ps} + torch.arange({ps})).flatten()[:{kv}]  # each "
                      f"key's cache slot" if paged else f"slots = torch.arange({kv})")
@@ -168,6 +165,36 @@ def inputs(c: dict, needs: set[str]) -> list[str]:
     elif tables:
         names, values = zip(*tables)
         lines.append(f"{', '.join(names)} = (torch.tensor(v, dtype=i32) for v in ({', '.join(map(str, values))}))")
+    return lines
+
+
+def drawn(c: dict) -> list[str]:
+    """main()'s first lines: the aliases, the page table (its pages shuffled) and the data, as the suite draws
+    them (every request's, one after another)."""
+    pages = sum(-(-k // c["page_size"]) for k in c["kv_lens"])
+    table = [f"kv_indices = torch.randperm({pages}, generator=torch.Generator().manual_seed({c['seed'] + 1}))"
+             f".to(i32)  # pages, shuffled"] if c["storage"] == "paged" else []
+    return ["bf16, i32 = torch.bfloat16, torch.int32", *table, *draws(c)]
+
+
+def draws(c: dict, suffix: str = "") -> list[str]:
+    """q, K, V (and the sinks) drawn as the suite draws them, named with ``suffix``; the page table is drawn
+    before them."""
+    qo, kv, h, hkv, d = sum(c["qo_lens"]), sum(c["kv_lens"]), c["num_qo_heads"], c["num_kv_heads"], c["head_dim"]
+    dtype, ps = {"bfloat16": "bf16", "float16": "torch.float16"}[c["dtype"]], c["page_size"]
+    pages = sum(-(-k // ps) for k in c["kv_lens"])
+    cache = f"({pages}, {ps}, {hkv}, {d})" if c["storage"] == "paged" else f"({kv}, {hkv}, {d})"
+    q, k, v, sinks = (name + suffix for name in ("q", "k_cache", "v_cache", "sinks"))
+    lines = [f"g = torch.Generator(dev).manual_seed({c['seed']})",
+             f"{q}, {k}, {v} = (torch.randn(shape, generator=g, device=dev).to({dtype})",
+             f"{' ' * len(f'{q}, {k}, {v} = (')}for shape in (({qo}, {h}, {d}), {cache}, {cache}))"]
+    if c["soft_cap"]:
+        cap, scale = c["soft_cap"], c["sm_scale"]
+        lines += [f"{q}.mul_({0.1 * cap / scale / (d - 1) ** 0.5!r})  # logits near 0.3 of the cap, where tanh bends",
+                  f"{q}[..., 0], {k}[..., 0] = {0.3 * cap / scale!r}, 1"]
+    if c["sinks"]:
+        lines.append(f"{sinks} = 3.0 + 2.0 * torch.randn({h}, generator=torch.Generator(dev).manual_seed("
+                     f"{c['seed'] + 7}), device=dev)")
     return lines
 
 
@@ -297,7 +324,7 @@ def part_lines(p: Part, t: ScreenTracer, earlier: list[str], steps: dict) -> tup
     """One path: its output buffer (the call's is made with the reference, and a control writes it), its
     construction (where an earlier part has not made the same) and plan; and its step, a lambda where it is one call, else a function defined here, or an
     earlier part's where it is the same (``steps``: each earlier step's lines, by its name)."""
-    lines = [] if p.role == "control" or not p.label else [f"out{p.label} = torch.empty_like(q)"]
+    lines = [] if p.role == "control" or not p.label else [f"out{p.label} = torch.empty_like(q{t.inputs})"]
     setup, renamed = _shared([_names(s) for s in t.setup], earlier, p.label) if p.label else \
         ([_names(s) for s in t.setup], {})
     step = [_names(s) for s in t.step]
@@ -321,11 +348,14 @@ def render(parts: list[Part], header: script.Header) -> str:
     """The script's text: the checked call (after a part run ``first``), its verdict, the control and its
     verdict, the environment."""
     checked = next(p for p in parts if p.role == "checked")
-    if any(p.case != checked.case for p in parts):
-        raise trace.Unrenderable("one screen writes the inputs of one case, and these parts run two")
-    tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p) for p in parts]
-    needs = set().union(*(t.used for t in tracers))
     c = script.case_literals(checked.case)
+    own = {p.label: script.case_literals(p.case) for p in parts if p.case != checked.case}
+    if any(p.role != "first" or not _same_tables(o, c) for p, o in zip((p for p in parts if p.label in own),
+                                                                       own.values())):
+        raise trace.Unrenderable("one screen writes one request's tables, and these parts read two")
+    tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p,
+                      p.label if p.label in own else "") for p in parts]
+    needs = set().union(*(t.used for t in tracers))
     body, earlier, checked_step, steps = inputs(c, needs), [], "", {}
     for p, t in zip(parts, tracers):
         if script.replans(p, parts):
@@ -333,6 +363,14 @@ def render(parts: list[Part], header: script.Header) -> str:
             body += _verdict(p.says, checked_step)
             continue
         lines, step = part_lines(p, t, earlier, steps)
+        if p.label in own:  # a part run first on inputs of its own
+            body += [f"# first, the same on inputs of head_dim {own[p.label]['head_dim']}, in this process"
+                     if own[p.label]["head_dim"] != c["head_dim"] else "# first, on inputs of its own"]
+            same_sinks = own[p.label]["num_qo_heads"] == c["num_qo_heads"]  # and the seed: the same logits
+            body += [line for line in draws(own[p.label], p.label) if not (same_sinks and line.startswith("sinks"))]
+            if same_sinks:
+                lines = [re.sub(rf"\bsinks{p.label}\b", "sinks", line) for line in lines]
+                step = re.sub(rf"\bsinks{p.label}\b", "sinks", step)
         earlier += [_names(s) for s in t.setup]
         body += lines
         if p.role == "first":
@@ -353,6 +391,12 @@ def render(parts: list[Part], header: script.Header) -> str:
     if "taken_by(" in text:
         out += ["", "", TAKEN_BY.strip()]
     return "\n".join(out + ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""])
+
+
+def _same_tables(a: dict, b: dict) -> bool:
+    """Whether two cases' requests have the same page tables (they differ in heads or head_dim alone)."""
+    keys = ("qo_lens", "kv_lens", "storage", "page_size", "page_layout", "seed")
+    return all(a[k] == b[k] for k in keys)
 
 
 def _verdict(says: str, step: str) -> list[str]:

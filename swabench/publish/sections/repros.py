@@ -48,7 +48,7 @@ def _verdicts() -> list[tuple[str, dict]]:
 
 def _control_said(line: str) -> str:
     """A script's CONTROL line without the control's description: its verdict only."""
-    m = re.search(r": (right \(|requests? \d|crash: |no row)", line)
+    m = re.search(r": (right \(|every row right|\d+ of \d+ rows|requests? \d|crash: |no row)", line)
     return line[m.start() + 2:] if m else line
 
 
