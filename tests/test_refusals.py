@@ -665,9 +665,9 @@ def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
     assert r.exit_code == 0, r.output
     body = out.with_suffix(".md").read_text()
     script = out.read_text()
-    quoted = body[body.index("<summary>output</summary>"):]
+    quoted = body[body.index("<summary>its output and environment"):]
     assert len(body) - len(script) < 10_000 and "building module" not in body, len(body)
-    assert f"{len(lines)} of its {len(noise) + len(lines) + 1:,} lines: {len(noise) + 1:,} left out" in body
+    assert f"{len(lines)} of its {len(noise) + len(lines) + 1:,} lines, {len(noise) + 1:,} left out" in body
     assert all(line in quoted for line in lines)
     assert issue.excerpt(REPRODUCER_LOG) == (lines, 0)  # a script's own output is quoted whole
 
@@ -679,10 +679,10 @@ def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):
     out = tmp_path / "bug.py"
     assert invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log, "--issue").exit_code == 0
     body = out.with_suffix(".md").read_text()
-    quoted = body[body.index("<summary>output</summary>"):body.rindex("</details>")].splitlines()
+    quoted = body[body.index("<summary>its output and environment"):body.rindex("</details>")].splitlines()
     fences = [line for line in quoted if line.startswith("```")]
     assert fences == ["`" * 7, "``````", "`" * 7], fences  # the log's own line of six stays inside
-    assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): ``REPRODUCED: request 0: rows `0-3` wrong" in body
+    assert "Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): ``REPRODUCED: request 0: rows `0-3` wrong" in body
 
 
 def test_repro_writes_a_script_that_parses_from_a_log_with_backslashes_and_triple_quotes(tmp_path):

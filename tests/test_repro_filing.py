@@ -3,6 +3,7 @@ it is, a control beside the call, helpers cut to the case, the verdict first, an
 run's output."""
 
 import inspect
+from pathlib import Path
 import re
 import textwrap
 
@@ -145,12 +146,40 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     said = header(out.read_text())
     assert said["Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs)"].startswith("REPRODUCED: request 0: rows 0-863")
     body = out.with_suffix(".md").read_text()
-    assert body.startswith("Reproducer for flashinfer#4972, as a comment there.")
-    assert "- On flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in body
-    assert "`CONTROL, the same plan with disable_split_kv=True: right" in body and out.read_text() in body
-    assert "**Expected.** Softmax attention in float32" in body and "```\n" + LOG.rstrip() + "\n```" in body
-    assert '**Call.** BatchPrefillWithPagedKVCacheWrapper(backend="fa2", use_cuda_graph=True)' in body
-    assert "**Matters.** fa2 splits a request along KV" in body and "**Shape.** Batch 1; qo_len 1024" in body
+    first = body.split("\n\n")[0]  # a comment on flashinfer#4972: one paragraph, the script, one environment
+    assert first.startswith("BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past")
+    assert "Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in first
+    assert "`CONTROL, the same plan with disable_split_kv=True: right" in first
+    assert first.endswith("Until the fix lands, plan(disable_split_kv=True) is right on the same inputs.")
+    assert body.count("<details>") == 2 and out.read_text() in body and "```\n" + LOG.rstrip() + "\n```" in body
+
+
+def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(tmp_path):
+    published_run = Path(__file__).parent / "fixtures" / "published" / "measured" / "h200-tree-0.7.4"
+    out = tmp_path / "tree-sink-mask.py"
+    assert invoke("repro", "--bug", "tree-sink-mask", "--out", out, "--issue").exit_code == 0
+    body = out.with_suffix(".md").read_text()
+    assert body.startswith("# BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask\n\nThe "
+                           "sink wrapper inherits plan(custom_mask=...)")  # the party goes without saying
+    assert "Support custom_mask in the sink variant, or raise in plan() when it is given." in body
+    assert "Not yet run on a GPU." in body
+    out = tmp_path / "sglang-verify-tree.py"
+    r = invoke("repro", "--bug", "sglang-verify-tree", "--out", out, "--issue", "--measured", published_run)
+    assert r.exit_code == 0, r.output
+    body = out.with_suffix(".md").read_text()
+    assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287 proposes" in body
+    rows = [line for line in body.splitlines() if line.startswith("| gemma-3-27b")]
+    assert len(rows) == 16 and all("| 1023 |" in line for line in rows)  # SGLang serves this path on Gemma alone
+    assert "| 8208 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 128 of 128 | 1.41 |" in body  # past the window
+    assert "| 80 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 0 of 128 |" in body  # inside it
+
+
+def test_measured_rows_come_from_a_run_that_holds_the_bugs_path(tmp_path):
+    empty = Path(__file__).parent / "fixtures" / "published" / "results" / "h200-noncausal-0.7.4"
+    r = invoke("repro", "--bug", "sglang-verify-tree", "--out", tmp_path / "s.py", "--issue", "--measured", empty)
+    assert r.exit_code == 2 and "no gated point of sglang-verify-tree" in r.output and not (tmp_path / "s.py").exists()
+    r = invoke("repro", "--bug", "sglang-verify-tree", "--out", tmp_path / "s.py", "--measured", empty)
+    assert r.exit_code == 2 and "--measured goes with --issue" in r.output
 
 
 def test_flashinfer_s_own_report_names_the_release_and_the_gpu(tmp_path):

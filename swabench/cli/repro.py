@@ -22,8 +22,11 @@ from swabench.cli.options import InputError, PathArg, opt
           "comment as what was observed there.")
 @opt("--issue", is_flag=True, help="With --bug and --out: also write the issue body to file beside the script "
                                    "(FILE.md: what happens, expected, the control, the script and its output).")
+@opt("--measured", "measured", multiple=True, type=PathArg(exists=True, file_okay=False), metavar="RUN",
+     help="With --issue: a run folder whose gated points of the bug's path the body quotes as a table "
+          "(repeatable).")
 @opt("--force", is_flag=True, help="Replace an existing --out file.")
-def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
+def repro(source, case_id, impl, backend, bug, out, observed, issue, measured, force):
     """Write a script that reproduces one point, or a known bug, with torch and the library only.
 
     The script builds the case's inputs as the suite does, makes the path's own calls (traced from the
@@ -39,16 +42,20 @@ def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
         raise InputError("--observed and --issue go with --bug REF")
     if issue and not out:
         raise InputError("--issue writes FILE.md beside the script: give --out FILE")
+    if measured and not issue:
+        raise InputError("--measured goes with --issue: its rows are quoted in the issue body")
     from swabench.repro import issue as filing
 
-    seen = [filing.read(log) for log in observed]  # every log read before any work
+    seen = [filing.read(log) for log in observed]  # every log and run read before any work
+    table = make.measured_table(bug, measured) if measured else []
     if not bug and not (source and case_id and impl):
         raise InputError("give RUN or SCENARIO with --case and --impl, or --bug REF "
                          "(`swabench repro --help` lists the forms)")
     if out:  # never over what the command reads: the run folder or scenario file, or the shipped scenarios searched
         from swabench.repro import bugs
 
-        reads = ([source, make.source_file(source)] if source else bugs.shipped_files()) + list(observed)
+        reads = ([source, make.source_file(source)] if source else bugs.shipped_files()) + list(observed) + \
+            list(measured)
         out = outputs.file_path(out, reads)
         if issue and out.with_suffix(".md") == out:
             raise InputError(f"--out {out}: with --issue the issue body goes to {out.with_suffix('.md')}, the script's "
@@ -69,7 +76,7 @@ def repro(source, case_id, impl, backend, bug, out, observed, issue, force):
         return
     if issue:
         body = out.with_suffix(".md")
-        run_folder.atomic_write(body, make.issue_body(bug, text, out.name, seen))
+        run_folder.atomic_write(body, make.issue_body(bug, text, out.name, seen, table))
         click.echo(f"wrote {body}: the issue body", err=True)
     run_folder.atomic_write(out, text)
     click.echo(f"wrote {out}: run it with `python3 {out}`", err=True)

@@ -28,6 +28,7 @@ class Filing:
     control_said: str = ""
     ask: str = ""  # what the report asks for: the fix, the docs change, the request
     chain: bool = False
+    comment_on: str = ""  # the upstream issue or pull request the report is a comment on
 
 
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
@@ -179,6 +180,9 @@ FILINGS: dict[str, Filing] = {
               "without kv_start_idx and hands over the full-prefix tree mask; sglang#39160, sglang#39287",
         matters="a context past the window",
         control="tree-trim-depth", control_said=TREE_TRIM,
+        ask="the control is what sglang#39287 proposes: the table from the window's first page and the window by "
+            "depth in the mask",
+        comment_on="sglang#39287",
     ),
     "vllm-tree-window": Filing(
         title="vLLM's tree attention counts the window from a node's slot, not its depth",

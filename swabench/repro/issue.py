@@ -51,27 +51,50 @@ def read(log) -> Observed:
 
 
 def body(title: str, header: list[str], script_name: str, script_text: str, observed: list[Observed],
-         comment_on: str = "") -> str:
-    """The Markdown to file: ``header`` is the script's top comment (its Call, Shape, Expected, Fault and Control
-    lines are quoted); ``comment_on``: the upstream issue the body comments on, where there is one."""
+         comment_on: str = "", ask: str = "", measured: list[str] = ()) -> str:
+    """The Markdown to file: the title and one paragraph (whose fault, when it shows, what is asked), what was
+    expected against what each run printed, the suite's own rows (``measured``, a table), then the script and each
+    run's output with its environment, collapsed.  ``header`` is the script's top comment.  A comment on an
+    upstream issue (``comment_on``) is the paragraph's first and last sentences: where it reproduces, and what to
+    do until it is fixed."""
     said = _fields(header)
-    runs = [f"- On {o.where}: {_code(o.verdict)}" + (f"; {_code(o.control)}" if o.control else "") for o in observed]
-    lines = [f"Reproducer for {comment_on}, as a comment there." if comment_on else f"# {title}", ""]
-    lines += ["**What happens.**", *runs, ""] if runs else ["**What happens.** Not yet run.", ""]
-    lines += [f"**{name}.** {_sentence(said[name])}\n"
-              for name in ("Expected", "Call", "Shape", "Matters", "Control", "Fault") if said.get(name)]
-    lines += ["**Reproducer.** Torch and flashinfer only; it builds the inputs, makes the call, checks it against a "
-              f"float32 reference written out in it, and exits 1 when the bug shows: `python3 {script_name}`.", "",
-              f"<details><summary>{script_name}</summary>", "", *_fenced(script_text.rstrip(), "python"), "",
-              "</details>", ""]
+    runs = [f"on {where}: {_code(verdict)}" + (f"; {_code(control)}" if control else "")
+            for where, verdict, control in said_once(observed)]
+    seen = "Observed " + "; ".join(runs) + "." if runs else "Not yet run on a GPU."
+    fix = f" {_sentence(ask)}." if ask else ""
+    if comment_on:  # a paragraph, the script and one environment
+        lines, observed = [f"{_sentence(title)}. {seen}{fix}", ""], observed[:1]
+    else:
+        from swabench.repro.filings import KINDS
+
+        kind, _, fault = said.get("Fault", "").partition(": ")
+        fault = fault if kind in KINDS else said.get("Fault", "")  # an issue filed upstream needs no party named
+        when = f" It shows with {said['Matters']}." if said.get("Matters") else ""
+        lines = [f"# {title}", "", f"{_sentence(fault)}.{when}{fix}", "",
+                 f"Expected: {said.get('Expected', 'the float32 reference')}. {seen}", ""]
+    lines += [*measured, ""] if measured else []
+    lines += [f"<details><summary>{script_name}: torch and flashinfer only, exits 1 when it reproduces</summary>", "",
+              *_fenced(script_text.rstrip(), "python"), "", "</details>", ""]
     for o in observed:
         quoted, left_out = excerpt(o.text)
-        said = "the environment last, FlashInfer's collect_env report included" if not left_out else \
-            (f"its verdicts and environment lines, {len(quoted)} of its {len(quoted) + left_out:,} lines: "
-             f"{left_out:,} left out")
-        lines += [f"**Its output on {o.where}** ({said}):", "", "<details><summary>output</summary>", "",
+        more = f": {len(quoted)} of its {len(quoted) + left_out:,} lines, {left_out:,} left out" if left_out else ""
+        lines += [f"<details><summary>its output and environment on {o.where}{more}</summary>", "",
                   *_fenced("\n".join(quoted)), "", "</details>", ""]
     return "\n".join(lines)
+
+
+def said_once(observed) -> list[tuple[str, str, str]]:
+    """(where, verdict, control) with the runs on one GPU that printed the same verdict said once: 'flashinfer 0.7.4
+    and 0.7.2.post1, NVIDIA H200 (132 SMs)'."""
+    said: dict[tuple[str, str], tuple[list[str], str]] = {}
+    for o in observed:  # where: "flashinfer 0.7.4, NVIDIA H200 (132 SMs)", or without one of the two
+        release, _, gpu = o.where.partition(", ") if o.where.startswith("flashinfer ") else ("", "", o.where)
+        said.setdefault((gpu, o.verdict), ([], o.control))[0].append(release.removeprefix("flashinfer "))
+    out = []
+    for (gpu, verdict), (releases, control) in said.items():
+        named = " and ".join(filter(None, releases))
+        out.append((", ".join(filter(None, (f"flashinfer {named}" if named else "", gpu))), verdict, control))
+    return out
 
 
 def excerpt(text: str) -> tuple[list[str], int]:

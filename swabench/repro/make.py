@@ -181,14 +181,9 @@ def _one_screen(bug, parts: list[script.Part], progress) -> tuple[str, list[scri
 def observed_lines(observed) -> list[str]:
     """'Observed on flashinfer 0.7.4 and 0.7.2.post1, NVIDIA H200 (132 SMs): ...': runs on one GPU that printed the
     same verdict said once."""
-    said: dict[tuple[str, str], list[str]] = {}
-    for o in observed:  # where: "flashinfer 0.7.4, NVIDIA H200 (132 SMs)", or without one of the two
-        release, _, gpu = o.where.partition(", ") if o.where.startswith("flashinfer ") else ("", "", o.where)
-        said.setdefault((gpu, o.verdict), []).append(release.removeprefix("flashinfer "))
-    lines = []
-    for (gpu, verdict), releases in said.items():
-        named = " and ".join(filter(None, releases))
-        lines.append(f"Observed on {', '.join(filter(None, (f'flashinfer {named}' if named else '', gpu)))}: {verdict}")
+    from swabench.repro import issue
+
+    lines = [f"Observed on {where}: {verdict}" for where, verdict, _ in issue.said_once(observed)]
     # a log's text inside the script's docstring: its backslashes and triple quotes escaped, so it reads as printed
     return [line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') for line in lines]
 
@@ -205,15 +200,28 @@ def shown_where(text: str) -> str:
     return " ".join([lines[at].removeprefix("Where it shows: ")] + rest)
 
 
-def issue_body(ref: str, text: str, name: str, observed) -> str:
-    """The issue body for bug ``ref``'s script ``text`` (filed as ``name``): a comment on its upstream issue where
-    one reports it."""
+def measured_table(ref: str, runs) -> list[str]:
+    """The table of bug ``ref``'s gated points in ``runs``, as its issue body quotes them (UserError naming a run
+    that holds none)."""
+    from swabench.repro import measured
+
+    bug = bugs.get(ref)
+    if bug is None:
+        raise UserError(f"--bug: unknown bug {ref!r}; known: {', '.join(b.ref for b in bugs.catalogue())}")
+    return measured.table(measured.rows(runs, bug.impl)) if runs else []
+
+
+def issue_body(ref: str, text: str, name: str, observed, table=()) -> str:
+    """The issue body for bug ``ref``'s script ``text`` (filed as ``name``): a comment on the upstream issue or pull
+    request that reports it, where one does; ``table``: the suite's own rows it quotes (``measured_table``)."""
     from swabench.repro import issue
 
     bug = bugs.get(ref)
     header = text.split('"""')[1].splitlines()[2:]
-    comment_on = bug.ref if "/issues/" in bug.url else ""
-    return issue.body(bug.filing.title, header, name, text, list(observed), comment_on)
+    if bug.filing.matters and not any(line.startswith("Matters: ") for line in header):
+        header.append(f"Matters: {bug.filing.matters}")
+    comment_on = bug.filing.comment_on or (bug.ref if "/issues/" in bug.url else "")
+    return issue.body(bug.filing.title, header, name, text, list(observed), comment_on, bug.filing.ask, list(table))
 
 
 EXPECTED = ("every row is float32 softmax attention over the keys its mask allows (reference() below), within "
