@@ -168,16 +168,27 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
     assert r.exit_code == 0, r.output
     body = out.with_suffix(".md").read_text()
     assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287 proposes" in body
-    rows = [line for line in body.splitlines() if line.startswith("| gemma-3-27b")]
-    assert len(rows) == 16 and all("| 1023 |" in line for line in rows)  # SGLang serves this path on Gemma alone
+    rows = [line for line in body.splitlines() if line.startswith("| the call (fa2) |")]
+    assert len(rows) == 16 and all("| gemma-3-27b | 8 |" in line for line in rows)  # SGLang serves it on Gemma alone
     assert "| 8208 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 128 of 128 | 1.41 |" in body  # past the window
     assert "| 80 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 0 of 128 |" in body  # inside it
+
+
+def test_a_performance_request_quotes_the_bytes_each_arm_read_against_the_window():
+    run = Path(__file__).parent / "fixtures" / "published" / "results" / "h200-ncu-decode-cliff-0.7.4"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in make.measured_table("decode-cliff", [run])[2:]}
+    assert set(rows) == {"full table, CUDA cores (fa2)", "trimmed table, CUDA cores (fa2)",
+                         "full table, tensor cores (fa2)", "full table, tensor cores (fa3)"}
+    times = {name: float(line.split(" | ")[-2].rstrip("x")) for name, line in rows.items()}  # of the window's bytes
+    assert times["full table, CUDA cores (fa2)"] > 100 > 2 > times["full table, tensor cores (fa2)"]
+    assert "| 32 | 32769 | 1 token | 127 | 16 |" in rows["trimmed table, CUDA cores (fa2)"]
 
 
 def test_measured_rows_come_from_a_run_that_holds_the_bugs_path(tmp_path):
     empty = Path(__file__).parent / "fixtures" / "published" / "results" / "h200-noncausal-0.7.4"
     r = invoke("repro", "--bug", "sglang-verify-tree", "--out", tmp_path / "s.py", "--issue", "--measured", empty)
-    assert r.exit_code == 2 and "no gated point of sglang-verify-tree" in r.output and not (tmp_path / "s.py").exists()
+    assert r.exit_code == 2 and "no gated point of the call" not in r.output and not (tmp_path / "s.py").exists()
+    assert "no gated point of sglang-verify-tree that it serves now" in r.output
     r = invoke("repro", "--bug", "sglang-verify-tree", "--out", tmp_path / "s.py", "--measured", empty)
     assert r.exit_code == 2 and "--measured goes with --issue" in r.output
 

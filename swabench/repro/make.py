@@ -208,7 +208,8 @@ def measured_table(ref: str, runs) -> list[str]:
     bug = bugs.get(ref)
     if bug is None:
         raise UserError(f"--bug: unknown bug {ref!r}; known: {', '.join(b.ref for b in bugs.catalogue())}")
-    return measured.table(measured.rows(runs, bug.impl)) if runs else []
+    paths = {impl: said for impl, _, said in cliff.ARMS} if bug.twin else {bug.impl: "the call"}
+    return measured.table(measured.rows(runs, paths)) if runs else []
 
 
 def issue_body(ref: str, text: str, name: str, observed, table=()) -> str:

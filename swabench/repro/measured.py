@@ -1,6 +1,6 @@
 """What the suite measured of a bug in published run folders, as the table an issue comment quotes: each gated
-point of the bug's path, said in FlashInfer's terms (context, draft, page size), its wrong rows and its error,
-with the GPU and the release that ran it.  Only points the path serves now are kept (a path that skips a model
+point of the bug's paths, said in FlashInfer's terms (context, draft, page size), its wrong rows and its error or,
+counted under ncu, the bytes it read against what its window needs, with the GPU and the release that ran it.  Only points the path serves now are kept (a path that skips a model
 today says so, and its old rows would argue for a case the engine never runs)."""
 
 from __future__ import annotations
@@ -14,49 +14,57 @@ from swabench.store import run_folder, schema
 GATED = ("pass", "xfail", "fail", "xpass")
 
 
-def rows(runs, impl: str) -> list[dict]:
-    """The gated points of ``impl`` in each run folder of ``runs``, with where they ran; UserError naming a folder
-    that holds none."""
-    path, found = registry.get(impl), []
+def rows(runs, paths: dict[str, str]) -> list[dict]:
+    """The gated points of each path of ``paths`` (implementation: what a reader calls it) in each run folder of
+    ``runs``, with where they ran; UserError naming a folder that holds none."""
+    found = []
     for run in runs:
         table, meta = run_folder.load(run)
         cases = {p.case.case_id: p.case for p in scenarios.load(f"{run}/{schema.SCENARIO}").points}
-        mine = table[(table["impl"] == impl) & table["status"].isin(GATED)] if "impl" in table else table.iloc[0:0]
+        mine = table[table["impl"].isin(list(paths)) & table["status"].isin(GATED)] if "impl" in table else \
+            table.iloc[0:0]
         where = f"flashinfer {(meta.get('libraries') or {}).get('flashinfer') or '?'}, {meta.get('gpu', '?')}"
+        before = len(found)
         for row in mine.itertuples():
             case = cases.get(row.case_id)
-            if case is not None and path.skip_reason(case, row.backend, None) is None:
-                found.append({"case": case, "status": row.status, "wrong_rows": row.wrong_rows,
-                              "rows": row.total_qo, "rel_l2": row.rel_l2, "where": where})
-        if not any(r["where"] == where for r in found):
-            raise UserError(f"--measured {run}: no gated point of {impl} that it serves now")
+            if case is not None and registry.get(row.impl).skip_reason(case, row.backend, None) is None:
+                found.append({"case": case, "path": f"{paths[row.impl]} ({row.backend})", "wrong_rows": row.wrong_rows,
+                              "rows": row.total_qo, "rel_l2": row.rel_l2, "where": where,
+                              "read": getattr(row, "dram_read_bytes", None), "needed": row.min_read_bytes})
+        if len(found) == before:
+            raise UserError(f"--measured {run}: no gated point of {', '.join(paths)} that it serves now")
     return found
 
 
 def table(found: list[dict]) -> list[str]:
     """The Markdown table of ``rows``, one line per model, length and draft (its page sizes together where they
-    agree), in FlashInfer's terms."""
+    agree), in FlashInfer's terms; the bytes each path read where the run counted them (ncu), else its rows."""
+    counted = any(r["read"] == r["read"] and r["read"] is not None for r in found)
     grouped: dict[tuple, list[dict]] = {}
     for r in found:
         c = r["case"]
-        grouped.setdefault((c.model or "-", (c.prefix_len or 0) + c.qo_len, _draft(c), c.window_left, r["where"],
-                            r["wrong_rows"], r["rows"]), []).append(r)
-    lines = ["| model | kv_len | draft | window_left | page_size | rows wrong | rel-L2 | ran on |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (model, kv, draft, window, where, wrong, total), same in grouped.items():
+        said = (f"{r['read'] / 1e6:,.1f} MB", f"{r['read'] / r['needed']:.1f}x") if counted else \
+            (f"{int(r['wrong_rows'])} of {int(r['rows'])}",)
+        grouped.setdefault((r["path"], c.model or "-", c.batch_size, (c.prefix_len or 0) + c.qo_len, _draft(c),
+                            c.window_left, r["where"], said), []).append(r)
+    head = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
+    lines = ["| path | model | batch | kv_len | draft | window_left | page_size | " + " | ".join(head) + " | ran on |",
+             "| --- " * 10 + "|"]
+    for (path, model, batch, kv, draft, window, where, said), same in grouped.items():
         pages = ", ".join(str(p) for p in sorted({r["case"].page_size for r in same}))
         errors = sorted(r["rel_l2"] for r in same)
         error = f"{errors[0]:.3g}" + (f"-{errors[-1]:.3g}" if f"{errors[-1]:.3g}" != f"{errors[0]:.3g}" else "")
-        lines.append(f"| {model} | {kv} | {draft} | {window} | {pages} | {int(wrong)} of {int(total)} | {error} | "
+        shown = said if counted else (said[0], error)
+        lines.append(f"| {path} | {model} | {batch} | {kv} | {draft} | {window} | {pages} | {' | '.join(shown)} | "
                      f"{where} |")
     return lines
 
 
 def _draft(case) -> str:
-    """A verify step's draft: 'chain of 16', 'tree of 16 nodes, depth 3', or '16 tokens'."""
+    """A step's queries: 'chain of 16', 'tree of 16 nodes, depth 3', or '16 tokens' ('1 token': decode)."""
     drafts = trees.of_case(case)
     if not drafts:
-        return f"{case.qo_len} tokens"
+        return f"{case.qo_len} token" + ("s" if case.qo_len > 1 else "")
     tree = drafts[0]
     return f"chain of {tree.size}" if max(tree.depths) == tree.size - 1 else \
         f"tree of {tree.size} nodes, depth {max(tree.depths)}"
