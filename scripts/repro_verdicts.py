@@ -3,10 +3,11 @@
     python3 scripts/repro_verdicts.py OUT [REF ...]        (default: every script under repro/)
 
 For each bug: run ``repro/REF.py`` on its own (its output and exit status), then, in a fresh process,
-the suite's code on the script's parts: a ``first`` part built and run, a checked part gated
-(``core.gate.check``: random and probe inputs), two timed parts gated and timed with the suite's
-CUDA-graph timer.  The two verdicts must agree: the script exits 1 exactly where the suite's gate
-fails (or, timed, where the first path takes more than the script's threshold times its twin).
+the suite's code on the script's parts (``make.for_bug``'s, which the committed script's code must be): a
+``first`` part built and run, a checked part gated (``core.gate.check``: random and probe inputs), timed
+parts gated and timed with the suite's CUDA-graph timer.  The two verdicts must agree: the script exits 1
+exactly where the suite's gate fails (or, timed, where the first path takes more than the script's
+threshold times the second).
 Writes OUT/verdicts.json (rows of bugs run again replace their old ones) and OUT/REF.log; prints a table.
 A call that crashes the process's CUDA context counts as a failed gate, as in the sweep.
 """
@@ -33,9 +34,11 @@ def suite_verdict(ref: str) -> dict:
     from swabench.measure import timing
     from swabench.repro import bugs
 
+    from swabench.repro import make
+
     bug = bugs.get(ref)
-    parts, where = bugs.parts(bug, torch.cuda.get_device_properties(0).multi_processor_count)
-    said = {"where": where + (f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""), "parts": []}
+    _, parts = make.for_bug(ref)  # the script's own parts: one request, plain wrappers where it shows so
+    said = {"where": parts[0].case.label + (f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""), "parts": []}
     times = []
     for p in parts:
         w = workloads.build(p.case, "cuda")
@@ -69,6 +72,11 @@ def suite_verdict(ref: str) -> dict:
         said["slow"] = said["ratio"] > bugs.CLIFF_THRESHOLD
     said["exit"] = 1 if wrong or said.get("slow") else 0
     return said
+
+
+def code(script: str) -> str:
+    """A script without its top comment (which carries what runs of it printed)."""
+    return script.split('"""', 2)[2]
 
 
 @contextlib.contextmanager
@@ -109,9 +117,10 @@ def main(out: Path, refs: list[str]) -> int:
         lines = ran.stdout.splitlines()
         verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
         control = next((line for line in lines if line.startswith("CONTROL")), "")
-        case = make.shown_where(path.read_text())
-        same_case = case == suite.get("where")
-        control_agree = suite.get("control_right") is None or (": right (" in control) == suite["control_right"]
+        case = suite.get("where", "")
+        same_case = code(path.read_text()) == code(make.for_bug(ref)[0])  # the script the suite writes now
+        right = bool(re.search(r": (every row )?right \(", control))
+        control_agree = suite.get("control_right") is None or right == suite["control_right"]
         agree = suite.get("exit") == ran.returncode and same_case and control_agree
         disagree += not agree
         rows.append({"ref": ref, "case": case, "script_exit": ran.returncode, "suite": suite, "same_case": same_case,

@@ -377,21 +377,22 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="repro/ holds the scripts the H200 ran; the one-screen scripts, on one request "
-                   "and the sink mask's chain, replace them once the node has run them on 0.7.4 and 0.7.2.post1")
-def test_each_committed_script_is_on_the_case_the_search_finds_now():
-    """repro/ holds the scripts the H200 ran and scripts/repro_verdicts.py judges the parts bugs.parts finds:
-    they must be the same case, so a change to the search needs the scripts written again."""
+@pytest.mark.xfail(strict=True, reason="repro/ holds the scripts the H200 ran; the one-screen scripts replace them "
+                   "once the node has run them on 0.7.4 and 0.7.2.post1")
+def test_each_committed_script_is_the_one_the_suite_writes_now():
+    """repro/ holds the scripts the H200 ran, and scripts/repro_verdicts.py judges the parts make.for_bug gives:
+    each committed script's code (its top comment aside, which carries what runs printed) must be what the suite
+    writes now, so a change to a script needs it written and run again."""
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parent.parent / "repro"
-    scripts = sorted(folder.glob("*.py"))
-    assert scripts
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import repro_verdicts
+
+    scripts = sorted((Path(__file__).resolve().parent.parent / "repro").glob("*.py"))
+    assert len(scripts) == 15
     for path in scripts:
-        ref = path.stem.replace("flashinfer-", "flashinfer#")
-        _, where = bugs.parts(bugs.get(ref))
-        fixed = bugs.get(ref).fixed_in
-        assert make.shown_where(path.read_text()) == where + (f"; fixed in {fixed}" if fixed else ""), path.name
+        text, _ = make.for_bug(path.stem.replace("flashinfer-", "flashinfer#"))
+        assert repro_verdicts.code(path.read_text()) == repro_verdicts.code(text), path.name
 
 
 def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_path):

@@ -188,18 +188,6 @@ def observed_lines(observed) -> list[str]:
     return [line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') for line in lines]
 
 
-def shown_where(text: str) -> str:
-    """The 'Where it shows' line of a script's top comment, unwrapped: the case's label and what follows it."""
-    lines = text.split('"""')[1].splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("Where it shows: "))
-    rest = []
-    for line in lines[at + 1:]:
-        if not line.startswith("    "):
-            break
-        rest.append(line.strip())
-    return " ".join([lines[at].removeprefix("Where it shows: ")] + rest)
-
-
 def measured_table(ref: str, runs) -> list[str]:
     """The table of bug ``ref``'s gated points in ``runs``, as its issue body quotes them (UserError naming a run
     that holds none)."""
