@@ -199,9 +199,13 @@ _register_extend("sglang-extend-ragged-nowindow", "SGLang's extend as written at
 
 
 def sglang_serves(case, backend: str) -> str | None:
-    """Why SGLang never runs its FlashInfer backend's SWA recipe on the case's model, or None (read in sglang 0.5.23):
-    GPT-OSS is refused that backend (sinks), and Mistral's layers are full attention in SGLang."""
-    model = case.model or ""
+    """Why SGLang never runs its FlashInfer backend's SWA recipe on the case's model, or None."""
+    return sglang_refuses(case.model or "")
+
+
+def sglang_refuses(model: str) -> str | None:
+    """Why SGLang never runs its FlashInfer backend's SWA recipe on ``model`` (a preset's name), or None (read in
+    sglang 0.5.23): GPT-OSS is refused that backend (sinks), and Mistral's layers are full attention in SGLang."""
     if model.startswith("gpt-oss"):
         return ("SGLang does not serve GPT-OSS through its FlashInfer backend: it asserts one of triton, trtllm_mha, "
                 "fa3, fa4 (FlashInfer takes no sinks there) and picks fa3 on Hopper (sglang 0.5.23: "
