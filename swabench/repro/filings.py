@@ -130,7 +130,7 @@ FILINGS: dict[str, Filing] = {
     "sglang-extend-ragged-nowindow": Filing(
         title="SGLang's extend at 0005834c: the ragged part shows new tokens before the window",
         kind="SGLang bug",
-        fault="at 0005834c its ragged part is planned without window_left, which only run() gets",
+        fault="at 0005834c its ragged part is planned without window_left, given to forward_return_lse() alone",
         matters="window_left at run() only",
         control="sglang-extend", control_said="the same calls with window_left at the ragged plan()",
     ),
@@ -164,10 +164,10 @@ FILINGS: dict[str, Filing] = {
     "tree-sink-mask": Filing(
         title="BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask",
         kind="FlashInfer bug",
-        fault="the sink wrapper inherits plan(custom_mask=...) and sets the custom mask mode (flashinfer/prefill.py:"
-              "5112), but its AttentionSink variant never reads a mask (flashinfer/jit/attention/variants.py:34-36, "
-              "where DefaultAttention reads it: include/flashinfer/attention/variants.cuh:80-85): fa2 runs "
-              "non-causal",
+        fault="the sink wrapper inherits plan(custom_mask=...), and run() takes the custom mask mode "
+              "(flashinfer/prefill.py:5112), but its AttentionSink variant never reads a mask "
+              "(flashinfer/jit/attention/variants.py:34-36, where DefaultAttention reads it: "
+              "include/flashinfer/attention/variants.cuh:80-85): fa2 runs non-causal",
         matters="custom_mask given to the sink wrapper",
         control="sink-window", control_said="the same wrapper planned causal=True, no mask",
         ask="support custom_mask in the sink variant, or raise in plan() when it is given",

@@ -32,7 +32,7 @@ WIDTH = screen.WIDTH  # the top comment's lines
 MAIN = Template('''
 def main(dev="cuda"):
     bf16, i32 = torch.bfloat16, torch.int32
-    first = $first  # the first page past element 2^32 of a cache of page size 1
+    first = $first  # the first page at element 2^32 of a cache of page size 1
     g = torch.Generator(dev).manual_seed(0)
     q, keys, values = (torch.randn(shape, generator=g, device=dev).to(bf16)
                        for shape in (($qo, $h, $d), ($kv, 1, $hkv, $d), ($kv, 1, $hkv, $d)))
@@ -45,7 +45,7 @@ def main(dev="cuda"):
     lse = torch.empty($qo, $h, dtype=torch.float32, device=dev)
     qo_indptr, kv_indptr, kv_lens = (torch.tensor(v, dtype=i32) for v in ([0, $qo], [0, $kv], [$kv]))
     wrapper = flashinfer.BatchAttention(kv_layout="NHD", device=q.device)
-    for start, control in ((first, False), (0, True)):  # the pages past 2^32, then the same ones from 0
+    for start, control in ((first, False), (0, True)):  # the pages from 2^32 on, then the same ones from 0
         kv_indices = torch.arange(start, start + $kv, dtype=i32, device=dev)
         wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, $h, $hkv, $d, $d, 1, causal=True,
                      sm_scale=$scale, logits_soft_cap=None, q_data_type=bf16, kv_data_type=bf16)
@@ -64,7 +64,7 @@ def header_lines(lines: list[str]) -> list[str]:
     """The top comment in FlashInfer's terms: where the pages sit and what that needs, whose bug, the fix."""
     said = dict(line.split(": ", 1) for line in lines if ": " in line and not line.startswith(" "))
     return [f"Where: the request's {KV} pages are the cache's last, from page {OFFSET_WRAPS // (KV_HEADS * HEAD_DIM)}: "
-            f"each starts past element 2^32",
+            f"each starts at or past element 2^32",
             f"Needs: {GIB:.1f} GiB of GPU memory (a K and a V cache of 2^32 + {KV * KV_HEADS * HEAD_DIM} elements)",
             f"Fault: {said['Fault']}", f"Control: {CONTROL}",
             "Expected: float32 softmax over each query's keys (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; "

@@ -201,7 +201,8 @@ def shape_line(c: dict) -> str:
             (f"page_size {c['page_size']}" + ("" if c["page_layout"] in ("scattered", "") else
                                                 f" ({c['page_layout']} pages)")) if c["storage"] == "paged"
             else "ragged KV",
-            f"window_left {c['window_left']}"] + ([] if c["causal"] else ["non-causal"])
+            *([f"window_left {c['window_left']}"] if c["window_left"] >= 0 else [])] + \
+        ([] if c["causal"] else ["non-causal"])
     said += [f"chunks of {c['chunk']}"] if c["chunk"] else []
     said += [] if all(map(is_chain, c.get("parents") or [])) else ["a draft tree"]
     said += (["sinks"] if c["sinks"] else []) + ([f"soft-cap {c['soft_cap']}"] if c["soft_cap"] else [])

@@ -267,7 +267,9 @@ class Tracer(TorchFunctionMode):
                 return None
             target = "flashinfer" if obj is None else self.names[id(obj)]
             if method == "__setattr__":
-                self._emit(f"{target}.{args[0]} = {self.value(args[1])}")
+                said = f"  # as forward(..., window_left={args[1]}) sets it for run()" if args[0] == "_window_left" \
+                    else ""
+                self._emit(f"{target}.{args[0]} = {self.value(args[1])}{said}")
                 return None
             if method == "plan" and obj is not None:
                 tables = [i for i in range(len(args) - 2) if all(isinstance(a, torch.Tensor) and a.dtype != torch.bool
