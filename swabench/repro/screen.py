@@ -15,14 +15,11 @@ import torch
 
 from swabench.core import gate
 from swabench.impls import registry
-from swabench.repro import kit, script, trace
+from swabench.repro import compact, kit, script, trace
+from swabench.repro.compact import WIDTH
 from swabench.repro.script import Part
-from swabench.repro.source import call, literal
+from swabench.repro.source import literal
 
-WIDTH = 118  # a maintainer's screen
-RUN = "python3 with torch and flashinfer on a CUDA GPU; kernels build on first use; exits 1 when reproduced"
-EXPECTED = "softmax attention in float32 over each query's window (expected in main): rel-L2 <= {rel:g} overall, " \
-           "{row:g} in each row and head"
 
 OUTCOME = '''
 def outcome(step, out, expected, rel_l2=$rel, row_rel_l2=$row):
@@ -236,98 +233,14 @@ def _indent(lines: list[str], pad: str = "    ") -> list[str]:
     return [pad + line if line else "" for entry in lines for line in entry.split("\n")]
 
 
-BUFFER = re.compile(r"torch\.(empty|zeros)\(((?:\([^()]*\)|[^(),])+), dtype=([\w.]+), device=dev\)")
-
-
-def _names(text: str) -> str:
-    """A traced line in the script's aliases, a buffer made on q's device, its call packed again at the screen's
-    width."""
-    text = BUFFER.sub(lambda m: f"q.new_{m[1]}({m[2]}, dtype={m[3]})", text)
-    return _reflow(text.replace("torch.bfloat16", "bf16").replace("torch.int32", "i32"))
-
-
-def _reflow(text: str, width: int = WIDTH - 4) -> str:
-    """A call written over several lines, packed again at ``width`` (main() indents it four more): the arguments
-    split at top-level commas."""
-    if "\n" not in text and len(text) <= width:
-        return text
-    flat = " ".join(line.strip() for line in text.split("\n")).replace("( ", "(")
-    head, _, rest = flat.partition("(")
-    parts, depth, piece, quote = [], 0, "", ""
-    for ch in rest[:-1]:
-        quote = ("" if ch == quote else quote) if quote else (ch if ch in "'\"" else "")
-        depth += 0 if quote else (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 0 and not quote:
-            parts.append(piece.strip())
-            piece = ""
-        else:
-            piece += ch
-    parts.append(piece.strip())
-    return call(head, parts, {}, width)
-
-
-def _shared(lines: list[str], earlier: list[str], label: str) -> tuple[list[str], dict[str, str]]:
-    """A control's lines without the constructions an earlier part already made the same way (the control then
-    plans that wrapper again), and the names it takes over."""
-    kept, renamed = [], {}
-    for line in lines:
-        own = _names(line.replace(label, ""))
-        name = line.split(" = ", 1)[0]
-        if " = " in line.split("\n")[0] and not line.startswith("def ") and own in earlier:
-            renamed[name] = own.split(" = ", 1)[0]
-            continue
-        kept.append(line)
-    for old, new in renamed.items():
-        kept = [re.sub(rf"\b{old}\b", new, line) for line in kept]
-    return kept, renamed
-
-
-def _inline_once(lines: list[str]) -> list[str]:
-    """A workspace or a step's temporary (``t1``), a whole statement on its line, that one line alone reads: written
-    inside that line where it still fits the screen."""
-    out = list(lines)
-    for line in lines:
-        name, _, value = line.strip().partition(" = ")
-        if not re.fullmatch(r"workspace\w*|t\d+\w*", name) or any(value.count(a) != value.count(b) for a, b in
-                                                                      ("()", "[]")):
-            continue
-        readers = [i for i, other in enumerate(out) if other is not line and re.search(rf"\b{name}\b", other)]
-        if len(readers) != 1 or len(re.findall(rf"\b{name}\b", out[readers[0]])) != 1:
-            continue
-        written = re.sub(rf"\b{name}\b", lambda _: value, out[readers[0]])
-        if "\n" in written or len(written) > WIDTH - 4:
-            written = _names(written) if not written.startswith(" ") else ""
-        if written and max(map(len, written.split("\n"))) <= WIDTH - 4:
-            out[readers[0]] = written
-            out.remove(line)
-    return out
-
-
-def _grouped(lines: list[str]) -> list[str]:
-    """Buffers made alike, made on one line: ``a, b = (q.new_zeros(...) for _ in range(2))``."""
-    made: dict[str, list[int]] = {}
-    for i, line in enumerate(lines):
-        m = re.fullmatch(r"(\w+) = (q\.new_(?:zeros|empty)\(.*\))", line)
-        if m:
-            made.setdefault(m[2], []).append(i)
-    out = list(lines)
-    for value, at in made.items():
-        if len(at) > 1:
-            names = ", ".join(lines[i].partition(" = ")[0] for i in at)
-            out[at[0]] = f"{names} = ({value} for _ in range({len(at)}))"
-            for i in at[1:]:
-                out[i] = None
-    return [line for line in out if line is not None]
-
-
 def part_lines(p: Part, t: ScreenTracer, earlier: list[str], steps: dict) -> tuple[list[str], str]:
     """One path: its output buffer (the call's is made with the reference, and a control writes it), its
     construction (where an earlier part has not made the same) and plan; and its step, a lambda where it is one call, else a function defined here, or an
     earlier part's where it is the same (``steps``: each earlier step's lines, by its name)."""
     lines = [] if p.role == "control" or not p.label else [f"out{p.label} = torch.empty_like(q{t.inputs})"]
-    setup, renamed = _shared([_names(s) for s in t.setup], earlier, p.label) if p.label else \
-        ([_names(s) for s in t.setup], {})
-    step = [_names(s) for s in t.step]
+    setup, renamed = compact.shared([compact.names(s) for s in t.setup], earlier, p.label) if p.label else \
+        ([compact.names(s) for s in t.setup], {})
+    step = [compact.names(s) for s in t.step]
     temporaries = {m for line in step for m in re.findall(rf"^(\w+{p.label}) = ", line)} if p.label else set()
     renamed.update({name: name.removesuffix(p.label) for name in temporaries})
     for old, new in renamed.items():
@@ -359,7 +272,7 @@ def render(parts: list[Part], header: script.Header) -> str:
     body, earlier, checked_step, steps = inputs(c, needs), [], "", {}
     for p, t in zip(parts, tracers):
         if script.replans(p, parts):
-            body += [_names(s) for s in t.setup if ".plan(" in s.split("\n")[0]]
+            body += [compact.names(s) for s in t.setup if ".plan(" in s.split("\n")[0]]
             body += _verdict(p.says, checked_step)
             continue
         lines, step = part_lines(p, t, earlier, steps)
@@ -371,7 +284,7 @@ def render(parts: list[Part], header: script.Header) -> str:
             if same_sinks:
                 lines = [re.sub(rf"\bsinks{p.label}\b", "sinks", line) for line in lines]
                 step = re.sub(rf"\bsinks{p.label}\b", "sinks", step)
-        earlier += [_names(s) for s in t.setup]
+        earlier += [compact.names(s) for s in t.setup]
         body += lines
         if p.role == "first":
             body.append(step.removeprefix("lambda: ") if step.startswith("lambda") else f"{step}()")
@@ -381,7 +294,7 @@ def render(parts: list[Part], header: script.Header) -> str:
                      'print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)']
         else:
             body += _verdict(p.says, step)
-    body = _grouped(_inline_once(body)) + ENVIRONMENT + ["return 1 if wrong else 0"]
+    body = compact.grouped(compact.inline_once(body)) + ENVIRONMENT + ["return 1 if wrong else 0"]
     text = "\n".join(body)
     said = script.wrapped([script.call_line(tracers[parts.index(checked)]), script.shape_line(c)], WIDTH)
     out = ["#!/usr/bin/env python3", f'"""{header.title}', "", *said, *header.lines, '"""',
