@@ -36,3 +36,15 @@ def test_a_filed_script_fits_one_screen_in_flashinfers_terms(ref):
     lines = text.splitlines()
     assert len(lines) <= 80 and max(map(len, lines)) <= 118, f"{ref}: {len(lines)} lines"
     assert suite_words(text) == [], suite_words(text)
+
+
+def test_a_long_call_is_packed_at_the_width_and_anything_else_left_as_traced():
+    from swabench.repro import compact
+
+    args = ", ".join(f"argument_{i}={i}" for i in range(12))
+    packed = compact.reflow(f"wrapper.plan({args}, note='a, b (c)')")
+    assert all(len(line) <= compact.WIDTH - 4 for line in packed.splitlines()) and len(packed.splitlines()) > 1
+    assert " ".join(line.strip() for line in packed.splitlines()).replace("( ", "(") == \
+        f"wrapper.plan({args}, note='a, b (c)')"  # the quoted comma and parenthesis stay inside their argument
+    sum_ = "total = wrapper.plan(a) + " + " + ".join(["x"] * 60)
+    assert compact.reflow(sum_) == sum_

@@ -24,8 +24,8 @@ def names(text: str) -> str:
 def reflow(text: str, width: int = WIDTH - 4) -> str:
     """A call written over several lines, packed again at ``width`` (main() indents it four more): the arguments
     split at top-level commas."""
-    if "\n" not in text and len(text) <= width:
-        return text
+    if "\n" not in text and len(text) <= width or not text.rstrip().endswith(")") or "(" not in text:
+        return text  # fits, or is not one call: left as traced
     flat = " ".join(line.strip() for line in text.split("\n")).replace("( ", "(")
     head, _, rest = flat.partition("(")
     parts, depth, piece, quote = [], 0, "", ""
