@@ -1,6 +1,6 @@
 """Each committed reproducer beside the suite's own verdict on the same parts, on this GPU and release.
 
-    python3 scripts/repro_verdicts.py OUT [REF ...]        (default: every script under repro/)
+    python3 scripts/repro_verdicts.py OUT [REF ...] [--jobs N]   (default: every script under repro/, one at a time)
 
 For each bug: run ``repro/REF.py`` on its own (its output and exit status), then, in a fresh process,
 the suite's code on the script's parts (``make.for_bug``'s, which the committed script's code must be): a
@@ -14,7 +14,10 @@ A call that crashes the process's CUDA context counts as a failed gate, as in th
 
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
 import contextlib
+import itertools
 import json
 import re
 import subprocess
@@ -100,41 +103,62 @@ def planned_with(keywords: dict):
             setattr(getattr(flashinfer, name), "plan", plan)
 
 
-def main(out: Path, refs: list[str]) -> int:
-    from swabench.repro import make
+def judge(ref: str, same_case: concurrent.futures.Future) -> dict:
+    """Run the bug's script, then the suite on its parts in a fresh process; the row that says whether they agree
+    (``same_case``: whether the script is the one the suite writes now, found in the main thread)."""
+    path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
+    ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
+    judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
+                            timeout=600, cwd=ROOT)
+    suite = json.loads(judged.stdout.strip().splitlines()[-1]) if judged.returncode == 0 else \
+        {"exit": None, "error": judged.stderr[-2000:]}
+    lines = ran.stdout.splitlines()
+    verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
+    control = next((line for line in lines if line.startswith("CONTROL")), "")
+    same_case = same_case.result()
+    right = bool(re.search(r": (every row )?right \(", control))
+    control_agree = suite.get("control_right") is None or right == suite["control_right"]
+    agree = suite.get("exit") == ran.returncode and same_case and control_agree
+    return {"ref": ref, "case": suite.get("where", ""), "script_exit": ran.returncode, "suite": suite,
+            "same_case": same_case, "control_agree": control_agree, "agree": agree,
+            "script_said": [verdict, control], "log": ran.stdout + ran.stderr}
+
+
+def main(out: Path, refs: list[str], jobs: int = 1) -> int:
+    """Judge every bug, ``jobs`` at a time; a timed bug (the cliff) alone, after the others, so that nothing else
+    runs on the GPU while it is timed."""
+    from swabench.repro import bugs, make
 
     out.mkdir(parents=True, exist_ok=True)
     refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
-    rows, disagree = [], 0
-    for ref in refs:
-        path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
-        ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
-        (out / f"{path.stem}.log").write_text(ran.stdout + ran.stderr)
-        judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
-                                timeout=600, cwd=ROOT)
-        suite = json.loads(judged.stdout.strip().splitlines()[-1]) if judged.returncode == 0 else \
-            {"exit": None, "error": judged.stderr[-2000:]}
-        lines = ran.stdout.splitlines()
-        verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
-        control = next((line for line in lines if line.startswith("CONTROL")), "")
-        case = suite.get("where", "")
-        same_case = code(path.read_text()) == code(make.for_bug(ref)[0])  # the script the suite writes now
-        right = bool(re.search(r": (every row )?right \(", control))
-        control_agree = suite.get("control_right") is None or right == suite["control_right"]
-        agree = suite.get("exit") == ran.returncode and same_case and control_agree
-        disagree += not agree
-        rows.append({"ref": ref, "case": case, "script_exit": ran.returncode, "suite": suite, "same_case": same_case,
-                     "control_agree": control_agree, "agree": agree, "script_said": [verdict, control]})
-        why = [] if same_case else ["another case"]
-        why += [] if control_agree else ["the controls differ"]
-        print(f"{ref:32s} script exit {ran.returncode}  suite {suite.get('exit')}  {'agree' if agree else 'DISAGREE'}"
-              + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else "") + "".join(f"  ({w})" for w in why),
-              flush=True)
-        path = out / "verdicts.json"  # after each bug, so a call cut short keeps what it judged; a later call for
-        # some bugs replaces their rows and keeps the rest
-        kept = [r for r in json.loads(path.read_text()) if r["ref"] not in refs] if path.exists() else []
-        path.write_text(json.dumps(sorted(kept + rows, key=lambda r: r["ref"]), indent=1) + "\n")
+    timed = [ref for ref in refs if bugs.get(ref) and bugs.get(ref).twin]
+    same = {ref: concurrent.futures.Future() for ref in refs}
+    disagree = 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(judge, ref, same[ref]) for ref in refs if ref not in timed]
+        for ref in refs:  # here, not in the workers: make.for_bug traces against a stand-in FlashInfer module
+            same[ref].set_result(code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text())
+                                 == code(make.for_bug(ref)[0]))
+        judged = concurrent.futures.as_completed(futures)
+        for row in itertools.chain(judged, (pool.submit(judge, ref, same[ref]) for ref in timed)):
+            row = row.result()
+            disagree += not row["agree"]
+            record(out, row, refs)
     return 1 if disagree else 0
+
+
+def record(out: Path, row: dict, refs: list[str]) -> None:
+    """Write the bug's log, print its line and put its row in OUT/verdicts.json at once, so that a call cut short
+    keeps what it judged (a later call for some bugs replaces their rows and keeps the rest)."""
+    (out / f"{row['ref'].replace('#', '-')}.log").write_text(row.pop("log"))
+    suite = row["suite"]
+    why = ([] if row["same_case"] else ["another case"]) + ([] if row["control_agree"] else ["the controls differ"])
+    print(f"{row['ref']:32s} script exit {row['script_exit']}  suite {suite.get('exit')}  "
+          f"{'agree' if row['agree'] else 'DISAGREE'}" + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else "")
+          + "".join(f"  ({w})" for w in why), flush=True)
+    path = out / "verdicts.json"
+    kept = [r for r in json.loads(path.read_text()) if r["ref"] != row["ref"]] if path.exists() else []
+    path.write_text(json.dumps(sorted(kept + [row], key=lambda r: r["ref"]), indent=1) + "\n")
 
 
 if __name__ == "__main__":
@@ -142,4 +166,9 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--suite"]:
         print(json.dumps(suite_verdict(sys.argv[2])))
     else:
-        sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))
+        parser = argparse.ArgumentParser(description="Each committed reproducer beside the suite's verdict.")
+        parser.add_argument("out", type=Path)
+        parser.add_argument("refs", nargs="*")
+        parser.add_argument("--jobs", type=int, default=1, help="bugs judged at once (a timed one always alone)")
+        args = parser.parse_args()
+        sys.exit(main(args.out, args.refs, args.jobs))

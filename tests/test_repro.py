@@ -377,8 +377,6 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="repro/ holds the scripts the H200 ran; the one-screen scripts replace them "
-                   "once the node has run them on 0.7.4 and 0.7.2.post1")
 def test_each_committed_script_is_the_one_the_suite_writes_now():
     """repro/ holds the scripts the H200 ran, and scripts/repro_verdicts.py judges the parts make.for_bug gives:
     each committed script's code (its top comment aside, which carries what runs printed) must be what the suite
