@@ -43,7 +43,7 @@ def main(dev="cuda"):
         wrapper.run(q, (k_cache, v_cache), out=out)
         err = float((out.float() - expected).norm() / expected.norm()) if out.isfinite().all() else float("inf")
         times[name], wrong = graph_time_us(lambda: wrapper.run(q, (k_cache, v_cache), out=out)), wrong or err > 0.01
-        print(f"{name}: {times[name]:.1f} us a call, {table_gb / times[name] * 1e-3:.2f} TB/s were it to read the "
+        print(f"{name}: {times[name]:.1f} us a call, {table_gb * 1e-3 / (times[name] * 1e-6):.2f} TB/s to read the "
               f"whole table ({table_gb:.3f} GB); rel-L2 {err:.3g}")
     full_cuda, trimmed_cuda, full_tensor = times.values()
     slow = full_cuda > 3.0 * trimmed_cuda

@@ -12,13 +12,14 @@
 #                    that a large JIT cache (default + serving on 0.7.4: 20 MB) still fits a 64 MiB transfer
 #   CUDNN=1 ...      also bundles the cuDNN frontend (nvidia-cudnn-frontend, 11.6 MB; the node's image has cuDNN's
 #                    libraries, nvidia-cudnn-cu13), for the cudnn backend
-#   FA4=1 ...        also bundles FlashAttention-4 (flash-attn-4 and the CuTe DSL it compiles with, 6.8 MB) and, in
+#   FA4=1 ...        also bundles FlashAttention-4 (flash-attn-4 and the CuTe DSL it compiles with, 6.9 MB) and, in
 #                    parts/, the DSL's CUDA-13 libraries (a 92 MB wheel, about 61 MiB as an xz'd tar of its files) in
 #                    parts of at most 30 MiB: setup.sh stages the parts it is given and installs the wheel's files
 #                    once all have come
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
+#   whl-cudnn/, whl-fa4/  CUDNN=1's and FA4=1's wheels, apart, so that each can travel in a call of its own
 #   flashinfer.tar.xz  flashinfer-python RELEASE, unpacked, with the kernel sources of unrelated ops removed (xz -9)
 #                      (its prefill/decode JIT sources are kept whole, and csrc/xqa and csrc/fmha_v2 for the shelf)
 #   deb/               libdw1 and libelf1, which the Nsight Systems report importer needs (when apt can fetch them)
@@ -41,7 +42,7 @@ if [ -n "${JIT_CACHE:-}" ] && [ ! -f "$JIT_CACHE" ]; then
     echo "JIT_CACHE=$JIT_CACHE: no such file" >&2
     exit 2
 fi
-rm -rf "$DEST/whl"  # an earlier bundle's wheels (CUDNN=1's, FA4=1's) are not this one's
+rm -rf "$DEST"/whl "$DEST"/whl-*  # an earlier bundle's wheels (CUDNN=1's, FA4=1's) are not this one's
 mkdir -p "$DEST/whl" "$DEST/deb"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -55,11 +56,11 @@ if [ -n "${FIB:-}" ]; then
         typing-inspection typing-extensions docstring-parser
 fi
 if [ -n "${CUDNN:-}" ]; then
-    download "${PLAT[@]}" -d "$DEST/whl" nvidia-cudnn-frontend==1.32.0
+    download "${PLAT[@]}" -d "$DEST/whl-cudnn" nvidia-cudnn-frontend==1.32.0
 fi
 rm -rf "$DEST/parts"
 if [ -n "${FA4:-}" ]; then  # the image has cuda-bindings, einops and protobuf; tvm-ffi is bundled above
-    download "${PLAT[@]}" -d "$DEST/whl" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+    download "${PLAT[@]}" -d "$DEST/whl-fa4" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
         nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 quack-kernels==0.6.5 \
         torch-c-dlpack-ext==0.1.5
     LIBS="$(mktemp -d)"

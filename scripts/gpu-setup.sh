@@ -18,9 +18,9 @@ for _manifest in "$_kit"/parts/*.manifest; do  # another bundle's parts of the s
 done
 if ls "$_kit"/parts/* >/dev/null 2>&1; then cp -f "$_kit"/parts/* "$_stage/parts/"; fi
 bash "$_kit/join.sh" "$_stage"
-if ls "$_kit"/whl/*.whl >/dev/null 2>&1; then
+if ls "$_kit"/whl*/*.whl >/dev/null 2>&1; then  # whl/, and CUDNN=1's and FA4=1's folders where they came
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$_site" \
-        "$_kit"/whl/*.whl
+        "$_kit"/whl*/*.whl
 fi
 # after pip: --upgrade replaces a package's whole folder, and the CuTe DSL's CUDA-13 libraries share theirs
 for _files in "$_stage"/unpacked/*/; do [ -f "$_files/.joined" ] && cp -r "$_files"* "$_site/"; done

@@ -368,10 +368,10 @@ def test_setup_installs_a_wheel_in_parts_beside_the_wheels_that_share_its_folder
     if not all(shutil.which(tool) for tool in ("xz", "split", "sha256sum", "tar")):
         pytest.skip("needs xz, split, sha256sum and tar")
     kit = tmp_path / "kit"
-    (kit / "whl").mkdir(parents=True)
+    (kit / "whl-fa4").mkdir(parents=True)  # FA4=1's wheels, in a folder of their own
     for script, name in (("gpu-setup.sh", "setup.sh"), ("gpu-join.sh", "join.sh")):
         shutil.copy(SCRIPTS / script, kit / name)
-    wheel_of(kit / "whl" / "dsl-1.0-py3-none-any.whl", {"dsl/__init__.py": b"", "dsl/dsl_packages/cutlass.py": b""})
+    wheel_of(kit / "whl-fa4" / "dsl-1.0-py3-none-any.whl", {"dsl/__init__.py": b"", "dsl/dsl_packages/cutlass.py": b""})
     libs = wheel_of(tmp_path / "dsllibs-1.0-py3-none-any.whl", {"dsl/cu13/lib.so": b"\x7fELF" + bytes(1000)})
     subprocess.run(["bash", SCRIPTS / "gpu-split.sh", libs, kit / "parts"], check=True)
     site, stage = tmp_path / "site", tmp_path / "stage"
@@ -480,6 +480,30 @@ def test_the_findings_hold_each_backend_to_flashinfers_best_on_the_same_cases():
     said = backends.caught_said(backends_run(BACKENDS_RUN))[0]
     assert "`fa4-window-count`, verify: caught on 1 of 1 point" in said
     assert "`cudnn-graph-band-w`, verify: caught on 1 of 2 points, right on 1 where its semantics make it exact" in said
+
+
+def test_the_answer_counts_the_steps_each_backend_is_fastest_on():
+    from swabench.publish.sections import backends
+
+    decode = [("d1", "decode-tc-trim", "fa2", "flashinfer", "correct", "decode", "pass", 10.0, 60.0),
+              ("d1", "fa4-window", "fa4", "fa4", "correct", "decode", "pass", 13.0, 45.0),
+              ("d1", "cudnn-graph", "cudnn", "cudnn", "correct", "decode", "pass", 11.0, 55.0)]
+    faster = [(c, i, b, lib, k, m, s, us / 2 if i == "fa4-window" else us, f)
+              for c, i, b, lib, k, m, s, us, f in BACKENDS_RUN]  # FA4 at half its time: fastest on verify
+    said, = backends.answer([backends_run(faster + decode)])
+    assert said == ("- Of 2 steps of 1 model, the fastest correct path is FlashInfer's on 1 (decode 1), cuDNN's on 0 "
+                    "(1.10-3.00x FlashInfer's best on the 2 it ran), FlashAttention-4's on 1 (verify 1; 0.50-1.30x "
+                    "FlashInfer's best on the 2 it ran) (`backends-run`).")
+
+
+def test_a_replay_picks_cudnn_through_flashinfer_as_cudnn():
+    import pandas as pd
+
+    from swabench.analysis import replay
+
+    rows = pd.DataFrame({"library": ["flashinfer", "flashinfer", "fa4", "torch"],
+                         "backend": ["cudnn", "fa2", "fa4", "torch"]})
+    assert list(replay.engine_of(rows)) == ["cudnn", "flashinfer", "fa4", "torch"]
 
 
 def test_the_findings_say_nothing_of_a_run_where_no_new_backend_timed_a_point():

@@ -336,3 +336,20 @@ def test_a_command_is_printed_as_it_would_make_the_published_folder():
         "swabench replay traces/example.jsonl"
     assert trace_name(trace) == "a trace not in the repository (sha256 8b72869732cb1307)"
     assert trace_name({**trace, "file": "traces/example.jsonl"}) == "the trace `traces/example.jsonl`"
+
+
+def test_a_step_speaks_from_a_run_that_timed_its_reference_path():
+    """A run with more points of a step but without the reference path (a backends sweep) cannot give the step's
+    ratios to the reference: the run that timed the reference speaks for it."""
+    import pandas as pd
+
+    from swabench.publish.sections.base import Run, run_for_step
+
+    def run(name, impls):
+        t = pd.DataFrame({"impl": impls, "backend": ["fa2"] * len(impls), "mode": "draft_extend",
+                          "median_us": 10.0, "storage": "paged"})
+        return Run(name, t, {})
+
+    many, reference = run("many", ["paged-trim"] * 5), run("reference", ["paged-window", "paged-trim"])
+    assert run_for_step([many, reference], "draft_extend") is reference
+    assert run_for_step([many], "draft_extend") is None

@@ -86,5 +86,5 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
                                         "decode,1,3,4,0.25\nall modes,1,3,4,0.25\n")
     priced = Run(str(tmp_path), pd.DataFrame(), {**META, "price": price})
     said = answers.whole_models([priced])[0]
-    assert "`m`, 5 of 6 layers windowed: they take 25% of its attention, 4 ms per 1000 model steps;" in said
+    assert "`m` (models.toml steps), 5 of 6 layers windowed: 25% of its attention, 4 ms per 1000 model steps;" in said
     assert "keeps 25%-50% of its KV" in said

@@ -48,3 +48,12 @@ def test_a_long_call_is_packed_at_the_width_and_anything_else_left_as_traced():
         f"wrapper.plan({args}, note='a, b (c)')"  # the quoted comma and parenthesis stay inside their argument
     sum_ = "total = wrapper.plan(a) + " + " + ".join(["x"] * 60)
     assert compact.reflow(sum_) == sum_
+
+
+def test_the_cliff_says_the_bandwidth_a_call_would_take_in_tb_per_second():
+    """0.5 GB in 100 us is 5 TB/s: the script's own expression, evaluated."""
+    from swabench.repro import make
+
+    text, _ = make.for_bug("decode-cliff")
+    expression = re.search(r"\{(table_gb[^}]*):\.2f\} TB/s", text).group(1)
+    assert eval(expression, {"table_gb": 0.5, "times": {"arm": 100.0}, "name": "arm"}) == pytest.approx(5.0)

@@ -66,6 +66,17 @@ def steps(table: pd.DataFrame, weights: dict[str, int], modes: dict[str, str] | 
     return rows.reindex(columns=STEP_COLUMNS).reset_index(drop=True)
 
 
+def engine_of(rows: pd.DataFrame) -> pd.Series:
+    """The library an engine picks each row's path as: its backend where that is a library of its own (cuDNN reached
+    through FlashInfer's entry points is cuDNN), else the path's library."""
+    import pandas as pd
+
+    from swabench.impls import registry
+
+    return pd.Series([b if b != lib and registry.library(b) is not None else lib
+                      for lib, b in zip(rows["library"], rows["backend"])], index=rows.index, dtype=object)
+
+
 def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) -> pd.DataFrame:
     """From ``steps``: per implementation and backend, milliseconds per 1000 steps of the trace's mix,
     split by the step's mode (empty where the path did not time every step of that mode: the decode
@@ -92,9 +103,10 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
     steps_once = per_step.drop_duplicates("case_id").set_index("case_id")
     step_layers = steps_once["layer"].fillna("") if "layer" in steps_once else \
         pd.Series("", index=steps_once.index, dtype=object)
-    choices = [(f"{library} path", f"{library}'s picks", correct[correct["library"] == library]) for library in libraries]
-    engines = correct[correct["library"] != "torch"]  # not the suite's own PyTorch paths
-    if engines["library"].nunique() > 1:  # FlashInfer (its TRT-LLM kernels too), cuDNN, FA4, FlexAttention together
+    picked_from = engine_of(correct)
+    choices = [(f"{library} path", f"{library}'s picks", correct[picked_from == library]) for library in libraries]
+    engines = correct[picked_from != "torch"]  # not the suite's own PyTorch paths
+    if picked_from[picked_from != "torch"].nunique() > 1:  # FlashInfer (its TRT-LLM kernels too), cuDNN, FA4, FlexAttention together
         choices.append(("path of any backend", "picks over every backend", engines))
     for path, picked, own in choices:
         if not len(own):

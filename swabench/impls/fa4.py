@@ -37,7 +37,8 @@ HEAD_DIM_MAX = 256  # interface.py's _validate_head_dims: 8..256, a multiple of 
 # by TMA; any other page by cp.async rows, which needs head_dim a multiple of 16
 TMA_PAGE, TMA_PAGE_HEAD_DIM = 128, 128
 
-LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",), module="flash_attn.cute",
+# no module: flash_attn.cute's own __version__ is a placeholder (0.0.0 in 4.0.0b36), the distribution names the release
+LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",),
                                    backends=(BACKEND,), opt_in=(BACKEND,), served=(BACKEND,)))
 
 

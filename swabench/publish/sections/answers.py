@@ -12,7 +12,7 @@ from swabench.analysis import price, replay, versus
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table, trace_name
-from swabench.publish.sections import machine, modes, neighbours, releases, serving, shelf, speed, trees
+from swabench.publish.sections import backends, machine, modes, neighbours, releases, serving, shelf, speed, trees
 from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, own_mistake_caught, ratio,
                                             run_for_step, topic_link)
 from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
@@ -110,8 +110,11 @@ def served_mixes(runs: list[Run]) -> list[str]:
             continue
         ms = {row["impl"]: f"{row['all steps ms']:.3g} ms" for _, row in table.iterrows()
               if row["all steps ms"] == row["all steps ms"]}  # those that serve every step (the detail has the rest)
-        single = [f"{impl}: {v}" for impl, v in ms.items()  # the whole trace's: not one layer type's part of it
-                  if (impl.startswith("best single ") and ", " not in impl) or impl.endswith(" per layer type")]
+        whole = {impl: v for impl, v in ms.items() if impl.startswith("best single ") and ", " not in impl}
+        named = [impl.removeprefix("best single ").removeprefix("path of ").removesuffix(" path") + f" {v}"
+                 for impl, v in whole.items()]  # the whole trace's: not one layer type's part of it
+        single = ([f"best single path of {', '.join(named)}"] if named else []) + \
+            [f"{impl}: {v}" for impl, v in ms.items() if impl.endswith(" per layer type")]
         ref = registry.reference_path("paged")
         alone = table[(table["impl"] == ref[0]) & (table["backend"] == ref[1])] if ref else table.iloc[0:0]
         if len(alone) and alone["all steps ms"].notna().iloc[0]:
@@ -133,14 +136,22 @@ def whole_models(runs: list[Run]) -> list[str]:
         kv = pd.DataFrame(model["kv"])
         kept = (kv["kv_mib_evicted"] / kv["kv_mib_all_pages"]).agg(["min", "max"])
         picked = every.get(price.PICKS, float("nan"))
-        share = (f"they take {every['windowed share']:.0%} of its attention, "
+        share = (f"{every['windowed share']:.0%} of its attention, "
                  f"{micros(every['whole model (ms)'])} ms per 1000 model steps"
-                 + (f" ({micros(picked)} with one path per layer type and step)" if picked == picked else "")
+                 + (f" ({micros(picked)}, one path per layer type)" if picked == picked else "")
                  if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
-        said.append(f"- `{model['model']}`, {model['windowed_layers']} of {model['num_layers']} layers windowed: "
-                    f"{share}; eviction keeps {kept['min']:.0%}-{kept['max']:.0%} of its KV "
+        said.append(f"- `{model['model']}` {priced_over(r.meta)}, {model['windowed_layers']} of "
+                    f"{model['num_layers']} layers windowed: {share}; eviction keeps {kept['min']:.0%}-{kept['max']:.0%} of its KV "
                     f"({r.name}).")
     return said
+
+
+def priced_over(meta: dict) -> str:
+    """Which steps a price weighed: '(models.toml steps)', or '(the trace `example`, 200 steps)'
+    (``swabench price TRACE`` names its source after the trace's file)."""
+    model = meta["price"]
+    stem = meta.get("trace", {}).get("file", f"price-{model['model']}").removeprefix(f"price-{model['model']}").removeprefix("-")
+    return f"(the trace `{stem}`, {model['model_steps']} steps)" if stem else "(models.toml steps)"
 
 
 def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
@@ -211,6 +222,9 @@ def answers(runs: list[Run]) -> list[str]:
     if graph:
         parts += [f"**What CUDA-graph mode costs**: a FlashInfer path's kernel time with its wrappers built for graph "
                   f"capture minus built plain, median per step ({topic_link(modes)}):\n" + "\n".join(graph)]
+    beyond = backends.answer(runs)
+    if beyond:
+        parts += [f"**Which backend** on the served shapes ({topic_link(backends)}):\n" + "\n".join(beyond)]
     mixes = served_mixes(runs)
     if mixes:
         parts += [f"**A server's mix** ({topic_link(serving)}):\n" + "\n".join(mixes)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.publish.sections.base import Run, Section, path_of
+from swabench.publish.sections.base import Run, Section, path_of, ratio
 from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, fastest, mistakes_said, skipped, timed_table
 
 BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
@@ -69,6 +69,31 @@ def caught_said(run: Run) -> list[str]:
 def across(runs: list[Run]) -> list[str]:
     """Per timed run that holds cuDNN or FlashAttention-4 points: the conventions caught and its table."""
     return [s for r in runs for s in timed_table(r, runs, backends_table, caught_said)]
+
+
+def answer(runs: list[Run]) -> list[str]:
+    """The findings page's answer to 'which backend', from the timed run with the most model-steps of cuDNN or
+    FlashAttention-4: on how many of them each backend's fastest correct path is the fastest of all (per step), and
+    the span of each other backend's time / FlashInfer's best."""
+    tables = [(t, r) for r in runs if r.timed and not r.profiled and len(t := backends_table(r))]
+    if not tables:
+        return []
+    table, run = max(tables, key=lambda tr: tr[0].groupby(["model", "step"]).ngroups)
+    t = table.assign(versus=pd.to_numeric(table["/ FlashInfer's best"], errors="coerce")).dropna(subset=["versus"])
+    wins = t.loc[t.groupby(["model", "step"])["versus"].idxmin()]
+    said = []
+    for engine in [FLASHINFER, *BEYOND.values()]:
+        mine, won = t[t["backend"] == engine], wins[wins["backend"] == engine]
+        if not len(mine):
+            continue
+        steps = won["step"].value_counts()
+        where = ", ".join(f"{step} {steps[step]}" for step in sorted(steps.index, key=_step_order))
+        span = "" if engine == FLASHINFER else \
+            f"; {ratio(mine['versus'].min())}-{ratio(mine['versus'].max())}x FlashInfer's best on the {len(mine)} it ran"
+        said.append(f"{engine}'s on {len(won)}" + (f" ({where}{span})" if where else f" ({span[2:]})" if span else ""))
+    steps, models = t.groupby(["model", "step"]).ngroups, t["model"].nunique()
+    return [f"- Of {steps} step{'s' * (steps != 1)} of {models} model{'s' * (models != 1)}, the fastest correct path "
+            f"is " + ", ".join(said) + f" ({run.name})."]
 
 
 TOPIC = "Beyond FlashInfer's wrappers"

@@ -134,13 +134,19 @@ def figure_link(run: Run, name: str) -> str:
 
 
 def run_for_step(runs: list[Run], mode: str) -> Run | None:
-    """The run that speaks for a step on the findings page: the one with the most timed points of it whose
-    verify block is no draft tree (the first given on a tie); None where no run timed it."""
+    """The run that speaks for a step on the findings page: of those that timed the step's reference path, the one
+    with the most timed points of it whose verify block is no draft tree (the first given on a tie); None where no
+    run timed it."""
     def chains(t: pd.DataFrame) -> pd.Series:
         return t["tree"].isna() if "tree" in t else pd.Series(True, index=t.index)
 
-    timed = [(int(((r.table["mode"] == mode) & r.table["median_us"].notna() & chains(r.table)).sum()), -i, r)
+    def timed_reference(t: pd.DataFrame) -> bool:
+        refs = {registry.reference_path(s) for s in set(t["storage"])} - {None}
+        return any((i, b) in refs for i, b in zip(t["impl"], t["backend"]))
+
+    steps = [(r.table[(r.table["mode"] == mode) & r.table["median_us"].notna() & chains(r.table)], -i, r)
              for i, r in enumerate(runs) if r.timed]
+    timed = [(len(step) if timed_reference(step) else 0, i, r) for step, i, r in steps]
     best = max(timed, key=lambda x: x[:2], default=None)
     return best[2] if best and best[0] else None
 

@@ -56,8 +56,8 @@ def _suite_said(suite: dict) -> str:
     """The suite's verdict on the same parts: the cliff's ratio under its graph timer, else the checked part's gate
     (with the error where the call crashed)."""
     if "ratio" in suite:
-        slow, fast = suite["times_us"]
-        return f"{suite['ratio']:.2f}x ({slow:.1f} vs {fast:.1f} us)"
+        slow, fast, *others = suite["times_us"]  # the cliff's arms: the full table, the trimmed one, tensor cores
+        return f"{suite['ratio']:.2f}x ({slow:.1f} vs {fast:.1f} us" + "".join(f", {t:.1f}" for t in others) + ")"
     checked = [p for p in suite.get("parts", []) if p["role"] == "checked"]
     if not checked:
         return suite.get("error", "no verdict")[-80:]
