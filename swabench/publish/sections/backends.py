@@ -62,8 +62,14 @@ def caught_said(run: Run) -> list[str]:
     t = _rows(run)
     if t.empty:
         return []
-    return mistakes_said(t[(t["kind"] == "known-bug") & t["backend"].isin(("cudnn", "fa4")) & (t["status"] != "skip")],
-                         run)
+    beyond = t[t["backend"].isin(("cudnn", "fa4"))]
+    correct = beyond[(beyond["kind"] == "correct") & (beyond["status"] != "skip")]
+    failed = correct[correct["status"] == "fail"].groupby("path").size()
+    bugs = ([f"- Every correct cuDNN and FlashAttention-4 path passed the gate wherever it ran ({len(correct)} points): "
+             f"no library bug on these shapes ({run.name})."] if failed.empty else
+            [f"- `{path}` failed the gate on {n} of {int((correct['path'] == path).sum())} points: a library bug until "
+             f"shown otherwise ({run.name})." for path, n in failed.items()])
+    return mistakes_said(beyond[(beyond["kind"] == "known-bug") & (beyond["status"] != "skip")], run) + bugs
 
 
 def across(runs: list[Run]) -> list[str]:
