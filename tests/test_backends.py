@@ -563,3 +563,16 @@ def test_only_ragged_keys_are_held_to_cudnns_int32_offsets(frontend, monkeypatch
     with pytest.raises(registry.Unsupported, match="int32 elements"):
         registry.get("cudnn-prefill").make(ragged, "cudnn").plan()
 
+
+
+def test_the_which_backend_figure_is_drawn_where_a_new_backend_timed_a_point():
+    from swabench.publish import backend_plots, plots
+
+    run = backends_run(BACKENDS_RUN)
+    fig = backend_plots.which_backend(run.table, run.meta)
+    assert fig is not None and [ax.get_title() for ax in fig.axes if ax.get_title()] == ["verify"]
+    bars = [p for ax in fig.axes for p in ax.patches]
+    assert sorted(round(b.get_y() + b.get_height(), 2) for b in bars) == [1.0, 1.0, 3.0]  # FlashInfer, FA4, cuDNN
+    assert plots.FIGURES["which_backend"] is backend_plots.which_backend  # `swabench plot` draws it
+    only_skips = [r for r in BACKENDS_RUN if r[2] not in ("cudnn", "fa4")]
+    assert backend_plots.which_backend(backends_run(only_skips).table, {}) is None

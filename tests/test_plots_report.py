@@ -52,8 +52,8 @@ def test_the_report_has_its_tables_and_every_figure_as_a_real_image(h200, tmp_pa
         assert f"![{name}]({name}.png)" in text and (reported.parent / f"{name}.png").exists()
     folder = reported.parent
     made = {name: folder / f"{name}.png" for name in plots.FIGURES if (folder / f"{name}.png").exists()}
-    # no chunked layer, no counters, no plain wrappers in the run
-    assert set(plots.FIGURES) - set(made) == {"sawtooth", "bytes_read", "wrapper_modes", "tree_cost"}
+    # no chunked layer, no counters, no plain wrappers, no cuDNN or FA4 in the run
+    assert set(plots.FIGURES) - set(made) == {"sawtooth", "bytes_read", "wrapper_modes", "tree_cost", "which_backend"}
     for name, path in made.items():
         image = mpimg.imread(path)
         assert image.shape[0] > 300 and 1000 <= image.shape[1] <= 1700, name

@@ -18,7 +18,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
-from swabench.publish import limits, tree_plots
+from swabench.publish import backend_plots, limits, tree_plots
 from swabench.publish.style import BACKEND_COLOUR, BACKEND_STYLE, figure, legend_outside, log_x_ticks, look, save
 from swabench.core.cases import MODES
 
@@ -364,7 +364,7 @@ def wrapper_modes(table, meta):
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
            "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backends, "decode": decode,
            "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, "wrapper_modes": wrapper_modes,
-           **limits.FIGURES, **tree_plots.FIGURES}
+           **limits.FIGURES, **tree_plots.FIGURES, **backend_plots.FIGURES}
 
 
 def figure_files() -> list[str]:

@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6], "cudnn": OKABE_ITO[2]}
+ENGINE_COLOUR = {"FlashInfer": OKABE_ITO[0], "cuDNN": BACKEND_COLOUR["cudnn"], "FlashAttention-4": OKABE_ITO[1],
+                 "FlexAttention": OKABE_ITO[3]}  # the backends an engine picks among (publish.sections.backends)
 
 
 MARKERS = "osD^vXP*<>hp"  # with the eight colours, a look of its own for each of 96 implementations

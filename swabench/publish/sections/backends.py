@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.publish.sections.base import Run, Section, path_of, ratio
+from swabench.publish.sections.base import Run, Section, figure_link, path_of, ratio
 from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, fastest, mistakes_said, skipped, timed_table
 
 BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
@@ -74,7 +74,8 @@ def caught_said(run: Run) -> list[str]:
 
 def across(runs: list[Run]) -> list[str]:
     """Per timed run that holds cuDNN or FlashAttention-4 points: the conventions caught and its table."""
-    return [s for r in runs for s in timed_table(r, runs, backends_table, caught_said)]
+    return [s for r in runs for s in timed_table(r, runs, backends_table, caught_said) + [figure_link(r, "which_backend")]
+            if s]
 
 
 def answer(runs: list[Run]) -> list[str]:
