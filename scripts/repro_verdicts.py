@@ -143,11 +143,11 @@ def main(out: Path, refs: list[str], jobs: int = 1) -> int:
         for row in itertools.chain(judged, (pool.submit(judge, ref, same[ref]) for ref in timed)):
             row = row.result()
             disagree += not row["agree"]
-            record(out, row, refs)
+            record(out, row)
     return 1 if disagree else 0
 
 
-def record(out: Path, row: dict, refs: list[str]) -> None:
+def record(out: Path, row: dict) -> None:
     """Write the bug's log, print its line and put its row in OUT/verdicts.json at once, so that a call cut short
     keeps what it judged (a later call for some bugs replaces their rows and keeps the rest)."""
     (out / f"{row['ref'].replace('#', '-')}.log").write_text(row.pop("log"))

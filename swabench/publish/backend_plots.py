@@ -35,8 +35,8 @@ def which_backend(table, meta):
     for ax, step in zip(axes[0], steps):
         for k, engine in enumerate(engines):
             for i, model in enumerate(models):
-                x, ran = i + (k - (len(engines) - 1) / 2) * width, t[(t["mode"] == step) & (t["model"] == model)
-                                                                       & (t["engine"] == engine)]
+                x = i + (k - (len(engines) - 1) / 2) * width
+                ran = t[(t["mode"] == step) & (t["model"] == model) & (t["engine"] == engine)]
                 if (step, model, engine) in fastest.index:  # a bar from 1: up is slower than FlashInfer, down faster
                     value = fastest[(step, model, engine)]
                     ax.bar(x, value - 1, width, bottom=1, color=ENGINE_COLOUR[engine], label=engine)

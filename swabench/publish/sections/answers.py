@@ -141,16 +141,16 @@ def whole_models(runs: list[Run]) -> list[str]:
                  + (f" ({micros(picked)}, one path per layer type)" if picked == picked else "")
                  if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
         said.append(f"- `{model['model']}` {priced_over(r.meta)}, {model['windowed_layers']} of "
-                    f"{model['num_layers']} layers windowed: {share}; eviction keeps {kept['min']:.0%}-{kept['max']:.0%} of its KV "
-                    f"({r.name}).")
+                    f"{model['num_layers']} layers windowed: {share}; eviction keeps "
+                    f"{kept['min']:.0%}-{kept['max']:.0%} of its KV ({r.name}).")
     return said
 
 
 def priced_over(meta: dict) -> str:
     """Which steps a price weighed: '(models.toml steps)', or '(the trace `example`, 200 steps)'
     (``swabench price TRACE`` names its source after the trace's file)."""
-    model = meta["price"]
-    stem = meta.get("trace", {}).get("file", f"price-{model['model']}").removeprefix(f"price-{model['model']}").removeprefix("-")
+    model, source = meta["price"], f"price-{meta['price']['model']}"
+    stem = meta.get("trace", {}).get("file", source).removeprefix(source).removeprefix("-")
     return f"(the trace `{stem}`, {model['model_steps']} steps)" if stem else "(models.toml steps)"
 
 

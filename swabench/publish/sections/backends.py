@@ -65,8 +65,8 @@ def caught_said(run: Run) -> list[str]:
     beyond = t[t["backend"].isin(("cudnn", "fa4"))]
     correct = beyond[(beyond["kind"] == "correct") & (beyond["status"] != "skip")]
     failed = correct[correct["status"] == "fail"].groupby("path").size()
-    bugs = ([f"- Every correct cuDNN and FlashAttention-4 path passed the gate wherever it ran ({len(correct)} points): "
-             f"no library bug on these shapes ({run.name})."] if failed.empty else
+    bugs = ([f"- Every correct cuDNN and FlashAttention-4 path passed the gate wherever it ran ({len(correct)} "
+             f"points): no library bug on these shapes ({run.name})."] if failed.empty else
             [f"- `{path}` failed the gate on {n} of {int((correct['path'] == path).sum())} points: a library bug until "
              f"shown otherwise ({run.name})." for path, n in failed.items()])
     return mistakes_said(beyond[(beyond["kind"] == "known-bug") & (beyond["status"] != "skip")], run) + bugs
@@ -74,8 +74,8 @@ def caught_said(run: Run) -> list[str]:
 
 def across(runs: list[Run]) -> list[str]:
     """Per timed run that holds cuDNN or FlashAttention-4 points: the conventions caught and its table."""
-    return [s for r in runs for s in timed_table(r, runs, backends_table, caught_said) + [figure_link(r, "which_backend")]
-            if s]
+    return [s for r in runs
+            for s in timed_table(r, runs, backends_table, caught_said) + [figure_link(r, "which_backend")] if s]
 
 
 def answer(runs: list[Run]) -> list[str]:
@@ -95,8 +95,8 @@ def answer(runs: list[Run]) -> list[str]:
             continue
         steps = won["step"].value_counts()
         where = ", ".join(f"{step} {steps[step]}" for step in sorted(steps.index, key=_step_order))
-        span = "" if engine == FLASHINFER else \
-            f"; {ratio(mine['versus'].min())}-{ratio(mine['versus'].max())}x FlashInfer's best on the {len(mine)} it ran"
+        least, most = ratio(mine["versus"].min()), ratio(mine["versus"].max())
+        span = "" if engine == FLASHINFER else f"; {least}-{most}x FlashInfer's best on the {len(mine)} it ran"
         said.append(f"{engine}'s on {len(won)}" + (f" ({where}{span})" if where else f" ({span[2:]})" if span else ""))
     steps, models = t.groupby(["model", "step"]).ngroups, t["model"].nunique()
     return [f"- Of {steps} step{'s' * (steps != 1)} of {models} model{'s' * (models != 1)}, the fastest correct path "
