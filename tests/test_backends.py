@@ -511,6 +511,15 @@ def test_a_replay_picks_cudnn_through_flashinfer_as_cudnn():
     assert list(replay.engine_of(rows)) == ["cudnn", "flashinfer", "fa4", "torch"]
 
 
+def test_a_priced_models_global_layers_are_named_in_the_backends_table():
+    from swabench.publish.sections import backends
+
+    run = backends_run(BACKENDS_RUN)
+    run.table.loc[run.table["case_id"] == "c2", "model"] = None  # a global layer's step names no model
+    run.meta["price"] = {"model": "gemma-3-27b", "layers": {"c1": "window", "c2": "global"}}
+    assert set(backends.backends_table(run)["model"]) == {"gemma-3-27b", "gemma-3-27b (global layers)"}
+
+
 def test_the_findings_say_nothing_of_a_run_where_no_new_backend_timed_a_point():
     from swabench.publish.sections import backends
 

@@ -21,13 +21,16 @@ def backend_of(t: pd.DataFrame) -> pd.Series:
 
 
 def _rows(run: Run) -> pd.DataFrame:
-    """The run's rows of some backend, with their step, model (or '-') and path; empty unless cuDNN or
-    FlashAttention-4 timed a point."""
+    """The run's rows of some backend, with their step, model (a priced model's global layers named so, else '-'
+    where a row names none) and path; empty unless cuDNN or FlashAttention-4 timed a point."""
     t = run.table.assign(engine=backend_of(run.table)).dropna(subset=["engine"])
     beyond = t[t["backend"].isin(("cudnn", "fa4"))]
     if beyond["median_us"].isna().all():
         return t.iloc[:0]
-    model = t["model"].fillna("-") if "model" in t else pd.Series("-", index=t.index)
+    priced = run.meta.get("price") or {}
+    unnamed = t["case_id"].map(lambda case: f"{priced['model']} (global layers)"
+                               if priced.get("layers", {}).get(case) == "global" else "-")
+    model = t["model"].fillna(unnamed) if "model" in t else unnamed
     return t.assign(step=_steps(t), model=model, path=path_of(t))
 
 
