@@ -585,3 +585,19 @@ def test_the_which_backend_figure_is_drawn_where_a_new_backend_timed_a_point():
     assert plots.FIGURES["which_backend"] is backend_plots.which_backend  # `swabench plot` draws it
     only_skips = [r for r in BACKENDS_RUN if r[2] not in ("cudnn", "fa4")]
     assert backend_plots.which_backend(backends_run(only_skips).table, {}) is None
+
+
+def test_a_path_with_more_shapes_than_a_panel_labels_is_drawn_against_fa2():
+    import pandas as pd
+
+    from swabench.publish import backend_plots
+
+    shapes = backend_plots.MOST_BARS + 6
+    rows = [{"kind": "correct", "case_id": f"c{i}", "case": f"decode b{i}", "impl": "paged-trim", "backend": b,
+             "status": "pass", "median_us": 10.0 + i + (5 if b == "fa3" else 0)}
+            for i in range(shapes) for b in ("fa2", "fa3")]
+    fig = backend_plots.backends(pd.DataFrame(rows), {})
+    ax = next(ax for ax in fig.axes if ax.get_title())
+    assert ax.get_title() == f"paged-trim: {shapes} shapes, each against fa2 (below the line: faster)"
+    points = ax.collections[0].get_offsets()
+    assert len(points) == shapes and all(y > x for x, y in points)  # fa3 5 us slower on each: above the line

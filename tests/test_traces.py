@@ -279,7 +279,7 @@ H200_REPLAY = Path(__file__).resolve().parent / "fixtures" / "h200-replay"
 def test_the_h200_replay_reports_every_mode_and_the_mix_at_its_best(tmp_path, monkeypatch):
     from swabench.publish import plots
 
-    monkeypatch.setattr(plots, "FIGURES", {"backends": plots.backends})  # the one figure this test reads
+    monkeypatch.setattr(plots, "FIGURES", {"backends": plots.FIGURES["backends"]})  # the one figure this test reads
     text = report.write(H200_REPLAY, tmp_path).read_text()
     assert text.startswith("# swabench report: replay-example, gemma-3-27b\n")  # one model: the title names it
     replay = text.split("## Trace replay")[1].split("\n## ")[0]

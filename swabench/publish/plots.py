@@ -19,14 +19,14 @@ from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, headline_paths, reference_library
 from swabench.impls import registry
 from swabench.publish import backend_plots, limits, tree_plots
-from swabench.publish.style import BACKEND_COLOUR, BACKEND_STYLE, figure, legend_outside, log_x_ticks, look, save
+from swabench.publish.style import BACKEND_STYLE, figure, legend_outside, log_x_ticks, look, save
 from swabench.core.cases import MODES
 
 def _is_baseline(impl: str) -> bool:
     return impl in registry.names() and registry.get(impl).baseline
 
 
-def _tick_labels(frame: pd.DataFrame, case_ids: list[str]) -> list[str]:
+def tick_labels(frame: pd.DataFrame, case_ids: list[str]) -> list[str]:
     """The labels of these cases (keyed by id: two steps of a trace can share a label), shortened."""
     labels = frame.drop_duplicates("case_id").set_index("case_id")["case"]
     return _differences([labels[c] for c in case_ids])
@@ -39,7 +39,7 @@ def _differences(labels: list[str]) -> list[str]:
     return [" ".join(w for w in ws if w not in shared) or label for ws, label in zip(words, labels)]
 
 
-def _timed(table: pd.DataFrame) -> pd.DataFrame:
+def timed_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The timed rows, lengths as numbers (NaN where each request has its own: length_dist says how)."""
     if "median_us" not in table:
         return table.iloc[0:0]
@@ -71,7 +71,7 @@ def time_vs_window(table, meta):
     correct = _primary(every)
     modes = [m for m in MODES if m in set(correct["mode"])]
     storages = [s for s in ("paged", "ragged") if s in set(correct["storage"])]
-    if not modes or _timed(correct).empty:
+    if not modes or timed_rows(correct).empty:
         return None
     fig, axes = figure(meta, "Kernel time vs window (lines: median over the other axes; marks: every "
                               "failed or skipped point, any backend)", len(modes), len(storages))
@@ -85,7 +85,7 @@ def time_vs_window(table, meta):
                 ax.set_title(f"{mode}, {storage}: no points", fontsize=8)
                 continue
             windows = sorted(rows["sliding_window"].unique())
-            for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
+            for (impl, backend), g in timed_rows(rows).groupby(["impl", "backend"]):
                 line = g.groupby("sliding_window")["median_us"].median()
                 ax.plot(line.index, line.values, BACKEND_STYLE.get(backend, "-"), ms=3, label=f"{impl} [{backend}]",
                         **look(impl))
@@ -100,7 +100,7 @@ def time_vs_window(table, meta):
 
 def speedup_by_mode(table, meta):
     """Median speedup of each correct path over the naive custom-mask path, per mode."""
-    t = _primary(_timed(table))
+    t = _primary(timed_rows(table))
     t = t[(t["kind"] == "correct") & ~t["impl"].map(_is_baseline).astype(bool)].dropna(subset=["speedup_vs_mask"])
     if t.empty:
         return None
@@ -126,7 +126,7 @@ def speedup_by_mode(table, meta):
 
 def speedup_heatmap(table, meta):
     """Speedup of the headline paged paths over their baseline across window x page size."""
-    t = headline_paths(_timed(table))
+    t = headline_paths(timed_rows(table))
     t = t[(t["storage"] == "paged") & (t["page_layout"] == "scattered")].dropna(subset=["speedup_vs_mask"])
     # only shapes measured at several page sizes, so every cell compares the same cases
     shape = [c for c in ("impl", "mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
@@ -157,7 +157,7 @@ def speculative(table, meta):
     """Verify time against draft tokens, and draft-extend time against the acceptance distribution."""
     t = _primary(table[(table["kind"] == "correct") & (table["storage"] == "paged")])
     panels = [m for m in ("verify", "draft_extend") if m in set(t["mode"])]
-    if not panels or _timed(t).empty:
+    if not panels or timed_rows(t).empty:
         return None
     fig, axes = figure(meta, "Speculative decoding: verify and draft extend (median over the other axes)",
                         1, len(panels))
@@ -170,7 +170,7 @@ def speculative(table, meta):
         else:
             categories = sorted(rows[key].dropna().unique())
         pos = {c: i for i, c in enumerate(categories)}
-        for (impl, backend), g in _timed(rows).groupby(["impl", "backend"]):
+        for (impl, backend), g in timed_rows(rows).groupby(["impl", "backend"]):
             line = g.groupby(key)["median_us"].median()
             ax.plot([pos[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
                     label=f"{impl} [{backend}]", **look(impl))
@@ -189,7 +189,7 @@ def decode(table, meta):
     """Decode steps: kernel time against context for every timed path (each wrapper, kernel and
     window-or-trim choice; dashed on fa3), one panel per window; hollow marks for one-token pages.  Cases
     with sinks, a soft-cap or an fp8 cache are left out (the report's feature table has them)."""
-    t = _timed(versus.plain(table[table["mode"] == "decode"]))  # chunked decode is the sawtooth figure's
+    t = timed_rows(versus.plain(table[table["mode"] == "decode"]))  # chunked decode is the sawtooth figure's
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -220,7 +220,7 @@ def sawtooth(table, meta):
     """Chunked attention's cost against context: a query's keys, and so its time, grow with its place in its
     chunk and fall back at every chunk start (dotted), a sawtooth; beside it the sliding window of C - 1
     keys on the same steps, flat once the context passes the window.  One panel per chunk size and step."""
-    t = _timed(versus.plain(table, chunked=True))
+    t = timed_rows(versus.plain(table, chunked=True))
     t = t.assign(chunk=_chunks(t), context=t["prefix_len"].fillna(t["seq_len"] - t["qo_len"])).dropna(subset=["context"])
     chunked = t[t["chunk"] > 0]  # a panel per chunk size and step it timed (lengths drawn per request have no axis)
     if chunked.empty:
@@ -250,45 +250,6 @@ def sawtooth(table, meta):
     return fig
 
 
-def backends(table, meta):
-    """fa2 against fa3 per shape, and what auto picked: a red note where auto is >5% off the best;
-    points that were skipped or failed are written where their bar would be."""
-    every = table[table["kind"] == "correct"]
-    every = every[every.groupby(["case_id", "impl"])["backend"].transform("nunique") > 1]
-    if _timed(every).empty:
-        return None
-    impls = sorted(set(every["impl"]), key=registry.order)
-    fig, axes = figure(meta, "Backends per shape: fa2 vs fa3, and auto's pick", len(impls), 1, size=(9.0, 3.2))
-    for ax, impl in zip(axes[:, 0], impls):
-        g = every[every["impl"] == impl]
-        cases = list(dict.fromkeys(g["case_id"]))
-        names = [b for b in BACKEND_COLOUR if b in set(g["backend"])]
-        width = 0.8 / len(names)
-        for k, backend in enumerate(names):
-            rows = g[g["backend"] == backend].set_index("case_id")
-            for i, case in enumerate(cases):
-                x = i + (k - (len(names) - 1) / 2) * width
-                if case not in rows.index:
-                    continue
-                r = rows.loc[case]
-                if r["status"] == "pass" and r["median_us"] == r["median_us"]:
-                    ax.bar(x, r["median_us"], width, color=BACKEND_COLOUR[backend], label=backend if i == 0 else None)
-                else:
-                    ax.text(x, 0.02, r["status"], transform=ax.get_xaxis_transform(), rotation=90, ha="center",
-                            va="bottom", fontsize=6, color="#999999" if r["status"] == "skip" else "#D55E00")
-        for i, case in enumerate(cases):
-            c = _timed(g[g["case_id"] == case]).set_index("backend")
-            if "auto" in c.index and c["median_us"].min() < c.loc["auto", "median_us"] / 1.05:
-                ax.text(i, c["median_us"].max() * 1.15, f"auto({c.loc['auto', 'resolved_backend']}) loses",
-                        ha="center", fontsize=6, color="#D55E00")
-        ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticklabels(_tick_labels(g, cases), rotation=30, ha="right", fontsize=6)
-        ax.grid(alpha=0.3, axis="y")
-    legend_outside(fig, axes)
-    return fig
-
-
 def peers(table, meta):
     """Each path's time over the reference path (fa2's window path) on the same case (log scale, 1 =
     as fast), on the cases where a peer library ran: fa3 and auto, FlexAttention, SDPA; below 1 beats it."""
@@ -309,7 +270,7 @@ def peers(table, meta):
                    facecolors="none" if backend == "fa3" else style["color"], label=f"{impl} [{backend}]", alpha=0.85)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(cases)), _tick_labels(r, cases), fontsize=6)
+    ax.set_yticks(range(len(cases)), tick_labels(r, cases), fontsize=6)
     ax.set_xlabel("time / reference-path time (below 1: faster)")
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")
@@ -319,7 +280,7 @@ def peers(table, meta):
 
 def plan_vs_kernel(table, meta):
     """Host plan() cost against kernel time: above the diagonal, planning costs more than the kernel."""
-    t = _timed(table).dropna(subset=["plan_us"])
+    t = timed_rows(table).dropna(subset=["plan_us"])
     if t.empty:
         return None
     fig, axes = figure(meta, "Plan cost (host) vs kernel time, per point")
@@ -362,7 +323,7 @@ def wrapper_modes(table, meta):
 
 
 FIGURES = {"time_vs_window": time_vs_window, "speedup_by_mode": speedup_by_mode, "peers": peers,
-           "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backends, "decode": decode,
+           "speedup_heatmap": speedup_heatmap, "speculative": speculative, "backends": backend_plots.backends, "decode": decode,
            "plan_vs_kernel": plan_vs_kernel, "sawtooth": sawtooth, "wrapper_modes": wrapper_modes,
            **limits.FIGURES, **tree_plots.FIGURES, **backend_plots.FIGURES}
 
