@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import matplotlib.ticker
 
-from swabench.core.cases import MODES
-from swabench.publish.sections.backends import BEYOND, FLASHINFER, backend_of
 from swabench.impls import registry
+from swabench.publish.sections.backends import BEYOND, FLASHINFER, engine_rows, fastest_versus
+from swabench.publish.sections.shelf import _step_order
 from swabench.publish.style import BACKEND_COLOUR, ENGINE_COLOUR, figure, legend_outside
 
 MOST_BARS = 24  # cases a panel labels one by one; past them it sets each backend's time against fa2's
@@ -85,17 +85,11 @@ def which_backend(table, meta):
     """One panel per step, a group of bars per model, a bar per backend: the median over the cases of its fastest
     correct path's time / FlashInfer's best correct time on each case (log scale: below 1 beats FlashInfer); a
     backend that ran there without a timed correct point is written where its bar would be (skip, or fail)."""
-    t = table.assign(engine=backend_of(table)).dropna(subset=["engine"])
-    beyond = t[t["backend"].isin(("cudnn", "fa4"))]
-    if beyond.empty or beyond["median_us"].isna().all():
+    t = engine_rows(table, meta)
+    if t.empty:
         return None
-    t = t.assign(model=t["model"].fillna("-") if "model" in t else "-")
-    ok = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
-    best = ok[ok["engine"] == FLASHINFER].groupby("case_id")["median_us"].min()
-    ok = ok.assign(versus=ok["median_us"] / ok["case_id"].map(best)).dropna(subset=["versus"])
-    fastest = ok.groupby(["mode", "model", "engine", "impl", "backend"])["versus"].median() \
-        .groupby(["mode", "model", "engine"]).min()
-    steps, models = [m for m in MODES if m in set(t["mode"])], sorted(set(t["model"]))
+    fastest = fastest_versus(t)
+    steps, models = sorted(set(t["step"]), key=_step_order), sorted(set(t["model"]))
     engines = [e for e in (FLASHINFER, *BEYOND.values()) if e in set(t["engine"])]
     fig, axes = figure(meta, "Which backend: each one's fastest correct path / FlashInfer's best on the same cases",
                        1, len(steps), size=(3.4, 3.6))
@@ -104,9 +98,9 @@ def which_backend(table, meta):
         for k, engine in enumerate(engines):
             for i, model in enumerate(models):
                 x = i + (k - (len(engines) - 1) / 2) * width
-                ran = t[(t["mode"] == step) & (t["model"] == model) & (t["engine"] == engine)]
-                if (step, model, engine) in fastest.index:  # a bar from 1: up is slower than FlashInfer, down faster
-                    value = fastest[(step, model, engine)]
+                ran = t[(t["step"] == step) & (t["model"] == model) & (t["engine"] == engine)]
+                if (model, step, engine) in fastest.index:  # a bar from 1: up is slower than FlashInfer, down faster
+                    value = fastest[(model, step, engine)]
                     ax.bar(x, value - 1, width, bottom=1, color=ENGINE_COLOUR[engine], label=engine)
                 elif len(ran[ran["kind"] == "correct"]):
                     failed = (ran["status"] == "fail").any()

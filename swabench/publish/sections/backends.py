@@ -20,40 +20,52 @@ def backend_of(t: pd.DataFrame) -> pd.Series:
     return named.where(named.notna(), t["library"].map({"flashinfer": FLASHINFER}))
 
 
-def _rows(run: Run) -> pd.DataFrame:
-    """The run's rows of some backend, with their step, model (a priced model's global layers named so, else '-'
+def engine_rows(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A run's rows of some backend, with their step, model (a priced model's global layers named so, else '-'
     where a row names none) and path; empty unless cuDNN or FlashAttention-4 timed a point."""
-    t = run.table.assign(engine=backend_of(run.table)).dropna(subset=["engine"])
+    t = table.assign(engine=backend_of(table)).dropna(subset=["engine"])
     beyond = t[t["backend"].isin(("cudnn", "fa4"))]
     if beyond["median_us"].isna().all():
         return t.iloc[:0]
-    priced = run.meta.get("price") or {}
+    priced = meta.get("price") or {}
     unnamed = t["case_id"].map(lambda case: f"{priced['model']} (global layers)"
                                if priced.get("layers", {}).get(case) == "global" else "-")
     model = t["model"].fillna(unnamed) if "model" in t else unnamed
     return t.assign(step=_steps(t), model=model, path=path_of(t))
 
 
+def against_flashinfer(t: pd.DataFrame) -> pd.DataFrame:
+    """The correct paths' timed points of ``engine_rows``, each with ``versus``: its time / FlashInfer's best correct
+    time on its case."""
+    timed = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    best = timed[timed["engine"] == FLASHINFER].groupby("case_id")["median_us"].min()
+    return timed.assign(versus=timed["median_us"] / timed["case_id"].map(best).astype(float))
+
+
+def fastest_versus(t: pd.DataFrame) -> pd.Series:
+    """Per model, step and backend of ``engine_rows``: its fastest correct path's median ``versus``."""
+    v = against_flashinfer(t).dropna(subset=["versus"])
+    return v.groupby(["model", "step", "engine", "path"])["versus"].median().groupby(["model", "step", "engine"]).min()
+
+
 def backends_table(run: Run) -> pd.DataFrame:
     """Per model and step, per backend: its fastest correct path (the lowest median of its time / FlashInfer's best
     correct time on each case), the cases that covers, its median share of the floor, DRAM read / needed where the
     run counted bytes, and the backend's statuses there."""
-    t = _rows(run)
+    t = engine_rows(run.table, run.meta)
     if t.empty:
         return t
-    timed = t[(t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
+    timed = against_flashinfer(t)
     rows = []
     for (model, step), here in sorted(t.groupby(["model", "step"]), key=lambda kv: (kv[0][0], _step_order(kv[0][1]))):
         ran = timed[(timed["model"] == model) & (timed["step"] == step)]
-        best = ran[ran["engine"] == FLASHINFER].groupby("case_id")["median_us"].min()
         for engine in [FLASHINFER, *[b for b in BEYOND.values() if b in set(here["engine"])]]:
             mine, g = here[here["engine"] == engine], ran[ran["engine"] == engine]
             row = {"model": model, "step": step, "backend": engine, "fastest correct path": "", "cases": "",
                    "/ FlashInfer's best": "", "of its floor": "", "DRAM read / needed": "",
                    "statuses": ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))}
             if len(g):
-                row.update(fastest(g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float)),
-                                   "/ FlashInfer's best"))
+                row.update(fastest(g, "/ FlashInfer's best"))
             elif len(mine) and (mine["status"] == "skip").all():
                 row["fastest correct path"] = skipped(mine)
             rows.append(row)
@@ -62,7 +74,7 @@ def backends_table(run: Run) -> pd.DataFrame:
 
 def caught_said(run: Run) -> list[str]:
     """The conventions that trap callers, as the gate saw them: each new backend's known mistake, per step."""
-    t = _rows(run)
+    t = engine_rows(run.table, run.meta)
     if t.empty:
         return []
     beyond = t[t["backend"].isin(("cudnn", "fa4"))]
@@ -85,23 +97,24 @@ def answer(runs: list[Run]) -> list[str]:
     """The findings page's answer to 'which backend', from the timed run with the most model-steps of cuDNN or
     FlashAttention-4: on how many of them each backend's fastest correct path is the fastest of all (per step), and
     the span of each other backend's time / FlashInfer's best."""
-    tables = [(t, r) for r in runs if r.timed and not r.profiled and len(t := backends_table(r))]
-    if not tables:
+    timed = [(fastest_versus(t), r) for r in runs if r.timed and not r.profiled
+             and len(t := engine_rows(r.table, r.meta))]
+    timed = [(v, r) for v, r in timed if len(v)]
+    if not timed:
         return []
-    table, run = max(tables, key=lambda tr: tr[0].groupby(["model", "step"]).ngroups)
-    t = table.assign(versus=pd.to_numeric(table["/ FlashInfer's best"], errors="coerce")).dropna(subset=["versus"])
-    wins = t.loc[t.groupby(["model", "step"])["versus"].idxmin()]
+    versus, run = max(timed, key=lambda vr: vr[0].droplevel("engine").index.nunique())
+    wins = versus.groupby(["model", "step"]).idxmin().map(lambda at: at[2])
     said = []
     for engine in [FLASHINFER, *BEYOND.values()]:
-        mine, won = t[t["backend"] == engine], wins[wins["backend"] == engine]
+        mine = versus[versus.index.get_level_values("engine") == engine]
         if not len(mine):
             continue
-        steps = won["step"].value_counts()
-        where = ", ".join(f"{step} {steps[step]}" for step in sorted(steps.index, key=_step_order))
-        least, most = ratio(mine["versus"].min()), ratio(mine["versus"].max())
-        span = "" if engine == FLASHINFER else f"; {least}-{most}x FlashInfer's best on the {len(mine)} it ran"
-        said.append(f"{engine}'s on {len(won)}" + (f" ({where}{span})" if where else f" ({span[2:]})" if span else ""))
-    steps, models = t.groupby(["model", "step"]).ngroups, t["model"].nunique()
+        won = wins[wins == engine].index.get_level_values("step").value_counts()
+        where = [", ".join(f"{step} {won[step]}" for step in sorted(won.index, key=_step_order))] if len(won) else []
+        span = [] if engine == FLASHINFER else \
+            [f"{ratio(mine.min())}-{ratio(mine.max())}x FlashInfer's best on the {len(mine)} it ran"]
+        said.append(f"{engine}'s on {int(won.sum())}" + (f" ({'; '.join(where + span)})" if where + span else ""))
+    steps, models = versus.droplevel("engine").index.nunique(), versus.index.get_level_values("model").nunique()
     return [f"- Of {steps} step{'s' * (steps != 1)} of {models} model{'s' * (models != 1)}, the fastest correct path "
             f"is " + ", ".join(said) + f" ({run.name})."]
 
