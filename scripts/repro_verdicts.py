@@ -103,9 +103,9 @@ def planned_with(keywords: dict):
             setattr(getattr(flashinfer, name), "plan", plan)
 
 
-def judge(ref: str, same_case: concurrent.futures.Future) -> dict:
-    """Run the bug's script, then the suite on its parts in a fresh process; the row that says whether they agree
-    (``same_case``: whether the script is the one the suite writes now, found in the main thread)."""
+def judge(ref: str) -> dict:
+    """Run the bug's script, then the suite on its parts in a fresh process: what each said (subprocesses alone, so
+    that several bugs are judged at once)."""
     path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
     ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
     judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
@@ -115,33 +115,39 @@ def judge(ref: str, same_case: concurrent.futures.Future) -> dict:
     lines = ran.stdout.splitlines()
     verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
     control = next((line for line in lines if line.startswith("CONTROL")), "")
-    same_case = same_case.result()
-    right = bool(re.search(r": (every row )?right \(", control))
+    return {"ref": ref, "script_exit": ran.returncode, "suite": suite, "script_said": [verdict, control],
+            "log": ran.stdout + ran.stderr}
+
+
+def agreed(said: dict) -> dict:
+    """The row of a judged bug: whether the script is the one the suite writes now (``make.for_bug`` traces against a
+    stand-in FlashInfer module, so this runs in the main thread), whether the controls agree, and whether the two
+    verdicts do."""
+    from swabench.repro import make
+
+    ref, suite = said["ref"], said["suite"]
+    same_case = code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text()) == code(make.for_bug(ref)[0])
+    right = bool(re.search(r": (every row )?right \(", said["script_said"][1]))
     control_agree = suite.get("control_right") is None or right == suite["control_right"]
-    agree = suite.get("exit") == ran.returncode and same_case and control_agree
-    return {"ref": ref, "case": suite.get("where", ""), "script_exit": ran.returncode, "suite": suite,
+    agree = suite.get("exit") == said["script_exit"] and same_case and control_agree
+    return {"ref": ref, "case": suite.get("where", ""), "script_exit": said["script_exit"], "suite": suite,
             "same_case": same_case, "control_agree": control_agree, "agree": agree,
-            "script_said": [verdict, control], "log": ran.stdout + ran.stderr}
+            "script_said": said["script_said"], "log": said["log"]}
 
 
 def main(out: Path, refs: list[str], jobs: int = 1) -> int:
     """Judge every bug, ``jobs`` at a time; a timed bug (the cliff) alone, after the others, so that nothing else
     runs on the GPU while it is timed."""
-    from swabench.repro import bugs, make
+    from swabench.repro import bugs
 
     out.mkdir(parents=True, exist_ok=True)
     refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
     timed = [ref for ref in refs if bugs.get(ref) and bugs.get(ref).twin]
-    same = {ref: concurrent.futures.Future() for ref in refs}
     disagree = 0
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(judge, ref, same[ref]) for ref in refs if ref not in timed]
-        for ref in refs:  # here, not in the workers: make.for_bug traces against a stand-in FlashInfer module
-            same[ref].set_result(code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text())
-                                 == code(make.for_bug(ref)[0]))
-        judged = concurrent.futures.as_completed(futures)
-        for row in itertools.chain(judged, (pool.submit(judge, ref, same[ref]) for ref in timed)):
-            row = row.result()
+        judged = concurrent.futures.as_completed([pool.submit(judge, ref) for ref in refs if ref not in timed])
+        for done in itertools.chain(judged, (pool.submit(judge, ref) for ref in timed)):
+            row = agreed(done.result())
             disagree += not row["agree"]
             record(out, row)
     return 1 if disagree else 0
