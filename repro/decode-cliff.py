@@ -6,8 +6,8 @@ Call: BatchDecodeWithPagedKVCacheWrapper(backend="fa2", use_tensor_cores=False, 
 Shape: batch 32; qo_len 1 each; kv_len 8193 each; 8 query, 8 KV heads; head_dim 64; page_size 1; window_left 127;
     bfloat16
 Fault: performance request: the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score
-    (include/flashinfer/attention/decode.cuh:438-442, 539), planned on kv_len (csrc/batch_decode.cu:66); the tensor-
-    core path starts at the window (prefill.cuh:4379), as flashinfer#1661 and #4825 made others
+    (include/flashinfer/attention/decode.cuh:438-442, 539), planned on kv_len (csrc/batch_decode.cu:66); the
+    tensor-core path starts at the window (prefill.cuh:4379), as flashinfer#1661 and #4825 made others
 Expected: the full table within 3x the trimmed table on CUDA cores; else exit 1
 """
 import subprocess

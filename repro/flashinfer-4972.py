@@ -3,8 +3,8 @@
 
 Call: BatchPrefillWithPagedKVCacheWrapper(backend="fa2", use_cuda_graph=True), then plan(causal=False,
     window_left=333, uniform_q_len=1024) and run()
-Shape: batch 1; qo_len 1024; kv_len 1024; 8 query, 2 KV heads; head_dim 128; page_size 16; window_left 333; non-
-    causal; bfloat16
+Shape: batch 1; qo_len 1024; kv_len 1024; 8 query, 2 KV heads; head_dim 128; page_size 16; window_left 333;
+    non-causal; bfloat16
 Matters: fa2 splits a request along KV by SM count (the rows depend on the GPU), always under use_cuda_graph=True
 Expected: softmax attention in float32 over each query's window: rel-L2 <= 0.01 overall, 0.05 in each row and head
 Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: 864 of 1024 rows wrong, 0-863 (rel-L2 0.667, worst

@@ -57,3 +57,11 @@ def test_the_cliff_says_the_bandwidth_a_call_would_take_in_tb_per_second():
     text, _ = make.for_bug("decode-cliff")
     expression = re.search(r"\{(table_gb[^}]*):\.2f\} TB/s", text).group(1)
     assert eval(expression, {"table_gb": 0.5, "times": {"arm": 100.0}, "name": "arm"}) == pytest.approx(5.0)
+
+
+def test_a_top_comment_never_breaks_a_hyphenated_word():
+    """An issue body joins a wrapped field with a space: 'tensor-' + 'core' would read 'tensor- core'."""
+    from swabench.repro import script
+
+    assert script.wrapped(["Fault: " + "x" * 95 + " the tensor-core path starts at the window"], 110) == [
+        "Fault: " + "x" * 95 + " the", "    tensor-core path starts at the window"]

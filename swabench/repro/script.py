@@ -157,7 +157,7 @@ def tolerance_line(dtype: str) -> str:
 
 def wrapped(lines: list[str], width: int = 110) -> list[str]:
     """A top comment's lines cut at ``width`` columns, each continuation indented four spaces."""
-    return [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="    ")]
+    return [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False)]
 
 
 def assemble(header: Header, said: list[str], imports: list[str], constants: list[str], main: str,
