@@ -66,7 +66,7 @@ def test_chunked_paths_are_held_against_the_window_of_the_chunks_keys():
 
 def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp_path):
     """The first screen says where flashinfer#4972 shows on each release (older ones too), what the chunk
-    mistake does, and each priced model's windowed share and the KV eviction keeps."""
+    mistake does, and each priced model's windowed share, one line a model."""
     from swabench.publish import findings
     from swabench.publish.sections import answers
     root = Path(__file__).resolve().parent / "fixtures" / "published" / "results"
@@ -85,6 +85,25 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
     (tmp_path / "price.csv").write_text("mode,windowed layers (ms),global layers (ms),whole model (ms),windowed share\n"
                                         "decode,1,3,4,0.25\nall modes,1,3,4,0.25\n")
     priced = Run(str(tmp_path), pd.DataFrame(), {**META, "price": price})
-    said = answers.whole_models([priced])[0]
-    assert "`m` (models.toml steps), 5 of 6 layers windowed: 25% of its attention, 4 ms per 1000 model steps;" in said
-    assert "keeps 25%-50% of its KV" in said
+    traced = Run(str(tmp_path / "t"), pd.DataFrame(), {**META, "price": {**price, "model_steps": 200},
+                                                        "trace": {"file": "price-m-example"}})
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "price.csv").write_text("mode,whole model (ms),windowed share,one path per layer type (ms)\n"
+                                              "all modes,8,0.5,9\n")
+    said = answers.whole_models([priced, traced])
+    assert said == [f"- `m`, 5 of 6 layers windowed: over models.toml steps, 25% windowed, 4 ms (`{tmp_path}`); "
+                    f"over the trace `example` (200 steps), 50% windowed, 8 / 9 ms (`{tmp_path / 't'}`)."]
+
+
+def test_runs_where_every_non_causal_point_passes_are_named_in_the_sentence_of_a_declared_bug(monkeypatch):
+    """One line says both; where another run fails outside any declared bug, each run keeps its own line."""
+    from swabench.publish.sections import answers
+    declared = neighbours.PASSES + ", except where flashinfer#4972 is declared, each is wrong: `p` on 3 of 6"
+    leads = {"`a`": neighbours.PASSES, "`b`": declared, "`c`": "1 point of correct paths fails outside any bug"}
+    monkeypatch.setattr(neighbours, "noncausal_lead", lambda run: leads[run.name])
+    monkeypatch.setattr(neighbours, "chunked_leads", lambda run: [])
+    a, b, c = (Run(name, pd.DataFrame(), META) for name in "abc")
+    exception = declared.removeprefix(neighbours.PASSES)
+    assert answers.beside_the_window([a, b], []) == [f"Non-causal: {neighbours.PASSES} (`a`){exception} (`b`)."]
+    assert answers.beside_the_window([a, c], []) == [f"Non-causal: {neighbours.PASSES} (`a`).",
+                                                     f"Non-causal: {leads['`c`']} (`c`)."]

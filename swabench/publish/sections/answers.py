@@ -125,33 +125,29 @@ def served_mixes(runs: list[Run]) -> list[str]:
 
 
 def whole_models(runs: list[Run]) -> list[str]:
-    """Per price run: the windowed layers' share of the model's attention over its steps, and the KV a request
-    keeps when out-of-window pages are evicted."""
-    said = []
+    """Per model, one line: the windowed layers' share of its attention over each set of steps it was priced on
+    (the KV eviction keeps is in the detail)."""
+    lines: dict[str, list[str]] = {}
     for r in runs:
         table, model = price_table(r), r.meta.get("price")
         if not len(table) or not model:
             continue
         every = table[table["mode"] == "all modes"].iloc[0]
-        kv = pd.DataFrame(model["kv"])
-        kept = (kv["kv_mib_evicted"] / kv["kv_mib_all_pages"]).agg(["min", "max"])
         picked = every.get(price.PICKS, float("nan"))
-        share = (f"{every['windowed share']:.0%} of its attention, "
-                 f"{micros(every['whole model (ms)'])} ms per 1000 model steps"
-                 + (f" ({micros(picked)}, one path per layer type)" if picked == picked else "")
+        share = (f"{every['windowed share']:.0%} windowed, {micros(every['whole model (ms)'])}"
+                 + (f" / {micros(picked)}" if picked == picked else "") + " ms"
                  if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
-        said.append(f"- `{model['model']}` {priced_over(r.meta)}, {model['windowed_layers']} of "
-                    f"{model['num_layers']} layers windowed: {share}; eviction keeps "
-                    f"{kept['min']:.0%}-{kept['max']:.0%} of its KV ({r.name}).")
-    return said
+        head = f"- `{model['model']}`, {model['windowed_layers']} of {model['num_layers']} layers windowed: "
+        lines.setdefault(head, []).append(f"{priced_over(r.meta)}, {share} ({r.name})")
+    return [head + "; ".join(said) + "." for head, said in lines.items()]
 
 
 def priced_over(meta: dict) -> str:
-    """Which steps a price weighed: '(models.toml steps)', or '(the trace `example`, 200 steps)'
+    """Which steps a price weighed: 'over models.toml steps', or 'over the trace `example` (200 steps)'
     (``swabench price TRACE`` names its source after the trace's file)."""
     model, source = meta["price"], f"price-{meta['price']['model']}"
     stem = meta.get("trace", {}).get("file", source).removeprefix(source).removeprefix("-")
-    return f"(the trace `{stem}`, {model['model_steps']} steps)" if stem else "(models.toml steps)"
+    return f"over the trace `{stem}` ({model['model_steps']} steps)" if stem else "over models.toml steps"
 
 
 def peers_at_serving_sizes(runs: list[Run]) -> list[str]:
@@ -184,9 +180,14 @@ def reads_said(runs: list[Run]) -> list[str]:
 def beside_the_window(runs: list[Run], newest: list[Run]) -> list[str]:
     """Non-causal windows on every release, chunked attention on the newest: each sentence once, with its runs."""
     said = [(lead, r) for r in runs if (lead := neighbours.noncausal_lead(r))]
+    passed = [r.name for lead, r in said if lead == neighbours.PASSES]
+    others = [lead for lead, _ in said if lead != neighbours.PASSES]
+    if passed and others and all(lead.startswith(neighbours.PASSES) for lead in others):  # named inside the others
+        said = [(lead.replace(neighbours.PASSES, f"{neighbours.PASSES} ({', '.join(passed)})", 1), r)
+                for lead, r in said if lead != neighbours.PASSES]
     said = [(f"Non-causal: {lead[0].lower()}{lead[1:]}", r) for lead, r in said]
     said += [(f"Chunked: {lead[0].lower()}{lead[1:]}", r) for r in newest for lead in neighbours.chunked_leads(r)]
-    return merged(said)
+    return merged(said, most=2)
 
 
 def answers(runs: list[Run]) -> list[str]:
@@ -211,8 +212,8 @@ def answers(runs: list[Run]) -> list[str]:
                   markdown_table(steps)]
     if reads:
         parts += [f"**What each path reads**: DRAM bytes read / the bytes its window needs under Nsight Compute, "
-                  f"median (least-most), the paths past {machine.AMPLIFIED}x; (calls): counted a call at a time, with its intermediates "
-                  f"({topic_link(machine)}):\n"
+                  f"median (least-most), the paths past {machine.AMPLIFIED}x; (calls): counted a call at a time, "
+                  f"with its intermediates ({topic_link(machine)}):\n"
                   + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):
@@ -230,8 +231,9 @@ def answers(runs: list[Run]) -> list[str]:
         parts += [f"**A server's mix** ({topic_link(serving)}):\n" + "\n".join(mixes)]
     models = whole_models(runs)
     if models:
-        parts += [f"**A whole model's step**, each step of its windowed and global layers at its fastest correct "
-                  f"path ({topic_link(serving)}):\n" + "\n".join(models)]
+        parts += [f"**A whole model's step**: the share of its attention time in its windowed layers, and ms per "
+                  f"1000 model steps with each step of each layer at its fastest correct path / with one path per "
+                  f"layer type ({topic_link(serving)}):\n" + "\n".join(models)]
     peers = peers_at_serving_sizes(runs)
     if peers:
         parts += [f"**The other libraries at serving sizes**: their time / the reference path's on decode and verify "

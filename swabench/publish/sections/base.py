@@ -209,12 +209,16 @@ def spread(ratios: pd.Series) -> str:
     return f"{ratios.median():.2f}x ({ratios.min():.2f}-{ratios.max():.2f}, {len(ratios)})"
 
 
-def merged(said: list[tuple[str, Run]]) -> list[str]:
-    """Sentences said of several runs, each once, ending with every run it was said of: 'X (`a`, `b`).'"""
+def merged(said: list[tuple[str, Run]], most: int | None = None) -> list[str]:
+    """Sentences said of several runs, each once, ending with every run it was said of: 'X (`a`, `b`).'; past
+    ``most`` runs, the first and a count: 'X (`a` and 3 more runs, each named in the detail).'"""
     runs_of: dict[str, list[str]] = {}
     for text, run in said:
         runs_of.setdefault(text, []).append(run.name)
-    return [f"{text} ({', '.join(dict.fromkeys(names))})." for text, names in runs_of.items()]
+    named = {text: list(dict.fromkeys(names)) for text, names in runs_of.items()}
+    return [f"{text} ({', '.join(names)})." if most is None or len(names) <= most else
+            f"{text} ({names[0]} and {len(names) - 1} more runs, each named in the detail)."
+            for text, names in named.items()]
 
 
 def points(n: int) -> str:

@@ -154,7 +154,7 @@ def worst_cliff(runs: list[Run]) -> str:
     if not found:
         return ""
     worst = max(found, key=lambda f: f[1])[0]
-    return cliff(worst, timed_twin(runs, worst), beside=2)
+    return cliff(worst, timed_twin(runs, worst), beside=1)
 
 
 def bytes_said(run: Run, times: pd.Series | None = None) -> list[str]:
