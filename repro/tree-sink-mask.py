@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask
 
-Call: BatchAttentionWithAttentionSinkWrapper(backend='fa2', window_left=127), then plan(causal=False, window_left=127,
+Call: BatchAttentionWithAttentionSinkWrapper(backend='fa2', window_left=-1), then plan(causal=False, window_left=-1,
     custom_mask=...), run()
-Shape: batch 1; qo_len 7; kv_len 71; 64 query, 8 KV heads; head_dim 64; page_size 1; window_left 127; sinks; bfloat16
+Shape: batch 1; qo_len 7; kv_len 71; 64 query, 8 KV heads; head_dim 64; page_size 1; sinks; bfloat16
 Fault: FlashInfer bug: the sink wrapper inherits plan(custom_mask=...), and run() takes the custom mask mode
     (flashinfer/prefill.py:5112), but its AttentionSink variant never reads a mask
     (flashinfer/jit/attention/variants.py:34-36, where DefaultAttention reads it:
@@ -34,16 +34,16 @@ def main(dev="cuda"):
     qo_indptr, kv_indptr, kv_last_page_len = (torch.tensor(v, dtype=i32) for v in ([0, 7], [0, 71], [1]))
     sink_wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
         q.new_empty(268435456, dtype=torch.uint8), "NHD", backend="fa2", q_data_type=bf16, kv_data_type=bf16,
-        head_dim_qk=64, head_dim_vo=64, window_left=127)
+        head_dim_qk=64, head_dim_vo=64, window_left=-1)
     sink_wrapper.plan(
         qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=64, num_kv_heads=8, q_data_type=bf16,
-        kv_data_type=bf16, sm_scale=0.125, custom_mask=seen.flatten(), causal=False, head_dim_qk=64, window_left=127,
+        kv_data_type=bf16, sm_scale=0.125, custom_mask=seen.flatten(), causal=False, head_dim_qk=64, window_left=-1,
         page_size=1, **taken_by(sink_wrapper.plan, uniform_q_len=7))
     wrong, what = outcome(lambda: sink_wrapper.run(q, (k_cache, v_cache), sinks, 0.125, out=out), out, expected)
     print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)
     sink_wrapper.plan(
         qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=64, num_kv_heads=8, q_data_type=bf16,
-        kv_data_type=bf16, sm_scale=0.125, causal=True, window_left=127, head_dim_qk=64, page_size=1,
+        kv_data_type=bf16, sm_scale=0.125, causal=True, window_left=-1, head_dim_qk=64, page_size=1,
         **taken_by(sink_wrapper.plan, uniform_q_len=7))
     what = outcome(lambda: sink_wrapper.run(q, (k_cache, v_cache), sinks, 0.125, out=out), out, expected)[1]
     print('CONTROL, the same wrapper planned causal=True, no mask: ' + what)

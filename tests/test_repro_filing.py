@@ -163,6 +163,8 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
                            "sink wrapper inherits plan(custom_mask=...)")  # the party goes without saying
     assert "Support custom_mask in the sink variant, or raise in plan() when it is given." in body
     assert "Not yet run on a GPU." in body
+    script = (tmp_path / "tree-sink-mask.py").read_text()  # a chain inside the window: the window plays no part
+    assert "window_left=-1" in script and "window_left=127" not in script and "; sinks; bfloat16" in script
     out = tmp_path / "sglang-verify-tree.py"
     r = invoke("repro", "--bug", "sglang-verify-tree", "--out", out, "--issue", "--measured", published_run)
     assert r.exit_code == 0, r.output

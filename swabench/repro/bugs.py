@@ -141,9 +141,20 @@ def parts(bug: Bug, num_sms: int = fa2_split.H200_SMS) -> tuple[list[Part], str]
     for p in points:
         if bug.filing.chain and p.case.tree != "chain":
             continue
+        p = _unwindowed(p)
         if _shows(impl, p.case, p.backend):
             return [Part(p.case, bug.impl, p.backend), *control(bug, p)], p.case.label
     raise LookupError(f"no shipped case shows {bug.ref} on random inputs")
+
+
+def _unwindowed(point):
+    """The point without its window where the window holds every key of every request (it plays no part, and a
+    report naming it sends the reader after it), if the path still runs the case; else the point as it is."""
+    qo, kv = workloads.request_lengths(point.case)
+    if point.case.window_left < max(kv) or point.case.attention_chunk:
+        return point
+    bare = dataclasses.replace(point, case=dataclasses.replace(point.case, window_left=-1))
+    return bare if registry.get(point.impl).skip_reason(bare.case, point.backend, None) is None else point
 
 
 def control(bug: Bug, point) -> list[Part]:

@@ -214,9 +214,9 @@ def _mask(c: dict, qo: int, kv: int, alone: bool) -> list[str]:
     lines = [f"position, key = torch.arange({prefix}, {kv}, device=dev)[:, None], torch.arange({kv}, device=dev)"]
     said = f"  # query i at {prefix} + i"
     lines[0] += said if len(lines[0] + said) <= WIDTH - 4 else ""
-    if not alone and c["causal"] and not c["chunk"] and w >= 0:  # a band: query i sees keys p - w .. p
+    if not alone and c["causal"] and not c["chunk"]:  # a band: query i sees keys p - w .. p (0 .. p: no window)
         band = f"seen = torch.ones({qo}, {kv}, dtype=torch.bool, device=dev).tril({prefix})"
-        if prefix - w + qo - 1 > 0:
+        if w >= 0 and prefix - w + qo - 1 > 0:
             band, said = band + f".triu({prefix - w})", f"  # query i: keys {prefix - w} + i .. {prefix} + i"
         else:
             said = f"  # query i: keys 0 .. {prefix} + i"
