@@ -8,7 +8,7 @@ Shape: batch 32; qo_len 1 each; kv_len 8193 each; 8 query, 8 KV heads; head_dim 
 Fault: performance request: the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score
     (include/flashinfer/attention/decode.cuh:438-442, 539), planned on kv_len (csrc/batch_decode.cu:66); the
     tensor-core path starts at the window (prefill.cuh:4379), as flashinfer#1661 and #4825 made others
-Expected: the full table within 3x the trimmed table on CUDA cores; else exit 1
+Expected: on CUDA cores, the full table nearer the trimmed one's time than a read of every page's; else exit 1
 """
 import subprocess
 import sys
@@ -43,13 +43,15 @@ def main(dev="cuda"):
         wrapper.run(q, (k_cache, v_cache), out=out)
         err = float((out.float() - expected).norm() / expected.norm()) if out.isfinite().all() else float("inf")
         times[name], wrong = graph_time_us(lambda: wrapper.run(q, (k_cache, v_cache), out=out)), wrong or err > 0.01
-        print(f"{name}: {times[name]:.1f} us a call, {table_gb * 1e-3 / (times[name] * 1e-6):.2f} TB/s to read the "
-              f"whole table ({table_gb:.3f} GB); rel-L2 {err:.3g}")
-    full_cuda, trimmed_cuda, full_tensor = times.values()
-    slow = full_cuda > 3.0 * trimmed_cuda
-    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (an arm is wrong)' * wrong}: the full table takes "
-          f"{full_cuda / trimmed_cuda:.2f}x the trimmed one on CUDA cores (at most 3.0), "
-          f"{full_cuda / full_tensor:.2f}x the full one on tensor cores")
+        print(f"{name}: {times[name]:.1f} us a call ({table_gb * 1e-3 / (times[name] * 1e-6):.2f} TB/s if it read "
+              f"every page); rel-L2 {err:.3g}")
+    every_page = graph_time_us(lambda: (k_cache.sum(), v_cache.sum()))  # a plain read of the whole table
+    print(f"torch sums of K and V, every page once: {every_page:.1f} us, {table_gb * 1e-3 / (every_page * 1e-6):.2f} "
+          f"TB/s ({table_gb:.3f} GB)")
+    full_cuda, trimmed_cuda, _ = times.values()
+    slow = full_cuda**2 > every_page * trimmed_cuda  # in ratio nearer a read of every page than the trimmed table
+    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (an arm is wrong)' * wrong}: on CUDA cores the full table "
+          f"takes {full_cuda / trimmed_cuda:.1f}x the trimmed one, {full_cuda / every_page:.2f}x reading every page")
     print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
     return 1 if slow or wrong else 0  # a wrong arm's time says nothing
 

@@ -6,8 +6,8 @@ For each bug: run ``repro/REF.py`` on its own (its output and exit status), then
 the suite's code on the script's parts (``make.for_bug``'s, which the committed script's code must be): a
 ``first`` part built and run, a checked part gated (``core.gate.check``: random and probe inputs), timed
 parts gated and timed with the suite's CUDA-graph timer.  The two verdicts must agree: the script exits 1
-exactly where the suite's gate fails (or, timed, where the first path takes more than the script's
-threshold times the second).
+exactly where the suite's gate fails (or, for the cliff, where the CUDA-core call on the full table takes nearer
+a plain read of every page than the call on the trimmed table: ``cliff.reads_every_page``).
 Writes OUT/verdicts.json (rows of bugs run again replace their old ones) and OUT/REF.log; prints a table.
 A call that crashes the process's CUDA context counts as a failed gate, as in the sweep.
 """
@@ -29,20 +29,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def suite_verdict(ref: str) -> dict:
     """The suite's verdict on the bug's parts, in this process: each part's case and gate verdict (a control planned
-    with its keywords as the script plans it), and for the cliff both paths' times from the suite's timer."""
+    with its keywords as the script plans it), and for the cliff its arms' times and a plain read of every page's
+    from the suite's timer."""
     import torch
 
     from swabench.core import gate, workloads
     from swabench.impls import registry
     from swabench.measure import timing
-    from swabench.repro import bugs
-
-    from swabench.repro import make
+    from swabench.repro import bugs, cliff, make
 
     bug = bugs.get(ref)
     _, parts = make.for_bug(ref)  # the script's own parts: one request, plain wrappers where it shows so
     said = {"where": parts[0].case.label + (f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""), "parts": []}
-    times = []
+    times, table = [], None
     for p in parts:
         w = workloads.build(p.case, "cuda")
         runner = registry.get(p.impl).make(w, p.backend)
@@ -65,14 +64,16 @@ def suite_verdict(ref: str) -> dict:
         if p.role == "timed":
             kernel, _ = timing.cuda_graph_time(runner.run)
             times.append(kernel.median_us)
+            table = table or (w.k_store, w.v_store)  # the full table's K and V
     checked = [part for part in said["parts"] if part["role"] != "control"]
     wrong = not all(part["passed"] for part in checked)
     controls = [part["passed"] for part in said["parts"] if part["role"] == "control"]
     said["control_right"] = all(controls) if controls else None
     if times:
-        said["times_us"] = times
+        every_page, _ = timing.cuda_graph_time(lambda: (table[0].sum(), table[1].sum()))  # as the script reads them
+        said["times_us"], said["every_page_us"] = times, every_page.median_us
         said["ratio"] = times[0] / times[1]
-        said["slow"] = said["ratio"] > bugs.CLIFF_THRESHOLD
+        said["slow"] = cliff.reads_every_page(times[0], times[1], every_page.median_us)
     said["exit"] = 1 if wrong or said.get("slow") else 0
     return said
 

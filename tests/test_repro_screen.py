@@ -59,6 +59,25 @@ def test_the_cliff_says_the_bandwidth_a_call_would_take_in_tb_per_second():
     assert eval(expression, {"table_gb": 0.5, "times": {"arm": 100.0}, "name": "arm"}) == pytest.approx(5.0)
 
 
+def test_the_cliff_shows_where_the_full_table_takes_nearer_a_read_of_every_page_than_the_trimmed_table():
+    """The line between reading the window and reading every page is drawn by the two times, not by a factor: at
+    the H200's 147.5 us full and 11.7 us trimmed, a 110 us read of every page calls it; a call as fast as the
+    trimmed one, or one as slow as a read of every page, is on its side of the line."""
+    from swabench.repro import cliff
+
+    text, _ = make.for_bug("decode-cliff")
+    verdict = re.search(r"\n    slow = ([^#\n]*)", text).group(1)
+
+    def slow(full_cuda, trimmed_cuda, every_page):  # the script's verdict is the suite's (scripts/repro_verdicts.py)
+        said = eval(verdict, {"full_cuda": full_cuda, "trimmed_cuda": trimmed_cuda, "every_page": every_page})
+        assert said == cliff.reads_every_page(full_cuda, trimmed_cuda, every_page)
+        return said
+
+    assert slow(147.5, 11.7, 110.0) and slow(110.0, 11.7, 110.0)
+    assert not slow(12.0, 11.7, 110.0) and not slow(35.0, 11.7, 110.0)  # 35 us: nearer 11.7 than 110, in ratio
+    assert "3.0" not in text and "3x" not in text
+
+
 def test_a_top_comment_never_breaks_a_hyphenated_word():
     """An issue body joins a wrapped field with a space: 'tensor-' + 'core' would read 'tensor- core'."""
     from swabench.repro import script

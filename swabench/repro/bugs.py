@@ -25,7 +25,6 @@ from swabench.repro.script import Part
 # (windows of 0 keys, two-key requests) comes late, since a mistake there may hide inside one key tile.
 SEARCHED = ("release", "serving", "chunked", "noncausal", "tree", "evicted", "default", "edges", "shelf")
 CLIFF_AMPLIFICATION = 32  # the cliff case reads at least this many times the keys its window needs
-CLIFF_THRESHOLD = 3.0
 
 
 @dataclass(frozen=True)

@@ -262,40 +262,6 @@ def wrong_rows(case, bad):
                      for a, z, text in said) or "no row past the row tolerance"
 
 
-def graph_time_us(step):
-    """Microseconds a call of ``step`` as swabench times it: a CUDA graph of k calls (k for ~2 ms replays), an L2
-    flush captured before each call and a graph of the flushes alone subtracted, the median of 20 replays."""
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
-
-    def replay_us(graph):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1000
-
-    def captured(body, k):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(k):
-                body()
-        torch.cuda.synchronize()
-        return graph
-
-    once = replay_us(captured(step, 1))
-    k = max(1, min(200, int(2000 / max(once, 1.0)) + 1))
-    work, base = captured(lambda: (flush.zero_(), step()), k), captured(flush.zero_, k)
-    replay_us(work), replay_us(base)  # the first replay uploads the graph
-    samples = sorted((replay_us(work) - replay_us(base)) / k for _ in range(20))
-    return samples[len(samples) // 2]
-
-
 def environment():
     """What a maintainer asks first: Python, torch and its CUDA, the GPU (compute capability, SMs) and its driver,
     the flashinfer packages; then FlashInfer's own report (python -m flashinfer.collect_env) where the release has

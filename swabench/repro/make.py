@@ -116,21 +116,19 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     if one:
         return one
     fixed = f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""
-    control = next((p for p in parts if p.role == "control" or p.label == "_twin"), None)
+    control = next((p for p in parts if p.role == "control"), None)
     lines = [f"What is wrong: {bug.summary}", f"Where it shows: {where}{fixed}"]
     rows = bugs.rows_off(next(p for p in parts if p.role in ("checked", "timed")))
     lines += [f"Rows, as the suite models the path: {rows}"] if rows else []
     lines += [f"Matters: {bug.filing.matters}"] if bug.filing.matters else []
-    lines.append("Expected: " + (f"the full table takes about the trimmed table's time (at most "
-                                 f"{bugs.CLIFF_THRESHOLD}x): the kernel skips the pages before the window"
-                                 if bug.twin else EXPECTED))
+    lines.append(f"Expected: {EXPECTED}")
     lines += observed_lines(observed) or ["Observed: not yet run"]
     lines += [f"Fault: {bug.filing.kind}: {bug.filing.fault}"] + ([f"Upstream: {bug.url}"] if bug.url else [])
     said = control.says if control else bug.filing.control_said
     lines.append(f"Control: {said}; its verdict is printed beside the bug's" if said else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
-    lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, bool(bug.twin))]
+    lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library)]
     lines = getattr(template, "header_lines", list)(lines)
     header = script.Header(bug.filing.title, script.wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
@@ -141,7 +139,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
             raise RunFailed(f"the script would not make the suite's calls ({e}); nothing written: please report it") \
                 from None
         return template.render(parts[0].case, header), parts
-    return _checked(parts, header, bugs.CLIFF_THRESHOLD if bug.twin else None, progress), parts
+    return _checked(parts, header, progress), parts
 
 
 # bugs whose script is written from a template, not traced: holistic-offset's case is too large to build on the CPU,
@@ -217,19 +215,18 @@ EXPECTED = ("every row is float32 softmax attention over the keys its mask allow
             "swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head")
 
 
-def _run_line(library: str, timed: bool = False) -> str:
+def _run_line(library: str) -> str:
     needs = "torch, flashinfer and a CUDA GPU (kernels build on first use: minutes)" \
         if library == script.FLASHINFER else "torch (and a CUDA GPU where there is one)"
-    verdict = "the timing verdict, each path's check" if timed else "REPRODUCED or NOT REPRODUCED, the control's verdict"
-    return f"Run: python3 with {needs}. It prints {verdict}, the environment; exits 1 when reproduced."
+    return f"Run: python3 with {needs}. It prints REPRODUCED or NOT REPRODUCED, the control's verdict, the " \
+           f"environment; exits 1 when reproduced."
 
 
-def _checked(parts: list[script.Part], header: script.Header, threshold: float | None = None,
-             progress=_quiet) -> str:
+def _checked(parts: list[script.Part], header: script.Header, progress=_quiet) -> str:
     progress(f"tracing {', '.join(p.impl for p in parts)} on the CPU against a stand-in FlashInfer "
              f"({parts[-1].case.label})")
     try:
-        text = script.render(parts, header, threshold)
+        text = script.render(parts, header)
     except trace.Unrenderable as e:
         raise UserError(str(e)) from None
     progress("checking the script against the suite, call by call")

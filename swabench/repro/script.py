@@ -117,9 +117,8 @@ def traced(part: Part, inputs: str | None = None, tracer_class=trace.Tracer, out
     return tracer
 
 
-def render(parts: list[Part], header: Header, threshold: float | None = None) -> str:
-    """The script's text.  With ``threshold`` its two timed parts are timed and it exits 1 when the first takes
-    more than ``threshold`` times the second; else it exits 1 when the checked part is wrong."""
+def render(parts: list[Part], header: Header) -> str:
+    """The script's text: it exits 1 when the checked part is wrong."""
     checked = next((p for p in parts if p.role == "checked"), None)
     tracers = [traced(dataclasses.replace(p, label=checked.label) if replans(p, parts) else p, _inputs_of(p, parts))
                for p in parts]
@@ -127,23 +126,21 @@ def render(parts: list[Part], header: Header, threshold: float | None = None) ->
     body, declared = ["env = environment()  # before any call: a crash can take the CUDA context with it"], set()
     for p, t in zip(parts, tracers):
         body += [] if replans(p, parts) else _part(p, t, parts, declared)
-    body += _timing(parts) if threshold else _check(parts, tracers)
+    body += _check(parts, tracers)
     text = "\n".join(body)
-    case = case_literals(next(p.case for p in parts if p.role in ("checked", "timed")))
+    case = case_literals(next(p.case for p in parts if p.role == "checked"))
     wanted = [kit.make_inputs, kit.evict_pages, kit.taken_by, kit.block_visible, kit.block_ranges, kit.table_slice,
               kit.key_slots, kit.window_mask, kit.visible, kit.seen, kit.reference, kit.outcome, kit.wrong_rows,
-              kit.graph_time_us, kit.environment]
+              kit.environment]
     helpers = needed_helpers(wanted, text, case)
     read = case_keys(text, helpers)
-    first = tracers[next(i for i, p in enumerate(parts) if p.role in ("checked", "timed"))]
+    first = tracers[next(i for i, p in enumerate(parts) if p.role == "checked")]
     imports = ["import torch"] + (["import torch.nn.functional as F"] if "F." in text else []) + \
         (["", "import flashinfer"] if flashinfer else [])
     constants = [call(f"CASE{p.label} = dict", [],
                       {k: literal(v) for k, v in case_literals(p.case).items() if k in read})
                  for p in parts if not _shares_inputs(p, parts)]
     constants.append(tolerance_line(parts[-1].case.dtype))
-    if threshold:
-        constants.append(f"THRESHOLD = {threshold!r}  # the most the path may take, in multiples of its control's time")
     constants.append('DEVICE = "cuda"' if flashinfer else 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"')
     main = "\n".join(["def main():", "    dev = torch.device(DEVICE)"] + _indent(body))
     return assemble(header, [call_line(first), shape_line(case)], imports, constants, main, helpers)
@@ -315,18 +312,3 @@ def _check(parts: list[Part], tracers: list[trace.Tracer]) -> list[str]:
                   f"      + outcome(CASE{o}, x{o}, step{run}, out{run}, TOLERANCE)[1])"]
     return lines + ['print(*env, sep="\\n")', "return 1 if wrong else 0"]
 
-
-def _timing(parts: list[Part]) -> list[str]:
-    """Both timed parts held to the reference (each must be right), then timed as the suite times them."""
-    bug, twin = (p for p in parts if p.role == "timed")
-    o = _inputs_of(twin, parts)
-    return [f"wrong, what, _ = outcome(CASE{bug.label}, x{bug.label}, step{bug.label}, out{bug.label}, TOLERANCE)",
-            f"wrong_twin, what_twin, _ = outcome(CASE{o}, x{o}, step{twin.label}, out{twin.label}, TOLERANCE)",
-            f"slow, fast = graph_time_us(step{bug.label}), graph_time_us(step{twin.label})",
-            "print(('REPRODUCED' if slow > THRESHOLD * fast else 'NOT REPRODUCED')",
-            f"      + f': {bug.says or bug.impl} takes {{slow:.1f}} us a call, {{slow / fast:.2f}}x the {{fast:.1f}} us'",
-            f"      + f' of {twin.says or twin.impl} (threshold {{THRESHOLD}}x; CUDA graphs, L2 flushed before each call)')",
-            f"print({(bug.says or bug.impl) + ': '!r} + what)",
-            f"print({'CONTROL, ' + (twin.says or twin.impl) + ': '!r} + what_twin)",
-            'print(*env, sep="\\n")',
-            "return 1 if slow > THRESHOLD * fast or wrong or wrong_twin else 0"]
