@@ -670,6 +670,8 @@ def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
     assert f"{len(lines)} of its {len(noise) + len(lines) + 1:,} lines, {len(noise) + 1:,} left out" in body
     assert all(line in quoted for line in lines)
     assert issue.excerpt(REPRODUCER_LOG) == (lines, 0)  # a script's own output is quoted whole
+    built = "2026-12-05 04:08:06,000 - INFO - core.py:635 - flashinfer.jit: Building JIT module cascade; this can"
+    assert issue.excerpt(REPRODUCER_LOG + built + "\n") == (lines, 0)  # without FlashInfer's log of its builds
 
 
 def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):

@@ -17,6 +17,9 @@ GPU_LINE = re.compile(r"^(?:(?P<name>.+): compute capability [\d.]+, |GPU 0 \(CU
                       r"SM\w+ \| )(?P<sms>\d+) SMs")
 PACKAGE_LINE = re.compile(r"^(?:flashinfer[-_]python |flashinfer\s+: )(?P<version>\S+)$", re.IGNORECASE)
 TORCH_LINE = re.compile(r"^python \S+, torch \S+")  # the scripts' first environment line
+# FlashInfer's log of a module it builds on first use ("2026-12-05 04:08:06,000 - INFO - core.py:635 -
+# flashinfer.jit: Building JIT module ..."): what the node did, not what the call does
+BUILD_LINE = re.compile(r"^\S+ \S+ - INFO - \S+ - flashinfer\.jit: ")
 WHOLE_LINES, WHOLE_CHARS = 200, 16_000  # a log within both is quoted whole (a script's output is 120 lines, 8 KB)
 REPORT_LINES = 30  # of a longer log: at most this many verdict, detail and CONTROL lines
 DETAIL_LINES = 4  # the lines a script prints under its verdict (the worst row)
@@ -100,9 +103,11 @@ def said_once(observed) -> list[tuple[str, str, str]]:
 def excerpt(text: str) -> tuple[list[str], int]:
     """(the lines of a reproducer's output to quote, how many were left out): a short output whole; of a longer one
     (a log with a server's or a build's output around it), each verdict with the lines printed under it, the
-    CONTROL lines and the environment lines, each bounded, every line cut at ``LINE_CHARS``."""
-    lines = text.splitlines()
-    if len(lines) <= WHOLE_LINES and len(text) <= WHOLE_CHARS:
+    CONTROL lines and the environment lines, each bounded, every line cut at ``LINE_CHARS``.  FlashInfer's log of
+    the modules it built is not the script's output: left out of either, and not counted in a short one."""
+    every = text.splitlines()
+    lines = [line for line in every if not BUILD_LINE.match(line)]
+    if len(lines) <= WHOLE_LINES and len("\n".join(lines)) <= WHOLE_CHARS:
         return lines, 0
     report, environment, under = [], [], 0
     for at, line in enumerate(lines):
@@ -116,7 +121,7 @@ def excerpt(text: str) -> tuple[list[str], int]:
             report.append(at)
         under = 0 if line.startswith("CONTROL") else max(0, under - 1)  # a verdict's lines end at its control
     picked = sorted(report + environment)
-    return [_cut(lines[at]) for at in picked], len(lines) - len(picked)
+    return [_cut(lines[at]) for at in picked], len(every) - len(picked)
 
 
 def _cut(line: str) -> str:
