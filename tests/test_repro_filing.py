@@ -172,6 +172,8 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
     assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287 proposes" in body
     rows = [line for line in body.splitlines() if line.startswith("| the call (fa2) |")]
     assert len(rows) == 16 and all("| gemma-3-27b | 8 |" in line for line in rows)  # SGLang serves it on Gemma alone
+    contexts = [int(line.split(" | ")[3]) for line in rows]
+    assert contexts == sorted(contexts) and "chain of 7 |" in rows[0] and "tree of 7 nodes" in rows[1]  # inside first
     assert "| 8208 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 128 of 128 | 1.41 |" in body  # past the window
     assert "| 80 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 0 of 128 |" in body  # inside it
 

@@ -1,7 +1,8 @@
 """What the suite measured of a bug in published run folders, as the table an issue comment quotes: each gated
 point of the bug's paths, said in FlashInfer's terms (context, draft, page size), its wrong rows and its error or,
-counted under ncu, the bytes it read against what its window needs, with the GPU and the release that ran it.  Only points the path serves now are kept (a path that skips a model
-today says so, and its old rows would argue for a case the engine never runs)."""
+counted under ncu, the bytes it read against what its window needs, with the GPU and the release that ran it.
+Only points the path serves now are kept (a path that skips a model today says so, and its old rows
+would argue for a case the engine never runs)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def rows(runs, paths: dict[str, str]) -> list[dict]:
 
 def table(found: list[dict]) -> list[str]:
     """The Markdown table of ``rows``, one line per model, length and draft (its page sizes together where they
-    agree), in FlashInfer's terms; the bytes each path read where the run counted them (ncu), else its rows."""
+    agree), in FlashInfer's terms, each path's lines by context then draft; the bytes each path read where the run
+    counted them (ncu), else its rows."""
     counted = any(r["read"] == r["read"] and r["read"] is not None for r in found)
     grouped: dict[tuple, list[dict]] = {}
     for r in found:
@@ -50,7 +52,10 @@ def table(found: list[dict]) -> list[str]:
     head = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
     lines = ["| path | model | batch | kv_len | draft | window_left | page_size | " + " | ".join(head) + " | ran on |",
              "| --- " * 10 + "|"]
-    for (path, model, batch, kv, draft, window, where, said), same in grouped.items():
+    paths = list(dict.fromkeys(key[0] for key in grouped))
+    order = sorted(grouped, key=lambda k: (paths.index(k[0]), k[1], k[2], k[3], grouped[k][0]["case"].qo_len, k[4]))
+    for (path, model, batch, kv, draft, window, where, said) in order:  # inside the window first, chain before tree
+        same = grouped[path, model, batch, kv, draft, window, where, said]
         pages = ", ".join(str(p) for p in sorted({r["case"].page_size for r in same}))
         errors = sorted(r["rel_l2"] for r in same)
         error = f"{errors[0]:.3g}" + (f"-{errors[-1]:.3g}" if f"{errors[-1]:.3g}" != f"{errors[0]:.3g}" else "")
