@@ -84,3 +84,64 @@ def test_a_top_comment_never_breaks_a_hyphenated_word():
 
     assert script.wrapped(["Fault: " + "x" * 95 + " the tensor-core path starts at the window"], 110) == [
         "Fault: " + "x" * 95 + " the", "    tensor-core path starts at the window"]
+
+
+def library_calls(text: str) -> list[tuple[int, str, int, bool, list[str]]]:
+    """(line, 'flashinfer.X' or 'flashinfer.X.method', positional arguments, whether some are splatted, keywords) of
+    each call a script makes on the library or on a wrapper it built (a keyword splatted from taken_by is
+    feature-tested, so not listed)."""
+    import ast
+
+    def dotted(node):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts, node = [node.attr, *parts], node.value
+        return ".".join([node.id, *parts]) if isinstance(node, ast.Name) else None
+
+    tree, built = ast.parse(text), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                (made := dotted(node.value.func) or "").startswith("flashinfer."):
+            built.update({t.id: made for t in node.targets if isinstance(t, ast.Name)})
+    calls = []
+    for node in ast.walk(tree):
+        name = dotted(node.func) if isinstance(node, ast.Call) else None
+        head, _, method = (name or "").partition(".")
+        target = name if head == "flashinfer" else f"{built[head]}.{method}" if head in built and "." not in method \
+            else None
+        if target:
+            plain = [a for a in node.args if not isinstance(a, ast.Starred)]
+            calls.append((node.lineno, target, len(plain), len(plain) < len(node.args),
+                          [k.arg for k in node.keywords if k.arg]))
+    return calls
+
+
+@pytest.mark.parametrize("ref", FILED)
+def test_a_committed_script_calls_only_what_the_installed_flashinfer_takes(ref):
+    """Run where FlashInfer is installed (a GPU node, or a release unpacked on PYTHONPATH): every class, function and
+    method a script calls exists there and takes its keywords and positional count; a script whose classes a
+    release lacks skips, naming them."""
+    import inspect
+    from pathlib import Path
+
+    flashinfer = pytest.importorskip("flashinfer")
+    text = (Path(__file__).resolve().parent.parent / "repro" / f"{ref.replace('#', '-')}.py").read_text()
+
+    def found(dotted):
+        obj = flashinfer
+        for part in dotted.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        return obj
+
+    calls = library_calls(text)
+    missing = sorted({target for _, target, *_ in calls if found(target) is None})
+    if missing:
+        pytest.skip(f"flashinfer {flashinfer.__version__} lacks {', '.join(missing)}")
+    for line, target, positional, splatted, keywords in calls:
+        signature = inspect.signature(found(target))
+        first = [None] if "self" in signature.parameters else []
+        bind = signature.bind_partial if splatted else signature.bind  # a splat's length is known only at run time
+        try:
+            bind(*first, *[None] * positional, **dict.fromkeys(keywords))
+        except TypeError as e:
+            pytest.fail(f"{ref}:{line}: {target} on flashinfer {flashinfer.__version__}: {e}")
