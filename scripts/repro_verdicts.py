@@ -80,7 +80,9 @@ def suite_verdict(ref: str) -> dict:
 
 def code(script: str) -> str:
     """A script without its top comment (which carries what runs of it printed)."""
-    return script.split('"""', 2)[2]
+    from swabench.repro import issue
+
+    return issue.script_code(script)
 
 
 @contextlib.contextmanager
@@ -107,7 +109,10 @@ def planned_with(keywords: dict):
 def judge(ref: str) -> dict:
     """Run the bug's script, then the suite on its parts in a fresh process: what each said (subprocesses alone, so
     that several bugs are judged at once)."""
+    from swabench.repro import issue
+
     path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
+    digest = issue.script_digest(path.read_text())
     ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
     judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
                             timeout=600, cwd=ROOT)
@@ -117,7 +122,7 @@ def judge(ref: str) -> dict:
     verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
     control = next((line for line in lines if line.startswith("CONTROL")), "")
     return {"ref": ref, "script_exit": ran.returncode, "suite": suite, "script_said": [verdict, control],
-            "log": ran.stdout + ran.stderr}
+            "log": ran.stdout + ran.stderr, "script_digest": digest}
 
 
 def agreed(said: dict) -> dict:
@@ -133,7 +138,7 @@ def agreed(said: dict) -> dict:
     agree = suite.get("exit") == said["script_exit"] and same_case and control_agree
     return {"ref": ref, "case": suite.get("where", ""), "script_exit": said["script_exit"], "suite": suite,
             "same_case": same_case, "control_agree": control_agree, "agree": agree,
-            "script_said": said["script_said"], "log": said["log"]}
+            "script_said": said["script_said"], "log": said["log"], "script_digest": said["script_digest"]}
 
 
 def main(out: Path, refs: list[str], jobs: int = 1) -> int:

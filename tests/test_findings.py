@@ -128,6 +128,22 @@ def test_each_script_on_the_node_is_tabled_beside_the_suite(page):
     assert re.search(r"\| \d+\.\d\dx \(\d+\.\d vs \d+\.\d us\) \|", cliff)  # the suite's own timer
 
 
+def test_a_row_says_whether_it_ran_the_script_committed_now(tmp_path, monkeypatch):
+    """The run records the script's code digest; a top comment rewritten with new Observed lines is the same script,
+    a changed line of code is an older form, and a run that recorded none says so."""
+    from swabench.repro import issue
+
+    (tmp_path / "repro").mkdir()
+    script = tmp_path / "repro" / "flashinfer-4972.py"
+    script.write_text('#!/usr/bin/env python3\n"""Title\n\nObserved: new\n"""\nprint(1)\n')
+    monkeypatch.setattr(repros, "REPO", tmp_path)
+    ran = issue.script_digest('#!/usr/bin/env python3\n"""Title\n\nObserved: not yet run\n"""\nprint(1)\n')
+    assert repros._which_script({"ref": "flashinfer#4972", "script_digest": ran}) == "this one"
+    script.write_text(script.read_text().replace("print(1)", "print(2)"))
+    assert repros._which_script({"ref": "flashinfer#4972", "script_digest": ran}) == "**an older form**"
+    assert repros._which_script({"ref": "flashinfer#4972"}) == "not recorded"
+
+
 def test_the_suite_and_control_verdicts_read_plainly():
     crash = {"parts": [{"role": "checked", "passed": False, "reason": "AcceleratorError: CUDA error: lost"}]}
     assert repros._suite_said(crash) == "crashed (`AcceleratorError: CUDA error: lost`)"

@@ -4,6 +4,7 @@ printed.  For a bug already reported upstream the body is a comment on that issu
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -33,6 +34,17 @@ class Observed:
     verdict: str  # the script's first verdict line
     control: str  # its CONTROL line, or ""
     text: str  # everything it printed
+
+
+def script_code(script: str) -> str:
+    """A script without its top comment, which carries what runs of it printed."""
+    return script.split('"""', 2)[2]
+
+
+def script_digest(script: str) -> str:
+    """What identifies a script's code across the Observed lines written into it: a run records it, so a page can
+    tell a run of the script committed now from a run of an older form."""
+    return hashlib.sha256(script_code(script).encode()).hexdigest()[:16]
 
 
 def read(log) -> Observed:

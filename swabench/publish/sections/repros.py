@@ -70,9 +70,21 @@ def _suite_said(suite: dict) -> str:
     return said + ("; control " + ("right" if all(p["passed"] for p in controls) else "wrong") if controls else "")
 
 
+def _which_script(row: dict) -> str:
+    """Whether a row ran the script committed now: its code's digest against the run's, where the run recorded it."""
+    from swabench.repro import issue
+
+    script = REPO / "repro" / f"{row['ref'].replace('#', '-')}.py"
+    if "script_digest" not in row or not script.exists():
+        return "not recorded"
+    return "this one" if issue.script_digest(script.read_text()) == row["script_digest"] else "**an older form**"
+
+
 def on_the_node() -> list[str]:
-    """Each committed script's own output on the node beside the suite's verdict on the same case."""
-    rows = [{"bug": f"`{row['ref']}`", "flashinfer": release, "the script printed": f"`{row['script_said'][0]}`",
+    """Each committed script's own output on the node beside the suite's verdict on the same case, and whether the
+    row ran the script committed now."""
+    rows = [{"bug": f"`{row['ref']}`", "flashinfer": release, "script run": _which_script(row),
+             "the script printed": f"`{row['script_said'][0]}`",
              "its control": f"`{_control_said(row['script_said'][1])}`" if row["script_said"][1] else "",
              "the suite, same case": _suite_said(row["suite"]), "agree": "yes" if row["agree"] else "**no**"}
             for release, row in sorted(_verdicts(), key=lambda v: (v[1]["ref"], v[0]))]
@@ -81,7 +93,8 @@ def on_the_node() -> list[str]:
     return ["What each committed script printed on the H200, run on its own, beside the suite's verdict on the "
             "same parts in a fresh process (`scripts/repro_verdicts.py`; the logs and `verdicts.json` are in "
             "`repro/h200-RELEASE/`). The cliff's script and the suite both time under CUDA graphs with L2 flushed; "
-            "a row agrees where the case, the exit status and the control's verdict are the same.",
+            "a row agrees where the case, the exit status and the control's verdict are the same. 'script run': the "
+            "script committed now, an older form of it (its code has changed since), or not recorded by the run.",
             markdown_table(pd.DataFrame(rows))]
 
 
