@@ -119,7 +119,8 @@ def reproducers(runs: list[Run]) -> list[str]:
     return ["Each bug the runs caught, as a script that uses only torch and the library: it builds the case the "
             "suite builds, makes the path's own calls, checks against a reference written out in it and exits 1 "
             "where the output is wrong (the cliff: where the full table's time is nearer, in ratio, a plain read of "
-            "every page's than the trimmed table's). `swabench repro RUN --case ID --impl NAME` writes one for any point of a run.",
+            "every page's than the trimmed table's). `swabench repro RUN --case ID --impl NAME` writes one for any "
+            "point of a run.",
             markdown_table(pd.DataFrame(rows))] + on_the_node()
 
 
