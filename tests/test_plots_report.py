@@ -150,6 +150,17 @@ def test_bench_host_saves_json_and_plots(tmp_path):
     assert mpimg.imread(out / "host_work.png").shape[0] > 200
     assert json.loads((out / "meta.json").read_text())["torch"]
 
+def test_bench_host_without_pytest_benchmark_says_how_to_install_it_and_writes_nothing(tmp_path, monkeypatch):
+    import importlib.util
+
+    from conftest import invoke
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest_benchmark" else
+                        found(name, *a))
+    done = invoke("bench-host", "--quick", "--out", tmp_path / "hb")
+    assert done.exit_code == 2 and "pytest-benchmark" in done.output and ".[test]" in done.output, done.output
+    assert not (tmp_path / "hb").exists()
 
 
 def test_tick_labels_keep_only_what_tells_cases_apart():

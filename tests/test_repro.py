@@ -420,6 +420,7 @@ def test_a_runs_point_says_how_the_run_found_it():
     r = invoke("repro", f"{PUBLISHED}/h200-default-0.7.4", "--case", "575adaa4da7b", "--impl", "paged-window")
     head = r.output.split('"""')[1]
     assert r.exit_code == 0 and f"In {PUBLISHED}/h200-default-0.7.4: pass" in head and "What is wrong" not in head
+    assert "It prints REPRODUCED or NOT REPRODUCED, the environment;" in " ".join(head.split())  # it has no control
 
 
 def test_bug_scripts_come_from_the_shipped_scenarios_wherever_it_runs(tmp_path, monkeypatch):

@@ -94,7 +94,7 @@ def for_point(source: str, case_id: str, impl: str, backend: str | None, progres
     lines += [f"Upstream: {declared.url}"] if declared and declared.url else []
     header = script.Header(f"{impl} on {case.label} ({backend}): {kind}",
                            script.wrapped(lines + [f"Made by: {command(source, case.case_id, impl, backend)}",
-                                             _run_line(obj.library)]))
+                                             _run_line(obj.library, control=False)]))
     parts = [script.Part(case, impl, backend)]
     return _checked(parts, header, progress=progress), parts
 
@@ -128,7 +128,7 @@ def for_bug(ref: str, progress=_quiet, observed=()) -> tuple[str, list[script.Pa
     lines.append(f"Control: {said}; its verdict is printed beside the bug's" if said else
                  "Control: none in one process" + ("; the same script on the release that fixed it is right"
                                                    if bug.fixed_in else ""))
-    lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library)]
+    lines += [f"Made by: swabench repro --bug {ref}", _run_line(registry.get(bug.impl).library, control is not None)]
     lines = getattr(template, "header_lines", list)(lines)
     header = script.Header(bug.filing.title, script.wrapped(lines, getattr(template, "WIDTH", 110)))
     if template:
@@ -215,11 +215,11 @@ EXPECTED = ("every row is float32 softmax attention over the keys its mask allow
             "swabench's gate: rel-L2 at most 0.01 overall and 0.05 in every row and head")
 
 
-def _run_line(library: str) -> str:
+def _run_line(library: str, control: bool) -> str:
     needs = "torch, flashinfer and a CUDA GPU (kernels build on first use: minutes)" \
         if library == script.FLASHINFER else "torch (and a CUDA GPU where there is one)"
-    return f"Run: python3 with {needs}. It prints REPRODUCED or NOT REPRODUCED, the control's verdict, the " \
-           f"environment; exits 1 when reproduced."
+    return f"Run: python3 with {needs}. It prints REPRODUCED or NOT REPRODUCED" + \
+        (", the control's verdict" if control else "") + ", the environment; exits 1 when reproduced."
 
 
 def _checked(parts: list[script.Part], header: script.Header, progress=_quiet) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +33,11 @@ def bench(out: Path, quick: bool = False) -> list[Path]:
 
     if not BENCHMARKS.is_dir():
         raise HostBenchError(f"{BENCHMARKS} is not there: run from a checkout (pip install -e .)")
+    missing = [name for name, module in (("pytest", "pytest"), ("pytest-benchmark", "pytest_benchmark"))
+               if importlib.util.find_spec(module) is None]
+    if missing:  # before the run folder is made: nothing is left behind
+        raise HostBenchError(f"bench-host runs the benchmarks under {' and '.join(missing)}, which this Python lacks: "
+                             f"pip install -e '.[test]'")
     run_folder.make_folder(run_folder.check_new_run(out))
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
     run_folder.write_meta(out, schema.check_meta(meta))
