@@ -351,6 +351,8 @@ def test_a_failed_points_line_prints_its_repro_command():
     line = "swabench repro results/run --case abc123 --impl paged-window --backend fa2"
     assert f"      reproduce: {line}" in console_summary(table, folder="results/run").splitlines()
     assert "reproduce" not in console_summary(table)
+    assert "median of medians (us)" in console_summary(table)
+    assert "median of medians" not in console_summary(table.assign(median_us=None))  # a check times nothing
     rows = correctness._failed(Run("results/run", table, {}))  # the report's failed points
     assert list(rows["repro"]) == [f"`{line}`"]
 

@@ -349,5 +349,5 @@ register_variant("decode-tc-trim", "decode wrapper with use_tensor_cores=True, t
                  "kv_len-1-W, window_left=W", Variant("paged", decode="tensor-core", start=trim))
 register_variant("sink-window", "BatchAttentionWithAttentionSinkWrapper (GPT-OSS), plan(causal=True, window_left=W), "
                  "run(q, kv, sinks, sm_scale)", Variant("paged", sinks="apply"))
-register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): 0.7.2 takes the sinks and leaves "
-                 "them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))
+register_variant("paged-sinks-dropped", "paged prefill wrapper, run(..., sinks=s): fa2 and fa3 take the sinks and "
+                 "leave them out", Variant("paged", sinks="drop"), kind="known-bug", ignores=frozenset({"sinks"}))

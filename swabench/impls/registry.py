@@ -376,10 +376,11 @@ def order(name: str) -> int:
 def listing(device) -> str:
     """One line per implementation: kind, library, storages, what it does, its role, and why it
     cannot run on ``device`` if it cannot."""
-    lines = []
-    for impl in all_implementations():
+    lines, every = [], all_implementations()
+    width = max(len(impl.name) for impl in every)
+    for impl in every:
         here = impl.availability(device)
         role = "baseline" if impl.baseline else f"reference on {impl.reference}" if impl.reference else ""
-        lines.append(f"  {impl.name:22s} {impl.kind:9s} {impl.library:10s} {'/'.join(impl.storages):12s} "
+        lines.append(f"  {impl.name:{width}s} {impl.kind:9s} {impl.library:10s} {'/'.join(impl.storages):12s} "
                      f"{impl.summary}" + (f" [{role}]" if role else "") + (f"  [not here: {here}]" if here else ""))
     return "\n".join(lines)

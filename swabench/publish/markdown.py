@@ -96,7 +96,7 @@ def trace_name(trace: dict) -> str:
 
 
 def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = None) -> str:
-    """What a finished sweep prints: points per implementation and status, the median kernel time,
+    """What a finished sweep prints: points per implementation and status, the median kernel time where any,
     and the first failed and xpass points (lines starting '  FAIL' / '  XPASS'), each followed, where the
     run's ``folder`` is given, by the command that writes its standalone script."""
     from swabench.repro import command
@@ -104,7 +104,8 @@ def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = N
     if not len(table):
         return ""
     counts = table.groupby("impl", sort=False)["status"].value_counts().unstack(fill_value=0)
-    counts["median of medians (us)"] = table.groupby("impl", sort=False)["median_us"].median().round(1)
+    if table["median_us"].notna().any():  # a gate-only sweep (check) times nothing
+        counts["median of medians (us)"] = table.groupby("impl", sort=False)["median_us"].median().round(1)
     lines = [counts.to_string()]
     for status in ("fail", "xpass"):
         rows = table[table["status"] == status]
