@@ -6,7 +6,7 @@ Shape: batch 1; qo_len 8; kv_len 308; 64 query, 8 KV heads; head_dim 64; page_si
     bfloat16
 Fault: FlashInfer bug: run()'s docstring says of sinks "When provided, the kernel applies the attention-with-sink
     variant" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only (prefill.py:867):
-    fa2 (878-916) and fa3 (919-975) drop them, where cute-dsl and cudnn raise
+    fa2 (878-918) and fa3 (919-975) drop them, where cute-dsl and cudnn raise
 Control: BatchAttentionWithAttentionSinkWrapper (it applies sinks)
 Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """

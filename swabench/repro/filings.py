@@ -114,7 +114,7 @@ FILINGS: dict[str, Filing] = {
         kind="FlashInfer bug",
         fault="run()'s docstring says of sinks \"When provided, the kernel applies the attention-with-sink "
               "variant\" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only "
-              "(prefill.py:867): fa2 (878-916) and fa3 (919-975) drop them, where cute-dsl and cudnn raise",
+              "(prefill.py:867): fa2 (878-918) and fa3 (919-975) drop them, where cute-dsl and cudnn raise",
         matters="sinks= given to the paged prefill wrapper's run() on fa2 or fa3",
         control="sink-window", control_said=f"{SINK_WRAPPER} (it applies sinks)",
         ask="raise in run() where the backend does not apply sinks (one line at prefill.py:5244: if sinks is not "
