@@ -71,7 +71,8 @@
 #            beside the existing wrappers' (OUTDIR/h200-ncu-shelf-VERSION)
 #   release-shelf  release.toml's shelf groups on the installed release (every module built first, 16 at once):
 #            OUTDIR/h200-release-shelf-VERSION, one folder per release for `swabench matrix`
-#   verdicts  each script's calls held to the installed release's signatures (tests/test_repro_screen.py, api.log),
+#   verdicts  each script's calls held to the installed release's signatures, and the lines the faults cite to its
+#            source where it is the release they were read in (api.log),
 #            then scripts/repro_verdicts.py on $REPRO_REFS (default: every script under repro/), $VERDICT_JOBS (6) at
 #            once, into OUTDIR/repro-VERSION, starting from the committed repro/h200-VERSION/verdicts.json (rows of
 #            the bugs run again are replaced, the others kept)
@@ -240,8 +241,8 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
     verdicts)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                mkdir -p "$out/repro-$v"
                [ -f "repro/h200-$v/verdicts.json" ] && cp "repro/h200-$v/verdicts.json" "$out/repro-$v/"
-               python3 -m pytest -q -p no:cacheprovider tests/test_repro_screen.py -k installed_flashinfer 2>&1 \
-                 | tee "$out/repro-$v/api.log" | tail -2  # each script's calls against this release's signatures
+               python3 -m pytest -q -p no:cacheprovider tests/test_repro_screen.py tests/test_repro_filing.py \
+                 -k "installed_flashinfer or cited_line" 2>&1 | tee "$out/repro-$v/api.log" | tail -2
                ( time python3 scripts/repro_verdicts.py "$out/repro-$v" ${REPRO_REFS:-} --jobs "${VERDICT_JOBS:-6}" ) \
                  2>&1 | tail -25 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \

@@ -295,3 +295,41 @@ def test_releases_that_printed_the_same_verdict_on_one_gpu_are_said_once():
     assert make.observed_lines(unnamed) == ["Observed on NVIDIA H200 (132 SMs): REPRODUCED: x",
                                             "Observed on an unnamed machine: REPRODUCED: x",
                                             "Observed on flashinfer 0.7.4: REPRODUCED: x"]
+
+
+# what each line a filing cites holds in the release's wheel: a line that moves no longer holds it
+CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
+         "include/flashinfer/page.cuh:199": "get_elem_offset",
+         "include/flashinfer/attention/decode.cuh:438": "kv_len = paged_kv.get_length",
+         "csrc/batch_decode.cu:66": "DecodePlan",
+         "flashinfer/prefill.py:4744": "sinks : Optional",
+         "flashinfer/prefill.py:3690": "window_left : int",
+         "include/flashinfer/attention/variants.cuh:89": "kv_idx + qo_len + window_left >= kv_len + qo_idx",
+         "flashinfer/prefill.py:5112": "_custom_mask_buf",
+         "flashinfer/jit/attention/variants.py:34": "REGISTER_LOGITS_MASK",
+         "include/flashinfer/attention/variants.cuh:80": "use_custom_mask"}
+
+
+def test_every_file_and_line_a_filing_cites_is_listed_with_what_it_holds():
+    from swabench.repro import filings
+
+    cited = {f"{path}:{line}" for f in filings.FILINGS.values() for text in (f.fault, f.ask)
+             for path, line in filings.CITES.findall(text)}
+    assert cited == set(CITED), cited ^ set(CITED)
+
+
+def test_each_cited_line_holds_what_the_filing_says_in_the_release_it_was_read_in():
+    """Where FlashInfer imports (a GPU node, or a wheel unpacked on PYTHONPATH) at the release the faults were read
+    in: each cited line holds its token, in the package (flashinfer/...) or its data (include/, csrc/)."""
+    from pathlib import Path
+
+    from swabench.repro import filings
+
+    flashinfer = pytest.importorskip("flashinfer")
+    if flashinfer.__version__ != filings.SOURCE_RELEASE:
+        pytest.skip(f"the faults cite flashinfer {filings.SOURCE_RELEASE}'s lines; {flashinfer.__version__} is here")
+    package = Path(flashinfer.__file__).parent
+    for cite, token in CITED.items():
+        path, line = cite.rsplit(":", 1)
+        file = package.parent / path if path.startswith("flashinfer/") else package / "data" / path
+        assert token in file.read_text().splitlines()[int(line) - 1], f"{cite} no longer holds {token!r}"

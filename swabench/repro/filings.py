@@ -3,6 +3,7 @@ what decides it, the control that pins the cause, and what a report asks for (``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from swabench.repro import holistic
@@ -30,6 +31,11 @@ class Filing:
     chain: bool = False
     comment_on: str = ""  # the upstream issue or pull request the report is a comment on
 
+
+# the release whose wheel the faults' files and lines were read in (a test holds each cited line to what it says)
+SOURCE_RELEASE = "0.7.4"
+CITES = re.compile(r"\b((?:include|csrc|flashinfer)/[\w/.]+\.(?:cuh|cu|py|h)):(\d+)")  # a file and line, in full
+LIBRARY_KINDS = ("FlashInfer bug", "FlashInfer docs gap", "performance request")  # read at FlashInfer's own source
 
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
 PLAN_WINDOW = "the same table, window_left at plan()"

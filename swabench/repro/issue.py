@@ -80,12 +80,14 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
     if comment_on:  # a paragraph, the script and one environment
         lines, observed = [f"{_sentence(title)}. {seen}{fix}", ""], observed[:1]
     else:
-        from swabench.repro.filings import KINDS
+        from swabench.repro.filings import CITES, KINDS, LIBRARY_KINDS, SOURCE_RELEASE
 
         kind, _, fault = said.get("Fault", "").partition(": ")
         fault = fault if kind in KINDS else said.get("Fault", "")  # an issue filed upstream needs no party named
         when = f" It shows with {said['Matters']}." if said.get("Matters") else ""
-        lines = [f"# {title}", "", f"{_sentence(fault)}.{when}{fix}", "",
+        lines_of = f" (Files and lines: the flashinfer-python {SOURCE_RELEASE} wheel.)" \
+            if kind in LIBRARY_KINDS and CITES.search(fault) else ""
+        lines = [f"# {title}", "", f"{_sentence(fault)}.{when}{fix}{lines_of}", "",
                  f"Expected: {said.get('Expected', 'the float32 reference')}. {seen}", ""]
     lines += [*measured, ""] if measured else []
     lines += [f"<details><summary>{script_name}: torch and flashinfer only, exits 1 when it reproduces</summary>", "",
