@@ -107,3 +107,12 @@ def test_runs_where_every_non_causal_point_passes_are_named_in_the_sentence_of_a
     assert answers.beside_the_window([a, b], []) == [f"Non-causal: {neighbours.PASSES} (`a`){exception} (`b`)."]
     assert answers.beside_the_window([a, c], []) == [f"Non-causal: {neighbours.PASSES} (`a`).",
                                                      f"Non-causal: {leads['`c`']} (`c`)."]
+
+
+def test_a_sentence_of_many_runs_names_the_first_and_counts_the_rest():
+    from swabench.publish.sections.base import merged
+
+    runs = [Run(name, pd.DataFrame(), META) for name in "abcd"]
+    said = [("X", r) for r in runs] + [("Y", runs[0]), ("Y", runs[1]), ("X", runs[0])]
+    assert merged(said) == ["X (`a`, `b`, `c`, `d`).", "Y (`a`, `b`)."]
+    assert merged(said, most=2) == ["X (`a` and 3 more runs, each named in the detail).", "Y (`a`, `b`)."]
