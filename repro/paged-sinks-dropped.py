@@ -5,8 +5,9 @@ Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=True,
 Shape: batch 1; qo_len 8; kv_len 308; 64 query, 8 KV heads; head_dim 64; page_size 16; window_left 127; sinks;
     bfloat16
 Fault: FlashInfer bug: run()'s docstring says of sinks "When provided, the kernel applies the attention-with-sink
-    variant" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only (prefill.py:867):
-    fa2 (878-918) and fa3 (919-975) drop them, where cute-dsl and cudnn raise
+    variant" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only
+    (flashinfer/prefill.py:867): fa2 (flashinfer/prefill.py:878-918) and fa3 (flashinfer/prefill.py:919-975) drop
+    them, where cute-dsl and cudnn raise
 Control: BatchAttentionWithAttentionSinkWrapper (it applies sinks)
 Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """

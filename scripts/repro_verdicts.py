@@ -64,25 +64,19 @@ def suite_verdict(ref: str) -> dict:
         if p.role == "timed":
             kernel, _ = timing.cuda_graph_time(runner.run)
             times.append(kernel.median_us)
-            table = table or (w.k_store, w.v_store)  # the full table's K and V
+            if p.impl == cliff.ARMS[0][0]:  # the call, on the full table: what a read of every page reads
+                table = (w.k_store, w.v_store)
     checked = [part for part in said["parts"] if part["role"] != "control"]
     wrong = not all(part["passed"] for part in checked)
     controls = [part["passed"] for part in said["parts"] if part["role"] == "control"]
     said["control_right"] = all(controls) if controls else None
-    if times:
+    if times and len(times) == sum(p.role == "timed" for p in parts):  # else an arm crashed: the gate failed
         every_page, _ = timing.cuda_graph_time(lambda: (table[0].sum(), table[1].sum()))  # as the script reads them
         said["times_us"], said["every_page_us"] = times, every_page.median_us
         said["ratio"] = times[0] / times[1]
         said["slow"] = cliff.reads_every_page(times[0], times[1], every_page.median_us)
     said["exit"] = 1 if wrong or said.get("slow") else 0
     return said
-
-
-def code(script: str) -> str:
-    """A script without its top comment (which carries what runs of it printed)."""
-    from swabench.repro import issue
-
-    return issue.script_code(script)
 
 
 @contextlib.contextmanager
@@ -129,10 +123,11 @@ def agreed(said: dict) -> dict:
     """The row of a judged bug: whether the script is the one the suite writes now (``make.for_bug`` traces against a
     stand-in FlashInfer module, so this runs in the main thread), whether the controls agree, and whether the two
     verdicts do."""
-    from swabench.repro import make
+    from swabench.repro import issue, make
 
     ref, suite = said["ref"], said["suite"]
-    same_case = code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text()) == code(make.for_bug(ref)[0])
+    same_case = issue.script_code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text()) == \
+        issue.script_code(make.for_bug(ref)[0])
     right = bool(re.search(r": (every row )?right \(", said["script_said"][1]))
     control_agree = suite.get("control_right") is None or right == suite["control_right"]
     agree = suite.get("exit") == said["script_exit"] and same_case and control_agree

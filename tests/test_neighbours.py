@@ -95,20 +95,6 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
                     f"over the trace `example` (200 steps), 50% windowed, 8 / 9 ms (`{tmp_path / 't'}`)."]
 
 
-def test_runs_where_every_non_causal_point_passes_are_named_in_the_sentence_of_a_declared_bug(monkeypatch):
-    """One line says both; where another run fails outside any declared bug, each run keeps its own line."""
-    from swabench.publish.sections import answers
-    declared = neighbours.PASSES + ", except where flashinfer#4972 is declared, each is wrong: `p` on 3 of 6"
-    leads = {"`a`": neighbours.PASSES, "`b`": declared, "`c`": "1 point of correct paths fails outside any bug"}
-    monkeypatch.setattr(neighbours, "noncausal_lead", lambda run: leads[run.name])
-    monkeypatch.setattr(neighbours, "chunked_leads", lambda run: [])
-    a, b, c = (Run(name, pd.DataFrame(), META) for name in "abc")
-    exception = declared.removeprefix(neighbours.PASSES)
-    assert answers.beside_the_window([a, b], []) == [f"Non-causal: {neighbours.PASSES} (`a`){exception} (`b`)."]
-    assert answers.beside_the_window([a, c], []) == [f"Non-causal: {neighbours.PASSES} (`a`).",
-                                                     f"Non-causal: {leads['`c`']} (`c`)."]
-
-
 def test_a_sentence_of_many_runs_names_the_first_and_counts_the_rest():
     from swabench.publish.sections.base import merged
 

@@ -150,6 +150,7 @@ def test_bench_host_saves_json_and_plots(tmp_path):
     assert mpimg.imread(out / "host_work.png").shape[0] > 200
     assert json.loads((out / "meta.json").read_text())["torch"]
 
+
 def test_bench_host_without_pytest_benchmark_says_how_to_install_it_and_writes_nothing(tmp_path, monkeypatch):
     import importlib.util
 

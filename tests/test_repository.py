@@ -79,3 +79,29 @@ def test_the_findings_page_is_short_and_links_every_topic_page():
                 assert (source.parent / target).exists(), f"{source.name} links {target}, which does not exist"
     readme = (ROOT / "README.md").read_text()
     assert "](FINDINGS.md)" in readme and "findings/" not in re.sub(r"`[^`]*`", "", readme)
+
+
+def test_every_helper_script_names_only_what_the_package_holds():
+    """scripts/*.py run only on a GPU node; here each must compile, and every swabench name it imports and every
+    attribute it reads of an imported swabench module must exist (a renamed helper would otherwise fail there)."""
+    import ast
+    import importlib
+    import importlib.util
+    import types
+
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        modules = {}
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("swabench"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    found = getattr(module, alias.name, None)
+                    if found is None and importlib.util.find_spec(f"{node.module}.{alias.name}"):
+                        found = importlib.import_module(f"{node.module}.{alias.name}")
+                    assert found is not None, f"{path.name}: from {node.module} import {alias.name}"
+                    if isinstance(found, types.ModuleType):
+                        modules[alias.asname or alias.name] = found
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                assert hasattr(modules[node.value.id], node.attr), f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}"

@@ -382,17 +382,17 @@ def test_a_flashinfer_script_on_the_gpu_says_what_the_gate_says(every_path, tmp_
 def test_each_committed_script_is_the_one_the_suite_writes_now():
     """repro/ holds the scripts the H200 ran, and scripts/repro_verdicts.py judges the parts make.for_bug gives:
     each committed script's code (its top comment aside, which carries what runs printed) must be what the suite
-    writes now, so a change to a script needs it written and run again."""
+    writes now (the code scripts/repro_verdicts.py holds each run to), so a change to a script needs it written and
+    run again."""
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    import repro_verdicts
+    from swabench.repro import issue
 
     scripts = sorted((Path(__file__).resolve().parent.parent / "repro").glob("*.py"))
     assert len(scripts) == 15
     for path in scripts:
         text, _ = make.for_bug(path.stem.replace("flashinfer-", "flashinfer#"))
-        assert repro_verdicts.code(path.read_text()) == repro_verdicts.code(text), path.name
+        assert issue.script_code(path.read_text()) == issue.script_code(text), path.name
 
 
 def test_a_torch_path_with_sinks_writes_its_infinities_and_runs(every_path, tmp_path):

@@ -297,25 +297,43 @@ def test_releases_that_printed_the_same_verdict_on_one_gpu_are_said_once():
                                             "Observed on flashinfer 0.7.4: REPRODUCED: x"]
 
 
-# what each line a filing cites holds in the release's wheel: a line that moves no longer holds it
+# what each line a filing cites holds in the release's wheel, a range by both its ends: a line that moves no longer
+# holds it
 CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
          "include/flashinfer/page.cuh:199": "get_elem_offset",
          "include/flashinfer/attention/decode.cuh:438": "kv_len = paged_kv.get_length",
+         "include/flashinfer/attention/decode.cuh:442": "kv_len) : kv_len",
+         "include/flashinfer/attention/decode.cuh:539": "iter < ceil_div(chunk_size",
          "csrc/batch_decode.cu:66": "DecodePlan",
+         "include/flashinfer/attention/prefill.cuh:4379": "kv_start_idx = sub_if_greater_or_zero",
          "flashinfer/prefill.py:4744": "sinks : Optional",
+         "flashinfer/prefill.py:4748": "[num_qo_heads]",
+         "flashinfer/prefill.py:867": "sinks=sinks",
+         "flashinfer/prefill.py:878": 'elif backend == "fa2"',
+         "flashinfer/prefill.py:918": ")",
+         "flashinfer/prefill.py:919": "else:",
+         "flashinfer/prefill.py:975": ")",
+         "flashinfer/prefill.py:5244": 'if self._backend != "trtllm-gen"',
          "flashinfer/prefill.py:3690": "window_left : int",
          "include/flashinfer/attention/variants.cuh:89": "kv_idx + qo_len + window_left >= kv_len + qo_idx",
          "flashinfer/prefill.py:5112": "_custom_mask_buf",
          "flashinfer/jit/attention/variants.py:34": "REGISTER_LOGITS_MASK",
-         "include/flashinfer/attention/variants.cuh:80": "use_custom_mask"}
+         "flashinfer/jit/attention/variants.py:36": "})",
+         "include/flashinfer/attention/variants.cuh:80": "use_custom_mask",
+         "include/flashinfer/attention/variants.cuh:85": "custom_mask_ptr"}
 
 
-def test_every_file_and_line_a_filing_cites_is_listed_with_what_it_holds():
+def test_every_file_and_line_a_filing_cites_is_written_in_full_and_listed_with_what_it_holds():
+    import re
+
     from swabench.repro import filings
 
-    cited = {f"{path}:{line}" for f in filings.FILINGS.values() for text in (f.fault, f.ask)
-             for path, line in filings.CITES.findall(text)}
+    texts = [text for f in filings.FILINGS.values() for text in (f.fault, f.ask)]
+    cited = {f"{path}:{line}" for text in texts for path, *lines in filings.CITES.findall(text) for line in lines
+             if line}
     assert cited == set(CITED), cited ^ set(CITED)
+    rest = [filings.CITES.sub("", text) for text in texts]  # what no full citation covers
+    assert not [m for text in rest for m in re.findall(r"\w\.(?:cuh|cu|py|h):\d+|\(\d+(?:-\d+)?\)", text)]
 
 
 def test_each_cited_line_holds_what_the_filing_says_in_the_release_it_was_read_in():
@@ -333,3 +351,13 @@ def test_each_cited_line_holds_what_the_filing_says_in_the_release_it_was_read_i
         path, line = cite.rsplit(":", 1)
         file = package.parent / path if path.startswith("flashinfer/") else package / "data" / path
         assert token in file.read_text().splitlines()[int(line) - 1], f"{cite} no longer holds {token!r}"
+
+
+def test_each_committed_body_holds_its_own_script_as_committed():
+    from pathlib import Path
+
+    bodies = sorted((Path(__file__).resolve().parent.parent / "repro").glob("*.md"))
+    assert len(bodies) == 7
+    for body in bodies:
+        text, script = body.read_text(), body.with_suffix(".py")
+        assert f"<summary>{script.name}: " in text and script.read_text().rstrip() in text, body.name

@@ -33,7 +33,7 @@ class Bug:
     impl: str  # the path it shows on
     summary: str
     url: str = ""
-    twin: str = ""  # a performance bug: the correct path it is timed against
+    twin: str = ""  # a performance bug: the correct path its script's arms are timed beside (cliff.ARMS)
     fixed_in: str | None = None
     filing: Filing | None = None  # how it is filed: title, fault, what matters, control
 
@@ -137,12 +137,12 @@ def parts(bug: Bug, num_sms: int = fa2_split.H200_SMS) -> tuple[list[Part], str]
                 return ([Part(p.case, bug.impl, p.backend), *control(bug, p)],
                         f"{p.case.label} on {num_sms} SMs ({wrong})")
         raise LookupError(f"no shipped case shows {bug.ref} on {num_sms} SMs")
-    for p in points:
-        if bug.filing.chain and p.case.tree != "chain":
+    for point in points:
+        if bug.filing.chain and point.case.tree != "chain":
             continue
-        p = _unwindowed(p)
-        if _shows(impl, p.case, p.backend):
-            return [Part(p.case, bug.impl, p.backend), *control(bug, p)], p.case.label
+        for p in dict.fromkeys((_unwindowed(point), point)):  # without a window that plays no part, if it shows so
+            if _shows(impl, p.case, p.backend):
+                return [Part(p.case, bug.impl, p.backend), *control(bug, p)], p.case.label
     raise LookupError(f"no shipped case shows {bug.ref} on random inputs")
 
 
@@ -150,8 +150,8 @@ def _unwindowed(point):
     """The point without its window where the window holds every key of every request (it plays no part, and a
     report naming it sends the reader after it), if the path still runs the case; else the point as it is."""
     qo, kv = workloads.request_lengths(point.case)
-    if point.case.window_left < max(kv) or point.case.attention_chunk:
-        return point
+    if point.case.window_left < max(k - q for q, k in zip(qo, kv)) or point.case.attention_chunk:  # the first query
+        return point  # of some request has keys before its window
     bare = dataclasses.replace(point, case=dataclasses.replace(point.case, window_left=-1))
     return bare if registry.get(point.impl).skip_reason(bare.case, point.backend, None) is None else point
 

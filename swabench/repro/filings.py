@@ -34,7 +34,8 @@ class Filing:
 
 # the release whose wheel the faults' files and lines were read in (a test holds each cited line to what it says)
 SOURCE_RELEASE = "0.7.4"
-CITES = re.compile(r"\b((?:include|csrc|flashinfer)/[\w/.]+\.(?:cuh|cu|py|h)):(\d+)")  # a file and line, in full
+# a file and a line or range, in full: every citation is written so, so that a test can read each one
+CITES = re.compile(r"\b((?:include|csrc|flashinfer)/[\w/.]+\.(?:cuh|cu|py|h)):(\d+)(?:-(\d+))?")
 LIBRARY_KINDS = ("FlashInfer bug", "FlashInfer docs gap", "performance request")  # read at FlashInfer's own source
 
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
@@ -78,8 +79,9 @@ FILINGS: dict[str, Filing] = {
               "window_left says",
         kind="performance request",
         fault="the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score "
-              "(include/flashinfer/attention/decode.cuh:438-442, 539), planned on kv_len (csrc/batch_decode.cu:66); "
-              "the tensor-core path starts at the window (prefill.cuh:4379), as flashinfer#1661 and #4825 made others",
+              "(include/flashinfer/attention/decode.cuh:438-442, its loop include/flashinfer/attention/decode.cuh:539), "
+              "planned on kv_len (csrc/batch_decode.cu:66); the tensor-core path starts at the window "
+              "(include/flashinfer/attention/prefill.cuh:4379), as flashinfer#1661 and #4825 made others",
         matters="use_tensor_cores=False with window_left >= 0 and a page table longer than the window",
         ask="start the CUDA-core decode kernel's chunk at kv_len - window_left - 1, or document that windowed "
             "decode wants use_tensor_cores=True or a table trimmed to the window",
@@ -120,11 +122,12 @@ FILINGS: dict[str, Filing] = {
         kind="FlashInfer bug",
         fault="run()'s docstring says of sinks \"When provided, the kernel applies the attention-with-sink "
               "variant\" (flashinfer/prefill.py:4744-4748), but the paged run passes them on for trtllm-gen only "
-              "(prefill.py:867): fa2 (878-918) and fa3 (919-975) drop them, where cute-dsl and cudnn raise",
+              "(flashinfer/prefill.py:867): fa2 (flashinfer/prefill.py:878-918) and fa3 "
+              "(flashinfer/prefill.py:919-975) drop them, where cute-dsl and cudnn raise",
         matters="sinks= given to the paged prefill wrapper's run() on fa2 or fa3",
         control="sink-window", control_said=f"{SINK_WRAPPER} (it applies sinks)",
-        ask="raise in run() where the backend does not apply sinks (one line at prefill.py:5244: if sinks is not "
-            "None and self._backend != \"trtllm-gen\": raise ValueError(...)), or apply them",
+        ask="raise in run() where the backend does not apply sinks (one line at flashinfer/prefill.py:5244: if "
+            "sinks is not None and self._backend != \"trtllm-gen\": raise ValueError(...)), or apply them",
     ),
     "sglang-extend-nomask": Filing(
         title="SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",

@@ -52,9 +52,13 @@ def table(found: list[dict]) -> list[str]:
     head = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
     lines = ["| path | model | batch | kv_len | draft | window_left | page_size | " + " | ".join(head) + " | ran on |",
              "| --- " * 10 + "|"]
-    paths = list(dict.fromkeys(key[0] for key in grouped))
-    order = sorted(grouped, key=lambda k: (paths.index(k[0]), k[1], k[2], k[3], grouped[k][0]["case"].qo_len, k[4]))
-    for (path, model, batch, kv, draft, window, where, said) in order:  # inside the window first, chain before tree
+    first = {path: i for i, path in enumerate(dict.fromkeys(key[0] for key in grouped))}  # paths as given
+
+    def order(key):  # each path's lines by model, batch, context, draft size, then a chain before a tree
+        case = grouped[key][0]["case"]
+        return first[key[0]], key[1], key[2], key[3], case.qo_len, key[4].startswith("tree")
+
+    for (path, model, batch, kv, draft, window, where, said) in sorted(grouped, key=order):
         same = grouped[path, model, batch, kv, draft, window, where, said]
         pages = ", ".join(str(p) for p in sorted({r["case"].page_size for r in same}))
         errors = sorted(r["rel_l2"] for r in same)

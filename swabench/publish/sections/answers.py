@@ -180,11 +180,6 @@ def reads_said(runs: list[Run]) -> list[str]:
 def beside_the_window(runs: list[Run], newest: list[Run]) -> list[str]:
     """Non-causal windows on every release, chunked attention on the newest: each sentence once, with its runs."""
     said = [(lead, r) for r in runs if (lead := neighbours.noncausal_lead(r))]
-    passed = [r.name for lead, r in said if lead == neighbours.PASSES]
-    others = [lead for lead, _ in said if lead != neighbours.PASSES]
-    if passed and others and all(lead.startswith(neighbours.PASSES) for lead in others):  # named inside the others
-        said = [(lead.replace(neighbours.PASSES, f"{neighbours.PASSES} ({', '.join(passed)})", 1), r)
-                for lead, r in said if lead != neighbours.PASSES]
     said = [(f"Non-causal: {lead[0].lower()}{lead[1:]}", r) for lead, r in said]
     said += [(f"Chunked: {lead[0].lower()}{lead[1:]}", r) for r in newest for lead in neighbours.chunked_leads(r)]
     return merged(said, most=2)

@@ -41,9 +41,6 @@ def noncausal_table(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-PASSES = "every correct path passes its non-causal points"
-
-
 def noncausal_lead(run: Run) -> str:
     """Whether the correct paths pass the run's non-causal points, and where a declared bug makes them wrong;
     '' where the run has none."""
@@ -60,7 +57,8 @@ def noncausal_lead(run: Run) -> str:
         n = int(failed["fail"].sum())
         return (f"{points(n)} of correct paths {'fails' if n == 1 else 'fail'} outside any declared bug ("
                 + ", ".join(f"`{p}`" for p in failed["path"]) + ")" + (f"; {where}" if where else ""))
-    return PASSES + (f", except {where}; no point fails outside it" if where else "")
+    return "every correct path passes its non-causal points" + (
+        f", except {where}; no point fails outside it" if where else "")
 
 
 def noncausal_said(run: Run) -> list[str]:
