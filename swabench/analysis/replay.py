@@ -105,8 +105,9 @@ def per_thousand_steps(per_step: pd.DataFrame, libraries: tuple[str, ...] = ()) 
         pd.Series("", index=steps_once.index, dtype=object)
     picked_from = engine_of(correct)
     choices = [(f"{library} path", f"{library}'s picks", correct[picked_from == library]) for library in libraries]
-    engines = correct[picked_from != "torch"]  # not the suite's own PyTorch paths
-    if picked_from[picked_from != "torch"].nunique() > 1:  # FlashInfer (TRT-LLM's kernels too), cuDNN, FA4, Flex
+    engine = picked_from != "torch"  # not the suite's own PyTorch paths
+    engines = correct[engine]
+    if picked_from[engine].nunique() > 1:  # FlashInfer (TRT-LLM's kernels too), cuDNN, FA4, Flex
         choices.append(("path of any backend", "picks over every backend", engines))
     for path, picked, own in choices:
         if not len(own):
