@@ -5,7 +5,7 @@ import pandas as pd
 
 from swabench.analysis import wrapper_modes
 from swabench.inputs import axes
-from swabench.publish.sections import Run, by_key
+from swabench.publish.sections import Run, by_key, modes
 from swabench.publish.sections.modes import in_short
 
 
@@ -62,3 +62,11 @@ def test_the_figure_draws_one_line_per_path_and_nothing_without_plain_points(tmp
     assert {"decode-tc-trim [fa2]", "decode-trim [fa2]"} <= labels and "paged-window [fa2]" not in labels
     assert save(fig, tmp_path, "wrapper_modes")[0].stat().st_size > 10_000
     assert plots.wrapper_modes(table()[lambda t: t["wrapper_mode"] == "cuda-graph"], meta) is None
+
+
+def test_the_answers_speak_from_the_run_with_the_most_steps_built_both_ways():
+    wide, narrow = Run("wide", table(), {}), Run("narrow", table()[lambda t: t["batch_size"] == 48], {})
+    steps = len(wrapper_modes.fastest(wide.table))
+    assert steps > len(wrapper_modes.fastest(narrow.table)) >= 1
+    assert modes.widest([narrow, wide]) is wide and modes.widest([wide, narrow]) is wide
+    assert modes.widest([Run("none", table()[lambda t: t["wrapper_mode"] == "cuda-graph"], {})]) is None

@@ -207,14 +207,14 @@ def answers(runs: list[Run]) -> list[str]:
                   markdown_table(steps)]
     if reads:
         parts += [f"**What each path reads**: DRAM bytes read / the bytes its window needs under Nsight Compute, "
-                  f"median (least-most), the paths past {machine.AMPLIFIED}x; (calls): counted a call at a time, "
+                  f"median (least-most), per step the paths past {machine.AMPLIFIED}x; (calls): counted a call at a time, "
                   f"with its intermediates ({topic_link(machine)}):\n"
                   + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):
         parts += [f"**Which path for each model** as served (its sinks and soft-cap): each step's fastest correct "
                   f"path, from {run.name} (its times: {topic_link(serving)}):", markdown_table(models)]
-    graph = [s for r in runs if r.timed for s in modes.in_short(r)]
+    graph = modes.in_short(widest) if (widest := modes.widest(runs)) else []
     if graph:
         parts += [f"**What CUDA-graph mode costs**: a FlashInfer path's kernel time with its wrappers built for graph "
                   f"capture minus built plain, median per step ({topic_link(modes)}):\n" + "\n".join(graph)]

@@ -136,8 +136,8 @@ def cliff(run: Run, times: pd.Series | None = None, beside: int | None = None) -
         us = times.get((r["case_id"], r["impl"], r["backend"]))
         return f" in {micros(us)} us" if us is not None and us == us else ""
 
-    whole = f": the whole K/V its page table holds ({_mb(table_bytes)} MB), every page read and the window " \
-            f"applied to the scores only" if worst["dram_read_bytes"] >= 0.9 * table_bytes else ""
+    whole = (f": the whole K/V its page table holds ({_mb(table_bytes)} MB)"
+             if worst["dram_read_bytes"] >= 0.9 * table_bytes else "")
     others = [f"`{r['path']}` {_mb(r['dram_read_bytes'])} MB ({ratio(r['read_amplification'])}x){timed(r)}"
               for _, r in same.iterrows() if r.name != worst.name][:beside]
     return (f"On `{worst['case']}` ({worst['mode']}), `{worst['path']}` read {_mb(worst['dram_read_bytes'])} MB "
@@ -191,10 +191,10 @@ def bytes_across(runs: list[Run]) -> list[str]:
 
 
 def amplified(runs: list[Run], mode: str, most: int = 3, named: bool = True) -> str:
-    """The ``most`` paths that read the most past AMPLIFIED times what their window needs on a step (median
-    (least-most) over their counted points of every trusted run), worst first, and how many more read past it and
-    within it; '' where none was counted; a path counted only a call at a time is marked so (its intermediates are
-    in its bytes: "(calls)"); the runs named at the end unless not ``named``."""
+    """How many paths read past AMPLIFIED times what their window needs on a step, of how many counted, and the
+    ``most`` that read the most (median (least-most) over their counted points of every trusted run), worst first;
+    '' where none was counted; a path counted only a call at a time is marked so (its intermediates are in its
+    bytes: "(calls)"); the runs named at the end unless not ``named``."""
     found = [counted_points(r.table).assign(run=r.name, whole=counted_whole(r)) for r in runs if trusted(r)]
     found = [f[f["mode"] == mode] for f in found]
     found = [f for f in found if len(f)]
@@ -206,12 +206,9 @@ def amplified(runs: list[Run], mode: str, most: int = 3, named: bool = True) -> 
     high = per_path[per_path > AMPLIFIED]
     words = [f"`{p}` {ratio(a)}x" + (f" ({ratio(low[p])}-{ratio(high_end[p])})" if low[p] != high_end[p] else "")
              + (" (calls)" if whole[p] else "") for p, a in high.items()][:most]
-    if len(high) > most:
-        words.append(f"{len(high) - most} more past {AMPLIFIED}x")
-    within = len(per_path) - len(high)
-    if within:
-        words.append(f"the other {within} within {AMPLIFIED}x" if len(high) else f"all {within} within {AMPLIFIED}x")
-    return ", ".join(words) + (f" ({', '.join(dict.fromkeys(f['run'].iloc[0] for f in found))})" if named else "")
+    said = (f"{len(high)} of {len(per_path)} past {AMPLIFIED}x, worst " + ", ".join(words) if len(high)
+            else f"all {len(per_path)} within {AMPLIFIED}x")
+    return said + (f" ({', '.join(dict.fromkeys(f['run'].iloc[0] for f in found))})" if named else "")
 
 
 def counted_runs(runs: list[Run]) -> list[Run]:

@@ -68,6 +68,14 @@ def in_short(run: Run) -> list[str]:
             f"({run.name})."]
 
 
+def widest(runs: list[Run]) -> Run | None:
+    """The timed run with the most steps built both ways: the one the answers speak from (the detail has every
+    run)."""
+    both = [(len(wrapper_modes.fastest(r.table)), i) for i, r in enumerate(runs) if r.timed]
+    both = [(n, i) for n, i in both if n]
+    return runs[max(both, key=lambda ni: (ni[0], -ni[1]))[1]] if both else None
+
+
 TOPIC = "CUDA-graph mode against plain wrappers"
 
 SECTIONS = [
