@@ -3,9 +3,10 @@ it is, a control beside the call, helpers cut to the case, the verdict first, an
 run's output."""
 
 import inspect
-from pathlib import Path
+import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from conftest import invoke
 from swabench.core import workloads
 from swabench.inputs import scenarios
 from swabench.repro import bugs, filings, issue, kit, make, script
+
+ROOT = Path(__file__).resolve().parent.parent
 
 QUICK = [b.ref for b in bugs.catalogue() if b.ref not in ("chunk-as-window", "vllm-tree-window", "decode-cliff")]
 LOG = """REPRODUCED: request 0: rows 0-863 wrong (rel-L2 0.67, worst row 1.2; tolerances 0.01, 0.05)
@@ -356,8 +359,36 @@ def test_each_cited_line_holds_what_the_filing_says_in_the_release_it_was_read_i
 def test_each_committed_body_holds_its_own_script_as_committed():
     from pathlib import Path
 
-    bodies = sorted((Path(__file__).resolve().parent.parent / "repro").glob("*.md"))
+    bodies = sorted((ROOT / "repro").glob("*.md"))
     assert len(bodies) == 7
     for body in bodies:
         text, script = body.read_text(), body.with_suffix(".py")
         assert f"<summary>{script.name}: " in text and script.read_text().rstrip() in text, body.name
+
+
+def test_a_body_is_written_again_with_the_runs_of_its_own_script_only(tmp_path):
+    """scripts/repro_publish.py: a release folder's log counts where its verdicts row recorded the digest of the
+    script's code as it is now; a row of an older form, a row that recorded none, or a row of another bug, does not."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("repro_publish", ROOT / "scripts" / "repro_publish.py")
+    publish = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(publish)
+    script = tmp_path / "repro" / "flashinfer-4972.py"
+    script.parent.mkdir()
+    script.write_text((ROOT / "repro" / "flashinfer-4972.py").read_text())
+    (tmp_path / "repro" / "flashinfer-4972.md").write_text("a body")
+    digest = issue.script_digest(script.read_text())
+    rows = {"h200-a": {"script_digest": digest}, "h200-b": {"script_digest": "0" * 16}, "h200-c": {},
+            "h200-d": {"script_digest": digest, "ref": "tree-sink-mask"}}
+    for folder, row in rows.items():
+        (tmp_path / "repro" / folder).mkdir()
+        (tmp_path / "repro" / folder / "verdicts.json").write_text(json.dumps([{"ref": "flashinfer#4972", **row}]))
+        (tmp_path / "repro" / folder / "flashinfer-4972.log").write_text("REPRODUCED: x\n")
+    assert publish.runs_of(script) == [tmp_path / "repro" / "h200-a" / "flashinfer-4972.log"]
+    call = publish.command(script)
+    assert call[call.index("--bug") + 1] == "flashinfer#4972" and call.count("--observed") == 1 and "--issue" in call
+    script.with_suffix(".md").unlink()
+    assert "--issue" not in publish.command(script) and "--measured" not in publish.command(script)
+    for name, runs in publish.MEASURED.items():  # the runs a committed body quotes
+        assert (ROOT / "repro" / f"{name}.md").exists() and all((ROOT / run / "meta.json").exists() for run in runs)

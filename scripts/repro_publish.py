@@ -1,0 +1,60 @@
+"""Every reproducer under repro/ written again, with the issue body beside each one that has one, quoting only
+the runs of that very script.
+
+    python3 scripts/repro_publish.py [REF ...]   (default: every script under repro/)
+
+A run is a log under repro/h200-RELEASE/ (a device call's OUT/repro-RELEASE, copied there with its
+verdicts.json): it counts where its row in that folder's verdicts.json recorded the digest of the script's code as
+committed now, so a body never quotes an older form of its script as this one's output.  Bodies that quote the
+suite's own rows take them from MEASURED.  Then write the findings again: their repro page reads the same folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURED = {"sglang-verify-tree": ["results/h200-tree-0.7.4"],
+            "decode-cliff": ["results/h200-ncu-decode-cliff-0.7.4"]}
+
+
+def runs_of(script: Path) -> list[Path]:
+    """The logs of runs of ``script``'s code as it is now, one per release folder that holds one."""
+    from swabench.repro import issue
+
+    digest, ref = issue.script_digest(script.read_text()), script.stem.replace("flashinfer-", "flashinfer#")
+    logs = []
+    for folder in sorted(script.parent.glob("h200-*")):
+        rows = json.loads((folder / "verdicts.json").read_text()) if (folder / "verdicts.json").exists() else []
+        if any(r["ref"] == ref and r.get("script_digest") == digest for r in rows):
+            logs.append(folder / f"{script.stem}.log")
+    return [log for log in logs if log.exists()]
+
+
+def command(script: Path) -> list[str]:
+    """The ``swabench repro`` call that writes ``script`` (and its body, where one is committed) again."""
+    ref = script.stem.replace("flashinfer-", "flashinfer#")
+    args = ["--bug", ref, "--out", os.path.relpath(script, ROOT), "--force"]
+    args += [arg for log in runs_of(script) for arg in ("--observed", os.path.relpath(log, ROOT))]
+    if script.with_suffix(".md").exists():
+        args += ["--issue"] + [arg for run in MEASURED.get(script.stem, []) for arg in ("--measured", run)]
+    return [sys.executable, "-m", "swabench", "repro", *args]
+
+
+def main(refs: list[str]) -> int:
+    scripts = [ROOT / "repro" / f"{ref.replace('#', '-')}.py" for ref in refs] or sorted((ROOT / "repro").glob("*.py"))
+    for script in scripts:
+        call = command(script)
+        print(f"{script.stem}: {call.count('--observed')} run(s) of this script", flush=True)
+        if subprocess.run(call, cwd=ROOT).returncode:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main(sys.argv[1:]))
