@@ -75,7 +75,8 @@
 #            source where it is the release they were read in (api.log),
 #            then scripts/repro_verdicts.py on $REPRO_REFS (default: every script under repro/), $VERDICT_JOBS (6) at
 #            once, into OUTDIR/repro-VERSION, starting from the committed repro/h200-VERSION/verdicts.json (rows of
-#            the bugs run again are replaced, the others kept)
+#            the bugs run again are replaced, the others kept), its table in OUTDIR/repro-VERSION/this-call.log (for the
+#            committed call.log)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -246,7 +247,7 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                  || echo "API CHECK FAILED (pytest exit $?): see $out/repro-$v/api.log; the scripts run all the same"
                tail -1 "$out/repro-$v/api.log"
                ( time python3 scripts/repro_verdicts.py "$out/repro-$v" ${REPRO_REFS:-} --jobs "${VERDICT_JOBS:-6}" ) \
-                 2>&1 | tail -25 ;;
+                 2>&1 | tee "$out/repro-$v/this-call.log" | tail -25 ;;
     tree-tests) timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_trees.py 2>&1 \
                  | tee "$out/gpu-tree-tests.log" | tail -8 ;;
     tree-ncu)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
