@@ -672,6 +672,9 @@ def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
     assert issue.excerpt(REPRODUCER_LOG) == (lines, 0)  # a script's own output is quoted whole
     built = "2026-12-05 04:08:06,000 - INFO - core.py:635 - flashinfer.jit: Building JIT module cascade; this can"
     assert issue.excerpt(REPRODUCER_LOG + built + "\n") == (lines, 0)  # without FlashInfer's log of its builds
+    required = "NVIDIA_REQUIRE_CUDA        : cuda>=13.0" + " brand=tesla,driver>=535,driver<536" * 60
+    quoted, left_out = issue.excerpt(REPRODUCER_LOG + required + "\n")  # short, but one line of 2 KB
+    assert left_out == 0 and quoted[:-1] == lines and len(quoted[-1]) < 450 and "more characters]" in quoted[-1]
 
 
 def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):

@@ -173,22 +173,27 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
     assert r.exit_code == 0, r.output
     body = out.with_suffix(".md").read_text()
     assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287 proposes" in body
-    rows = [line for line in body.splitlines() if line.startswith("| the call (fa2) |")]
-    assert len(rows) == 16 and all("| gemma-3-27b | 8 |" in line for line in rows)  # SGLang serves it on Gemma alone
-    contexts = [int(line.split(" | ")[3]) for line in rows]
+    lead = next(line for line in body.splitlines() if line.startswith("The same call measured at other shapes"))
+    assert "backend fa2; model gemma-3-27b; batch 8;" in lead and "heads (query/KV) 32/16; head_dim 128" in lead
+    rows = [line for line in body.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 16  # SGLang serves it on Gemma alone, whose model the sentence names once
+    contexts = [int(line.split(" | ")[0].lstrip("| ")) for line in rows]
     assert contexts == sorted(contexts) and "chain of 7 |" in rows[0] and "tree of 7 nodes" in rows[1]  # inside first
-    assert "| 8208 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 128 of 128 | 1.41 |" in body  # past the window
-    assert "| 80 | tree of 16 nodes, depth 3 | 1023 | 1, 16 | 0 of 128 |" in body  # inside it
+    assert "| 8208 | tree of 16 nodes, depth 3 | 128 of 128 | 1.41 |" in body  # past the window
+    assert "| 80 | tree of 16 nodes, depth 3 | 0 of 128 |" in body  # inside it
 
 
 def test_a_performance_request_quotes_the_bytes_each_arm_read_against_the_window():
     run = Path(__file__).parent / "fixtures" / "published" / "results" / "h200-ncu-decode-cliff-0.7.4"
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in make.measured_table("decode-cliff", [run])[2:]}
-    assert set(rows) == {"full table, CUDA cores (fa2)", "trimmed table, CUDA cores (fa2)",
-                         "full table, tensor cores (fa2)", "full table, tensor cores (fa3)"}
-    times = {name: float(line.split(" | ")[-2].rstrip("x")) for name, line in rows.items()}  # of the window's bytes
-    assert times["full table, CUDA cores (fa2)"] > 100 > 2 > times["full table, tensor cores (fa2)"]
-    assert "| 32 | 32769 | 1 token | 127 | 16 |" in rows["trimmed table, CUDA cores (fa2)"]
+    lead, _, head, _, *lines = make.measured_table("decode-cliff", [run])
+    assert head == "| call | backend | DRAM bytes read | of the window's |"
+    rows = {" ".join(line.split(" | ")[:2]).lstrip("| "): line for line in lines}
+    assert set(rows) == {"full table, CUDA cores fa2", "trimmed table, CUDA cores fa2",
+                         "full table, tensor cores fa2", "full table, tensor cores fa3"}
+    times = {name: float(line.split(" | ")[-1].rstrip("x |")) for name, line in rows.items()}  # of the window's bytes
+    assert times["full table, CUDA cores fa2"] > 100 > 2 > times["full table, tensor cores fa2"]
+    assert lead.startswith("The same calls measured at other shapes (on every line: batch 32; kv_len 32769; queries "
+                           "1 token; window_left 127; page_size 16;")
 
 
 def test_measured_rows_come_from_a_run_that_holds_the_bugs_path(tmp_path):

@@ -117,12 +117,13 @@ def said_once(observed) -> list[tuple[str, str, str]]:
 def excerpt(text: str) -> tuple[list[str], int]:
     """(the lines of a reproducer's output to quote, how many were left out): a short output whole; of a longer one
     (a log with a server's or a build's output around it), each verdict with the lines printed under it, the
-    CONTROL lines and the environment lines, each bounded, every line cut at ``LINE_CHARS``.  FlashInfer's log of
+    CONTROL lines and the environment lines, each bounded; in either, every line cut at ``LINE_CHARS`` (the
+    container's NVIDIA_REQUIRE_CUDA is 2 KB).  FlashInfer's log of
     the modules it built is not the script's output: left out of either, and not counted in a short one."""
     every = text.splitlines()
     lines = [line for line in every if not BUILD_LINE.match(line)]
     if len(lines) <= WHOLE_LINES and len("\n".join(lines)) <= WHOLE_CHARS:
-        return lines, 0
+        return [_cut(line) for line in lines], 0
     report, environment, under = [], [], 0
     for at, line in enumerate(lines):
         if line.startswith(VERDICTS):

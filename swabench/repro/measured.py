@@ -29,7 +29,7 @@ def rows(runs, paths: dict[str, str]) -> list[dict]:
         for row in mine.itertuples():
             case = cases.get(row.case_id)
             if case is not None and registry.get(row.impl).skip_reason(case, row.backend, None) is None:
-                found.append({"case": case, "path": f"{paths[row.impl]} ({row.backend})", "wrong_rows": row.wrong_rows,
+                found.append({"case": case, "path": paths[row.impl], "backend": row.backend, "wrong_rows": row.wrong_rows,
                               "rows": row.total_qo, "rel_l2": row.rel_l2, "where": where,
                               "read": getattr(row, "dram_read_bytes", None), "needed": row.min_read_bytes})
         if len(found) == before:
@@ -38,35 +38,44 @@ def rows(runs, paths: dict[str, str]) -> list[dict]:
 
 
 def table(found: list[dict]) -> list[str]:
-    """The Markdown table of ``rows``, one line per model, length and draft (its page sizes together where they
-    agree), in FlashInfer's terms, each path's lines by context then draft; the bytes each path read where the run
-    counted them (ncu), else its rows."""
+    """A sentence and the Markdown table of ``rows``, one line per model, length and draft (its page sizes together
+    where they agree), in FlashInfer's terms, each path's lines by context then draft; the bytes each path read where
+    the run counted them (ncu), else its rows.  What is the same on every line is said once, in the sentence."""
     counted = any(r["read"] == r["read"] and r["read"] is not None for r in found)
     grouped: dict[tuple, list[dict]] = {}
     for r in found:
         c = r["case"]
         said = (f"{r['read'] / 1e6:,.1f} MB", f"{r['read'] / r['needed']:.1f}x") if counted else \
             (f"{int(r['wrong_rows'])} of {int(r['rows'])}",)
-        grouped.setdefault((r["path"], c.model or "-", c.batch_size, (c.prefix_len or 0) + c.qo_len, _draft(c),
-                            c.window_left, r["where"], said), []).append(r)
-    head = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
-    lines = ["| path | model | batch | kv_len | draft | window_left | page_size | " + " | ".join(head) + " | ran on |",
-             "| --- " * 10 + "|"]
+        grouped.setdefault((r["path"], r["backend"], c.model or "-", c.batch_size, (c.prefix_len or 0) + c.qo_len, _draft(c),
+                            c.window_left, f"{c.num_qo_heads}/{c.num_kv_heads}", c.head_dim, r["where"], said),
+                           []).append(r)
     first = {path: i for i, path in enumerate(dict.fromkeys(key[0] for key in grouped))}  # paths as given
 
-    def order(key):  # each path's lines by model, batch, context, draft size, then a chain before a tree
+    def order(key):  # each path's lines by backend, model, batch, context, draft size, then a chain before a tree
         case = grouped[key][0]["case"]
-        return first[key[0]], key[1], key[2], key[3], case.qo_len, key[4].startswith("tree")
+        return first[key[0]], key[1], key[2], key[3], key[4], case.qo_len, key[5].startswith("tree")
 
-    for (path, model, batch, kv, draft, window, where, said) in sorted(grouped, key=order):
-        same = grouped[path, model, batch, kv, draft, window, where, said]
-        pages = ", ".join(str(p) for p in sorted({r["case"].page_size for r in same}))
+    lines = []
+    for key in sorted(grouped, key=order):
+        path, backend, model, batch, kv, draft, window, heads, head_dim, where, said = key
+        same = grouped[key]
         errors = sorted(r["rel_l2"] for r in same)
         error = f"{errors[0]:.3g}" + (f"-{errors[-1]:.3g}" if f"{errors[-1]:.3g}" != f"{errors[0]:.3g}" else "")
-        shown = said if counted else (said[0], error)
-        lines.append(f"| {path} | {model} | {batch} | {kv} | {draft} | {window} | {pages} | {' | '.join(shown)} | "
-                     f"{where} |")
-    return lines
+        lines.append({"call": path, "backend": backend, "model": model, "batch": batch, "kv_len": kv, "queries": draft,
+                      "window_left": window, "page_size": ", ".join(str(p) for p in sorted({r["case"].page_size
+                                                                                           for r in same})),
+                      "heads (query/KV)": heads, "head_dim": head_dim, "ran on": where,
+                      **(dict(zip(("DRAM bytes read", "of the window's"), said)) if counted else
+                         {"rows wrong": said[0], "rel-L2": error})})
+    measures = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
+    constant = [k for k in lines[0] if k not in measures and len({str(line[k]) for line in lines}) == 1]
+    shown = [k for k in lines[0] if k not in constant]
+    every = "; ".join(f"{k} {lines[0][k]}" for k in constant if lines[0][k] not in ("-", "the call"))
+    calls = "call" if len({line["call"] for line in lines}) == 1 else "calls"
+    lead = f"The same {calls} measured at other shapes" + (f" (on every line: {every})" if every else "") + ":"
+    return [lead, "", "| " + " | ".join(shown) + " |", "| --- " * len(shown) + "|",
+            *("| " + " | ".join(str(line[k]) for k in shown) + " |" for line in lines)]
 
 
 def _draft(case) -> str:
