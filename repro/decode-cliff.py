@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever window_left says
+"""BatchDecodeWithPagedKVCacheWrapper on CUDA cores reads every page of its table whatever window_left says
 
 Call: BatchDecodeWithPagedKVCacheWrapper(backend="fa2", use_tensor_cores=False, use_cuda_graph=True), then
     plan(window_left=127) and run()
 Shape: batch 32; qo_len 1 each; kv_len 8193 each; 8 query, 8 KV heads; head_dim 64; page_size 1; window_left 127;
     bfloat16
-Fault: performance request: the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score
-    (include/flashinfer/attention/decode.cuh:438-442, its loop include/flashinfer/attention/decode.cuh:539), planned
-    on kv_len (csrc/batch_decode.cu:66); the tensor-core path starts at the window
-    (include/flashinfer/attention/prefill.cuh:4379), as flashinfer#1661 and #4825 made others
-Expected: on CUDA cores, the full table nearer the trimmed one's time than a read of every page's; else exit 1
+Fault: performance request: the CUDA-core decode kernel walks all of [0, kv_len)
+    (include/flashinfer/attention/decode.cuh:438-442, include/flashinfer/attention/decode.cuh:539) and masks each
+    score outside the window (include/flashinfer/attention/decode.cuh:97-99); the tensor-core path starts at the
+    window (include/flashinfer/attention/prefill.cuh:4379), as flashinfer#4825 made cute-dsl's decode do
+Expected: the full table about as fast as the trimmed one, nearer its time than a read of every page's; else exit 1
 """
 import subprocess
 import sys

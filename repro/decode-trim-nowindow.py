@@ -3,10 +3,10 @@
 
 Call: BatchDecodeWithPagedKVCacheWrapper(backend='fa2', use_tensor_cores=False), then plan(window_left=-1), run()
 Shape: batch 1; qo_len 1; kv_len 301; 32 query, 8 KV heads; head_dim 128; page_size 16; window_left 127; bfloat16
-Fault: caller's mistake: SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx, window_left=-1) is exact only
-    at page size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in
+Fault: caller's mistake: SGLang's FlashInfer decode on SWA layers (kv_start_idx, window_left=-1) is exact only at page
+    size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in
 Control: the same trimmed table, window_left at plan()
-Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import subprocess
 import sys

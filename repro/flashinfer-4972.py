@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV chunk are wrong
+"""BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False, window_left: split-KV tiles miss keys past their chunks
 
 Call: BatchPrefillWithPagedKVCacheWrapper(backend="fa2", use_cuda_graph=True), then plan(causal=False,
     window_left=333, uniform_q_len=1024) and run()

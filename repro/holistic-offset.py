@@ -10,7 +10,7 @@ Fault: FlashInfer bug: prefetch_offest in include/flashinfer/attention/persisten
     kv_stride_page (an int32 index, uint32 strides) in 32 bits and widens it to size_t only when it stores it, so the
     offset wraps at 2^32 elements
 Control: the same pages numbered from 0 (the cache seen from the request's first page)
-Expected: float32 softmax over each query's keys (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over each query's keys, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import subprocess
 import sys

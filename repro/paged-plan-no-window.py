@@ -4,10 +4,11 @@
 Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=True, window_left=-1), forward(causal=True,
     window_left=127, logits_soft_cap=None)
 Shape: batch 1; qo_len 8; kv_len 308; 32 query, 8 KV heads; head_dim 128; page_size 16; window_left 127; bfloat16
-Fault: caller's mistake: window_left belongs to plan(): fa2 plans its KV chunks there, and a window given only to the
-    deprecated forward() runs against chunks planned for the whole table
+Fault: caller's mistake: window_left belongs to plan(), which builds the kernel with the window mask only where
+    window_left >= 0 (flashinfer/prefill.py:4263); a window given only to the deprecated forward() then moves each fa2
+    query tile's first key, so the tile's later queries see keys before their window
 Control: the same table, window_left at plan()
-Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """BatchPrefillWithPagedKVCacheWrapper.run(sinks=...) on fa2 and fa3: the sinks are silently dropped
 
-Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=True, window_left=127), run()
+Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=True, window_left=127), run(sinks=...)
 Shape: batch 1; qo_len 8; kv_len 308; 64 query, 8 KV heads; head_dim 64; page_size 16; window_left 127; sinks;
     bfloat16
 Fault: FlashInfer bug: run()'s docstring says of sinks "When provided, the kernel applies the attention-with-sink
@@ -9,7 +9,7 @@ Fault: FlashInfer bug: run()'s docstring says of sinks "When provided, the kerne
     (flashinfer/prefill.py:867): fa2 (flashinfer/prefill.py:878-918) and fa3 (flashinfer/prefill.py:919-975) drop
     them, where cute-dsl and cudnn raise
 Control: BatchAttentionWithAttentionSinkWrapper (it applies sinks)
-Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

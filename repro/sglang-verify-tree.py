@@ -4,10 +4,10 @@
 Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=False, custom_mask=...), run()
 Shape: batch 1; qo_len 16; kv_len 316; 32 query, 8 KV heads; head_dim 128; page_size 1; window_left 127; a draft tree;
     bfloat16
-Fault: SGLang bug: SGLang's FlashInfer backend (flashinfer_backend.py at 0005834cdb2a) cuts the KV to the window
-    without kv_start_idx and hands over the full-prefix tree mask; sglang#39160, sglang#39287
-Control: the window by tree depth in custom_mask over the table from its first page, no window_left
-Expected: float32 softmax over each query's mask (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Fault: SGLang bug: flashinfer_backend.py (at 0005834cdb2a), call_begin_forward, passes kv_start_idx for DFlash only:
+    EAGLE verify's KV, cut to the window, starts at key 0 under a full-prefix mask; sglang#39160, #39287
+Control: the window by tree depth in custom_mask, the table from the window's first page, no window_left
+Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess
@@ -50,7 +50,7 @@ def main(dev="cuda"):
         custom_mask=seen[:, 173:316].flatten(), causal=False, head_dim_qk=128, page_size=1,
         **taken_by(paged_wrapper.plan, uniform_q_len=16))
     what = outcome(lambda: paged_wrapper.run(q, (k_cache, v_cache), out=out), out, expected)[1]
-    print('CONTROL, the window by tree depth in custom_mask over the table from its first page, no '
+    print("CONTROL, the window by tree depth in custom_mask, the table from the window's first page, no "
           'window_left: ' + what)
     print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
     return 1 if wrong else 0

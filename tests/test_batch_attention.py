@@ -135,6 +135,8 @@ def test_the_offset_script_makes_the_suites_calls_and_its_control_renumbers_the_
     assert "Needs: 16.0 GiB of GPU memory" in said
     assert "FlashInfer bug: prefetch_offest in include/flashinfer/attention/persistent.cuh:66" in said
     assert "first = 2**32 // (8 * 128)" in text and "window" not in text.split('"""')[2]
+    paragraph = make.issue_body("holistic-offset", text, "holistic-offset.py", []).split("\n\n")[1]
+    assert "The script needs 16.0 GiB of GPU memory" in paragraph  # the memory a maintainer must have, said up front
     header = script.Header("t")
     original = holistic.MAIN
     for old, new in [("causal=True", "causal=False"), ("sm_scale=$scale", "sm_scale=1.0"),

@@ -150,7 +150,7 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     assert said["Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs)"].startswith("REPRODUCED: request 0: rows 0-863")
     body = out.with_suffix(".md").read_text()
     first = body.split("\n\n")[0]  # a comment on flashinfer#4972: one paragraph, the script, one environment
-    assert first.startswith("BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past")
+    assert first.startswith("BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False, window_left: split-KV tiles")
     assert "Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in first
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in first
     assert first.endswith("Until the fix lands, plan(disable_split_kv=True) is right on the same inputs.")
@@ -312,7 +312,8 @@ CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
          "include/flashinfer/attention/decode.cuh:438": "kv_len = paged_kv.get_length",
          "include/flashinfer/attention/decode.cuh:442": "kv_len) : kv_len",
          "include/flashinfer/attention/decode.cuh:539": "iter < ceil_div(chunk_size",
-         "csrc/batch_decode.cu:66": "DecodePlan",
+         "include/flashinfer/attention/decode.cuh:97": "variant.LogitsMask",
+         "include/flashinfer/attention/decode.cuh:99": "&& mask) ? s[j] : -math::inf",
          "include/flashinfer/attention/prefill.cuh:4379": "kv_start_idx = sub_if_greater_or_zero",
          "flashinfer/prefill.py:4744": "sinks : Optional",
          "flashinfer/prefill.py:4748": "[num_qo_heads]",
@@ -323,6 +324,7 @@ CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
          "flashinfer/prefill.py:975": ")",
          "flashinfer/prefill.py:5244": 'if self._backend != "trtllm-gen"',
          "flashinfer/prefill.py:3690": "window_left : int",
+         "flashinfer/prefill.py:4263": "window_left >= 0,  # use_sliding_window",
          "include/flashinfer/attention/variants.cuh:89": "kv_idx + qo_len + window_left >= kv_len + qo_idx",
          "flashinfer/prefill.py:5112": "_custom_mask_buf",
          "flashinfer/jit/attention/variants.py:34": "REGISTER_LOGITS_MASK",

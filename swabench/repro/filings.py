@@ -41,11 +41,11 @@ LIBRARY_KINDS = ("FlashInfer bug", "FlashInfer docs gap", "performance request")
 SINK_WRAPPER = "BatchAttentionWithAttentionSinkWrapper"
 PLAN_WINDOW = "the same table, window_left at plan()"
 TRIM = "the table from the page of the first query's oldest key, window_left at plan()"
-TREE_TRIM = "the window by tree depth in custom_mask over the table from its first page, no window_left"
+TREE_TRIM = "the window by tree depth in custom_mask, the table from the window's first page, no window_left"
 FILINGS: dict[str, Filing] = {
     "flashinfer#4972": Filing(
-        title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False with window_left: rows past a split-KV "
-              "chunk are wrong",
+        title="BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False, window_left: split-KV tiles miss keys past "
+              "their chunks",
         kind="FlashInfer bug",
         fault="fa2's split-KV plan under use_cuda_graph=True with causal=False and a window: flashinfer#4972 "
               "reports it; PR flashinfer#4992 proposes a fix",
@@ -75,13 +75,13 @@ FILINGS: dict[str, Filing] = {
         matters="two BatchAttentionWithAttentionSinkWrapper plans at different head_dim in one process",
     ),
     "decode-cliff": Filing(
-        title="BatchDecodeWithPagedKVCacheWrapper (CUDA cores) reads every page of its table whatever "
-              "window_left says",
+        title="BatchDecodeWithPagedKVCacheWrapper on CUDA cores reads every page of its table whatever window_left "
+              "says",
         kind="performance request",
-        fault="the CUDA-core decode kernel loops over all of [0, kv_len), the window a mask on each score "
-              "(include/flashinfer/attention/decode.cuh:438-442, its loop include/flashinfer/attention/decode.cuh:539), "
-              "planned on kv_len (csrc/batch_decode.cu:66); the tensor-core path starts at the window "
-              "(include/flashinfer/attention/prefill.cuh:4379), as flashinfer#1661 and #4825 made others",
+        fault="the CUDA-core decode kernel walks all of [0, kv_len) (include/flashinfer/attention/decode.cuh:438-442, "
+              "include/flashinfer/attention/decode.cuh:539) and masks each score outside the window "
+              "(include/flashinfer/attention/decode.cuh:97-99); the tensor-core path starts at the window "
+              "(include/flashinfer/attention/prefill.cuh:4379), as flashinfer#4825 made cute-dsl's decode do",
         matters="use_tensor_cores=False with window_left >= 0 and a page table longer than the window",
         ask="start the CUDA-core decode kernel's chunk at kv_len - window_left - 1, or document that windowed "
             "decode wants use_tensor_cores=True or a table trimmed to the window",
@@ -89,8 +89,9 @@ FILINGS: dict[str, Filing] = {
     "paged-plan-no-window": Filing(
         title="plan() without window_left, then forward(window_left=W): not the window W asks for",
         kind="caller's mistake",
-        fault="window_left belongs to plan(): fa2 plans its KV chunks there, and a window given only to the "
-              "deprecated forward() runs against chunks planned for the whole table",
+        fault="window_left belongs to plan(), which builds the kernel with the window mask only where window_left "
+              ">= 0 (flashinfer/prefill.py:4263); a window given only to the deprecated forward() then moves each fa2 "
+              "query tile's first key, so the tile's later queries see keys before their window",
         matters="window_left given to forward() instead of plan()",
         control="paged-window", control_said=PLAN_WINDOW,
     ),
@@ -112,7 +113,7 @@ FILINGS: dict[str, Filing] = {
     "decode-trim-nowindow": Filing(
         title="decode on a table trimmed by kv_start_idx with window_left=-1 sees keys before the window",
         kind="caller's mistake",
-        fault="SGLang's FlashInfer decode recipe for SWA layers (kv_start_idx, window_left=-1) is exact only at page "
+        fault="SGLang's FlashInfer decode on SWA layers (kv_start_idx, window_left=-1) is exact only at page "
               "size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in",
         matters="page_size > 1",
         control="decode-trim", control_said="the same trimmed table, window_left at plan()",
@@ -130,9 +131,9 @@ FILINGS: dict[str, Filing] = {
             "sinks is not None and self._backend != \"trtllm-gen\": raise ValueError(...)), or apply them",
     ),
     "sglang-extend-nomask": Filing(
-        title="SGLang's extend before its PR 26513: the unmasked prefix shows keys before the window",
+        title="SGLang's extend before sglang#26513: the unmasked prefix shows keys before the window",
         kind="SGLang bug",
-        fault="fixed by its PR 26513: its FlashInfer extend path planned the cached prefix without the window mask",
+        fault="fixed by sglang#26513: its FlashInfer extend path planned the cached prefix without the window mask",
         matters="the prefix planned without the window mask",
         control="sglang-extend", control_said="the same calls with the window as the prefix's custom_mask",
     ),
@@ -185,8 +186,8 @@ FILINGS: dict[str, Filing] = {
     "sglang-verify-tree": Filing(
         title="SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",
         kind="SGLang bug",
-        fault="SGLang's FlashInfer backend (flashinfer_backend.py at 0005834cdb2a) cuts the KV to the window "
-              "without kv_start_idx and hands over the full-prefix tree mask; sglang#39160, sglang#39287",
+        fault="flashinfer_backend.py (at 0005834cdb2a), call_begin_forward, passes kv_start_idx for DFlash only: "
+              "EAGLE verify's KV, cut to the window, starts at key 0 under a full-prefix mask; sglang#39160, #39287",
         matters="a context past the window",
         control="tree-trim-depth", control_said=TREE_TRIM,
         ask="the control is what sglang#39287 proposes: the table from the window's first page and the window by "

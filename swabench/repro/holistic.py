@@ -67,7 +67,7 @@ def header_lines(lines: list[str]) -> list[str]:
             f"each starts at or past element 2^32",
             f"Needs: {GIB:.1f} GiB of GPU memory (a K and a V cache of 2^32 + {KV * KV_HEADS * HEAD_DIM} elements)",
             f"Fault: {said['Fault']}", f"Control: {CONTROL}",
-            "Expected: float32 softmax over each query's keys (expected, in main): rel-L2 <= 0.01, <= 0.05 per row; "
+            "Expected: float32 softmax over each query's keys, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; "
             "else exit 1"]
 
 

@@ -85,6 +85,7 @@ def body(title: str, header: list[str], script_name: str, script_text: str, obse
         kind, _, fault = said.get("Fault", "").partition(": ")
         fault = fault if kind in KINDS else said.get("Fault", "")  # an issue filed upstream needs no party named
         when = f" It shows with {said['Matters']}." if said.get("Matters") else ""
+        when += f" The script needs {said['Needs']}." if said.get("Needs") else ""
         lines_of = f" (Files and lines: the flashinfer-python {SOURCE_RELEASE} wheel.)" \
             if kind in LIBRARY_KINDS and CITES.search(fault) else ""
         lines = [f"# {title}", "", f"{_sentence(fault)}.{when}{fix}{lines_of}", "",

@@ -341,10 +341,11 @@ SHAPE_KEYWORDS = {"num_qo_heads", "num_kv_heads", "head_dim", "head_dim_qk", "he
 
 def _scalars(kwargs: dict) -> str:
     """The keywords a reader of the call needs: the scalars that are not the shape (the header says that), and
-    a mask by its name alone."""
+    a mask or the sinks by name alone."""
     said = [f"{k}={v!r}" for k, v in kwargs.items() if k not in SHAPE_KEYWORDS and
             (v is None or isinstance(v, (bool, int, float, str)))]
-    return ", ".join(said + [f"{k}=..." for k, v in kwargs.items() if "mask" in k and isinstance(v, torch.Tensor)])
+    return ", ".join(said + [f"{k}=..." for k, v in kwargs.items() if isinstance(v, torch.Tensor) and
+                             ("mask" in k or k == "sinks")])
 
 
 def _key_ranges(x: dict, t: torch.Tensor) -> tuple[list, list] | None:
