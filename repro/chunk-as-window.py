@@ -6,7 +6,7 @@ Shape: batch 1; qo_len 1; kv_len 8193; 40 query, 8 KV heads; head_dim 128; page_
 Fault: caller's mistake: chunked attention is not a sliding window: window_left = C - 1 lets a query see the previous
     chunk
 Control: the table trimmed to the query's own chunk, no window
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

@@ -6,7 +6,7 @@ Shape: batch 1; qo_len 1; kv_len 301; 32 query, 8 KV heads; head_dim 128; page_s
 Fault: caller's mistake: SGLang's FlashInfer decode on SWA layers (kv_start_idx, window_left=-1) is exact only at page
     size 1, which is where SGLang runs it; at larger pages the first page's older keys stay in
 Control: the same trimmed table, window_left at plan()
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import subprocess
 import sys

@@ -6,7 +6,7 @@ Shape: batch 1; qo_len 8; kv_len 308; 32 query, 8 KV heads; head_dim 128; page_s
 Fault: SGLang bug: SGLang's EAGLE verify on SWA layers cuts the KV length but reads the table from the request's first
     key (sglang#22679)
 Control: the table from the page of the first query's oldest key, window_left at plan()
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

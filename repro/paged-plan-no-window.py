@@ -8,7 +8,7 @@ Fault: caller's mistake: window_left belongs to plan(), which builds the kernel 
     window_left >= 0 (flashinfer/prefill.py:4263); a window given only to the deprecated forward() then moves each fa2
     query tile's first key, so the tile's later queries see keys before their window
 Control: the same table, window_left at plan()
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

@@ -9,7 +9,7 @@ Fault: FlashInfer bug: run()'s docstring says of sinks "When provided, the kerne
     (flashinfer/prefill.py:867): fa2 (flashinfer/prefill.py:878-918) and fa3 (flashinfer/prefill.py:919-975) drop
     them, where cute-dsl and cudnn raise
 Control: BatchAttentionWithAttentionSinkWrapper (it applies sinks)
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

@@ -5,7 +5,7 @@ Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=True,
 Shape: batch 1; qo_len 8; kv_len 308; 32 query, 8 KV heads; head_dim 128; page_size 16; window_left 127; bfloat16
 Fault: caller's mistake: a trimmed table still needs window_left at plan(): the first query's window is not the last's
 Control: the table from the page of the first query's oldest key, window_left at plan()
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

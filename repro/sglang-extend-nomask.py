@@ -6,7 +6,7 @@ Call: BatchPrefillWithRaggedKVCacheWrapper(backend='fa2'), then plan(causal=True
 Shape: batch 1; qo_len 200; kv_len 500; 32 query, 8 KV heads; head_dim 128; page_size 16; window_left 127; bfloat16
 Fault: SGLang bug: fixed by sglang#26513: its FlashInfer extend path planned the cached prefix without the window mask
 Control: the same calls with the window as the prefix's custom_mask
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import subprocess
 import sys

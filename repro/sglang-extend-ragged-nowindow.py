@@ -7,7 +7,7 @@ Call: BatchPrefillWithRaggedKVCacheWrapper(backend='fa2'), then plan(causal=True
 Shape: batch 1; qo_len 200; kv_len 500; 32 query, 8 KV heads; head_dim 128; page_size 16; window_left 127; bfloat16
 Fault: SGLang bug: at 0005834c its ragged part is planned without window_left, given to forward_return_lse() alone
 Control: the same calls with window_left at the ragged plan()
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import subprocess
 import sys

@@ -7,7 +7,7 @@ Shape: batch 1; qo_len 16; kv_len 316; 32 query, 8 KV heads; head_dim 128; page_
 Fault: SGLang bug: flashinfer_backend.py (at 0005834cdb2a), call_begin_forward, passes kv_start_idx for DFlash only:
     EAGLE verify's KV, cut to the window, starts at key 0 under a full-prefix mask; sglang#39160, #39287
 Control: the window by tree depth in custom_mask, the table from the window's first page, no window_left
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

@@ -9,7 +9,7 @@ Fault: FlashInfer bug: the sink wrapper inherits plan(custom_mask=...), and run(
     (flashinfer/jit/attention/variants.py:34-36, where DefaultAttention reads it:
     include/flashinfer/attention/variants.cuh:80-85): fa2 runs non-causal
 Control: the same wrapper planned causal=True, no mask
-Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess

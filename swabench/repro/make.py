@@ -159,7 +159,7 @@ def _one_screen(bug, parts: list[script.Part], progress) -> tuple[str, list[scri
     control = next((p for p in one if p.role == "control"), None)
     lines = [f"Fault: {bug.filing.kind}: {bug.filing.fault}",
              f"Control: {control.says}" if control else "Control: none in one process",
-             f"Expected: float32 softmax over each query's mask, computed in main(): rel-L2 <= {tol.rel_l2:g}, "
+             f"Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= {tol.rel_l2:g}, "
              f"<= {tol.row_rel_l2:g} per row; else exit 1"]
     header = script.Header(bug.filing.title, script.wrapped(lines, screen.WIDTH))
     progress(f"tracing {', '.join(p.impl for p in one)} on one request, on the CPU against a stand-in FlashInfer")
