@@ -169,7 +169,8 @@ FILINGS: dict[str, Filing] = {
         control="tree-trim-depth", control_said=TREE_TRIM,
         ask="add to window_left's docstring: key j is attended by query row i only if j >= kv_len - qo_len + i - "
             "window_left; with custom_mask (tree attention) the row, not the token's tree depth, sets the window, "
-            "so put the window in the mask",
+            "so put the window in the mask (the script's control also starts the table at the window's first "
+            "page, so as not to read the keys before it)",
     ),
     "tree-sink-mask": Filing(
         title="BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask",
