@@ -76,7 +76,7 @@
 #            then scripts/repro_verdicts.py on $REPRO_REFS (default: every script under repro/), $VERDICT_JOBS (6) at
 #            once, into OUTDIR/repro-VERSION, starting from the committed repro/h200-VERSION/verdicts.json (rows of
 #            the bugs run again are replaced, the others kept), its table in OUTDIR/repro-VERSION/this-call.log (for the
-#            committed call.log)
+#            committed call.log; COMMIT=REV names the checkout in its first line)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift

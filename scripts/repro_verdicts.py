@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -144,6 +145,7 @@ def main(out: Path, refs: list[str], jobs: int = 1) -> int:
     out.mkdir(parents=True, exist_ok=True)
     refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
     timed = [ref for ref in refs if bugs.get(ref) and bugs.get(ref).twin]
+    print(said_where(len(refs), jobs), flush=True)
     disagree = 0
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         judged = concurrent.futures.as_completed([pool.submit(judge, ref) for ref in refs if ref not in timed])
@@ -152,6 +154,19 @@ def main(out: Path, refs: list[str], jobs: int = 1) -> int:
             disagree += not row["agree"]
             record(out, row)
     return 1 if disagree else 0
+
+
+def said_where(scripts: int, jobs: int) -> str:
+    """The call.log line that says when, on what and at which commit ($COMMIT, as the caller names it) this ran."""
+    import datetime
+
+    import flashinfer
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {gpu}, flashinfer "
+            f"{flashinfer.__version__}, checkout {os.environ.get('COMMIT', 'not named')}: scripts/repro_verdicts.py "
+            f"on {scripts} script{'s' * (scripts != 1)}, {jobs} at once")
 
 
 def record(out: Path, row: dict) -> None:
