@@ -119,8 +119,8 @@ def excerpt(text: str) -> tuple[list[str], int]:
     """(the lines of a reproducer's output to quote, how many were left out): a short output whole; of a longer one
     (a log with a server's or a build's output around it), each verdict with the lines printed under it, the
     CONTROL lines and the environment lines, each bounded; in either, every line cut at ``LINE_CHARS`` (the
-    container's NVIDIA_REQUIRE_CUDA is 2 KB).  FlashInfer's log of
-    the modules it built is not the script's output: left out of either, and not counted in a short one."""
+    container's NVIDIA_REQUIRE_CUDA is 2 KB).  FlashInfer's log of the modules it built is not the script's output:
+    left out of either, and not counted in a short one."""
     every = text.splitlines()
     lines = [line for line in every if not BUILD_LINE.match(line)]
     if len(lines) <= WHOLE_LINES and len("\n".join(lines)) <= WHOLE_CHARS:

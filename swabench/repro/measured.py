@@ -29,8 +29,8 @@ def rows(runs, paths: dict[str, str]) -> list[dict]:
         for row in mine.itertuples():
             case = cases.get(row.case_id)
             if case is not None and registry.get(row.impl).skip_reason(case, row.backend, None) is None:
-                found.append({"case": case, "path": paths[row.impl], "backend": row.backend, "wrong_rows": row.wrong_rows,
-                              "rows": row.total_qo, "rel_l2": row.rel_l2, "where": where,
+                found.append({"case": case, "path": paths[row.impl], "backend": row.backend,
+                              "wrong_rows": row.wrong_rows, "rows": row.total_qo, "rel_l2": row.rel_l2, "where": where,
                               "read": getattr(row, "dram_read_bytes", None), "needed": row.min_read_bytes})
         if len(found) == before:
             raise UserError(f"--measured {run}: no gated point of {', '.join(paths)} that it serves now")
@@ -42,33 +42,29 @@ def table(found: list[dict]) -> list[str]:
     where they agree), in FlashInfer's terms, each path's lines by context then draft; the bytes each path read where
     the run counted them (ncu), else its rows.  What is the same on every line is said once, in the sentence."""
     counted = any(r["read"] == r["read"] and r["read"] is not None for r in found)
-    grouped: dict[tuple, list[dict]] = {}
+    measures = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
+    grouped: dict[tuple, tuple[dict, list[dict]]] = {}
     for r in found:
         c = r["case"]
-        said = (f"{r['read'] / 1e6:,.1f} MB", f"{r['read'] / r['needed']:.1f}x") if counted else \
-            (f"{int(r['wrong_rows'])} of {int(r['rows'])}",)
-        grouped.setdefault((r["path"], r["backend"], c.model or "-", c.batch_size, (c.prefix_len or 0) + c.qo_len, _draft(c),
-                            c.window_left, f"{c.num_qo_heads}/{c.num_kv_heads}", c.head_dim, r["where"], said),
-                           []).append(r)
-    first = {path: i for i, path in enumerate(dict.fromkeys(key[0] for key in grouped))}  # paths as given
+        line = {"call": r["path"], "backend": r["backend"], "model": c.model or "-", "batch": c.batch_size,
+                "kv_len": (c.prefix_len or 0) + c.qo_len, "queries": _draft(c), "window_left": c.window_left,
+                "page_size": None, "heads (query/KV)": f"{c.num_qo_heads}/{c.num_kv_heads}", "head_dim": c.head_dim,
+                "ran on": r["where"]}
+        line |= ({measures[0]: f"{r['read'] / 1e6:,.1f} MB", measures[1]: f"{r['read'] / r['needed']:.1f}x"}
+                 if counted else {measures[0]: f"{int(r['wrong_rows'])} of {int(r['rows'])}"})
+        grouped.setdefault(tuple(line.values()), (line, []))[1].append(r)
+    first = {call: i for i, call in enumerate(dict.fromkeys(line["call"] for line, _ in grouped.values()))}
 
-    def order(key):  # each path's lines by backend, model, batch, context, draft size, then a chain before a tree
-        case = grouped[key][0]["case"]
-        return first[key[0]], key[1], key[2], key[3], key[4], case.qo_len, key[5].startswith("tree")
+    def order(kept):  # each path's lines by backend, model, batch, context, draft size, then a chain before a tree
+        line, same = kept
+        return (first[line["call"]], line["backend"], line["model"], line["batch"], line["kv_len"],
+                same[0]["case"].qo_len, line["queries"].startswith("tree"))
 
     lines = []
-    for key in sorted(grouped, key=order):
-        path, backend, model, batch, kv, draft, window, heads, head_dim, where, said = key
-        same = grouped[key]
-        errors = sorted(r["rel_l2"] for r in same)
-        error = f"{errors[0]:.3g}" + (f"-{errors[-1]:.3g}" if f"{errors[-1]:.3g}" != f"{errors[0]:.3g}" else "")
-        lines.append({"call": path, "backend": backend, "model": model, "batch": batch, "kv_len": kv, "queries": draft,
-                      "window_left": window, "page_size": ", ".join(str(p) for p in sorted({r["case"].page_size
-                                                                                           for r in same})),
-                      "heads (query/KV)": heads, "head_dim": head_dim, "ran on": where,
-                      **(dict(zip(("DRAM bytes read", "of the window's"), said)) if counted else
-                         {"rows wrong": said[0], "rel-L2": error})})
-    measures = ["DRAM bytes read", "of the window's"] if counted else ["rows wrong", "rel-L2"]
+    for line, same in sorted(grouped.values(), key=order):
+        errors = [f"{e:.3g}" for e in sorted(r["rel_l2"] for r in same)]
+        line = {**line, "page_size": ", ".join(str(p) for p in sorted({r["case"].page_size for r in same}))}
+        lines.append(line if counted else {**line, "rel-L2": "-".join(dict.fromkeys([errors[0], errors[-1]]))})
     constant = [k for k in lines[0] if k not in measures and len({str(line[k]) for line in lines}) == 1]
     shown = [k for k in lines[0] if k not in constant]
     every = "; ".join(f"{k} {lines[0][k]}" for k in constant if lines[0][k] not in ("-", "the call"))

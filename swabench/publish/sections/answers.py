@@ -207,8 +207,8 @@ def answers(runs: list[Run]) -> list[str]:
                   markdown_table(steps)]
     if reads:
         parts += [f"**What each path reads**: DRAM bytes read / the bytes its window needs under Nsight Compute, "
-                  f"median (least-most), per step the paths past {machine.AMPLIFIED}x; (calls): counted a call at a time, "
-                  f"with its intermediates ({topic_link(machine)}):\n"
+                  f"median (least-most), per step the paths past {machine.AMPLIFIED}x; (calls): counted a call at a "
+                  f"time, with its intermediates ({topic_link(machine)}):\n"
                   + "\n".join(reads)]
     models, run = per_model(runs)
     if len(models):
