@@ -7,8 +7,8 @@ Shape: batch 1; qo_len 1024; kv_len 1024; 8 query, 2 KV heads; head_dim 128; pag
     non-causal; bfloat16
 Matters: fa2 splits a request along KV by SM count (the rows depend on the GPU), always under use_cuda_graph=True
 Expected: softmax attention in float32 over each query's window: rel-L2 <= 0.01 overall, 0.05 in each row and head
-Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): REPRODUCED: 864 of 1024 rows wrong, 0-863 (rel-L2 0.667, worst
-    row 1.44; tolerances 0.01, 0.05)
+Observed on flashinfer 0.6.18.post1 and 0.7.2.post1 and 0.7.4, NVIDIA H100 80GB HBM3 (132 SMs): REPRODUCED: 864 of
+    1024 rows wrong, 0-863 (rel-L2 0.667, worst row 1.44; tolerances 0.01, 0.05)
 Fault: FlashInfer bug: fa2's split-KV plan under use_cuda_graph=True with causal=False and a window: flashinfer#4972
     reports it; PR flashinfer#4992 proposes a fix
 Control: the same plan with disable_split_kv=True, its verdict printed beside the bug's

@@ -74,9 +74,10 @@
 #   verdicts  each script's calls held to the installed release's signatures, and the lines the faults cite to its
 #            source where it is the release they were read in (api.log),
 #            then scripts/repro_verdicts.py on $REPRO_REFS (default: every script under repro/), $VERDICT_JOBS (6) at
-#            once, into OUTDIR/repro-VERSION, starting from the committed repro/h200-VERSION/verdicts.json (rows of
-#            the bugs run again are replaced, the others kept), its table in OUTDIR/repro-VERSION/this-call.log (for the
-#            committed call.log; COMMIT=REV names the checkout in its first line)
+#            once, into OUTDIR/repro-VERSION, starting from the committed repro/GPU-VERSION/verdicts.json of this card
+#            (h200, h100; rows of the bugs run again are replaced, the others kept), its table in
+#            OUTDIR/repro-VERSION/this-call.log (for the committed call.log; COMMIT=REV names the checkout in its first
+#            line); the folder is committed as repro/GPU-VERSION/
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -240,8 +241,9 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                ( time sb warmup release "${groups[@]}" --jobs 16 ) 2>&1 | tail -20
                ( time sb run release "${groups[@]}" --out "$out/h200-release-shelf-$v" ) 2>&1 | tail -20 ;;
     verdicts)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]\+' | head -1 | tr 'H' 'h')
                mkdir -p "$out/repro-$v"
-               [ -f "repro/h200-$v/verdicts.json" ] && cp "repro/h200-$v/verdicts.json" "$out/repro-$v/"
+               [ -f "repro/$g-$v/verdicts.json" ] && cp "repro/$g-$v/verdicts.json" "$out/repro-$v/"
                python3 -m pytest -q -p no:cacheprovider tests/test_repro_screen.py tests/test_repro_filing.py \
                  -k "installed_flashinfer or cited_line" > "$out/repro-$v/api.log" 2>&1 \
                  || echo "API CHECK FAILED (pytest exit $?): see $out/repro-$v/api.log; the scripts run all the same"

@@ -3,8 +3,8 @@ the runs of that very script.
 
     python3 scripts/repro_publish.py [REF ...]   (default: every script under repro/)
 
-A run is a log under repro/h200-RELEASE/ (a device call's OUT/repro-RELEASE, copied there with its
-verdicts.json): it counts where its row in that folder's verdicts.json recorded the digest of the script's code as
+A run is a log under repro/GPU-RELEASE/ (h200-0.7.4, h100-0.7.4, ...: a device call's OUT/repro-RELEASE, copied
+there with its verdicts.json): it counts where its row in that folder's verdicts.json recorded the digest of the script's code as
 committed now, so a body never quotes an older form of its script as this one's output.  Bodies that quote the
 suite's own rows take them from MEASURED.  Then write the findings again: their repro page reads the same folders.
 """
@@ -23,16 +23,13 @@ MEASURED = {"sglang-verify-tree": ["results/h200-tree-0.7.4"],
 
 
 def runs_of(script: Path) -> list[Path]:
-    """The logs of runs of ``script``'s code as it is now, one per release folder that holds one."""
+    """The logs of runs of ``script``'s code as it is now, one per GPU and release folder that holds one."""
     from swabench.repro import issue
 
     digest, ref = issue.script_digest(script.read_text()), script.stem.replace("flashinfer-", "flashinfer#")
-    logs = []
-    for folder in sorted(script.parent.glob("h200-*")):
-        rows = json.loads((folder / "verdicts.json").read_text()) if (folder / "verdicts.json").exists() else []
-        if any(r["ref"] == ref and r.get("script_digest") == digest for r in rows):
-            logs.append(folder / f"{script.stem}.log")
-    return [log for log in logs if log.exists()]
+    ran = [v.parent / f"{script.stem}.log" for v in sorted(script.parent.glob("*/verdicts.json"))
+           if any(r["ref"] == ref and r.get("script_digest") == digest for r in json.loads(v.read_text()))]
+    return [log for log in ran if log.exists()]
 
 
 def command(script: Path) -> list[str]:

@@ -16,7 +16,7 @@ from swabench.run import sweep
 
 # seven whole cases of the published two-GPU default run, cut by fixtures/make_h200_run.py (frozen)
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
-VERDICTS = Path(__file__).resolve().parent / "fixtures" / "published" / "repro"  # frozen repro/h200-*/verdicts.json
+VERDICTS = Path(__file__).resolve().parent / "fixtures" / "published" / "repro"  # frozen repro/*/verdicts.json
 
 
 
@@ -115,7 +115,7 @@ def test_each_bug_caught_has_its_repro_command_and_script(page):
     said = {line.split("`")[1]: line for line in rows}
     assert "`swabench repro --bug planted-wide`" in said["planted-wide"]  # caught on the CPU run
     assert "[`repro/paged-trim-causal.py`](../repro/paged-trim-causal.py)" in said["paged-trim-causal"]
-    assert "0.7.2.post1: exit 1; 0.7.4: exit 1" in said["paged-trim-causal"]  # the frozen verdicts
+    assert "H200 0.7.2.post1: exit 1; H200 0.7.4: exit 1" in said["paged-trim-causal"]  # the frozen verdicts
     assert "flashinfer#1679" not in said  # nothing in these runs shows it
     assert "issue body" not in said["paged-trim-causal"]  # the caller's mistake: nothing to file upstream
 
@@ -123,8 +123,8 @@ def test_each_bug_caught_has_its_repro_command_and_script(page):
 def test_each_script_on_the_node_is_tabled_beside_the_suite(page):
     """One row per committed verdict: the script's own verdict and control, the suite's, and whether they agree."""
     rows = [line for line in section(page, "Reproducers") if line.startswith("| `") and "swabench repro" not in line]
-    assert len(rows) == sum(len(json.loads(p.read_text())) for p in VERDICTS.glob("h200-*/verdicts.json")) == 28
-    cliff = next(line for line in rows if line.startswith("| `decode-cliff` | 0.7.4 |"))
+    assert len(rows) == sum(len(json.loads(p.read_text())) for p in VERDICTS.glob("*/verdicts.json")) == 28
+    cliff = next(line for line in rows if line.startswith("| `decode-cliff` | H200 0.7.4 |"))
     assert re.search(r"\| \d+\.\d\dx \(\d+\.\d vs \d+\.\d us\) \|", cliff)  # the suite's own timer
 
 
@@ -142,6 +142,17 @@ def test_a_row_says_whether_it_ran_the_script_committed_now(tmp_path, monkeypatc
     script.write_text(script.read_text().replace("print(1)", "print(2)"))
     assert repros._which_script({"ref": "flashinfer#4972", "script_digest": ran}) == "**an older form**"
     assert repros._which_script({"ref": "flashinfer#4972"}) == "not recorded"
+
+
+def test_each_verdict_names_the_gpu_and_release_its_folder_holds(tmp_path, monkeypatch):
+    """repro/GPU-RELEASE/: a run on another card sits beside the H200's and says which card it was."""
+    row = {"ref": "paged-trim-causal", "script_exit": 1, "agree": True}
+    for folder, exit_status in (("h200-0.7.4", 1), ("h100-0.7.4", 1), ("h100-0.6.18.post1", 0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "verdicts.json").write_text(json.dumps([{**row, "script_exit": exit_status}]))
+    monkeypatch.setattr(repros, "VERDICTS", tmp_path)
+    assert repros._on_the_node("paged-trim-causal") == \
+        "H100 0.6.18.post1: exit 0; H100 0.7.4: exit 1; H200 0.7.4: exit 1"
 
 
 def test_the_suite_and_control_verdicts_read_plainly():

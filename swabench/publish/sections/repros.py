@@ -1,6 +1,6 @@
 """Every bug the runs caught, with the command that writes its standalone script (``swabench repro``), the
 script committed under ``repro/`` where there is one, and what that script said on its own on the GPU
-node beside the suite's verdict on the same case (``repro/h200-RELEASE/verdicts.json``)."""
+node beside the suite's verdict on the same case (``repro/GPU-RELEASE/verdicts.json``: h200-0.7.4, h100-0.7.4...)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from swabench.publish.markdown import REPO, markdown_table
 from swabench.publish.sections.base import FINDINGS, Run, Section
 
 CLIFF = "decode-cliff"
-VERDICTS = REPO / "repro"  # where the node's runs of the committed scripts are: h200-RELEASE/verdicts.json
+VERDICTS = REPO / "repro"  # where the node's runs of the committed scripts are: GPU-RELEASE/verdicts.json
 
 
 def caught(runs: list[Run]) -> dict[str, list[str]]:
@@ -35,15 +35,21 @@ def caught(runs: list[Run]) -> dict[str, list[str]]:
 
 
 def _on_the_node(ref: str) -> str:
-    """What the committed script said on each release the node ran it on, and whether the suite agreed."""
+    """What the committed script said on each GPU and release the node ran it on, and whether the suite agreed."""
     return "; ".join(f"{release}: exit {row['script_exit']}" + ("" if row["agree"] else " (the suite disagrees)")
                      for release, row in _verdicts() if row["ref"] == ref)
 
 
 def _verdicts() -> list[tuple[str, dict]]:
-    """(release, row) for each row of each release's ``repro/h200-RELEASE/verdicts.json``."""
-    return [(path.parent.name.removeprefix("h200-"), row) for path in sorted(VERDICTS.glob("h200-*/verdicts.json"))
+    """('H200 0.7.4', row) for each row of each GPU's and release's ``repro/GPU-RELEASE/verdicts.json``."""
+    return [(_where(path.parent.name), row) for path in sorted(VERDICTS.glob("*/verdicts.json"))
             for row in json.loads(path.read_text())]
+
+
+def _where(folder: str) -> str:
+    """'h100-0.7.2.post1' -> 'H100 0.7.2.post1'."""
+    gpu, _, release = folder.partition("-")
+    return f"{gpu.upper()} {release}"
 
 
 def _control_said(line: str) -> str:
@@ -83,16 +89,16 @@ def _which_script(row: dict) -> str:
 def on_the_node() -> list[str]:
     """Each committed script's own output on the node beside the suite's verdict on the same case, and whether the
     row ran the script committed now."""
-    rows = [{"bug": f"`{row['ref']}`", "flashinfer": release, "script run": _which_script(row),
+    rows = [{"bug": f"`{row['ref']}`", "GPU, flashinfer": release, "script run": _which_script(row),
              "the script printed": f"`{row['script_said'][0]}`",
              "its control": f"`{_control_said(row['script_said'][1])}`" if row["script_said"][1] else "",
              "the suite, same case": _suite_said(row["suite"]), "agree": "yes" if row["agree"] else "**no**"}
             for release, row in sorted(_verdicts(), key=lambda v: (v[1]["ref"], v[0]))]
     if not rows:
         return []
-    return ["What each committed script printed on the H200, run on its own, beside the suite's verdict on the "
+    return ["What each committed script printed on the GPU node, run on its own, beside the suite's verdict on the "
             "same parts in a fresh process (`scripts/repro_verdicts.py`; the logs and `verdicts.json` are in "
-            "`repro/h200-RELEASE/`). The cliff's script and the suite both time under CUDA graphs with L2 flushed; "
+            "`repro/GPU-RELEASE/`). The cliff's script and the suite both time under CUDA graphs with L2 flushed; "
             "a row agrees where the case, the exit status and the control's verdict are the same. 'script run': the "
             "script committed now, an older form of it (its code has changed since), or not recorded by the run.",
             markdown_table(pd.DataFrame(rows))]
@@ -113,7 +119,7 @@ def reproducers(runs: list[Run]) -> list[str]:
                      "command": f"`swabench repro --bug {bug.ref}`",
                      "script": (f"[`repro/{script.name}`](repro/{script.name})" if script.exists() else "")
                      + (f" ([issue body](repro/{script.stem}.md))" if script.with_suffix(".md").exists() else ""),
-                     "on the H200 (script exit; 1 = shows)": _on_the_node(bug.ref)})
+                     "on the node (script exit; 1 = shows)": _on_the_node(bug.ref)})
     if not rows:
         return []
     return ["Each bug the runs caught, as a script that uses only torch and the library: it builds the case the "
