@@ -4,9 +4,10 @@ the runs of that very script.
     python3 scripts/repro_publish.py [REF ...]   (default: every script under repro/)
 
 A run is a log under repro/GPU-RELEASE/ (h200-0.7.4, h100-0.7.4, ...: a device call's OUT/repro-RELEASE, copied
-there with its verdicts.json): it counts where its row in that folder's verdicts.json recorded the digest of the script's code as
-committed now, so a body never quotes an older form of its script as this one's output.  Bodies that quote the
-suite's own rows take them from MEASURED.  Then write the findings again: their repro page reads the same folders.
+there with its verdicts.json): it counts where its row in that folder's verdicts.json recorded the digest of the
+script's code as committed now, so a body never quotes an older form of its script as this one's output.  Bodies
+that quote the suite's own rows take them from MEASURED.  Then write the findings again: their repro page reads the
+same folders.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ MEASURED = {"sglang-verify-tree": ["results/h200-tree-0.7.4"],
 
 def runs_of(script: Path) -> list[Path]:
     """The logs of runs of ``script``'s code as it is now, one per GPU and release folder that holds one."""
-    from swabench.repro import issue
+    from swabench.repro import issue, ref_of
 
-    digest, ref = issue.script_digest(script.read_text()), script.stem.replace("flashinfer-", "flashinfer#")
+    digest, ref = issue.script_digest(script.read_text()), ref_of(script.stem)
     ran = [v.parent / f"{script.stem}.log" for v in sorted(script.parent.glob("*/verdicts.json"))
            if any(r["ref"] == ref and r.get("script_digest") == digest for r in json.loads(v.read_text()))]
     return [log for log in ran if log.exists()]
@@ -34,8 +35,9 @@ def runs_of(script: Path) -> list[Path]:
 
 def command(script: Path) -> list[str]:
     """The ``swabench repro`` call that writes ``script`` (and its body, where one is committed) again."""
-    ref = script.stem.replace("flashinfer-", "flashinfer#")
-    args = ["--bug", ref, "--out", os.path.relpath(script, ROOT), "--force"]
+    from swabench.repro import ref_of
+
+    args = ["--bug", ref_of(script.stem), "--out", os.path.relpath(script, ROOT), "--force"]
     args += [arg for log in runs_of(script) for arg in ("--observed", os.path.relpath(log, ROOT))]
     if script.with_suffix(".md").exists():
         args += ["--issue"] + [arg for run in MEASURED.get(script.stem, []) for arg in ("--measured", run)]
@@ -43,7 +45,9 @@ def command(script: Path) -> list[str]:
 
 
 def main(refs: list[str]) -> int:
-    scripts = [ROOT / "repro" / f"{ref.replace('#', '-')}.py" for ref in refs] or sorted((ROOT / "repro").glob("*.py"))
+    from swabench.repro import script_stem
+
+    scripts = [ROOT / "repro" / f"{script_stem(ref)}.py" for ref in refs] or sorted((ROOT / "repro").glob("*.py"))
     for script in scripts:
         call = command(script)
         print(f"{script.stem}: {call.count('--observed')} run(s) of this script", flush=True)

@@ -104,10 +104,10 @@ def planned_with(keywords: dict):
 def judge(ref: str) -> dict:
     """Run the bug's script, then the suite on its parts in a fresh process: what each said (subprocesses alone, so
     that several bugs are judged at once)."""
-    from swabench.repro import issue
+    from swabench.repro import issue, script_stem
 
-    path = ROOT / "repro" / f"{ref.replace('#', '-')}.py"
-    digest = issue.script_digest(path.read_text())
+    path = ROOT / "repro" / f"{script_stem(ref)}.py"
+    text = path.read_text()
     ran = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
     judged = subprocess.run([sys.executable, __file__, "--suite", ref], capture_output=True, text=True,
                             timeout=600, cwd=ROOT)
@@ -117,7 +117,7 @@ def judge(ref: str) -> dict:
     verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
     control = next((line for line in lines if line.startswith("CONTROL")), "")
     return {"ref": ref, "script_exit": ran.returncode, "suite": suite, "script_said": [verdict, control],
-            "log": ran.stdout + ran.stderr, "script_digest": digest}
+            "log": ran.stdout + ran.stderr, "code": issue.script_code(text), "script_digest": issue.script_digest(text)}
 
 
 def agreed(said: dict) -> dict:
@@ -127,8 +127,7 @@ def agreed(said: dict) -> dict:
     from swabench.repro import issue, make
 
     ref, suite = said["ref"], said["suite"]
-    same_case = issue.script_code((ROOT / "repro" / f"{ref.replace('#', '-')}.py").read_text()) == \
-        issue.script_code(make.for_bug(ref)[0])
+    same_case = said["code"] == issue.script_code(make.for_bug(ref)[0])  # the code that ran
     right = bool(re.search(r": (every row )?right \(", said["script_said"][1]))
     control_agree = suite.get("control_right") is None or right == suite["control_right"]
     agree = suite.get("exit") == said["script_exit"] and same_case and control_agree
@@ -140,10 +139,10 @@ def agreed(said: dict) -> dict:
 def main(out: Path, refs: list[str], jobs: int = 1) -> int:
     """Judge every bug, ``jobs`` at a time; a timed bug (the cliff) alone, after the others, so that nothing else
     runs on the GPU while it is timed."""
-    from swabench.repro import bugs
+    from swabench.repro import bugs, ref_of
 
     out.mkdir(parents=True, exist_ok=True)
-    refs = refs or sorted(p.stem.replace("flashinfer-", "flashinfer#") for p in (ROOT / "repro").glob("*.py"))
+    refs = refs or sorted(ref_of(p.stem) for p in (ROOT / "repro").glob("*.py"))
     timed = [ref for ref in refs if bugs.get(ref) and bugs.get(ref).twin]
     print(said_where(len(refs), jobs), flush=True)
     disagree = 0
@@ -172,7 +171,9 @@ def said_where(scripts: int, jobs: int) -> str:
 def record(out: Path, row: dict) -> None:
     """Write the bug's log, print its line and put its row in OUT/verdicts.json at once, so that a call cut short
     keeps what it judged (a later call for some bugs replaces their rows and keeps the rest)."""
-    (out / f"{row['ref'].replace('#', '-')}.log").write_text(row.pop("log"))
+    from swabench.repro import script_stem
+
+    (out / f"{script_stem(row['ref'])}.log").write_text(row.pop("log"))
     suite = row["suite"]
     why = ([] if row["same_case"] else ["another case"]) + ([] if row["control_agree"] else ["the controls differ"])
     print(f"{row['ref']:32s} script exit {row['script_exit']}  suite {suite.get('exit')}  "

@@ -15,7 +15,7 @@ import torch
 from swabench.core import reference, workloads
 from swabench.impls import registry, upstream
 from swabench.inputs import scenarios
-from swabench.repro import bugs, kit, make, script, trace, verify
+from swabench.repro import bugs, kit, make, ref_of, script, trace, verify
 from tests.conftest import invoke
 
 # one small point for every implementation: each group is what its paths model
@@ -391,7 +391,7 @@ def test_each_committed_script_is_the_one_the_suite_writes_now():
     scripts = sorted((Path(__file__).resolve().parent.parent / "repro").glob("*.py"))
     assert len(scripts) == 15
     for path in scripts:
-        text, _ = make.for_bug(path.stem.replace("flashinfer-", "flashinfer#"))
+        text, _ = make.for_bug(ref_of(path.stem))
         assert issue.script_code(path.read_text()) == issue.script_code(text), path.name
 
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from swabench.impls import registry
-from swabench.repro import make
+from swabench.repro import make, script_stem
 
 # the bugs with a script under repro/
 FILED = ["flashinfer#4972", "holistic-offset", "flashinfer#1679", "decode-cliff", "paged-plan-no-window",
@@ -126,7 +126,7 @@ def test_a_committed_script_calls_only_what_the_installed_flashinfer_takes(ref):
     from pathlib import Path
 
     flashinfer = pytest.importorskip("flashinfer")
-    text = (Path(__file__).resolve().parent.parent / "repro" / f"{ref.replace('#', '-')}.py").read_text()
+    text = (Path(__file__).resolve().parent.parent / "repro" / f"{script_stem(ref)}.py").read_text()
 
     def found(dotted):
         obj = flashinfer

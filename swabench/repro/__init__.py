@@ -1,5 +1,5 @@
-"""Standalone reproducer scripts (docs/repro.md).  ``command`` stays here, free of the tracing stack, for
-the pages and the console that print it beside a failed point."""
+"""Standalone reproducer scripts (docs/repro.md).  ``command`` and the names of the committed scripts stay here,
+free of the tracing stack, for the pages and the console that print them."""
 
 import shlex
 
@@ -7,3 +7,13 @@ import shlex
 def command(source: str, case_id: str, impl: str, backend: str) -> str:
     """The ``swabench repro`` command for one point (what a failed point's line prints)."""
     return "swabench repro " + shlex.join([source, "--case", case_id, "--impl", impl, "--backend", backend])
+
+
+def script_stem(ref: str) -> str:
+    """The name a bug's committed script and its logs go by under repro/: 'flashinfer#4972' -> 'flashinfer-4972'."""
+    return ref.replace("#", "-")
+
+
+def ref_of(stem: str) -> str:
+    """The bug a committed script under repro/ is for: 'flashinfer-4972' -> 'flashinfer#4972'."""
+    return stem.replace("flashinfer-", "flashinfer#")

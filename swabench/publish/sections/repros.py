@@ -78,9 +78,9 @@ def _suite_said(suite: dict) -> str:
 
 def _which_script(row: dict) -> str:
     """Whether a row ran the script committed now: its code's digest against the run's, where the run recorded it."""
-    from swabench.repro import issue
+    from swabench.repro import issue, script_stem
 
-    script = REPO / "repro" / f"{row['ref'].replace('#', '-')}.py"
+    script = REPO / "repro" / f"{script_stem(row['ref'])}.py"
     if "script_digest" not in row or not script.exists():
         return "not recorded"
     return "this one" if issue.script_digest(script.read_text()) == row["script_digest"] else "**an older form**"
@@ -105,14 +105,14 @@ def on_the_node() -> list[str]:
 
 
 def reproducers(runs: list[Run]) -> list[str]:
-    from swabench.repro import bugs
+    from swabench.repro import bugs, script_stem
 
     found = caught([r for r in runs if len(r.table)])
     rows = []
     for bug in bugs.catalogue():
         if bug.ref not in found:
             continue
-        script = REPO / "repro" / f"{bug.ref.replace('#', '-')}.py"
+        script = REPO / "repro" / f"{script_stem(bug.ref)}.py"
         names = found[bug.ref]
         rows.append({"bug": f"`{bug.ref}`", "caught in": ", ".join(names[:2]) + (f" and {len(names) - 2} more"
                                                                                   if len(names) > 2 else ""),
