@@ -13,6 +13,7 @@ import click
 
 from swabench.errors import RunFailed, UserError
 from swabench.inputs import scenarios
+from swabench.run import isolation
 
 
 class InputError(click.ClickException):
@@ -178,9 +179,22 @@ run_dir = click.argument("run_dir", type=PathArg(exists=True, file_okay=False))
 def run_options(command):
     """The options ``run`` and ``check`` share."""
     resume = opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
-    for option in (strict_option, resume, model_option, case_option, impl_option, device_option, out_option):
+    for option in (*isolation_options, strict_option, resume, model_option, case_option, impl_option, device_option,
+                   out_option):
         command = option(command)
     return command
+
+
+isolation_options = (
+    opt("--retry-crashed", is_flag=True,
+        help="With --resume: run again the points recorded as crash (a resume leaves them out otherwise)."),
+    opt("--point-timeout", type=click.FloatRange(1, 86400), default=isolation.POINT_LIMIT_S, show_default=True,
+        metavar="SECONDS", help="A point whose worker answers nothing for this long is hung: killed, recorded as "
+                                "crash, and the sweep goes on."),
+    opt("--in-process", is_flag=True,
+        help="Run the points in this process instead of a supervised worker: a crash then ends the run (what the "
+             "profilers use)."),
+)
 
 
 def scenario_file(name: str | None, device_type: str) -> Path:

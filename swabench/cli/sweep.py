@@ -20,8 +20,11 @@ MAX_BUCKET = 1 << 16  # coarser than this merges steps a window apart: no longer
 
 
 def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
-                  model=None, counted=False):
+                  model=None, counted=False, supervision=None):
     device = device_of(device)
+    supervision = supervision or {}
+    if supervision.get("retry_crashed") and not resume:
+        raise InputError("--retry-crashed runs a resumed run's crashed points again: use it with --resume")
     if counted and device.type != "cuda":
         raise InputError("--count: the counted calls are for Nsight Compute on a GPU (swabench profile --tool ncu)")
     s = load(model_scenario(scenario, model, device.type), impls, cases, device.type, model)
@@ -29,7 +32,11 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
-    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted)
+    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted,
+                                isolated=not supervision.get("in_process"),
+                                retry_crashed=bool(supervision.get("retry_crashed")),
+                                limits=lifecycle.isolation.Limits(point_s=supervision.get("point_timeout") or
+                                                                  lifecycle.isolation.POINT_LIMIT_S))
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, request.what)
     outcome = lifecycle.execute(dataclasses.replace(request, out=out), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out))
@@ -44,7 +51,8 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
 @costs_option
 @opt("--count", "counted", is_flag=True, hidden=True,
      help="Gate, then count one call per point instead of timing it: what `profile --tool ncu` runs under ncu.")
-def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, gpus, costs_from, counted):
+def run(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process, l2,
+        shard, gpus, costs_from, counted):
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
@@ -53,16 +61,17 @@ def run(scenario, out, device, impls, cases, model, resume, strict, l2, shard, g
     if gpus and (shard or resume or device == "cpu"):
         raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
                          "(run the same command again to continue a launch)")
+    supervision = dict(retry_crashed=retry_crashed, point_timeout=point_timeout, in_process=in_process)
     if gpus:
         return run_on_gpus(model_scenario(scenario, model, "cuda"), out, impls, cases, l2, gpus, costs_from, strict,
-                           model)
+                           model, supervision)
     if costs_from and not shard:
         raise InputError("--costs-from balances shards: use it with --shard or --gpus")
     sweep_command(scenario, out, device, impls, cases, resume, strict, not counted, l2, shard, costs_from, model,
-                  counted)
+                  counted, supervision)
 
 
-def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None) -> None:
+def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None, supervision=None) -> None:
     chosen, visible = launch.choose_gpus(gpus)
     path = scenario_file(scenario, "cuda")
     out = Path(out) if out else lifecycle.default_out(scenarios.declared_name(scenarios.read(path)[0], path), "cuda", "run")
@@ -75,7 +84,10 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
         lifecycle.check_runnable(s, torch.device("cuda"))
         return s
 
-    args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else [])]
+    supervision = supervision or {}
+    args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else []),
+            "--point-timeout", str(supervision.get("point_timeout") or lifecycle.isolation.POINT_LIMIT_S),
+            *(["--in-process"] if supervision.get("in_process") else [])]
     outcome = lifecycle.execute_on_gpus(lifecycle.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out, resume=False))
 
@@ -83,11 +95,12 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
 @click.command()
 @click.argument("scenario", type=PathArg(), required=False)
 @run_options
-def check(scenario, out, device, impls, cases, model, resume, strict):
+def check(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
     if not scenario and not model:
         raise InputError("check needs SCENARIO or --model NAME")
-    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model)
+    sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model,
+                  supervision=dict(retry_crashed=retry_crashed, point_timeout=point_timeout, in_process=in_process))
 
 
 def step_options(command):

@@ -46,7 +46,8 @@ def profile(scenario, out, impls, cases, tool, against, unit, l2):
             raise click.ClickException(str(e)) from None
         sys.exit(0 if print_counted(result, out) else 1)
     if tool == "torch":
-        outcome, text = profiling.run_under_torch_profiler(lifecycle.Request(s, out, device, l2=l2), Bar())
+        outcome, text = profiling.run_under_torch_profiler(lifecycle.Request(s, out, device, l2=l2, isolated=False),
+                                                             Bar())
         click.echo(text + f"\nChrome/Perfetto trace and torch_stats.txt are in {out}")
         return report_outcome(outcome, False, lifecycle.rerun_command(out))
     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from swabench import STARTED
 from swabench.analysis import derived
 from swabench.errors import UserError
-from swabench.run import launch
+from swabench.run import isolation, launch
 from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
 from swabench.store import run_folder, schema
@@ -69,6 +69,14 @@ class Request:
     sharding: dict | None = None
     meta: dict | None = None  # what this kind of run adds to meta.json (a replay's trace)
     counted: bool = False  # gate, then one call per point for Nsight Compute to count (``measure.counters``)
+    isolated: bool = True  # points in a supervised worker process (``run.isolation``); False: in this process
+    retry_crashed: bool = False  # a resume runs the points recorded as crash again
+    limits: isolation.Limits = isolation.Limits()
+
+    @property
+    def in_worker(self) -> bool:
+        """Whether points run in a supervised worker: a counted run stays in the process Nsight Compute launched."""
+        return self.isolated and not self.counted
 
     @property
     def what(self) -> str:
@@ -90,7 +98,7 @@ class Outcome:
 
     def messages(self, strict: bool, resume_with: str) -> list[tuple[str, str | None]]:
         """(text, colour) lines that close a sweep: its time, and what to do about what happened."""
-        xpass, fail = self.count("xpass"), self.count("fail")
+        xpass, fail, crash = self.count("xpass"), self.count("fail"), self.count("crash")
         said = f"sweep wall time {self.wall_s:.1f} s ({self.total_s:.1f} s since swabench started)"
         if self.session_s is not None:
             said = (f"sweep wall time {self.session_s:.1f} s in this session ({self.total_s:.1f} s since swabench "
@@ -107,6 +115,10 @@ class Outcome:
             lines.append((f"{xpass} points of known-bug implementations passed where their mistake should show "
                           f"(xpass): each row's reason says whether the library changed or the gate is blind there",
                           "yellow"))
+        if crash:
+            lines.append((f"{crash} points crashed (their process died, hung or left the GPU unusable; each row's "
+                          f"reason says how): the sweep went on without them, a resume leaves them out unless given "
+                          f"--retry-crashed", "red" if crashed_correct(self.table) else "yellow"))
         if fail or (strict and xpass):
             lines.append((f"{fail} points failed the gate" + (f", {xpass} xpass (--strict)" if strict else ""), "red"))
         return lines
@@ -158,9 +170,14 @@ def check_runnable(scenario: scenarios.Scenario, device: torch.device) -> None:
 
 
 def gate_status(table: pd.DataFrame, strict: bool = False) -> int:
-    """1 when a correct implementation failed the gate (or, strict, a known bug was not caught), else 0."""
+    """1 when a correct implementation failed the gate or crashed (or, strict, a known bug was not caught), else 0."""
     statuses = set(table["status"]) if len(table) else set()
-    return 1 if "fail" in statuses or (strict and "xpass" in statuses) else 0
+    return 1 if "fail" in statuses or crashed_correct(table) or (strict and "xpass" in statuses) else 0
+
+
+def crashed_correct(table: pd.DataFrame) -> bool:
+    """Whether a correct implementation's point crashed (a planted or known-bug path's crash is its own business)."""
+    return bool(len(table)) and bool(((table["status"] == "crash") & (table["kind"] == "correct")).any())
 
 
 def since_start() -> float:
@@ -244,6 +261,7 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
     with interrupt_on_signals() as signals:
         signals.hold()  # a signal while the folder is made is raised once the folder can record it
         store = open_store(request)
+        supervisor = None
         s, state, by, started = request.scenario, "complete", None, time.perf_counter()
         earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
 
@@ -261,15 +279,22 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                 if request.device.type == "cpu":
                     progress.note("embedded backend: pure PyTorch on the CPU. Gate results are real; timings are "
                                   "host wall clock of PyTorch code, not GPU kernel times.", warn=True)
-                done = store.done()
+                done = store.done(again=("crash",) if request.retry_crashed else ())
                 todo = [p for p in s.points if p.key not in done]
+                unfinished = [k for k in store.unfinished() if k not in done]
+                if unfinished:
+                    progress.note(f"an earlier start of this run ended inside {len(unfinished)} point(s) without a "
+                                  f"word (the first: {' '.join(map(str, unfinished[0]))}); they run again now",
+                                  warn=True)
+                if request.in_worker and todo:  # started now: its imports overlap the peaks and the warm-up's setup
+                    supervisor = isolation.Supervisor(sweep_options(request), request.limits)
                 progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to "
                               f"{request.what} -> {request.out}")
                 if request.device.type == "cpu":  # paths that do in PyTorch what a GPU's kernels do: say how long
                     from swabench.run import cpu_cost
 
                     progress.note(cpu_cost.estimate(todo, request.device, request.timed).describe(len(todo)))
-                unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress) \
+                unbuildable = prepare_gpu(store, todo, request.device, request.timed, progress, supervisor) \
                     if request.device.type == "cuda" else {}
                 if request.counted:
                     from swabench.measure import counters
@@ -277,8 +302,11 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                 store.update_meta(setup_s=since_start())
                 started = time.perf_counter()
                 progress.start(len(todo), request.what)
+                options = sweep_options(request, unbuildable)
+                rows = isolation.run(todo, store, options, s.name, supervisor=supervisor) if supervisor else \
+                    sweep.run(todo, store, options, s.name)
                 try:
-                    for row in sweep.run(todo, store, sweep_options(request, unbuildable), s.name):
+                    for row in rows:
                         progress.advance(1, row)
                 finally:
                     progress.finish()
@@ -293,19 +321,28 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
             return Outcome(Path(request.out), state, table, earlier_s + session, since_start(),
                            session if request.resume else None, by)
         finally:
+            if supervisor:
+                supervisor.close(now=True)
             store.close()
 
 
-def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress) -> dict:
-    """Measure the node's peaks (once per run folder) and build every JIT module before timing;
-    returns the modules that could not be built (their points skip instead of building again)."""
+def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progress: Progress,
+                supervisor: isolation.Supervisor | None = None) -> dict:
+    """Measure the node's peaks (once per run folder) and build every JIT module before timing, in the supervised
+    worker where there is one; returns the modules that could not be built (their points skip instead of building
+    again, a build that killed its worker among them)."""
     from swabench.measure import peaks
     from swabench.run import sweep
 
     if timed and "peaks" not in store.meta():
         progress.note("measuring the node's bf16 matmul rate, copy and read bandwidth (its ceiling read from NVML) ...")
-        store.update_meta(peaks=peaks.measure(device))
-    warm = sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
+        try:
+            measured = supervisor.ask(("peaks", device), supervisor.limits.point_s, "measuring the node's peaks") \
+                if supervisor else peaks.measure(device)
+            store.update_meta(peaks=measured)
+        except isolation.WorkerDied as e:  # the points can still run: their rows then lack the floors
+            progress.note(f"the node's peaks could not be measured: the worker {e.reason}", warn=True)
+    warm = supervisor.warm_up(todo, WARMUP_JOBS) if supervisor else sweep.warm_up(todo, device, jobs=WARMUP_JOBS)
     warmups = store.meta().get("jit_warmups", []) + [warm.describe()]  # one per start of this run folder
     store.update_meta(jit_warmups=warmups,
                       jit_warmup_total_s=round(sum(w.get("jit_warmup_wall_s") or 0.0 for w in warmups), 1))

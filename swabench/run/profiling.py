@@ -36,7 +36,7 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
     report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
-    child = ["run", scenario_path, "--out", str(out), "--device", "cuda", *child_args]
+    child = ["run", scenario_path, "--out", str(out), "--device", "cuda", "--in-process", *child_args]
     code = subprocess.run(nsys_command(str(report), child)).returncode
     if code == 130:
         raise KeyboardInterrupt
@@ -144,7 +144,7 @@ def _record(out: Path, kernels: pd.DataFrame | None, meta: dict) -> None:
 
 
 def run_under_torch_profiler(request: lifecycle.Request, progress: lifecycle.Progress) -> tuple[lifecycle.Outcome, str]:
-    """The run inside torch.profiler: its trace (torch_trace.json) and the kernel table (torch_stats.txt)
+    """The run inside torch.profiler (in this process: ``request`` not isolated): its trace (torch_trace.json) and the kernel table (torch_stats.txt)
     land in the run folder; returns the outcome and the table."""
     import torch
 

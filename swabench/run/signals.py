@@ -23,6 +23,17 @@ class Interrupted(KeyboardInterrupt):
         self.signal = name
 
 
+_ACTIVE: list = []  # the Signals of the run open in this process, innermost last
+
+
+def raise_if_received(cause: BaseException) -> None:
+    """``Interrupted`` where an ending signal came while ``cause`` was raised: a library that catches the
+    KeyboardInterrupt and raises its own error (Inductor compiling a FlexAttention kernel) must not turn Ctrl-C into
+    a failed point."""
+    if _ACTIVE and _ACTIVE[-1].received:
+        raise Interrupted(_ACTIVE[-1].received) from cause
+
+
 class Signals:
     """The ending signals this process would die of, taken over while a run is open: the first raises
     ``Interrupted`` where the run is; one that comes while a folder is made or written down (``hold``) is only
@@ -81,8 +92,10 @@ def interrupt_on_signals():
     signals = Signals()
     main = threading.current_thread() is threading.main_thread()
     previous = {number: signal.signal(number, signals.handle) for number in ending_signals()} if main else {}
+    _ACTIVE.append(signals)
     try:
         yield signals
     finally:
+        _ACTIVE.remove(signals)
         for number, handler in previous.items():
             signal.signal(number, handler)

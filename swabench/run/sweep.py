@@ -20,7 +20,7 @@ from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
-from swabench.run import memory
+from swabench.run import memory, signals
 from swabench.inputs.axes import make_case
 
 HOST = socket.gethostname()
@@ -175,6 +175,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
     except registry.ResourceError as e:
         return {**row, "status": "skip", "reason": f"resource: {e}"}
     except Exception as e:  # a crash is a failed point, not a failed sweep (or the declared bug's)
+        signals.raise_if_received(e)  # a library that turned Ctrl-C into its own error (Inductor) is still Ctrl-C
         refused = memory.out_of_memory(e)
         unbuilt = f"out of memory ({refused})" if refused else registry.build_failure(e, impl.library)
         if unbuilt:
@@ -284,12 +285,13 @@ def tiny_case(c: Case) -> Case:
         tree="chain" if c.tree else None, block=c.block, **queries))
 
 
-def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=None) -> WarmUp:
+def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=None, on_start=None) -> WarmUp:
     """Build every GPU module the points will need on a tiny case, before anything is timed, so
     no JIT compile or module load lands in a timed region; ``jobs`` builds run at once (threads:
     the compiles are ninja subprocesses, and FlashInfer's file locks keep two builds of one module
     apart).  ``on_built(signature, seconds, error)`` hears each build end (error: why it failed, a resource
-    problem or another error its points will meet), so a warm-up cut short still says which finished."""
+    problem or another error its points will meet), so a warm-up cut short still says which finished;
+    ``on_start(signature)`` hears each build begin (a build that kills its process is then known by name)."""
     todo = modules_needed(points, device)
 
     def build(item: tuple[str, Point]) -> tuple[str, float, str | None]:
@@ -297,6 +299,8 @@ def warm_up(points: list[Point], device: torch.device, jobs: int = 1, on_built=N
         library cannot build, memory) is remembered, so its points skip without building again; any
         other error is left for each point to meet again and record as its own failure."""
         label, p = item
+        if on_start:
+            on_start(label)
         tiny = tiny_case(p.case)
         t0, error, other = time.perf_counter(), None, None
         with nvtx_range(f"warm-up {label}"):
@@ -349,40 +353,68 @@ def points_by_case(points: list[Point]) -> dict:
 
 
 def run(points: list[Point], store, options: SweepOptions, name: str = "") -> Iterator[dict]:
-    """Measure ``points`` (a case's together: one workload build), hand each row to the store, and
-    yield it once it is recorded."""
+    """Measure ``points`` in this process (a case's together: one workload build), hand each row to the store, and
+    yield it once it is recorded.  ``run.isolation`` runs the same cases in a supervised worker instead."""
     todo = points_by_case(points)
     with nvtx_range(f"run {name}", payload=len(todo)):
         for case_index, (case, points) in enumerate(todo.items()):
-            with nvtx_range(f"case {case.label}", payload=case_index):
-                started, w = time.perf_counter(), None
-                skip = memory.too_big(case, options.device)
-                known = {p: skip_reason(p, options) or (None if skip else memory.call_too_big(p, options.device))
-                         for p in points}
-                if not skip and not all(known.values()):  # no workload where every point skips anyway
-                    try:
-                        w = workloads.build(case, options.device)
-                    except Exception as e:
-                        refused = memory.out_of_memory(e)
-                        if not refused:
-                            raise
-                        skip = f"resource: out of memory building the workload ({refused})"
-                workload_s = time.perf_counter() - started
-                lengths = workloads.request_lengths(case) if w is None and not skip else None
-                for point in points:
-                    started = time.perf_counter()
-                    if lengths is not None:
-                        row = {**base_row(point, None, options.device, lengths), "status": "skip",
-                               "reason": known[point]}
-                    elif w is None:
-                        row = {**base_row(point, None, options.device), "status": "skip", "reason": skip}
-                    else:
-                        with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):
-                            row = measure_point(point, w, options, known[point])
-                    # where the sweep's time goes (plan, gate, timing and compiles), for the next run's shards
-                    row.update(point_s=time.perf_counter() - started, workload_s=workload_s)
-                    store.append(row)
-                    yield row
-                if w is not None and options.device.type == "cuda" and w.k_store.numel() > 1 << 28:
-                    del w
-                    torch.cuda.empty_cache()  # hand big caches back before the next case allocates
+            for row in case_rows(case, points, options, case_index, on_start=store.start):
+                store.append(row)
+                yield row
+
+
+def case_rows(case: Case, points: list[Point], options: SweepOptions, case_index: int = 0,
+              on_start=None) -> Iterator[dict]:
+    """The rows of one case's points, in order: the workload built once (none where every point skips anyway);
+    ``on_start(point)`` hears each point begin, before any of its work."""
+    with nvtx_range(f"case {case.label}", payload=case_index):
+        started, w = time.perf_counter(), None
+        skip = memory.too_big(case, options.device)
+        known = {p: skip_reason(p, options) or (None if skip else memory.call_too_big(p, options.device))
+                 for p in points}
+        if not skip and not all(known.values()):  # no workload where every point skips anyway
+            try:
+                w = workloads.build(case, options.device)
+            except Exception as e:
+                refused = memory.out_of_memory(e)
+                if not refused:
+                    raise
+                skip = f"resource: out of memory building the workload ({refused})"
+        workload_s = time.perf_counter() - started
+        lengths = workloads.request_lengths(case) if w is None and not skip else None
+        for point in points:
+            if on_start:
+                on_start(point)
+            started = time.perf_counter()
+            if lengths is not None:
+                row = {**base_row(point, None, options.device, lengths), "status": "skip", "reason": known[point]}
+            elif w is None:
+                row = {**base_row(point, None, options.device), "status": "skip", "reason": skip}
+            else:
+                with nvtx_range(point_range_name(point.impl, point.backend, case.case_id)):
+                    row = measure_point(point, w, options, known[point])
+            # where the sweep's time goes (plan, gate, timing and compiles), for the next run's shards
+            row.update(point_s=time.perf_counter() - started, workload_s=workload_s)
+            yield row
+        if w is not None and options.device.type == "cuda" and w.k_store.numel() > 1 << 28:
+            del w
+            torch.cuda.empty_cache()  # hand big caches back before the next case allocates
+
+
+def crash_row(point: Point, device: torch.device, reason: str) -> dict:
+    """The row of a point whose process died, hung or left the GPU unusable: its axes and counts, status crash."""
+    return {**base_row(point, None, device, workloads.request_lengths(point.case)), "status": "crash",
+            "reason": reason}
+
+
+def unusable_gpu(device: torch.device) -> str | None:
+    """Why the process's CUDA context can no longer run anything (an illegal address or a device-side assert poisons
+    it for good), or None: a synchronize and a one-element kernel, after every point."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as e:  # what the context answers is the verdict: any error here means it is gone
+        return first_line(e)
+    return None

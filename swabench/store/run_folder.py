@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 from swabench.store import checks, paths, reading, schema
 from swabench.store.lock import FolderLock
-from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, TABLE  # noqa: F401  (re-exported)
+from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STARTED, TABLE  # noqa: F401
 from swabench.store.tables import (RunFolderError, impl_renames, in_folder, journal, read_csv,  # noqa: F401
                                    read_meta, refuse_stale_table, renamed, stored, stored_version, to_samples,
-                                   to_table, with_columns)
+                                   to_table, unfinished, with_columns)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
     import pandas as pd
@@ -246,6 +246,15 @@ class RunStore:
                                  f"would be lost; make it writable, or start a new --out") from None
 
     # ------------------------------------------------------------ rows
+    def start(self, point) -> None:
+        """Note in the journal that ``point`` begins, before any of its work: a run that ends inside a point (the
+        node lost, kill -9) then names it.  Not flushed to disk: the process dying keeps it, only the machine
+        dying may not."""
+        mark = {STARTED: dict(zip(KEY, point.key)), "pid": os.getpid()}
+        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps(mark) + "\n")
+
     def append(self, row: dict) -> None:
         """Record one finished point durably before the sweep moves on."""
         self.extend([row])
@@ -262,8 +271,13 @@ class RunStore:
         """Every complete row, one per key (the last one wins): ``tables.journal``."""
         return journal(self.folder / ROWS)
 
-    def done(self) -> set[tuple]:
-        return {tuple(r[k] for k in KEY) for r in self.rows()}
+    def done(self, again: tuple[str, ...] = ()) -> set[tuple]:
+        """The keys of the points recorded, less those whose status is in ``again`` (``--retry-crashed``)."""
+        return {tuple(r[k] for k in KEY) for r in self.rows() if r["status"] not in again}
+
+    def unfinished(self) -> list[tuple]:
+        """The points the journal says began and never got a row: ``tables.unfinished``."""
+        return unfinished(self.folder / ROWS)
 
     # ------------------------------------------------------------ metadata and tables
     def meta(self) -> dict:

@@ -12,7 +12,7 @@ from swabench.core.footprint import LIMITS
 from swabench.inputs.axes import PAGE_SIZE_MAX, SEED_MAX, WINDOW_MAX
 from swabench.measure import ceiling
 
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 
 ROWS = "rows.jsonl"  # every finished point, appended and fsynced as it finishes (the source of truth)
 TABLE = "results.csv"  # the tidy table: one row per case x implementation x backend
@@ -28,7 +28,9 @@ PROFILER_TABLES = (KERNELS, TORCH_STATS, COUNTERS)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
-STATUSES = ("pass", "fail", "xfail", "xpass", "skip")
+STARTED = "started"  # a journal line {"started": {KEY...}, "pid": N}: the point began (its row follows when it ends)
+# crash: the point's process died (a signal, an abort, an exit), hung past its limit, or left the GPU unusable
+STATUSES = ("pass", "fail", "xfail", "xpass", "skip", "crash")
 STATES = ("running", "complete", "skipped", "interrupted", "crashed", "incomplete")
 
 # The table's leading columns, in order; every table has them all (empty where a run has no value),

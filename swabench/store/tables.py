@@ -72,28 +72,45 @@ def stored(folder, name: str) -> Path:
 
 def journal(path: Path) -> list[dict]:
     """The rows of the journal ``path``, one per key (the last one wins), each of its fields' kinds
-    (``checks.row``).  A last line cut short by an interruption is left out; any other line that is not a row
-    means the journal is damaged."""
-    out = {}
+    (``checks.row``).  A last line cut short by an interruption is left out; any other line that is neither a row
+    nor a point's start (``schema.STARTED``) means the journal is damaged."""
+    rows, _ = _journal_lines(path)
+    return rows
+
+
+def unfinished(path: Path) -> list[tuple]:
+    """The keys of the points the journal ``path`` says began with no row after their start, in order: the point in
+    flight where a run ended without a word (the node lost, kill -9)."""
+    _, started = _journal_lines(path)
+    return started
+
+
+def _journal_lines(path: Path) -> tuple[list[dict], list[tuple]]:
+    out, started = {}, {}
     lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = reading.json_value(line, in_folder(path, f"line {number}: ", ": the journal is damaged"))
-            key = tuple(row[k] for k in KEY)
+            mark = row.get(schema.STARTED) if isinstance(row, dict) and "status" not in row else None
+            key = tuple((mark if mark is not None else row)[k] for k in KEY)
             hash(key)
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             if number == len(lines):  # the unterminated last line of an interrupted write
                 continue
             raise RunFolderError(f"{path}: line {number} is not a result row: the journal is damaged") from None
+        if mark is not None:
+            started[key] = number
+            continue
         out[key] = number, row
+        started.pop(key, None)
     for number, row in out.values():  # the rows that count (one a later line replaced does not)
         try:
             checks.row(row)
         except ValueError as e:
             raise RunFolderError(f"{path}: line {number}: {e}: the journal is damaged") from None
-    return [row for _, row in out.values()]
+    return [row for _, row in out.values()], list(started)
 
 
 def refuse_stale_table(folder, rows: list[dict], state) -> None:

@@ -1,0 +1,361 @@
+"""Points run in a worker process the run supervises, so that a library that crashes, hangs or poisons the GPU
+costs one point, never the run (pyperf's workers, pytest-xdist's "worker crashed, replacing it").
+
+One persistent worker (``python -m swabench.run.isolation``) measures whole cases: it builds a case's workload once,
+says when each point starts, and sends each row back; the supervisor records the start in the journal, then the row.
+A worker that dies (a signal, an abort, an exit), answers nothing within the point's limit, or finds its CUDA
+context unusable after a point gives that point the status ``crash``, with the signal or error and the last lines
+of its output, and the sweep goes on in a fresh worker.  The JIT warm-up and the node's peaks run in the worker
+too: a build that kills its process is a named skip of the points that need it.
+
+Nothing here prints: the worker's own output (the libraries', faulthandler's stack at a fatal signal) goes to a
+log file whose tail a crash row quotes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Iterator
+
+from swabench.store.schema import KEY
+
+POINT_LIMIT_S = 900.0  # a point (its workload's build included) that answers nothing for this long is hung
+BUILD_LIMIT_S = 1800.0  # a JIT warm-up build, likewise
+TAIL_LINES, TAIL_CHARS = 12, 1500  # how much of a dead worker's output a crash row quotes
+STOP_WAIT_S = 5.0  # how long a worker asked to stop may take before it is killed
+
+
+@dataclass(frozen=True)
+class Limits:
+    point_s: float = POINT_LIMIT_S
+    build_s: float = BUILD_LIMIT_S
+
+
+class WorkerDied(Exception):
+    """The worker ended (or was ended) with ``reason`` while doing what the supervisor asked."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Worker:
+    """One worker process, started at once (its imports overlap the supervisor's own setup), its output in a log."""
+
+    def __init__(self):
+        self.log = tempfile.NamedTemporaryFile(prefix="swabench-worker-", suffix=".log", delete=False)
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "swabench.run.isolation", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env, close_fds=True)
+        theirs.close()
+        self.connection = Connection(ours.detach())
+
+    def send(self, message: tuple) -> None:
+        try:
+            self.connection.send(message)
+        except OSError:
+            raise WorkerDied(self.death()) from None
+
+    def receive(self, limit_s: float, doing: str) -> tuple:
+        """The worker's next message; WorkerDied when it ends first or says nothing for ``limit_s`` seconds."""
+        try:
+            if self.connection.poll(limit_s):
+                return self.connection.recv()
+        except (EOFError, OSError):
+            raise WorkerDied(self.death()) from None
+        self.kill()
+        raise WorkerDied(f"hung: no answer in {limit_s:.0f} s while {doing} (killed){self.tail()}")
+
+    def death(self) -> str:
+        """How the worker ended, with the last lines of its output: 'killed by SIGSEGV ...'."""
+        try:
+            code = self.process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return f"the worker closed its pipe and did not exit (killed){self.tail()}"
+        return f"{exit_words(code)}{self.tail()}"
+
+    def tail(self) -> str:
+        """'; last output: ...': the end of the worker's log, where it said anything."""
+        try:
+            with open(self.log.name, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 8 * TAIL_CHARS))
+                lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        text = " | ".join(line.strip() for line in lines[-TAIL_LINES:])[-TAIL_CHARS:]
+        return f"; last output: {text}" if text else ""
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        """Ask the worker to stop, kill it where it does not, and remove its log."""
+        if self.process.poll() is None:
+            try:
+                self.connection.send(("stop",))
+                self.process.wait(STOP_WAIT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.connection.close()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def exit_words(code: int) -> str:
+    """'killed by SIGSEGV (signal 11)', 'exited with status 3', 'exited with status 0 without an answer'."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} (signal {-code})"
+    return f"exited with status {code}" + (" without an answer" if code == 0 else "")
+
+
+class Supervisor:
+    """Hands cases to a worker and replaces it when it dies; one worker lives at a time."""
+
+    def __init__(self, options, limits: Limits = Limits()):
+        self.options, self.limits = options, limits
+        self.worker: Worker | None = Worker()
+        self.replaced = 0  # workers that died (or were retired) and were replaced
+
+    def _current(self) -> Worker:
+        if self.worker is not None and self.worker.process.poll() is not None:  # died between two requests
+            self._retire()
+        if self.worker is None:
+            self.worker, self.replaced = Worker(), self.replaced + 1
+        return self.worker
+
+    def _retire(self, now: bool = False) -> None:
+        if self.worker is not None:
+            if now:
+                self.worker.kill()
+            self.worker.close()
+            self.worker = None
+
+    def close(self, now: bool = False) -> None:
+        """Stop the worker (``now``: kill it, as an interrupted run does, without waiting for its point)."""
+        self._retire(now)
+
+    def ask(self, message: tuple, limit_s: float, doing: str):
+        """One request answered by one ("done", value) message: the node's peaks."""
+        worker = self._current()
+        try:
+            worker.send(message)
+            return worker.receive(limit_s, doing)[1]
+        except WorkerDied:
+            self._retire()
+            raise
+
+    def cases(self, todo: dict, store) -> Iterator[dict]:
+        """Each case's points measured in the worker (``todo``: case -> points), every start and row recorded in
+        ``store``; yields each row once it is recorded."""
+        for case_index, (case, points) in enumerate(todo.items()):
+            left, unstarted_deaths = list(points), 0
+            while left:
+                current = None
+                try:
+                    for message in self._case(case, left, case_index):
+                        if message[0] == "started":
+                            current = next(p for p in left if p.key == message[1])
+                            store.start(current)
+                        else:
+                            store.append(message[1])
+                            left = [p for p in left if p.key != tuple(message[1][k] for k in KEY)]
+                            current = None
+                            yield message[1]
+                except WorkerDied as e:
+                    self._retire()
+                    if current is None and not unstarted_deaths:  # a worker that died between cases, or at the
+                        unstarted_deaths += 1                     # case's workload: once more in a fresh one
+                        continue
+                    crashed = [current] if current is not None else left
+                    where = "" if current is not None else " while building the case's workload (twice)"
+                    for point in crashed:
+                        row = crash_row(point, self.options.device, f"crash: the worker {e.reason}{where}")
+                        store.append(row)
+                        yield row
+                    left = [p for p in left if p not in crashed]
+
+    def _case(self, case, points, case_index: int) -> Iterator[tuple]:
+        """The worker's ("started", key) and ("row", row) messages for one case, until it is done or retires."""
+        worker, current = self._current(), None
+        worker.send(("case", case, points, self.options, case_index))
+        while True:
+            message = worker.receive(self.limits.point_s, f"running {describe(current or case)}")
+            if message[0] == "started":
+                current = next(p for p in points if p.key == message[1])
+            elif message[0] == "retire":  # its GPU context is unusable: it can run nothing more
+                self._retire()
+                return
+            elif message[0] == "case done":
+                return
+            yield message
+
+    def warm_up(self, points, jobs: int, on_built=None):
+        """``sweep.warm_up`` in the worker; a build that kills it (or hangs) is a failed signature, named.  Where
+        several builds were in flight when it died, each is built again on its own, so the one named is the one
+        that kills."""
+        from swabench.run import sweep
+
+        left, suspects, parts = dict(sweep.modules_needed(points, self.options.device)), set(), []
+        while left:
+            alone = next((label for label in left if label in suspects), None)
+            batch = {alone: left[alone]} if alone else dict(left)
+            building: set[str] = set()
+            try:
+                worker = self._current()
+                worker.send(("warm up", list(batch.values()), self.options.device, 1 if alone else jobs))
+                while True:
+                    message = worker.receive(self.limits.build_s,
+                                             f"building {', '.join(sorted(building)) or 'JIT modules'}")
+                    if message[0] == "building":
+                        building.add(message[1])
+                    elif message[0] == "built":
+                        building.discard(message[1])
+                        if on_built:
+                            on_built(*message[1:])
+                    else:
+                        parts.append(message[1])
+                        break
+                for label in batch:
+                    left.pop(label)
+            except WorkerDied as e:
+                self._retire()
+                guilty = building if len(building) == 1 else set(batch) if len(batch) == 1 else set()
+                for label in guilty:
+                    left.pop(label)
+                    parts.append(sweep.WarmUp({label: 0.0}, [], 0.0, 1, None,
+                                              {label: f"crash: the build killed its process: {e.reason}"}))
+                    if on_built:
+                        on_built(label, 0.0, f"crash: the build killed its process: {e.reason}")
+                suspects |= (building or set(batch)) - guilty
+        return merged(parts, jobs)
+
+
+def crash_row(point, device, reason: str) -> dict:
+    from swabench.run import sweep
+
+    return sweep.crash_row(point, device, reason)
+
+
+def merged(parts: list, jobs: int):
+    """One ``WarmUp`` of the warm-ups the workers made between them."""
+    from swabench.run import sweep
+
+    caches = [p.cache_dir for p in parts if p.cache_dir]
+    return sweep.WarmUp({k: v for p in parts for k, v in p.seconds.items()},
+                        sorted({m for p in parts for m in p.built}), sum(p.wall_s for p in parts), jobs,
+                        caches[0] if caches else None, {k: v for p in parts for k, v in p.failed.items()})
+
+
+def describe(what) -> str:
+    """'point CASE impl/backend' or 'case CASE'."""
+    if hasattr(what, "impl"):
+        return f"point {what.case.label} {what.impl}/{what.backend}"
+    return f"case {what.label}"
+
+
+def run(points, store, options, name: str = "", limits: Limits = Limits(), supervisor: Supervisor | None = None) \
+        -> Iterator[dict]:
+    """``sweep.run`` with every case measured in a supervised worker (``supervisor``: one already started, for the
+    warm-up; closed here either way)."""
+    from swabench.run import sweep
+
+    supervisor = supervisor or Supervisor(options, limits)
+    supervisor.options = options
+    ended = False
+    try:
+        yield from supervisor.cases(sweep.points_by_case(points), store)
+        ended = True
+    finally:
+        supervisor.close(now=not ended)
+
+
+# ---------------------------------------------------------------- the worker's side
+
+def _serve(connection: Connection) -> None:
+    """Answer the supervisor until it says stop or goes away."""
+    import json
+
+    from swabench.run import sweep
+    from swabench.store.run_folder import _json_default
+
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            return
+        if message[0] == "case":
+            _, case, points, options, case_index = message
+            for row in sweep.case_rows(case, points, options, case_index,
+                                       on_start=lambda p: connection.send(("started", p.key))):
+                unusable = sweep.unusable_gpu(options.device)
+                if unusable:
+                    row = {**row, "status": "crash",
+                           "reason": f"crash: the GPU context is unusable after this point ({unusable})"
+                                     + (f"; the point said: {row['reason']}" if row.get("reason") else "")}
+                connection.send(("row", json.loads(json.dumps(row, default=_json_default))))
+                if unusable:
+                    connection.send(("retire",))
+                    return
+            connection.send(("case done",))
+        elif message[0] == "warm up":
+            _, points, device, jobs = message
+            warm = sweep.warm_up(points, device, jobs,
+                                 on_built=lambda label, s, error: connection.send(("built", label, s, error)),
+                                 on_start=lambda label: connection.send(("building", label)))
+            connection.send(("done", warm))
+        elif message[0] == "peaks":
+            from swabench.measure import peaks
+
+            connection.send(("done", peaks.measure(message[1])))
+
+
+def _main(fd: int) -> None:
+    import faulthandler
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # sent to the process group (Ctrl-C, a scheduler, a closed terminal):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)  # the supervisor answers them, and stops the worker
+    faulthandler.enable(all_threads=True)  # a fatal signal leaves the Python stack in the log
+    _die_with_parent()
+    connection = Connection(fd)
+    try:
+        _serve(connection)
+    finally:
+        connection.close()
+
+
+def _die_with_parent() -> None:
+    """Linux's parent-death signal: a supervisor killed outright (kill -9) takes its worker with it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+    if os.getppid() == 1:  # the supervisor was already gone
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]))
