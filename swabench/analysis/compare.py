@@ -236,7 +236,7 @@ def _flagged(value) -> bool:
 def _verdict(row: dict, threshold: float, alpha: float, merge: str) -> str:
     if merge != "both":
         return "only in one run"
-    if row["status_base"] == "pass" and row["status_new"] == "fail":
+    if row["status_base"] == "pass" and row["status_new"] in ("fail", "crash"):
         return "regression"
     if row["status_base"] != row["status_new"]:
         return "status changed"

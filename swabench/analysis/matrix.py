@@ -126,7 +126,7 @@ def _statuses(releases: list[Release], library: str) -> pd.DataFrame:
     columns = {}
     for r in releases:
         counts = r.table.groupby("impl", sort=False)["status"].value_counts().unstack(fill_value=0)
-        columns[r.version] = {impl: ", ".join(f"{int(row[s])} {s}" for s in ("pass", "xfail", "fail", "xpass", "skip")
+        columns[r.version] = {impl: ", ".join(f"{int(row[s])} {s}" for s in ("pass", "xfail", "fail", "crash", "xpass", "skip")
                                               if s in row and row[s]) for impl, row in counts.iterrows()}
     impls = list(dict.fromkeys(i for r in releases for i in r.table["impl"]))
     kinds = {i: k for r in releases for i, k in zip(r.table["impl"], r.table["kind"])}

@@ -234,7 +234,7 @@ def report_outcome(outcome, strict: bool, resume_with: str) -> None:
 def summary(table, out: Path) -> None:
     from swabench.publish.markdown import console_summary
 
-    colours = {"  FAIL": "red", "  XPASS": "yellow"}
+    colours = {"  FAIL": "red", "  CRASH": "red", "  XPASS": "yellow"}
     click.echo(f"\nresults: {out}" if len(table) else "no rows")
     for line in console_summary(table, folder=str(out)).splitlines():
         click.secho(line, fg=next((c for k, c in colours.items() if line.startswith(k)), None))

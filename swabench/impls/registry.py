@@ -268,6 +268,9 @@ def _missed(seen, truth: semantics.Visibility, qo_len: int, kv_len: int, tree) -
 
 _REGISTRY: dict[str, Implementation] = {}
 _ORIGIN: dict[str, str] = {}  # implementation -> the module that registered it
+# Modules loaded only when a scenario names one of their implementations; no listing, replay or price sees them
+OPT_IN = ("planted_crashes",)
+_OPT_IN: dict[str, Implementation] = {}
 _LIBRARIES: dict[str, Library] = {}
 _LOADED = False
 
@@ -288,9 +291,9 @@ def _load() -> None:
 
 def register(impl: Implementation, module: str) -> Implementation:
     """Add ``impl``, registered by ``module`` (its ``__name__``)."""
-    assert impl.kind in KINDS and impl.name not in _REGISTRY, impl.name
+    assert impl.kind in KINDS and impl.name not in _REGISTRY and impl.name not in _OPT_IN, impl.name
     assert not (impl.baseline and impl.expected_to_fail), f"{impl.name}: a baseline must be correct"
-    _REGISTRY[impl.name] = impl
+    (_OPT_IN if module.rpartition(".")[2] in OPT_IN else _REGISTRY)[impl.name] = impl
     _ORIGIN[impl.name] = module
     return impl
 
@@ -302,7 +305,29 @@ def register_library(library: Library) -> Library:
 
 def get(name: str) -> Implementation:
     _load()
+    if name not in _REGISTRY:
+        _load_opt_in()
+        return _OPT_IN[name]
     return _REGISTRY[name]
+
+
+def known(name: str) -> bool:
+    """Whether ``name`` is an implementation, an opt-in one (``OPT_IN``) included."""
+    _load()
+    if name not in _REGISTRY:
+        _load_opt_in()
+    return name in _REGISTRY or name in _OPT_IN
+
+
+def opt_in_names() -> list[str]:
+    _load()
+    _load_opt_in()
+    return list(_OPT_IN)
+
+
+def _load_opt_in() -> None:
+    for module in OPT_IN:
+        importlib.import_module(f"{__package__}.{module}")
 
 
 def names() -> list[str]:

@@ -115,7 +115,7 @@ def _check_impls(names, path, where) -> list[str]:
         raise ScenarioError(path, where, f"must be a non-empty list of names{where_else}; allowed: "
                                          f"{', '.join(registry.names())}")
     for n in names:
-        if n not in registry.names():
+        if not registry.known(n):
             raise ScenarioError(path, where, f"unknown implementation {n!r}{did_you_mean(n, registry.names())};"
                                              f" allowed: {', '.join(registry.names())}")
     return list(dict.fromkeys(names))

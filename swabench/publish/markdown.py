@@ -97,7 +97,7 @@ def trace_name(trace: dict) -> str:
 
 def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = None) -> str:
     """What a finished sweep prints: points per implementation and status, the median kernel time where any,
-    and the first failed and xpass points (lines starting '  FAIL' / '  XPASS'), each followed, where the
+    and the first failed, crashed and xpass points (lines starting '  FAIL' / '  CRASH' / '  XPASS'), each followed, where the
     run's ``folder`` is given, by the command that writes its standalone script."""
     from swabench.repro import command
 
@@ -107,7 +107,7 @@ def console_summary(table: pd.DataFrame, shown: int = 10, folder: str | None = N
     if table["median_us"].notna().any():  # a gate-only sweep (check) times nothing
         counts["median of medians (us)"] = table.groupby("impl", sort=False)["median_us"].median().round(1)
     lines = [counts.to_string()]
-    for status in ("fail", "xpass"):
+    for status in ("fail", "crash", "xpass"):
         rows = table[table["status"] == status]
         for _, r in rows.head(shown).iterrows():
             lines.append(f"  {status.upper()} {r['impl']} [{r['backend']}] {r['case']}: {r['reason']}")

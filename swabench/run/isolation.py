@@ -15,6 +15,7 @@ log file whose tail a crash row quotes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ from swabench.store.schema import KEY
 
 POINT_LIMIT_S = 900.0  # a point (its workload's build included) that answers nothing for this long is hung
 BUILD_LIMIT_S = 1800.0  # a JIT warm-up build, likewise
-TAIL_LINES, TAIL_CHARS = 12, 1500  # how much of a dead worker's output a crash row quotes
+TAIL_LINES, TAIL_CHARS, FRAMES = 8, 1000, 4  # how much of a dead worker's output a crash row quotes
 STOP_WAIT_S = 5.0  # how long a worker asked to stop may take before it is killed
 
 
@@ -87,15 +88,16 @@ class Worker:
         return f"{exit_words(code)}{self.tail()}"
 
     def tail(self) -> str:
-        """'; last output: ...': the end of the worker's log, where it said anything."""
+        """'; last output: ...': what the worker said last (at a fatal signal, faulthandler's line and the innermost
+        frames of the Python stack), where it said anything."""
         try:
             with open(self.log.name, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 8 * TAIL_CHARS))
-                lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        text = " | ".join(line.strip() for line in lines[-TAIL_LINES:])[-TAIL_CHARS:]
-        return f"; last output: {text}" if text else ""
+        said = last_words(text)
+        return f"; last output: {said}" if said else ""
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -114,6 +116,21 @@ class Worker:
         self.connection.close()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+def last_words(log: str) -> str:
+    """The end of a worker's output, short: where faulthandler reported a fatal signal, its line and the innermost
+    frames ('Fatal Python error: Aborted at planted_crashes.py:37 _abort < planted_crashes.py:32 run < ...'), else its
+    last lines."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    fatal = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("Fatal Python error")), None)
+    if fatal is None:
+        return " | ".join(lines[-TAIL_LINES:])[-TAIL_CHARS:]
+    frames = [re.sub(r'^File "(?:.*/)?([^"]+)", line (\d+) in (.*)$', r"\1:\2 \3", line)
+              for line in lines[fatal + 1:] if line.startswith("File ")][:FRAMES]
+    before = " | ".join(lines[max(0, fatal - 2):fatal])  # what the library said as it died (a C++ check's message)
+    return ((before + " | " if before else "") + lines[fatal] + (" at " + " < ".join(frames) if frames else ""))[
+        -TAIL_CHARS:]
 
 
 def exit_words(code: int) -> str:

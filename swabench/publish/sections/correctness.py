@@ -38,17 +38,27 @@ def _summary_line(run: Run) -> list[str]:
 
 
 def _failed(run: Run) -> pd.DataFrame:
-    """The failed and xpass points, each with the command that writes its standalone script."""
+    """The failed, crashed and xpass points, each with the command that writes its standalone script."""
     from swabench.repro import command
 
-    bad = run.table[run.table["status"].isin(["fail", "xpass"])].head(50)
+    bad = run.table[run.table["status"].isin(BAD)].head(50)
     repro = [f"`{command(run.folder, r.case_id, r.impl, r.backend)}`" for r in bad.itertuples()]
     return bad[["status", "impl", "backend", "case", "reason"]].assign(repro=repro)
 
 
 def _failed_count(run: Run) -> list[str]:
-    n = int(run.table["status"].isin(["fail", "xpass"]).sum())
-    return [f"{points(n)} failed the gate or let a known bug through" + (" (the first 50):" if n > 50 else ":")]
+    n = int(run.table["status"].isin(BAD).sum())
+    return [f"{points(n)} failed the gate, crashed, or let a known bug through" +
+            (" (the first 50):" if n > 50 else ":")]
+
+
+BAD = ["fail", "crash", "xpass"]  # the statuses whose points a run lists one by one
+
+
+def _first_reason(g: pd.DataFrame) -> str:
+    """A crash's reason without the worker's last output, for a sentence: 'killed by SIGABRT (signal 6)'."""
+    reason = str(g["reason"].iloc[0]).removeprefix("crash: ").removeprefix("the worker ")
+    return reason.split("; last output:")[0]
 
 
 def _limits(meta: dict, table: pd.DataFrame) -> str:
@@ -73,6 +83,10 @@ def across_runs(runs: list[Run]) -> list[str]:
         failed = t[(t["kind"] == "correct") & (t["status"] == "fail")]
         failures += [f"**`{impl}` [{backend}], a correct implementation, failed the gate on {points(len(g))}** "
                      f"({r.name})." for (impl, backend), g in failed.groupby(["impl", "backend"])]
+        crashed = t[t["status"] == "crash"]
+        failures += [f"**`{impl}` [{backend}] crashed on {points(len(g))}** (its worker died, hung or left the GPU "
+                     f"unusable: {_first_reason(g)}) ({r.name})."
+                     for (impl, backend), g in crashed.groupby(["impl", "backend"])]
         wrong = matrix[matrix["kind"] != "correct"]
         bugs += [{"run": r.name, **row} for row in wrong[["impl", "kind", "backend", "xfail", "xpass", "pass", "fail",
                                                           "lowest probe row (xfail)"]].to_dict("records")]
@@ -84,7 +98,7 @@ def across_runs(runs: list[Run]) -> list[str]:
     if not runs:
         return []
     parts = [" ".join(failures) or "Every correct implementation passed every point it ran: no correct path has "
-                                   "a `fail` row in any run.",
+                                   "a `fail` or `crash` row in any run.",
              "Points per status, and the worst error of a correct implementation's passing point against the "
              "gate's limits:", markdown_table(pd.DataFrame(counts))]
     if bugs:

@@ -15,7 +15,7 @@ from swabench.publish.sections.machine import counted_points, trusted
 from swabench.store import schema
 
 SHELF = ("xqa", "fmha-v2", "pod", "holistic", "ranges")  # the families the shelf adds, by each path's wrapper
-STATUSES = ("pass", "xfail", "xpass", "fail", "skip")
+STATUSES = ("pass", "xfail", "xpass", "fail", "crash", "skip")
 COVERAGE = 0.5  # a shelf path speaks for a step in the answers where it timed this share of the existing paths' cases
 
 
