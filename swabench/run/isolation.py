@@ -31,6 +31,7 @@ from swabench.store.schema import KEY
 
 POINT_LIMIT_S = 900.0  # a point (its workload's build included) that answers nothing for this long is hung
 BUILD_LIMIT_S = 1800.0  # a JIT warm-up build, likewise
+START_LIMIT_S = 600.0  # a worker's imports (torch, the libraries' registry) before it answers at all
 TAIL_LINES, TAIL_CHARS, FRAMES = 8, 1000, 4  # how much of a dead worker's output a crash row quotes
 STOP_WAIT_S = 5.0  # how long a worker asked to stop may take before it is killed
 
@@ -61,8 +62,13 @@ class Worker:
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env, close_fds=True)
         theirs.close()
         self.connection = Connection(ours.detach())
+        self.ready = False
 
     def send(self, message: tuple) -> None:
+        """Send a request once the worker has said it is ready (its imports are not a point's time)."""
+        if not self.ready:
+            self.receive(START_LIMIT_S, "starting (its imports)")
+            self.ready = True
         try:
             self.connection.send(message)
         except OSError:
@@ -314,6 +320,7 @@ def _serve(connection: Connection) -> None:
     from swabench.run import sweep
     from swabench.store.run_folder import _json_default
 
+    connection.send(("ready",))
     while True:
         try:
             message = connection.recv()
