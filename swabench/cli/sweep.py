@@ -236,8 +236,13 @@ def warmup(scenarios, jobs, impls, cases, list_only):
     def said(label, seconds, error):
         click.echo(f"  {seconds:8.1f} s  {label}" + (f"  FAILED: {error}" if error else ""), err=True)
 
-    click.echo(f"building the modules of {len(needed)} signatures, {jobs} at once; each as it ends:", err=True)
-    click.echo(sweep.warm_up(points, device_of("cuda", "warmup"), jobs, on_built=said).text())
+    click.echo(f"building the modules of {len(needed)} signatures, {jobs} at once, in a supervised worker; each as it "
+               f"ends:", err=True)
+    supervisor = lifecycle.isolation.Supervisor(sweep.SweepOptions(device=device_of("cuda", "warmup")))
+    try:
+        click.echo(supervisor.warm_up(points, jobs, on_built=said).text())
+    finally:
+        supervisor.close(now=True)
 
 
 @click.command("list")

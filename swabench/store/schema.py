@@ -76,6 +76,7 @@ META_KEYS = {
     "counters": "a run under Nsight Compute: its version, options, metrics, L2 state, the calibration copy's "
                 "bytes against its counter, kernels and points counted, wall time and seconds a point; or why skipped",
     "jit_warmups": "one JIT warm-up per start of the folder: seconds per module signature, modules built",
+    "isolation": "where the points ran: a supervised worker (its limits, the workers replaced) or this process",
     "jit_warmup_total_s": "their wall time, summed",
     "setup_s": "imports, environment, peaks and JIT warm-up before the sweep",
     "wall_s": "the sweep's wall time (summed over resumes)",
@@ -146,7 +147,7 @@ META_FIELDS = {
     "peaks": OBJECT, "peaks.bf16_matmul_tflops": "number > 0", "peaks.copy_tbps": "number > 0",
     **dict.fromkeys(("peaks.read_tbps", "peaks.datasheet_tbps", "peaks.datasheet_tflops"), "number > 0 or null"),
     "peaks.ceiling": TEXT, "statuses_recomputed": "list of object", "counters": OBJECT,
-    "jit_warmups": "list of object", "shards": "list of object", "merged_from": "list of text",
+    "isolation": OBJECT, "jit_warmups": "list of object", "shards": "list of object", "merged_from": "list of text",
     "launch_worker_end_s": "list", "libraries": "object of text or null", "git_dirty": FLAG,
     **dict.fromkeys(("jit_warmup_total_s", "setup_s", "wall_s", "total_s", "launch_spawned_s", "launch_merge_s",
                      "launch_wall_s", "gpu_memory_gib"), SECONDS),
