@@ -98,9 +98,11 @@ def test_last_words_quote_the_fatal_line_and_innermost_frames():
         "exited with status 3"
 
 
-def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch):
-    """Three signatures built at once; the worker dies with all three in flight; each is built again on its own, and
-    only the one that kills is named (a crash), not the other two."""
+@pytest.mark.parametrize("how", ["dies", "poisons"])
+def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch, how):
+    """Three signatures built at once; the worker dies with all three in flight (or, poisoning the GPU, says so once
+    it is done, b and c having raised); each suspect is built again on its own, and only the one that kills or
+    poisons is named (a crash), not the others."""
     three = crash_scenario("torch-trim").points[:3]
     label_of = {id(p): label for p, label in zip(three, "abc")}
     monkeypatch.setattr(sweep, "modules_needed", lambda points, device: {label_of[id(p)]: p for p in three})
@@ -114,10 +116,15 @@ def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch):
         def send(self, message):
             self.sent.append(message)
             labels = [label_of[id(p)] for p in message[1]]
-            dies = [isolation.WorkerDied("killed by SIGSEGV (signal 11)")] if "b" in labels else \
-                [("built", label, 1.0, None) for label in labels] + \
-                [("done", sweep.WarmUp(dict.fromkeys(labels, 1.0), [], 1.0, message[3], None, {}))]
-            self.steps = iter([("building", label) for label in labels] + dies)
+            warm = sweep.WarmUp(dict.fromkeys(labels, 1.0), [], 1.0, message[3], None, {})
+            if how == "dies":
+                ends = [isolation.WorkerDied("killed by SIGSEGV (signal 11)")] if "b" in labels else \
+                    [("built", label, 1.0, None) for label in labels] + [("done", warm, None)]
+            else:  # c raises once b has poisoned the context
+                ends = [("built", label, 1.0, "AcceleratorError: illegal memory access" if label in "bc" and "b" in
+                         labels else None) for label in labels] + \
+                    [("done", warm, "AcceleratorError: illegal memory access" if "b" in labels else None)]
+            self.steps = iter([("building", label) for label in labels] + ends)
 
         def receive(self, limit_s, doing):
             step = next(self.steps)
@@ -131,10 +138,12 @@ def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch):
     workers = []
     monkeypatch.setattr(isolation, "Worker", lambda: workers.append(FakeWorker()) or workers[-1])
     warm = isolation.Supervisor(sweep.SweepOptions(device=CPU)).warm_up(three, jobs=8)
-    assert list(warm.failed) == ["b"] and "the build killed its process: killed by SIGSEGV" in warm.failed["b"]
+    said = "the build killed its process (killed by SIGSEGV" if how == "dies" else \
+        "the build left the GPU unusable (AcceleratorError"
+    assert list(warm.failed) == ["b"] and said in warm.failed["b"]
     assert set(warm.seconds) == {"a", "b", "c"}
     jobs = [m[3] for w in workers for m in w.sent]
-    assert jobs[0] == 8 and jobs[1:] == [1, 1, 1]  # all at once, then each suspect on its own
+    assert jobs[0] == 8 and jobs[1:] == ([1, 1, 1] if how == "dies" else [1, 1])  # then each suspect on its own
 
 
 @pytest.mark.slow

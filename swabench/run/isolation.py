@@ -241,7 +241,7 @@ class Supervisor:
         while left:
             alone = next((label for label in left if label in suspects), None)
             batch = {alone: left[alone]} if alone else dict(left)
-            building: set[str] = set()
+            building, errored = set(), set()
             try:
                 worker = self._current()
                 worker.send(("warm up", list(batch.values()), self.options.device, 1 if alone else jobs))
@@ -252,22 +252,29 @@ class Supervisor:
                         building.add(message[1])
                     elif message[0] == "built":
                         building.discard(message[1])
+                        if message[3]:
+                            errored.add(message[1])
                         if on_built:
                             on_built(*message[1:])
                     else:
-                        parts.append(message[1])
                         break
-                for label in batch:
+                _, warm, unusable = message
+                parts.append(warm)
+                for label in set(batch) - (errored if unusable else set()):
                     left.pop(label)
+                if unusable:  # one of the builds that raised left the GPU unusable: found as a killer is
+                    building, batch = errored, {label: batch[label] for label in errored}
+                    raise WorkerDied(f"left the GPU unusable ({unusable})")
             except WorkerDied as e:
                 self._retire()
                 guilty = building if len(building) == 1 else set(batch) if len(batch) == 1 else set()
                 for label in guilty:
                     left.pop(label)
-                    parts.append(sweep.WarmUp({label: 0.0}, [], 0.0, 1, None,
-                                              {label: f"crash: the build killed its process: {e.reason}"}))
+                    said = f"crash: the build {e.reason}" if e.reason.startswith("left the GPU") else \
+                        f"crash: the build killed its process ({e.reason})"
+                    parts.append(sweep.WarmUp({label: 0.0}, [], 0.0, 1, None, {label: said}))
                     if on_built:
-                        on_built(label, 0.0, f"crash: the build killed its process: {e.reason}")
+                        on_built(label, 0.0, said)
                 suspects |= (building or set(batch)) - guilty
         return merged(parts, jobs)
 
@@ -336,7 +343,7 @@ def _serve(connection: Connection) -> None:
                 if unusable:
                     row = {**row, "status": "crash",
                            "reason": f"crash: the GPU context is unusable after this point ({unusable})"
-                                     + (f"; the point said: {row['reason']}" if row.get("reason") else "")}
+                                     + (f"; the point said: {first_of(row['reason'])}" if row.get("reason") else "")}
                 connection.send(("row", json.loads(json.dumps(row, default=_json_default))))
                 if unusable:
                     connection.send(("retire",))
@@ -347,11 +354,18 @@ def _serve(connection: Connection) -> None:
             warm = sweep.warm_up(points, device, jobs,
                                  on_built=lambda label, s, error: connection.send(("built", label, s, error)),
                                  on_start=lambda label: connection.send(("building", label)))
-            connection.send(("done", warm))
+            unusable = sweep.unusable_gpu(device)
+            connection.send(("done", warm, unusable))
+            if unusable:
+                return
         elif message[0] == "peaks":
             from swabench.measure import peaks
 
             connection.send(("done", peaks.measure(message[1])))
+
+
+def first_of(text: str) -> str:
+    return str(text).strip().splitlines()[0] if str(text).strip() else ""
 
 
 def _main(fd: int) -> None:
