@@ -7,6 +7,10 @@ import textwrap
 import pytest
 import torch
 
+# Points run in the test's own process, where its monkeypatches reach them; tests/test_isolation.py runs them in the
+# supervised worker, as a command does by default
+os.environ["SWABENCH_IN_PROCESS"] = "1"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)  # one worker a core: torch's own threads would only contend with the other workers
 

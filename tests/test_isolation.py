@@ -18,6 +18,12 @@ CRASHES = ["crash-abort", "crash-segfault", "crash-exit", "crash-hang"]
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def supervised(monkeypatch):
+    """The points of these tests run in a supervised worker, as a command's do by default."""
+    monkeypatch.delenv(isolation.IN_PROCESS)
+
+
 def crash_scenario(*impls, cases=()):
     return options.load("crash", list(impls), list(cases), "cpu")
 
@@ -155,3 +161,10 @@ def test_run_cli_says_crash_and_in_process_option(tmp_path):
     assert "CRASH crash-segfault" in result.output and "SIGSEGV" in result.output
     refused = invoke("run", "crash", "--retry-crashed", "--out", tmp_path / "other")
     assert refused.exit_code == 2 and "--retry-crashed" in refused.output
+
+
+def test_the_environment_keeps_points_in_process(monkeypatch):
+    assert isolation.isolated_by_default() and lifecycle.Request(None, None, CPU).in_worker
+    monkeypatch.setenv(isolation.IN_PROCESS, "1")
+    assert not isolation.isolated_by_default() and not lifecycle.Request(None, None, CPU).in_worker
+    assert not lifecycle.Request(None, None, CPU, isolated=True, counted=True).in_worker  # ncu counts one process

@@ -193,7 +193,7 @@ isolation_options = (
                                 "crash, and the sweep goes on."),
     opt("--in-process", is_flag=True,
         help="Run the points in this process instead of a supervised worker: a crash then ends the run (what the "
-             "profilers use)."),
+             "profilers use; SWABENCH_IN_PROCESS=1 makes it the default)."),
 )
 
 

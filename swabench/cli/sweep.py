@@ -32,8 +32,8 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
     sharding = shards.select_shard(s, shard, costs_from) if shard else None
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
-    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted,
-                                isolated=not supervision.get("in_process"),
+    isolated = not supervision.get("in_process") and lifecycle.isolation.isolated_by_default()
+    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted, isolated=isolated,
                                 retry_crashed=bool(supervision.get("retry_crashed")),
                                 limits=lifecycle.isolation.Limits(point_s=supervision.get("point_timeout") or
                                                                   lifecycle.isolation.POINT_LIMIT_S))
@@ -87,7 +87,7 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
     supervision = supervision or {}
     args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else []),
             "--point-timeout", str(supervision.get("point_timeout") or lifecycle.isolation.POINT_LIMIT_S),
-            *(["--in-process"] if supervision.get("in_process") else [])]
+            *(["--in-process"] if supervision.get("in_process") else [])]  # SWABENCH_IN_PROCESS: the workers' env
     outcome = lifecycle.execute_on_gpus(lifecycle.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out, resume=False))
 

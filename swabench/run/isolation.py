@@ -29,11 +29,18 @@ from typing import Iterator
 
 from swabench.store.schema import KEY
 
+IN_PROCESS = "SWABENCH_IN_PROCESS"  # set (to anything but "" or 0): points run in the command's own process by default
 POINT_LIMIT_S = 900.0  # a point (its workload's build included) that answers nothing for this long is hung
 BUILD_LIMIT_S = 1800.0  # a JIT warm-up build, likewise
 START_LIMIT_S = 600.0  # a worker's imports (torch, the libraries' registry) before it answers at all
 TAIL_LINES, TAIL_CHARS, FRAMES = 8, 1000, 4  # how much of a dead worker's output a crash row quotes
 STOP_WAIT_S = 5.0  # how long a worker asked to stop may take before it is killed
+
+
+def isolated_by_default() -> bool:
+    """Whether a run supervises a worker unless told otherwise: yes, but where ``SWABENCH_IN_PROCESS`` is set (a
+    debugger, or a test that patches the sweep in its own process)."""
+    return os.environ.get(IN_PROCESS, "") in ("", "0")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -69,7 +69,8 @@ class Request:
     sharding: dict | None = None
     meta: dict | None = None  # what this kind of run adds to meta.json (a replay's trace)
     counted: bool = False  # gate, then one call per point for Nsight Compute to count (``measure.counters``)
-    isolated: bool = True  # points in a supervised worker process (``run.isolation``); False: in this process
+    # points in a supervised worker process (``run.isolation``); False: in this process
+    isolated: bool = field(default_factory=isolation.isolated_by_default)
     retry_crashed: bool = False  # a resume runs the points recorded as crash again
     limits: isolation.Limits = isolation.Limits()
 
