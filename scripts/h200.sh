@@ -78,6 +78,11 @@
 #            (h200, h100; rows of the bugs run again are replaced, the others kept), its table in
 #            OUTDIR/repro-VERSION/this-call.log (for the committed call.log; COMMIT=REV names the checkout in its first
 #            line); the folder is committed as repro/GPU-VERSION/
+#   crash    scenarios/crash.toml (paths planted to abort, segfault, exit, hang and poison the GPU) with a 20 s point
+#            limit, then resumed: every planted point crash, every other point as usual, nothing run again
+#            (OUTDIR/GPU-crash, GPU the card's h100/h200)
+#   isolation-cost  scripts/isolation_cost.py on $ISOLATION_SCENARIOS (default quick): each swept supervised and
+#            --in-process, alternating, $ISOLATION_ROUNDS (2) times, into OUTDIR/isolation (isolation-cost.csv)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
 out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
@@ -266,6 +271,11 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                  python3 scripts/play_dump.py "$out/dump${mode:+-${mode#--}}-$v" $mode 2>&1 | tail -40
                done
                rm -rf "$out/dump-runs-$v/dump" ;;  # the KV cache at every run: about 1 GB
+    crash)     g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]\+' | head -1 | tr 'H' 'h')
+               ( time sb run crash --point-timeout 20 --out "$out/$g-crash" ) 2>&1 | grep -v '^run:' | tail -12
+               ( time sb run crash --point-timeout 20 --out "$out/$g-crash" --resume ) 2>&1 | grep -v '^run:' | tail -6 ;;
+    isolation-cost) python3 scripts/isolation_cost.py "$out/isolation" ${ISOLATION_SCENARIOS:-quick} \
+                 --rounds "${ISOLATION_ROUNDS:-2}" 2>&1 | tail -12 ;;
     *)         echo "unknown step $step" ;;
   esac
 done
