@@ -43,11 +43,10 @@ def refuse_replacing(files, force: bool, what: str = "--out") -> None:
     """OutputError for the first of ``files`` that exists and that swabench did not write (``ours``), unless
     ``force``: a command replaces only its own kind of file; and, forced or not, for one that is no file (a folder,
     a link, a FIFO), which no write replaces: found before anything is written."""
-    for path in map(Path, files):
-        paths.file_out(path, what)
+    files = [paths.file_out(path, what) for path in files]
     if force:
         return
-    for path in map(Path, files):
+    for path in files:
         if path.is_file() and not ours(path):
             raise OutputError(f"{what}: {path} exists and swabench did not write it (its content does not say so); "
                               f"give another {what}, or pass --force to replace it")
