@@ -1,6 +1,7 @@
 """Where a hostile layout would make a writer destroy a user's files, the user's files survive: a path through a
 folder that does not exist and then ``..`` is refused (exit 2) before any work, since the system opens no
-``nope/..``; a ``..`` after a folder that exists writes where the system points."""
+``nope/..``; a ``..`` after a folder that exists writes where the system points; a lock file that is not
+swabench's is never truncated."""
 
 import shutil
 from pathlib import Path
@@ -11,6 +12,7 @@ from test_matrix import three_releases
 from test_refusals import DECODE, _tree, exported, trace
 
 from swabench.publish import plots
+from swabench.store import run_folder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_RUN = FIXTURES / "h200-run"
@@ -72,3 +74,15 @@ def test_a_dotdot_after_a_folder_that_exists_writes_where_the_system_points(tmp_
     assert invoke("findings", FIXTURE_RUN, "--out", "sub/../F.md").exit_code == 0
     assert (tmp_path / "rep" / "REPORT.md").is_file() and (tmp_path / "F.md").is_file()
     assert list((tmp_path / "sub").iterdir()) == []
+
+
+def test_a_lock_file_that_is_not_swabenchs_is_never_truncated(tmp_path, write_scenario):
+    scenario, out = write_scenario(TINY), tmp_path / "out"
+    out.mkdir()
+    (out / run_folder.LOCK).write_text("my notes\n")
+    r = invoke("run", scenario, "--device", "cpu", "--impl", "torch-trim", "--out", out)
+    assert r.exit_code == 2 and "is not swabench's lock" in r.output, r.output
+    assert (out / run_folder.LOCK).read_text() == "my notes\n" and [p.name for p in out.iterdir()] == [run_folder.LOCK]
+    (out / run_folder.LOCK).write_text("pid 999999999 on gone-host since 2020-01-01T00:00:00+00:00\n")
+    r = invoke("run", scenario, "--device", "cpu", "--impl", "torch-trim", "--out", out)
+    assert r.exit_code == 0 and "took over the lock" in r.output, r.output  # its own lock, left by a dead holder
