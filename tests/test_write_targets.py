@@ -2,7 +2,7 @@
 folder that does not exist and then ``..`` is refused (exit 2) before any work, since the system opens no
 ``nope/..``; a ``..`` after a folder that exists writes where the system points; a lock file that is not
 swabench's is never truncated; a file is replaced only where the made-from record beside it lists it as it is,
-never for its content alone."""
+never for its content alone; and a folder named from a run's meta.json stays under plots/."""
 
 import json
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY, invoke
-from test_matrix import three_releases
+from test_matrix import release_run, three_releases
 from test_refusals import DECODE, _tree, exported, trace
 
 from swabench.publish import outputs, plots
@@ -137,3 +137,15 @@ def test_a_report_an_earlier_release_wrote_is_replaced_as_before(tmp_path, one_f
     assert invoke("report", FIXTURE_RUN, "--out", out).exit_code == 0
     assert "an older report" not in (out / "REPORT.md").read_text()
     assert json.loads((out / outputs.MADE_FROM).read_text())["runs"] == [str(FIXTURE_RUN.resolve())]
+
+
+def test_a_matrix_default_folder_named_from_meta_json_is_a_slug(tmp_path, monkeypatch):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    points = {("window", "correct", "pass", None): 20.0}
+    runs = [release_run(tmp_path / f"r{i}", release, points, scenario="../../../x", seed=i)
+            for i, release in enumerate(("0.7.2", "0.7.4"))]
+    r = invoke("matrix", *runs)
+    assert r.exit_code == 2 and "'../../../x'" in r.output and "--out" in r.output, r.output
+    assert not (tmp_path / "a" / "x").exists() and list(work.iterdir()) == []

@@ -163,7 +163,15 @@ def figures_folder(run, out, files, force: bool = False) -> Path:
 def matrix_folder(out, scenario: str, runs, force: bool = False) -> Path:
     """A release matrix's folder (default plots/matrix-SCENARIO): not holding the matrix of another set
     of run folders, nor a MATRIX.md, matrix.csv or matrix.png swabench did not write (unless ``force``); it then
-    records ``runs`` as its source."""
+    records ``runs`` as its source.  The default's name comes from the runs' meta.json, so it must be a slug."""
+    from swabench.inputs import scenarios
+
+    if out is None:
+        try:
+            scenarios.check_name(scenario)
+        except ValueError as e:
+            raise OutputError(f"the default --out plots/matrix-SCENARIO: the scenario the runs' meta.json names "
+                              f"{e}; give --out") from None
     return _output_folder(out, Path("plots") / f"matrix-{scenario}", runs, force, "matrix",
                           ("MATRIX.md", "matrix.csv", "matrix.png"))
 
