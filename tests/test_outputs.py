@@ -223,17 +223,20 @@ def test_a_matrix_of_other_runs_needs_force(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_committed_matrix_names_its_runs_in_its_table(tmp_path, monkeypatch):
-    """A published matrix has no marker (it is not committed): its Releases table says what it was made from."""
+    """A published matrix has no made-from record (it is not committed): its Releases table says what it was made
+    from, and its files, which nothing proves swabench wrote as they are, are replaced with --force."""
     from test_matrix import three_releases
 
     monkeypatch.chdir(tmp_path)
     runs = three_releases(tmp_path)
     assert invoke("matrix", *runs, "--out", "m").exit_code == 0
     (tmp_path / "m" / ".swabench-made-from").unlink()
-    assert invoke("matrix", *runs, "--out", "m").exit_code == 0
-    (tmp_path / "m" / ".swabench-made-from").unlink()
     r = invoke("matrix", *runs[1:], "--out", "m")
     assert r.exit_code == 2 and str(runs[0]) in r.output
+    r = invoke("matrix", *runs, "--out", "m")
+    assert r.exit_code == 2 and "MATRIX.md exists and swabench did not write it" in r.output
+    assert invoke("matrix", *runs, "--out", "m", "--force").exit_code == 0
+    assert invoke("matrix", *runs, "--out", "m").exit_code == 0
 
 
 def test_a_files_folder_is_checked_first_and_made_only_by_the_write(tmp_path):

@@ -413,9 +413,11 @@ def _tree(folder: Path) -> dict:
 def test_findings_beside_another_findings_page_replaces_and_deletes_none_of_its_pages(tmp_path):
     page = tmp_path / "FINDINGS.md"
     assert invoke("findings", FIXTURE_RUN, "--out", page).exit_code == 0
+    from swabench.publish import outputs
+
     theirs = tmp_path / "findings" / "gone-topic.md"  # a topic page of FINDINGS.md this run no longer fills
-    theirs.write_text(page.read_text().split("\n", 1)[0] + "\n\n# Gone\n\nPart of [the findings](../FINDINGS.md): "
-                      "every number names the run folder it comes from.\n")
+    outputs.keep(theirs, page.read_text().split("\n", 1)[0] + "\n\n# Gone\n\nPart of [the findings](../FINDINGS.md): "
+                 "every number names the run folder it comes from.\n")
     before = _tree(tmp_path)
     refused = invoke("findings", FIXTURE_RUN, "--out", tmp_path / "MINE.md")
     assert refused.exit_code == 2 and "is a topic page of the findings page FINDINGS.md" in refused.output

@@ -19,9 +19,9 @@ from swabench.store import paths, run_folder
 @opt("--partial", is_flag=True, help="Merge even when shards are missing (the merged run says it is incomplete).")
 def merge(out, folders, partial):
     """Merge the shards of one sweep (several GPUs or nodes) into OUT."""
-    run_folder.check_new_run(out, "OUT")
+    out = run_folder.check_new_run(out, "OUT")
     paths.refuse_inside(out, folders, "OUT")
-    summary(shards.merge(Path(out), [Path(f) for f in folders], partial)[1], Path(out))
+    summary(shards.merge(out, [Path(f) for f in folders], partial)[1], out)
 
 
 @click.command()
@@ -42,8 +42,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     s = load(scenario, impls, cases)  # validate before submitting
     shards.check_count(count, len(s.points))
     shards.point_costs(costs_from)
-    out = Path(out)
-    launch.check_out(out)
+    out = launch.check_out(out)
     slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}
     slurm.update({"slurm_partition": partition} if partition else {})
     args = [s.path, "--l2", l2, *launch.worker_args(impls, cases, costs_from)]

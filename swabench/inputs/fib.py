@@ -90,7 +90,7 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     flashinfer-bench's loaders where it is installed, so bad input leaves nothing behind."""
     safetensors = safetensors_package()
     source, out = Path(trace_or_run), Path(out_dir)
-    _check_out(out, source, replace)
+    out = _check_out(out, source, replace)
     out = Path(os.path.realpath(out))  # a link to a folder is written through, never replaced
     groups: dict[tuple, tuple[dict, list]] = {}  # layer type (analysis.replay's) and stage -> definition, steps
     left_out = []
@@ -127,10 +127,11 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
     return result
 
 
-def _check_out(out: Path, source: Path, replace: bool) -> None:
+def _check_out(out: Path, source: Path, replace: bool) -> Path:
+    """``out`` as the path to write (store.paths), or FibError (OutputError) unless it may be replaced."""
     from swabench.store import paths, run_folder
 
-    paths.folder_out(out, "--out")
+    out = paths.folder_out(out, "--out")
     paths.makeable_folder(out.parent, "--out")  # the export is made beside --out, then renamed into its place
     run_folder.refuse_inside_a_run(out, "--out")
     paths.refuse_inside(out, [source], "--out")
@@ -152,6 +153,7 @@ def _check_out(out: Path, source: Path, replace: bool) -> None:
         if foreign is not None:
             raise FibError(f"--out {out} holds {foreign.relative_to(out)}, which export-fib did not write: not "
                            f"replacing the folder (it would be lost); move it, or give another folder")
+    return out
 
 
 def _exported(path: Path, root: Path) -> bool:

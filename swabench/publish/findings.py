@@ -63,10 +63,10 @@ _OWNER = re.compile(r"^Part of \[the findings\]\(\.\./(.+?)\): ", re.M)
 
 
 def _made_for(path: Path) -> str | None:
-    """What a page this module wrote is, by its content: '' for a findings page, the file name of its findings page
-    for a topic page; None for any other file."""
+    """What a page this module wrote (``outputs.ours``: its folder's record lists it as it is) is, by its content:
+    '' for a findings page, the file name of its findings page for a topic page; None for any other file."""
     head = outputs.first_bytes(path).decode(errors="replace")
-    if not head.startswith(MADE_BY):
+    if not head.startswith(MADE_BY) or not outputs.ours(path):
         return None
     found = _OWNER.search(head)
     return found[1] if found else ""
@@ -79,8 +79,9 @@ def _replaceable(path: Path, page: str, topic: bool, force: bool) -> None:
         return
     made = _made_for(path)
     if made is None:
-        raise paths.OutputError(f"--out: {path} exists and is not a findings page (its first line does not say "
-                                f"{MADE_BY}`); give another --out, or pass --force to replace it")
+        raise paths.OutputError(f"--out: {path} exists and is not a findings page swabench wrote (the "
+                                f"{outputs.MADE_FROM} record beside it does not list it as it is); give another "
+                                f"--out, or pass --force to replace it")
     if not topic and made:
         raise paths.OutputError(f"--out: {path} is a topic page of the findings page {made}, not a findings page; "
                                 f"give another --out, or pass --force to replace it")
@@ -115,7 +116,7 @@ def write(run_dirs: list[Path], out: Path, force: bool = False) -> list[Path]:
     if len(written) > 1:
         run_folder.make_folder(folder)
     for name, text in written.items():
-        run_folder.atomic_write(targets[name], text)
+        outputs.keep(targets[name], text, start=True)
     for path in stale:
         path.unlink()
     return list(targets.values())

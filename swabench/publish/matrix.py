@@ -123,11 +123,11 @@ def figure(m: Matrix, out: Path) -> Path | None:
 
 
 def write(m: Matrix, out: Path, unbuilt: dict[str, str], threshold: float, alpha: float) -> list[Path]:
-    from swabench.store.run_folder import atomic_write
+    from swabench.publish.outputs import keep
 
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "MATRIX.md", out / "matrix.csv"]
-    atomic_write(written[0], to_markdown(m, unbuilt, threshold, alpha))
-    atomic_write(written[1], to_csv(m))
+    keep(written[0], to_markdown(m, unbuilt, threshold, alpha))
+    keep(written[1], to_csv(m))
     png = figure(m, out)
     return written + ([png] if png else [])

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from swabench.analysis import derived
-from swabench.publish import sections
+from swabench.publish import outputs, sections
 from swabench.publish.markdown import environment_line
-from swabench.store import run_folder, tables
+from swabench.store import tables
 
 
 def summary(run: sections.Run) -> str:
@@ -34,5 +34,5 @@ def write(run_dir: Path, out: Path) -> Path:
         doc = (plots.FIGURES[name].__doc__ or name).strip()
         parts.append(f"![{name}]({paths[0].name})\n\n*{doc}*" if paths else f"*{name}: no points for it in this run.*")
     path = out / "REPORT.md"
-    run_folder.atomic_write(path, "\n\n".join(parts) + "\n")
+    outputs.keep(path, "\n\n".join(parts) + "\n")
     return path

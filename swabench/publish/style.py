@@ -10,9 +10,9 @@ import matplotlib
 import matplotlib.ticker
 
 from swabench.impls import registry
+from swabench.publish import outputs
 from swabench.publish.markdown import library_versions, short_commit
 from swabench.publish.outputs import PNG_SOFTWARE
-from swabench.store import run_folder
 
 matplotlib.use("Agg")
 
@@ -92,8 +92,8 @@ def save(fig, out: Path, name: str) -> list[Path]:
     image = Image.open(rendered).convert("RGB")
     path, png = out / f"{name}.png", io.BytesIO()
     tag = PngImagePlugin.PngInfo()
-    tag.add_text("Software", PNG_SOFTWARE)  # how a later command knows swabench wrote it (outputs.ours)
+    tag.add_text("Software", PNG_SOFTWARE)  # how a command of an older release knew swabench wrote it
     image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(png, "PNG", optimize=True,
                                                                                          pnginfo=tag)
-    run_folder.atomic_write(path, png.getvalue())  # by rename, and only over a regular file
+    outputs.keep(path, png.getvalue())  # by rename, only over a regular file, listed in a made-from record beside it
     return [path]

@@ -38,7 +38,7 @@ def bench(out: Path, quick: bool = False) -> list[Path]:
     if missing:  # before the run folder is made: nothing is left behind
         raise HostBenchError(f"bench-host runs the benchmarks under {' and '.join(missing)}, which this Python lacks: "
                              f"pip install -e '.[test]'")
-    run_folder.make_folder(run_folder.check_new_run(out))
+    out = run_folder.make_folder(run_folder.check_new_run(out))
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
     run_folder.write_meta(out, schema.check_meta(meta))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # its own session:

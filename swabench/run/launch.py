@@ -195,11 +195,12 @@ class Workers:
         return self.folders
 
 
-def check_out(out: Path) -> None:
-    """RunFolderError unless ``out`` can hold the merged run: not a run already, not inside one, and
-    its shards' folder beside it can be written (before anything is submitted)."""
-    check_new_run(out)
+def check_out(out: Path) -> Path:
+    """``out`` as the path to write, or RunFolderError unless it can hold the merged run: not a run already, not
+    inside one, and its shards' folder beside it can be written (before anything is submitted)."""
+    out = check_new_run(out)
     make_folder(work_dir(out))
+    return out
 
 
 def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
@@ -210,7 +211,7 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
         import submitit
     except ImportError:
         raise LaunchError("submit needs submitit: pip install 'swabench[slurm]'") from None
-    check_out(out)
+    out = check_out(out)
     work = work_dir(out)
     folder = work / "submitit"
     ex = submitit.LocalExecutor(folder) if executor == "local" else submitit.AutoExecutor(folder)

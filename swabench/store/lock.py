@@ -5,11 +5,28 @@ from __future__ import annotations
 import datetime
 import fcntl
 import os
+import re
 import socket
+import stat
 from pathlib import Path
 
 from swabench.store.schema import LOCK
 from swabench.store.tables import RunFolderError
+
+
+HOLDER = re.compile(r"pid \d+ on \S+ since \S+\n?")  # what a holder writes in the lock file; empty once released
+
+
+def _foreign(fd: int, path: Path) -> str | None:
+    """Why the open file ``fd`` at ``path`` is not a lock swabench wrote (None when it is one, or new): only a
+    regular file that is empty or names its holder is taken, truncated and written."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        return f"{path} is not a regular file"
+    held = os.pread(fd, 4096, 0)
+    if held and not HOLDER.fullmatch(held.decode(errors="replace")):
+        return f"{path} exists and is not swabench's lock (it holds {held[:40]!r})"
+    return None
 
 
 class FolderLock:
@@ -22,7 +39,13 @@ class FolderLock:
         self.took_over: str | None = None  # the previous holder, when it had died holding the folder
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # never through a link
+        # never through a link, nor waiting on a FIFO or a device to open
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+        foreign = _foreign(fd, self.path)
+        if foreign:
+            os.close(fd)
+            raise RunFolderError(f"{foreign}: swabench keeps its lock there and would overwrite it; move the file, "
+                                 f"or choose another --out")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -1,6 +1,7 @@
-"""Where a command may write, checked on the path as typed before any work: a file goes only where
-nothing is or over a regular file (by rename, so never through a link, a device or a FIFO), a folder
-only where nothing is or a folder is, and never inside what the command reads."""
+"""Where a command may write, checked before any work on the path the system will open (``_real``), which is the
+path the command then writes: a file goes only where nothing is or over a regular file (by rename, so never
+through a link, a device or a FIFO), a folder only where nothing is or a folder is, and never inside what the
+command reads."""
 
 from __future__ import annotations
 
@@ -38,7 +39,24 @@ def _checked(value, what: str) -> Path:
     if long is not None:
         raise OutputError(f"{what}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a name in a path "
                           f"may be at most {NAME_MAX} bytes")
-    return Path(text)
+    return _real(text, what)
+
+
+def _real(text: str, what: str) -> Path:
+    """``text`` as the system opens it: a ``..`` is taken only after a folder that exists (the system opens no
+    ``nope/..``, and a check of such a path would see nothing where the write, once it has made ``nope``, lands on
+    what is there), and everything up to the last ``..`` is resolved, links and all, so that every later check and
+    write sees one path; the names after it are kept as typed."""
+    parts = text.split(os.sep)
+    if ".." not in parts:
+        return Path(text)
+    for i, part in enumerate(parts):
+        before = os.sep.join(parts[:i]) or (os.sep if text.startswith(os.sep) else os.curdir)
+        if part == ".." and not os.path.isdir(before):
+            raise OutputError(f"{what} {text}: {before} is not a folder that exists, so the system cannot open "
+                              f"{before}{os.sep}..; give the path without {before}{os.sep}..")
+    last = len(parts) - 1 - parts[::-1].index("..")
+    return Path(os.path.realpath(os.sep.join(parts[:last + 1]) or os.sep), *parts[last + 1:])
 
 
 def _lstat(path: Path, what: str) -> os.stat_result | None:

@@ -43,7 +43,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it: only over a regular file
     (OutputError for a link, a device, a FIFO, a folder, or a file or folder the system will not let be written);
     its folder made if missing."""
-    paths.file_out(path, "the output")
+    path = paths.file_out(path, "the output")
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
