@@ -24,9 +24,10 @@ CONCURRENT = [REAL, dict(REAL, head_dim=64, sinks=True), dict(REAL, softcap=50.0
 
 
 def say(message: str) -> None:
+    """One line on the process's stderr itself: the CuTe DSL swaps sys.stderr for a buffer while it compiles."""
+    import os
     import threading
-    print(f"{MARK} {time.monotonic() - T0:7.1f}s [{threading.current_thread().name}] {message}", file=sys.stderr,
-          flush=True)
+    os.write(2, f"{MARK} {time.monotonic() - T0:7.1f}s [{threading.current_thread().name}] {message}\n".encode())
 
 
 def inputs(spec: dict, device) -> tuple[dict, tuple]:
@@ -206,7 +207,7 @@ def child(conds: tuple[str, ...]) -> int:
     else:
         errors["point"] = step("point", point, conds, device)
     wrong = {name: e for name, e in errors.items() if not e <= TOLERANCE}
-    print(f"{MARK} RESULT {'wrong ' + str(wrong) if wrong else 'ok'}", file=sys.stderr, flush=True)
+    say(f"RESULT {'wrong ' + str(wrong) if wrong else 'ok'}")
     return 4 if wrong else 0
 
 

@@ -5,16 +5,17 @@ num_splits=1: the call of swabench's Fa4Runner), each output checked against a f
 each process ended.  On a GPU node with flash-attn-4 (and FlashInfer and the cuDNN frontend for the variants that
 import them), from the checkout's root:
 
-    python scripts/fa4_cold_crash.py                        # every variant, 4 at a time: about 5 minutes on an H100
+    python scripts/fa4_cold_crash.py                        # every variant, 4 at a time: 2-3 minutes on an H100
     python scripts/fa4_cold_crash.py --only bare,concurrent,suite --repeat 3
     python scripts/fa4_cold_crash.py --add "mine=flashinfer+real-thread"    # a variant of your own conditions
-    python scripts/fa4_cold_crash.py --suite-root /path/to/other/checkout   # whose `python -m swabench` the suite runs
+    python scripts/fa4_cold_crash.py --only suite --suite-root /path/to/other/checkout   # another swabench's run
     python scripts/fa4_cold_crash.py --list                 # the variants and what each condition does
 
-Nothing of swabench is imported: the `suite` variants run `python -m swabench run` on a one-case scenario written
-into the temporary folder.  Every other variant runs scripts/fa4_cold_child.py (torch and flash_attn.cute), which
-enables faulthandler (all threads) and says when each cute.compile, each disk-cache export and each first call starts
-and ends, so the tail of a dead child says where it died.
+Nothing of swabench is imported: the `suite` variants run `python -m swabench run --impl fa4-window` on a scenario
+written into the temporary folder (the ragged extends of the four kernels the `concurrent` condition compiles, four
+module signatures).  Every other variant runs scripts/fa4_cold_child.py (torch and flash_attn.cute), which enables
+faulthandler (all threads) and says when each cute.compile, each disk-cache export and each first call starts and
+ends, so the tail of a dead child says where it died.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,13 +35,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from fa4_cold_child import MARK, REAL  # noqa: E402  (the child's own module: stdlib at import)
+from fa4_cold_child import CONCURRENT, MARK  # noqa: E402  (the child's own module: stdlib at import)
 
-SCENARIO = dict(name="fa4-cold-ragged", description="the ragged extend of scripts/fa4_cold_crash.py",
-                implementations=["fa4-window"], dtype="bfloat16", backend="fa4", num_qo_heads=REAL["heads"],
-                num_kv_heads=REAL["kv_heads"], head_dim=REAL["head_dim"], storage="ragged", mode="extend",
-                extend_len=REAL["q_len"], prefix_len=REAL["prefix"], window_left=REAL["window"],
-                batch_size=REAL["batch"])  # a scenario file's fields: the point of REAL
+SCENARIO = dict(name="fa4-cold-ragged", description="the ragged extends of scripts/fa4_cold_crash.py",
+                implementations=["fa4-window"])  # then [fixed], and a [[sweep]] a kernel of the concurrent condition
 CONDITIONS = {
     "flashinfer": "import flashinfer (it imports the CuTe DSL) before flash_attn.cute, as a run's metadata does",
     "cudnn": "import cudnn and load its library (backend_version), as a run's metadata does",
@@ -57,7 +56,7 @@ CONDITIONS = {
     "capture-first": "the point's first call inside a CUDA graph capture",
     "graph": "after its first call, the suite's timer: a side-stream call, a graph of 2 calls, replays",
     "no-disk-cache": "FA4's disk cache off (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0): nothing exported",
-    "suite": "`python -m swabench run` of the point's scenario, --impl fa4-window (the real suite)",
+    "suite": "`python -m swabench run` --impl fa4-window of the 4 concurrent kernels' ragged extends (the suite)",
     "faulthandler": "(suite only) PYTHONFAULTHANDLER=1: the Python stack of every thread at a fatal signal",
 }
 SUITE_LIKE = ("flashinfer", "cudnn", "nvtx", "nvml", "peaks", "warmup-thread", "graph")
@@ -155,10 +154,17 @@ def run_variant(name: str, conds: tuple[str, ...], folder: Path, timeout: float,
 
 
 def scenario_text() -> str:
-    """SCENARIO as a scenario file: its name, description and implementations, then one [[sweep]] of the rest."""
-    line = lambda k: f"{k} = {json.dumps(SCENARIO[k])}"  # noqa: E731  (JSON's strings, numbers, lists are TOML's)
-    top = ("name", "description", "implementations")
-    return "\n".join([*map(line, top), "", "[[sweep]]", *(line(k) for k in SCENARIO if k not in top)]) + "\n"
+    """The suite's scenario: the ragged extend of each of the concurrent condition's kernels (REAL first), four module
+    signatures of fa4-window, which a warm-up that builds them at once builds in four threads."""
+    line = lambda k, v: f"{k} = {json.dumps(v)}"  # noqa: E731  (JSON's strings, numbers, booleans, lists are TOML's)
+    text = [*(line(k, v) for k, v in SCENARIO.items()), "", "[fixed]", line("dtype", "bfloat16"),
+            line("backend", "fa4"), line("storage", "ragged"), line("mode", "extend")]
+    for spec in CONCURRENT:
+        text += ["", "[[sweep]]", *(line(k, spec[v]) for k, v in (
+            ("num_qo_heads", "heads"), ("num_kv_heads", "kv_heads"), ("head_dim", "head_dim"), ("extend_len", "q_len"),
+            ("prefix_len", "prefix"), ("batch_size", "batch"), ("sinks", "sinks"), ("logits_soft_cap", "softcap"))),
+            line("window_left", -1 if spec["window"] is None else spec["window"])]
+    return "\n".join(text) + "\n"
 
 
 def read_rows(run: Path) -> list[dict]:
@@ -184,18 +190,25 @@ def verdict(rc: int | None, text: str, timed_out: bool = False, rows: list[dict]
         return f"CRASH {signal_name(rc)}"
     crashed = [r for r in rows or [] if r.get("status") == "crash"]
     if crashed:
-        return f"CRASH row: {str(crashed[0].get('reason'))[:70]}"
+        return f"CRASH row: {plain(crashed[0].get('reason'))}"
+    rows = [r for r in rows or [] if r.get("status")] if rows is not None else None  # a journal's starts have none
     if rows is not None and rc in (0, 1):
-        statuses = sorted({r.get("status") for r in rows})
+        statuses = sorted({r["status"] for r in rows})
         bad = [r for r in rows if r.get("status") not in ("pass", "xfail")]
         return "ok" if rows and not bad else f"{'/'.join(map(str, statuses)) or 'no rows'}: " + \
-            (str(bad[0].get("reason"))[:70] if bad else "")
-    if rc == 0 and f"{MARK} RESULT ok" in text:
+            (plain(bad[0].get("reason")) if bad else "")
+    said = marks(text)[-1:] or [""]
+    if rc == 0 and said[0] == "RESULT ok":
         return "ok"
-    if rc == 0 or f"{MARK} RESULT wrong" in text:
-        return "WRONG OUTPUT" if f"{MARK} RESULT wrong" in text else "ended without a result"
+    if rc == 0 or said[0].startswith("RESULT wrong"):
+        return "WRONG OUTPUT" if said[0].startswith("RESULT wrong") else "ended without a result"
     errors = [line.strip() for line in text.splitlines() if line[:1].isalpha() and ("Error" in line.split(":")[0])]
-    return f"error rc {rc}: {errors[-1][:70]}" if errors else f"error rc {rc}"
+    return f"error rc {rc}: {plain(errors[-1])}" if errors else f"error rc {rc}"
+
+
+def plain(text, width: int = 70) -> str:
+    """A message on one table line: no terminal colours, its whitespace one space, cut at ``width``."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(text)).split())[:width]
 
 
 def where(text: str) -> str:
@@ -208,8 +221,13 @@ def where(text: str) -> str:
             if frame:
                 path, _, rest = frame[len('File "'):].partition('", line ')
                 return f"{Path(path).name}:{rest.replace(' in ', ' ')}"
-    marks = [line.split("] ", 2)[-1] for line in lines if line.startswith(MARK)]
-    return marks[-1] if marks else ""
+    said = marks(text)
+    return said[-1] if said else ""
+
+
+def marks(text: str) -> list[str]:
+    """What the child said, in order: each mark line's message (after its time and thread)."""
+    return [line.split("] ", 2)[-1] for line in text.splitlines() if line.startswith(MARK)]
 
 
 def table(results: list[dict]) -> str:

@@ -13,7 +13,7 @@ import torch
 
 from swabench.core import reference, workloads
 from swabench.inputs import axes, scenarios
-from swabench.run.sweep import tiny_case
+from swabench.run.sweep import module_signature, tiny_case
 from tests.test_backends import flash_attn_varlen_func
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -65,13 +65,16 @@ def test_list_names_every_variant_and_condition_without_a_gpu(capsys):
     (139, "", False, None, "CRASH SIGSEGV"),
     (-6, "", False, None, "CRASH SIGABRT"),
     (None, "", True, None, "HUNG (killed)"),
-    (0, "[fa4cold] RESULT ok\n", False, None, "ok"),
-    (4, "[fa4cold] RESULT wrong {'point': nan}\n", False, None, "WRONG OUTPUT"),
+    (0, "[fa4cold]    20.1s [MainThread] RESULT ok\n", False, None, "ok"),
+    (0, "[fa4cold]    20.1s [MainThread] point: first call done\n", False, None, "ended without a result"),
+    (4, "[fa4cold]    20.1s [MainThread] RESULT wrong {'point': nan}\n", False, None, "WRONG OUTPUT"),
     (1, "Traceback (most recent call last):\n  File \"x\"\nRuntimeError: CUDA error: boom\n", False, None,
      "error rc 1: RuntimeError: CUDA error: boom"),
     (0, "", False, [{"status": "crash", "reason": "crash: the worker killed by SIGSEGV"}], "CRASH row: crash: the"),
-    (0, "", False, [{"status": "pass"}], "ok"),
+    (0, "", False, [{"status": "pass"}, {"started": "a journal's start"}], "ok"),
     (1, "", False, [{"status": "fail", "reason": "max error 0.5"}], "fail: max error 0.5"),
+    (1, "", False, [{"status": "fail", "reason": "DSLUserCodeError: \n\x1b[91m\x1b[1merror:\x1b[0m NameError"}],
+     "fail: DSLUserCodeError: error: NameError"),
 ])
 def test_each_way_a_child_ends_reads_as_its_verdict(rc, text, timed_out, rows, verdict):
     assert crash.verdict(rc, text, timed_out, rows).startswith(verdict)
@@ -89,7 +92,8 @@ def test_the_table_has_a_row_per_variant_and_the_reading_names_the_condition_eve
                     "SIGSEGV", verdict=verdict, where="", seconds=12.0, objects=1, text="")
     results = [result("bare", (), "ok"), result("flashinfer-first", ("flashinfer",), "ok"),
                result("concurrent", ("concurrent",), "CRASH SIGSEGV"),
-               result("mine", ("concurrent", "flashinfer"), "CRASH SIGSEGV"), result("suite", ("suite",), "CRASH SIGSEGV")]
+               result("mine", ("concurrent", "flashinfer"), "CRASH SIGSEGV"),
+               result("suite", ("suite",), "CRASH SIGSEGV")]
     table = crash.table(results).splitlines()
     assert table[0].startswith("| hypothesis | rc | signal | verdict |") and len(table) == 2 + len(results)
     assert "| concurrent | -11 | SIGSEGV | CRASH SIGSEGV |" in table[4]
@@ -99,24 +103,29 @@ def test_the_table_has_a_row_per_variant_and_the_reading_names_the_condition_eve
     assert "the control" in crash.reading([result("bare", (), "CRASH SIGSEGV")])
 
 
-def test_the_suites_scenario_is_the_childs_point_and_its_warm_up_case_the_childs_tiny_one(tmp_path):
+def test_the_suites_scenario_holds_the_concurrent_kernels_and_its_warm_up_case_is_the_childs_tiny_one(tmp_path):
+    """The suite runs the kernels the concurrent condition compiles at once, one signature each, and the warm-up's case
+    of the first (REAL) is the child's TINY: the child's steps are the suite's."""
     (tmp_path / "s.toml").write_text(crash.scenario_text())
     s = scenarios.load(tmp_path / "s.toml")
-    assert [(p.impl, p.backend) for p in s.points] == [("fa4-window", "fa4")]
-    for spec, c in ((child.REAL, s.cases[0]), (child.TINY, tiny_case(s.cases[0]))):
+    assert {(p.impl, p.backend) for p in s.points} == {("fa4-window", "fa4")} and len(s.points) == 4
+    assert len({module_signature(p) for p in s.points}) == 4
+    for spec, c in [*zip(child.CONCURRENT, s.cases), (child.TINY, tiny_case(s.cases[0]))]:
         qo_lens, kv_lens = workloads.request_lengths(c)
-        assert (c.mode, c.storage, c.dtype, c.causal, c.sinks, c.logits_soft_cap) == \
-            ("extend", "ragged", "bfloat16", True, False, 0.0)
-        assert qo_lens == [spec["q_len"]] * spec["batch"] and kv_lens == [spec["prefix"] + spec["q_len"]] * spec["batch"]
-        assert (c.num_qo_heads, c.num_kv_heads, c.head_dim, c.window_left) == \
-            (spec["heads"], spec["kv_heads"], spec["head_dim"], spec["window"])
+        assert (c.mode, c.storage, c.dtype, c.causal) == ("extend", "ragged", "bfloat16", True)
+        assert qo_lens == [spec["q_len"]] * spec["batch"]
+        assert kv_lens == [spec["prefix"] + spec["q_len"]] * spec["batch"]
+        assert (c.num_qo_heads, c.num_kv_heads, c.head_dim, c.window_left, c.sinks, c.logits_soft_cap) == \
+            (spec["heads"], spec["kv_heads"], spec["head_dim"], -1 if spec["window"] is None else spec["window"],
+             spec["sinks"], spec["softcap"])
 
 
 @pytest.mark.parametrize("features", [dict(), dict(sinks=True), dict(logits_soft_cap=30.0), dict(window_left=-1)])
 def test_the_childs_reference_is_swabenchs_definition(features):
     """The child checks FA4 against a reference of its own: on the suite's data it must give the suite's answer."""
-    c = axes.make_case({**dict(mode="extend", extend_len=8, prefix_len=40, window_left=5, num_qo_heads=8,
-                               num_kv_heads=2, head_dim=64, dtype="float32", batch_size=2, storage="ragged"), **features})
+    base = dict(mode="extend", extend_len=8, prefix_len=40, window_left=5, num_qo_heads=8, num_kv_heads=2,
+                head_dim=64, dtype="float32", batch_size=2, storage="ragged")
+    c = axes.make_case({**base, **features})
     w = workloads.build(c)
     spec = dict(child.REAL, batch=2, q_len=8, prefix=40, heads=8, kv_heads=2, head_dim=64,
                 window=None if c.window_left < 0 else c.window_left, sinks=c.sinks, softcap=c.logits_soft_cap)
