@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from swabench.core import semantics, workloads
+from swabench.core.cases import Point
 from swabench.impls import cudnn, fa4, registry
 from swabench.inputs import axes
 from swabench.repro import standin
@@ -288,6 +289,39 @@ def test_each_mistake_must_fail_where_a_window_reaches_its_oldest_key(impl, wind
     w = workloads.build(c)
     impl_ = registry.get(impl)
     assert impl_.must_fail(c, w.qo_lens, w.kv_lens, impl_.backends[0]) is must
+
+
+def test_the_warm_up_builds_a_paged_and_a_ragged_fa4_kernel_apart():
+    """FA4's compile key holds cu_seqlens_k, seqused_k and page_table (interface.py): a paged and a ragged point of
+    one dtype, head_dim and window run two kernels, so they are two signatures, and each one's tiny case is its own."""
+    from swabench.run.sweep import module_signature, modules_needed, tiny_case
+
+    points = [Point(case(storage=storage, page_size=page_size), "fa4-window", "fa4")
+              for storage, page_size in (("paged", 16), ("ragged", None))]
+    paged, ragged = (module_signature(p) for p in points)
+    assert paged != ragged and paged.endswith(" paged") and ragged.endswith(" ragged")
+    assert list(modules_needed(points, None)) == [paged, ragged]
+    for p in points:
+        assert module_signature(Point(tiny_case(p.case), p.impl, p.backend)) == module_signature(p)
+
+
+def test_the_warm_up_builds_every_fa4_signature_one_after_another():
+    """The CuTe DSL keeps each compile's state on one shared object and FA4's compile cache is an unlocked dict: all
+    of FA4's builds (both paths, every head_dim, paged and ragged) are one group, built in one thread in turn; every
+    other library's signature keeps a group of its own."""
+    from swabench.inputs import scenarios
+    from swabench.run.sweep import build_groups, module_signature
+
+    ragged = [Point(case(storage="ragged", page_size=None, head_dim=d), impl, "fa4")
+              for d in (64, 128) for impl in ("fa4-window", "fa4-window-count")]
+    points = scenarios.load(scenarios.find("backends")).points + ragged
+    todo = {module_signature(p): p for p in points if registry.get(p.impl).needs_cuda}
+    fa4_signatures = {label for label, p in todo.items() if p.impl.startswith("fa4")}
+    groups = build_groups(todo)
+    together = [g for g in groups if any(p.impl.startswith("fa4") for _, p in g)]
+    assert len(together) == 1 and {label for label, _ in together[0]} == fa4_signatures
+    assert len(fa4_signatures) > 4 and {p.case.storage for _, p in together[0]} == {"paged", "ragged"}
+    assert all(len(g) == 1 for g in groups if g is not together[0]) and sum(map(len, groups)) == len(todo)
 
 
 def test_the_mistakes_see_one_key_more_and_one_key_fewer():

@@ -14,10 +14,16 @@ bound, XQA's ``sliding_win_size``: W + 1) shows each query one key before its wi
 
 GPT-OSS's sinks are ``learnable_sink`` (one logit per query head, in the scaled logits' units, as FlashInfer's),
 Gemma 2's soft-cap is ``softcap`` (``cap * tanh(scale * qk / cap)``; each value compiles its own kernel).  FA4
-compiles each kernel variant on its first call (seconds, CuTe DSL; shapes are not in its compile key, so the warm-up's
-tiny case compiles what a scenario's points run, and the warm-up says how long): a point's first plan makes its first
-call, recorded as ``compile_s`` and never timed.  The public forward returns its output rather than writing a given
-one, so ``run()`` takes the tensor it returns as ``out`` (inside a captured graph, the graph's own).
+compiles each kernel variant on its first call (seconds, CuTe DSL): a point's first plan makes its first call, recorded
+as ``compile_s`` and never timed.  Its compile key (``interface.py``, ``_flash_attn_fwd``) holds the storage (paged:
+``page_table`` and ``seqused_k``; ragged: ``cu_seqlens_k``), so the storage is in the module signature and the warm-up
+builds both; it also holds two facts of the shape a tiny case cannot share with a long step (whether the longest
+request's queries, times the head group under pack_gqa, fit one M tile, and a batch over 256), so an extend or prefill
+point's plan may still compile its own kernel.  Two FA4 builds never run at once (``shared_module``): the compile
+cache is a dict checked and filled without a lock, and the CuTe DSL keeps each compile's state (its options, its
+kernels) on one shared object and swaps the process's ``sys.stdout`` and ``sys.stderr`` while it compiles.  The
+public forward returns its output rather than writing a given one, so ``run()`` takes the tensor it returns as ``out``
+(inside a captured graph, the graph's own).
 """
 
 from __future__ import annotations
@@ -39,12 +45,18 @@ TMA_PAGE, TMA_PAGE_HEAD_DIM = 128, 128
 
 # no module: flash_attn.cute's own __version__ is a placeholder (0.0.0 in 4.0.0b36), the distribution names the release
 LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",),
-                                   backends=(BACKEND,), opt_in=(BACKEND,), served=(BACKEND,)))
+                                   backends=(BACKEND,), opt_in=(BACKEND,), served=(BACKEND,),
+                                   shared_module=lambda impl, case, backend: BACKEND))
 
 
 @lru_cache(maxsize=1)
 def _import_error() -> str | None:
     return not_importable("flash_attn.cute", "flash-attn-4[cu13]")
+
+
+def module_key(case) -> str:
+    """What else names the kernel a case runs: its storage (FA4 compiles a paged and a ragged call apart)."""
+    return case.storage
 
 
 def window(window_left: int) -> tuple[int | None, None]:
@@ -104,7 +116,8 @@ def _register(name: str, summary: str, extra_keys: int, **roles) -> None:
     """``extra_keys``: how many keys the call's window_size adds to window_left (1: the window given as a count)."""
     register(Implementation(
         name, BACKEND, ("paged", "ragged"), summary, lambda w, backend: Fa4Runner(w, extra_keys), backends=(BACKEND,),
-        needs_cuda=True, unsupported=unsupported, available=_import_error, tree=True, **roles), __name__)
+        needs_cuda=True, unsupported=unsupported, available=_import_error, tree=True, module_key=module_key, **roles),
+        __name__)
 
 
 _register("fa4-window", "FlashAttention-4's varlen forward, paged through page_table (ragged through cu_seqlens_k), "

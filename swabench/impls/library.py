@@ -28,8 +28,9 @@ class Library:
     workspace_bytes: int | None = None  # the smallest scratch workspace a runner of it gets, where it takes one
     jit_modules: Callable[[], dict[str, float]] = dict
     jit_cache_dir: Callable[[], str | None] = lambda: None
-    # (implementation, case, backend) -> a key shared by points whose JIT modules may carry one name (built
-    # one after another, never at once: one build would replace the file another is loading), or None
+    # (implementation, case, backend) -> a key shared by points whose builds must run one after another, never at
+    # once (JIT modules that may carry one name: one build would replace the file another is loading; a compiler
+    # that is not thread-safe), or None
     shared_module: Callable[..., Hashable | None] = lambda impl, case, backend: None
     # an error -> the library's message where it says a JIT module could not be built, else None: the points that
     # meet it skip, wherever the library builds (at plan, or on a kernel's first call)
