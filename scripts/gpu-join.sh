@@ -81,7 +81,7 @@ for manifest in "$STAGE"/parts/*.manifest; do
     name="" sum="" count="" rest=""
     read -r name sum count rest < "$manifest" || true  # a last line without its newline is read all the same
     [ "$name" = "$(basename "$manifest" .manifest)" ] && [[ "$name" =~ $WHEEL_NAME ]] \
-        || fail "$manifest: names '$name'; a manifest names the wheel it is called after (NAME.whl in NAME.whl.manifest)"
+        || fail "$manifest: names '$name'; a manifest names the wheel it is called after (NAME.whl.manifest: NAME.whl)"
     [[ "$sum" =~ ^[0-9a-f]{64}$ ]] || fail "$manifest: SHA256 '$sum' is not 64 hex digits"
     [[ "$count" =~ ^([1-9][0-9]?|100)$ ]] || fail "$manifest: PARTS '$count' is not a count of 1 to 100"
     [ -z "$rest" ] || fail "$manifest: holds more than NAME SHA256 PARTS"
@@ -97,7 +97,8 @@ for i in "${!names[@]}"; do
         [ -f "$part" ] && parts+=("$part")
     done
     if [ "${#parts[@]}" -lt "$count" ]; then
-        echo "swabench: $name: ${#parts[@]} of $count parts staged in $STAGE; carry the rest and source setup.sh again" >&2
+        echo "swabench: $name: ${#parts[@]} of $count parts staged in $STAGE; carry the rest and source setup.sh" \
+             "again" >&2
         continue
     fi
     files="$STAGE/unpacked/$name"  # $name is a plain file name (checked above): this stays inside unpacked/

@@ -31,7 +31,8 @@ except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError,
     print(f"gpu-split.sh: WHEEL {sys.argv[1]}: cannot be unpacked as a zip archive ({e})", file=sys.stderr)
     sys.exit(2)
 PY
-bash "$HERE/gpu-join.sh" --check-record "$files" "$name" || fail "WHEEL $WHEEL: not a wheel whose files its RECORD lists"
+bash "$HERE/gpu-join.sh" --check-record "$files" "$name" \
+    || fail "WHEEL $WHEEL: not a wheel whose files its RECORD lists"
 mkdir -p "$DEST"
 new="$(mktemp -d "$DEST/.split.XXXXXX")"
 tar cf - --sort=name --owner=0 --group=0 --mtime=@0 -C "$files" . | xz -9e -T1 \
