@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
+import io
 import json
 import sys
 import tempfile
@@ -223,11 +225,21 @@ def fib_rows(folder: Path, source, per_definition: int, makers=None) -> list[dic
 
 
 def write_csv(rows: list[dict], path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row.get(k, "") for k in COLUMNS})
+    """OUT.csv, replaced whole by a rename (never written through a link)."""
+    from swabench.store import run_folder
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row.get(k, "") for k in COLUMNS})
+    run_folder.atomic_write(Path(path), text.getvalue())
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
 
 
 def main(argv=None) -> int:
@@ -235,30 +247,44 @@ def main(argv=None) -> int:
     parser.add_argument("source", help="a trace (JSON Lines) or a replay's run folder")
     parser.add_argument("out", help="the CSV of agreement to write")
     parser.add_argument("--folder", help="where to export (default: a temporary folder)")
-    parser.add_argument("--per-definition", type=int, default=3, help="workloads per definition (default 3)")
+    parser.add_argument("--per-definition", type=positive, default=3, help="workloads per definition (default 3)")
     parser.add_argument("--library", default="flashinfer", help="whose correct path to hold the reference against")
     parser.add_argument("--no-evaluator", action="store_true", help="skip FlashInfer-Bench's Benchmark (step 2)")
     args = parser.parse_args(argv)
 
+    from swabench.errors import UserError
+    from swabench.impls import registry
     from swabench.inputs import fib
+    from swabench.store import paths
 
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.folder or Path(tmp) / "fib")
-        exported = fib.export(args.source, folder, replace=True)  # the script's own folder, made again
-        print(f"exported {len(exported.definitions)} definitions to {folder}", file=sys.stderr)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        rows = []
-        if not args.no_evaluator:
-            if device.type != "cuda":
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    evaluator = not args.no_evaluator and device.type == "cuda"
+    try:
+        paths.file_out(args.out, "OUT.csv")
+        libraries = dict.fromkeys(impl.library for impl in registry.all_implementations())
+        if args.library not in libraries:
+            raise UserError(f"--library {args.library!r}: no implementation is of it; allowed: {', '.join(libraries)}")
+        if evaluator and importlib.util.find_spec("flashinfer_bench") is None:
+            raise UserError("FlashInfer-Bench's evaluator needs flashinfer-bench installed (FIB=1's bundle), or give "
+                            "--no-evaluator")
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(args.folder or Path(tmp) / "fib")
+            exported = fib.export(args.source, folder, replace=True)  # the script's own folder, made again
+            print(f"exported {len(exported.definitions)} definitions to {folder}", file=sys.stderr)
+            rows = []
+            if not args.no_evaluator and not evaluator:
                 print("no CUDA device: FlashInfer-Bench's evaluator skipped", file=sys.stderr)
-            else:
+            if evaluator:
                 rows += fib_rows(folder, args.source, args.per_definition)
-        rows += swabench_rows(folder, args.source, args.per_definition, args.library, device)
-    write_csv(rows, args.out)
+            rows += swabench_rows(folder, args.source, args.per_definition, args.library, device)
+        write_csv(rows, args.out)
+    except UserError as e:
+        parser.error(str(e))
     failed = [r for r in rows if r.get("pass") is False]
     print(f"{len(rows)} rows, {len(failed)} disagree: {args.out}", file=sys.stderr)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

@@ -31,46 +31,52 @@
 #   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
 #   join.sh            scripts/gpu-join.sh: joins the staged parts, checking each file against the wheel's RECORD
 #
+# The new bundle is written beside DEST's old one, which keeps its wheels, parts and cache until every download has
+# succeeded: a rebuild where pip cannot reach PyPI leaves a working bundle as it was.  Exit 2: a wrong argument.
+#
 # To keep the modules a node compiled, pack its cache back on the node and bundle it next time:
 #   tar cJf jitcache.tar.xz -C /tmp/fiws .cache
 # A cache is only good for the release and GPU architecture it was built with.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+fail() { echo "gpu-bundle.sh: $1" >&2; exit 2; }
+[ $# -le 2 ] || fail "usage: scripts/gpu-bundle.sh [RELEASE] [DEST]"
 RELEASE="${1:-0.7.4}"
 DEST="${2:-.gpu}"
+[[ "$RELEASE" =~ ^[0-9]+(\.[0-9]+)*([._-]?[A-Za-z0-9]+)*$ ]] \
+    || fail "RELEASE $RELEASE: not a flashinfer-python version (0.7.4, 0.7.2.post1, ...)"
+[ -n "$DEST" ] || fail "DEST: empty; give the bundle's folder"
+[ ! -e "$DEST" ] || [ -d "$DEST" ] || fail "DEST $DEST: exists and is not a folder"
 if [ -n "${JIT_CACHE:-}" ] && [ ! -f "$JIT_CACHE" ]; then
-    echo "JIT_CACHE=$JIT_CACHE: no such file" >&2
-    exit 2
+    fail "JIT_CACHE=$JIT_CACHE: no such file"
 fi
-rm -rf "$DEST"/whl "$DEST"/whl-*  # an earlier bundle's wheels (CUDNN=1's, FA4=1's) are not this one's
-mkdir -p "$DEST/whl" "$DEST/deb"
+mkdir -p "$DEST"
+NEW="$(mktemp -d "$DEST/.bundle.XXXXXX")"  # the new bundle, until every download has succeeded
+TMP="$(mktemp -d)"
+trap 'rm -rf "$NEW" "$TMP"' EXIT
+mkdir "$NEW/whl" "$NEW/deb"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 download() {  # pip download, without the warnings some pip configurations print for every package
     python3 -m pip download -q --no-deps "$@" 2>&1 | { grep -v '^WARNING' || true; }
 }
-download "${PLAT[@]}" -d "$DEST/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx pyelftools
+download "${PLAT[@]}" -d "$NEW/whl" "apache-tvm-ffi>=0.1.11,<0.2" nvtx pyelftools
 if [ -n "${FIB:-}" ]; then
-    download "${PLAT[@]}" -d "$DEST/whl" flashinfer-bench==0.1.2 pydantic pydantic-core annotated-types \
+    download "${PLAT[@]}" -d "$NEW/whl" flashinfer-bench==0.1.2 pydantic pydantic-core annotated-types \
         typing-inspection typing-extensions docstring-parser
 fi
 if [ -n "${CUDNN:-}" ]; then
-    download "${PLAT[@]}" -d "$DEST/whl-cudnn" nvidia-cudnn-frontend==1.32.0
+    download "${PLAT[@]}" -d "$NEW/whl-cudnn" nvidia-cudnn-frontend==1.32.0
 fi
-rm -rf "$DEST/parts"
 if [ -n "${FA4:-}" ]; then  # the image has cuda-bindings, einops and protobuf; tvm-ffi is bundled above
-    download "${PLAT[@]}" -d "$DEST/whl-fa4" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+    download "${PLAT[@]}" -d "$NEW/whl-fa4" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
         nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 quack-kernels==0.6.5 \
         torch-c-dlpack-ext==0.1.5
-    LIBS="$(mktemp -d)"
-    download "${PLAT[@]}" -d "$LIBS" nvidia-cutlass-dsl-libs-cu13==4.8.1
-    "$HERE/gpu-split.sh" "$LIBS"/nvidia_cutlass_dsl_libs_cu13-*.whl "$DEST/parts"
-    rm -rf "$LIBS"
+    download "${PLAT[@]}" -d "$TMP/libs" nvidia-cutlass-dsl-libs-cu13==4.8.1
+    bash "$HERE/gpu-split.sh" "$TMP"/libs/nvidia_cutlass_dsl_libs_cu13-*.whl "$NEW/parts"
 fi
-if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$DEST/whl" cupti-python; else rm -f "$DEST"/whl/cupti_python-*.whl; fi
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$NEW/whl" cupti-python; fi
 download --only-binary=:all: -d "$TMP" "flashinfer-python==$RELEASE"
 python3 - "$TMP" <<'PY'
 import pathlib, shutil, sys, zipfile
@@ -89,16 +95,20 @@ for folder in (fi / "experimental", fi / "fused_moe"):  # kernel sources of ops 
     for source in [f for pattern in ("*.cu", "*.cuh", "*.h") for f in folder.rglob(pattern)]:
         source.unlink()
 PY
-tar cf - -C "$TMP/site" . | xz -9 -T0 > "$DEST/flashinfer.tar.xz"
-( cd "$DEST/deb" && apt-get download libdw1 libelf1 >/dev/null 2>&1 ) \
+tar cf - -C "$TMP/site" . | xz -9 -T0 > "$NEW/flashinfer.tar.xz"
+( cd "$NEW/deb" && apt-get download libdw1 libelf1 >/dev/null 2>&1 ) \
     || echo "note: could not fetch libdw1/libelf1 (nsys reports need them on the node)" >&2
-cp "$HERE/gpu-setup.sh" "$DEST/setup.sh"
-cp "$HERE/gpu-join.sh" "$DEST/join.sh"
-rm -f "$DEST/jitcache.tar.xz"
+cp "$HERE/gpu-setup.sh" "$NEW/setup.sh"
+cp "$HERE/gpu-join.sh" "$NEW/join.sh"
 if [ -n "${JIT_CACHE:-}" ]; then
     mkdir -p "$TMP/cache" && tar xJf "$JIT_CACHE" -C "$TMP/cache"
-    "$HERE/stub-jit-cache.sh" "$TMP/cache"
-    tar cf - -C "$TMP/cache" .cache | xz -9 -T0 > "$DEST/jitcache.tar.xz"
+    bash "$HERE/stub-jit-cache.sh" "$TMP/cache"
+    tar cf - -C "$TMP/cache" .cache | xz -9 -T0 > "$NEW/jitcache.tar.xz"
 fi
+# all is here: the new bundle replaces the old one's wheels (CUDNN=1's, FA4=1's too), parts and JIT cache; the old
+# .deb files stay where apt could not fetch new ones
+rm -rf "$DEST"/whl "$DEST"/whl-* "$DEST/parts" "$DEST/jitcache.tar.xz"
+if ls "$NEW"/deb/*.deb >/dev/null 2>&1; then rm -rf "$DEST/deb"; else rmdir "$NEW/deb"; fi
+mv "$NEW"/* "$DEST/"
 echo "flashinfer-python $RELEASE bundled in $DEST ($(du -sh "$DEST" | cut -f1))" \
      "$([ -f "$DEST/jitcache.tar.xz" ] && echo "with a JIT cache" || echo "without a JIT cache: modules compile on first use")"

@@ -6,15 +6,38 @@
 # back on the node and checks each against the wheel's RECORD.
 #
 #   gpu-split.sh WHEEL DEST [PART_BYTES]
+#
+# The wheel is checked first (a zip whose files match its RECORD, as gpu-join.sh checks them), and its parts are
+# written beside DEST's old ones, which they replace only once all are written.  Exit 2: a wrong argument.
 set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+fail() { echo "gpu-split.sh: $1" >&2; exit 2; }
+[ $# -ge 2 ] && [ $# -le 3 ] || fail "usage: gpu-split.sh WHEEL DEST [PART_BYTES]"
 WHEEL="$1" DEST="$2" PART_BYTES="${3:-$((30 << 20))}"
 name="$(basename "$WHEEL")"
-mkdir -p "$DEST"
-rm -f "$DEST/$name".tar.xz.part* "$DEST/$name.manifest"
+[ -f "$WHEEL" ] || fail "WHEEL $WHEEL: not a regular file (missing, a folder, a FIFO or a device)"
+[[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*\.whl$ ]] || fail "WHEEL $WHEEL: not a wheel's file name (NAME.whl)"
+[[ "$PART_BYTES" =~ ^[1-9][0-9]{0,11}$ ]] || fail "PART_BYTES $PART_BYTES: not a whole number of bytes above 0"
+[ ! -e "$DEST" ] || [ -d "$DEST" ] || fail "DEST $DEST: exists and is not a folder"
 files="$(mktemp -d)"
-trap 'rm -rf "$files"' EXIT
-python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$WHEEL" "$files"
+trap 'rm -rf "$files" ${new:+"$new"}' EXIT
+python3 - "$WHEEL" "$files" <<'PY'
+import sys, zipfile
+
+try:
+    with zipfile.ZipFile(sys.argv[1]) as wheel:
+        wheel.extractall(sys.argv[2])
+except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+    print(f"gpu-split.sh: WHEEL {sys.argv[1]}: cannot be unpacked as a zip archive ({e})", file=sys.stderr)
+    sys.exit(2)
+PY
+bash "$HERE/gpu-join.sh" --check-record "$files" "$name" \
+    || fail "WHEEL $WHEEL: not a wheel whose files its RECORD lists"
+mkdir -p "$DEST"
+new="$(mktemp -d "$DEST/.split.XXXXXX")"
 tar cf - --sort=name --owner=0 --group=0 --mtime=@0 -C "$files" . | xz -9e -T1 \
-    | split -b "$PART_BYTES" -d -a 2 - "$DEST/$name.tar.xz.part"
-count=$(ls "$DEST/$name".tar.xz.part* | wc -l)
-echo "$name $(cat "$DEST/$name".tar.xz.part* | sha256sum | cut -d' ' -f1) $count" > "$DEST/$name.manifest"
+    | split -b "$PART_BYTES" -d -a 2 - "$new/$name.tar.xz.part"
+count=$(ls "$new/$name".tar.xz.part* | wc -l)
+echo "$name $(cat "$new/$name".tar.xz.part* | sha256sum | cut -d' ' -f1) $count" > "$new/$name.manifest"
+rm -f "$DEST/$name".tar.xz.part* "$DEST/$name.manifest"
+mv "$new"/* "$DEST/"

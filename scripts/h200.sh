@@ -85,7 +85,22 @@
 #            --in-process, alternating, $ISOLATION_ROUNDS (2) times, into OUTDIR/isolation (isolation-cost.csv)
 # Each sweep starts from an empty Inductor/Triton cache, so FlexAttention compiles the same in every run.
 set -uo pipefail
-out="${1:?usage: scripts/h200.sh OUTDIR [STEP...]}"; shift
+STEPS=(tests peaks quick default reference wrappers profile check peers gpus gpus-again default-half compare warm coldjit
+       quick-compare workspace decode-tests serving-check serving-warmup models-warmup serving-tests serving models
+       gpt-oss replay evicted replay-imported modes fib edges-check decode-profile peers-profile recipe-profile
+       default-compare warmup-all noncausal chunked chunked-tests price release counters-tests ncu tree tree-tests
+       tree-ncu release-tree backends-tests backends dumps shelf-warmup shelf-tests shelf shelf-ncu release-shelf verdicts
+       crash isolation-cost)
+usage() { echo "h200.sh: $1" >&2; exit 2; }
+[ $# -ge 1 ] || usage "usage: scripts/h200.sh OUTDIR [STEP...]"
+out="$1"; shift
+case "$out" in
+  ''|-*) usage "OUTDIR '$out': give the folder to write into (usage: scripts/h200.sh OUTDIR [STEP...])" ;;
+esac
+[ ! -e "$out" ] || [ -d "$out" ] || usage "OUTDIR $out: exists and is not a folder"
+for step in "$@"; do  # every step known before any runs
+  [[ " ${STEPS[*]} " == *" $step "* ]] || usage "unknown step '$step'; the steps: ${STEPS[*]}"
+done
 # the published ncu steps: each scenario's decode, verify and extend steps at the shapes its findings quote
 : "${NCU_DEFAULT=decode;verify b32 p8192 q16;extend b32 p8192 q512;extend b4 p8192 q2048}"
 : "${NCU_SERVING=decode b32 p32768 q1 W127;extend b4;verify b32 p8192}"
@@ -276,6 +291,5 @@ print(' '.join(f'--impl {i}' for i in sorted({p.impl for p in s.points}) if (i i
                ( time sb run crash --point-timeout 20 --out "$out/$g-crash" --resume ) 2>&1 | grep -v '^run:' | tail -6 ;;
     isolation-cost) python3 scripts/isolation_cost.py "$out/isolation" ${ISOLATION_SCENARIOS:-quick} \
                  --rounds "${ISOLATION_ROUNDS:-2}" 2>&1 | tail -12 ;;
-    *)         echo "unknown step $step" ;;
   esac
 done

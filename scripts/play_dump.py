@@ -26,6 +26,8 @@ Each plan is run twice (two layers share it), as a server runs one plan per laye
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -34,22 +36,47 @@ import time
 from collections import Counter
 from pathlib import Path
 
-OUT = Path(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else None
-LOG = "--no-log" not in sys.argv
-RUNS_LOGGED = "--runs" in sys.argv
-if OUT is None:
-    sys.exit(__doc__)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from swabench.errors import UserError  # noqa: E402
+from swabench.store import paths, run_folder  # noqa: E402
+
+
+def arguments() -> argparse.Namespace:
+    """The command line, checked before anything is written or imported: OUT a folder (or nothing yet), and
+    flashinfer and torch installed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, metavar="OUT", help="the folder to write the log, the traces and play.json")
+    parser.add_argument("--runs", action="store_true", help="log the run() calls too")
+    parser.add_argument("--no-log", action="store_true", help="play the same steps without the log")
+    args = parser.parse_args()
+    try:
+        paths.folder_out(args.out, "OUT")
+    except UserError as e:
+        parser.error(str(e))
+    missing = [m for m in ("torch", "flashinfer") if importlib.util.find_spec(m) is None]
+    if missing:
+        parser.error(f"{' and '.join(missing)} not installed here; the steps play on a GPU node (docs/gpu-node.md)")
+    return args
+
+
+ARGS = arguments()
+OUT, LOG, RUNS_LOGGED = ARGS.out, not ARGS.no_log, ARGS.runs
+MADE = not OUT.exists()
 OUT.mkdir(parents=True, exist_ok=True)
 if LOG:  # read once, when flashinfer is imported
     os.environ.update(FLASHINFER_LOGLEVEL="10", FLASHINFER_DUMP_DIR=str(OUT / "dump"),
                       FLASHINFER_DUMP_INCLUDE="*Wrapper.plan" + (",*Wrapper.run" * RUNS_LOGGED),
                       FLASHINFER_DUMP_MAX_COUNT="100000", FLASHINFER_LOGDEST=str(OUT / "flashinfer.log"))
+try:
+    import torch
 
-import torch  # noqa: E402
+    import flashinfer
+except Exception as e:  # installed, yet failing on import (its CUDA libraries missing)
+    if MADE:
+        run_folder.remove_if_empty(OUT)
+    print(f"play_dump.py: torch and flashinfer must import; {type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(2)
 
-import flashinfer  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from swabench.inputs import dumps  # noqa: E402
 
 DEV, BF16, I32 = torch.device("cuda"), torch.bfloat16, torch.int32

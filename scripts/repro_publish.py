@@ -12,7 +12,7 @@ same folders.
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import subprocess
 import sys
@@ -26,10 +26,12 @@ MEASURED = {"sglang-verify-tree": ["results/h200-tree-0.7.4"],
 def runs_of(script: Path) -> list[Path]:
     """The logs of runs of ``script``'s code as it is now, one per GPU and release folder that holds one."""
     from swabench.repro import issue, ref_of
+    from swabench.store import reading
 
     digest, ref = issue.script_digest(script.read_text()), ref_of(script.stem)
     ran = [v.parent / f"{script.stem}.log" for v in sorted(script.parent.glob("*/verdicts.json"))
-           if any(r["ref"] == ref and r.get("script_digest") == digest for r in json.loads(v.read_text()))]
+           if any(isinstance(r, dict) and r.get("ref") == ref and r.get("script_digest") == digest
+                  for r in reading.json_file(v, reading.META))]
     return [log for log in ran if log.exists()]
 
 
@@ -44,12 +46,24 @@ def command(script: Path) -> list[str]:
     return [sys.executable, "-m", "swabench", "repro", *args]
 
 
-def main(refs: list[str]) -> int:
-    from swabench.repro import script_stem
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("refs", nargs="*", metavar="REF", help="a bug whose script to write again (default: every "
+                        "script under repro/)")
+    args = parser.parse_args(argv)
+    from swabench.errors import UserError, did_you_mean
+    from swabench.repro import committed
 
-    scripts = [ROOT / "repro" / f"{script_stem(ref)}.py" for ref in refs] or sorted((ROOT / "repro").glob("*.py"))
-    for script in scripts:
-        call = command(script)
+    known = committed(ROOT / "repro")
+    unknown = next((ref for ref in args.refs if ref not in known), None)
+    if unknown is not None:
+        parser.error(f"REF {unknown!r}: no script under repro/ is for it{did_you_mean(unknown, known)}; the "
+                     f"committed ones: {', '.join(known)}")
+    for script in [known[ref] for ref in args.refs] or list(known.values()):
+        try:
+            call = command(script)
+        except UserError as e:  # a verdicts.json that does not read as JSON
+            parser.error(str(e))
         print(f"{script.stem}: {call.count('--observed')} run(s) of this script", flush=True)
         if subprocess.run(call, cwd=ROOT).returncode:
             return 1
@@ -58,4 +72,4 @@ def main(refs: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

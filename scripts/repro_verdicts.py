@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import importlib
 import itertools
 import json
 import os
@@ -139,10 +140,10 @@ def agreed(said: dict) -> dict:
 def main(out: Path, refs: list[str], jobs: int = 1) -> int:
     """Judge every bug, ``jobs`` at a time; a timed bug (the cliff) alone, after the others, so that nothing else
     runs on the GPU while it is timed."""
-    from swabench.repro import bugs, ref_of
+    from swabench.repro import bugs, committed
 
     out.mkdir(parents=True, exist_ok=True)
-    refs = refs or sorted(ref_of(p.stem) for p in (ROOT / "repro").glob("*.py"))
+    refs = refs or list(committed(ROOT / "repro"))
     timed = [ref for ref in refs if bugs.get(ref) and bugs.get(ref).twin]
     print(said_where(len(refs), jobs), flush=True)
     disagree = 0
@@ -153,6 +154,46 @@ def main(out: Path, refs: list[str], jobs: int = 1) -> int:
             disagree += not row["agree"]
             record(out, row)
     return 1 if disagree else 0
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    """The command line, every argument checked before anything runs: OUT a folder (or nothing yet), each REF a
+    committed script's, --jobs 1 or more, and flashinfer and torch importable (the scripts and the suite's parts
+    run on them)."""
+    from swabench.errors import UserError, did_you_mean
+    from swabench.repro import committed, script_stem
+    from swabench.store import paths
+
+    parser = argparse.ArgumentParser(description="Each committed reproducer beside the suite's verdict.")
+    parser.add_argument("out", type=Path, metavar="OUT", help="where verdicts.json and each script's log go")
+    parser.add_argument("refs", nargs="*", metavar="REF", help="a bug whose script to run (default: every one)")
+    parser.add_argument("--jobs", type=positive, default=1, help="bugs judged at once (a timed one always alone)")
+    args = parser.parse_args(argv)
+    known = committed(ROOT / "repro")
+    unknown = next((ref for ref in args.refs if ref not in known), None)
+    if unknown is not None:
+        parser.error(f"REF {unknown!r}: no script under repro/ is for it{did_you_mean(unknown, known)}; the "
+                     f"committed ones: {', '.join(known)}")
+    try:
+        paths.folder_out(args.out, "OUT")
+        for ref in args.refs or known:
+            paths.file_out(args.out / f"{script_stem(ref)}.log", "OUT's log")
+        kept_rows(args.out)
+    except UserError as e:
+        parser.error(str(e))
+    for module in ("torch", "flashinfer"):
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # not installed, or an install that fails on import
+            parser.error(f"{module} does not import here ({type(e).__name__}: {e}); the scripts and the suite's "
+                         f"verdicts run on a GPU node with it installed (docs/gpu-node.md)")
+    return args
 
 
 def said_where(scripts: int, jobs: int) -> str:
@@ -172,16 +213,31 @@ def record(out: Path, row: dict) -> None:
     """Write the bug's log, print its line and put its row in OUT/verdicts.json at once, so that a call cut short
     keeps what it judged (a later call for some bugs replaces their rows and keeps the rest)."""
     from swabench.repro import script_stem
+    from swabench.store import run_folder
 
-    (out / f"{script_stem(row['ref'])}.log").write_text(row.pop("log"))
+    run_folder.atomic_write(out / f"{script_stem(row['ref'])}.log", row.pop("log"))
     suite = row["suite"]
     why = ([] if row["same_case"] else ["another case"]) + ([] if row["control_agree"] else ["the controls differ"])
     print(f"{row['ref']:32s} script exit {row['script_exit']}  suite {suite.get('exit')}  "
           f"{'agree' if row['agree'] else 'DISAGREE'}" + (f"  ratio {suite['ratio']:.2f}" if "ratio" in suite else "")
           + "".join(f"  ({w})" for w in why), flush=True)
-    path = out / "verdicts.json"
-    kept = [r for r in json.loads(path.read_text()) if r["ref"] != row["ref"]] if path.exists() else []
-    path.write_text(json.dumps(sorted(kept + [row], key=lambda r: r["ref"]), indent=1) + "\n")
+    kept = [r for r in kept_rows(out) if r["ref"] != row["ref"]]
+    run_folder.atomic_write(out / "verdicts.json", json.dumps(sorted(kept + [row], key=lambda r: r["ref"]), indent=1)
+                            + "\n")
+
+
+def kept_rows(out: Path) -> list[dict]:
+    """The rows OUT/verdicts.json holds (none where there is none yet); a UserError naming it where it is not a list
+    of rows that each name their bug."""
+    from swabench.store import paths, reading
+
+    path = paths.file_out(out / "verdicts.json", "OUT's verdicts.json")
+    if not path.exists():
+        return []
+    rows = reading.json_file(path, reading.META)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("ref"), str) for r in rows):
+        raise reading.ReadError(f"{path}: not a list of verdict rows, each naming its bug (ref); move it away")
+    return rows
 
 
 if __name__ == "__main__":
@@ -189,9 +245,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--suite"]:
         print(json.dumps(suite_verdict(sys.argv[2])))
     else:
-        parser = argparse.ArgumentParser(description="Each committed reproducer beside the suite's verdict.")
-        parser.add_argument("out", type=Path)
-        parser.add_argument("refs", nargs="*")
-        parser.add_argument("--jobs", type=int, default=1, help="bugs judged at once (a timed one always alone)")
-        args = parser.parse_args()
+        args = arguments()
         sys.exit(main(args.out, args.refs, args.jobs))

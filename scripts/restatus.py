@@ -7,7 +7,9 @@ whose ``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and
 and ``rows_as_predicted`` where the row's count of wrong rows settles it; a row with a declared upstream bug, or
 with no gate outcome (the point raised), is left alone.  With ``--write`` the table is written back byte for byte
 but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its
-``statuses_recomputed`` list.  A folder that still carries its journal is not touched.
+``statuses_recomputed`` list, each file replaced whole by a rename.  Every folder is checked before any is
+recomputed: one that is not a finished run folder (no meta.json, a file that does not read as its kind, a journal
+still there) is a message and exit 2, and so, with ``--write``, is one whose files are links or cannot be written.
 
     python3 scripts/restatus.py results/h200-default-0.7.4 ... [--write]
 """
@@ -23,24 +25,42 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+NEEDED = ("case_id", "impl", "backend", "status", "must_fail", "reason")  # the columns a recomputation reads
 
-def _table_path(folder: Path) -> Path:
-    return next(p for p in (folder / "results.csv", folder / "results.csv.gz") if p.is_file())
 
-
-def read_table(folder: Path):
-    """The results table with every cell as the text stored (so writing it back changes only what is set)."""
+def checked_table(folder: Path, write: bool):
+    """The folder's results table, every cell as the text stored (so writing it back changes only what is set), once
+    the folder reads as a finished run: its meta.json, scenario.toml and table each of their kind, and no journal.
+    With ``write``, also none of the files it rewrites a link, a hard link or unwritable.  A UserError naming the
+    file otherwise, before any folder is recomputed."""
     import pandas as pd
 
-    path = _table_path(folder)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    return pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False)
+    from swabench.inputs import scenarios
+    from swabench.store import reading, run_folder, schema, tables
+
+    if not folder.is_dir():
+        raise tables.RunFolderError(f"{folder}: not a folder; give a finished run folder")
+    if (folder / schema.ROWS).exists() or (folder / schema.ROWS).is_symlink():
+        raise tables.RunFolderError(f"{folder} carries its journal ({schema.ROWS}), which its table is rebuilt from "
+                                    f"and this would contradict: restatus rewrites finished, published folders only")
+    tables.read_meta(folder)
+    scenarios.load(folder / schema.SCENARIO)
+    path = tables.stored(folder, schema.TABLE)
+    tables.read_csv(path, NEEDED)
+    if write:
+        run_folder.refuse_odd_files(folder)
+    raw = reading.read_bytes(path, reading.TABLE, tables.in_folder(path))
+    text = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    return pd.read_csv(io.BytesIO(text), dtype=str, keep_default_na=False)
 
 
 def write_table(folder: Path, table) -> None:
-    path = _table_path(folder)
+    from swabench.store import run_folder, schema, tables
+
+    path = tables.stored(folder, schema.TABLE)
     text = table.to_csv(index=False, lineterminator="\n").encode()
-    path.write_bytes(gzip.compress(text, mtime=0) if path.suffix == ".gz" else text)
+    run_folder.atomic_write(path, gzip.compress(text, mtime=0) if path.suffix == ".gz" else text)
 
 
 def gate_reason(reason: str) -> str:
@@ -64,9 +84,9 @@ def rows_as_predicted(row, predicted) -> str:
     return "True" if count in (0, len(predicted)) or was == "True" else ""
 
 
-def restatus(folder: Path) -> tuple[object, collections.Counter]:
-    """(the table with its changed rows recomputed, a count per change: 'xpass -> pass', 'kept: ...') for one
-    finished run folder, predicted on the SM count of the run's own GPU."""
+def restatus(folder: Path, table) -> tuple[object, collections.Counter]:
+    """(``table``, the folder's, with its changed rows recomputed, a count per change: 'xpass -> pass', 'kept: ...')
+    for one finished run folder, predicted on the SM count of the run's own GPU."""
     from unittest import mock
 
     import torch
@@ -75,10 +95,10 @@ def restatus(folder: Path) -> tuple[object, collections.Counter]:
     from swabench.impls import fa2_split, registry
     from swabench.inputs import scenarios
     from swabench.run.sweep import verdict
+    from swabench.store import schema, tables
 
-    table = read_table(folder)
-    meta = json.loads((folder / "meta.json").read_text())
-    cases = {c.case_id: c for c in scenarios.load(folder / "scenario.toml").cases}
+    meta = tables.read_meta(folder)
+    cases = {c.case_id: c for c in scenarios.load(folder / schema.SCENARIO).cases}
     changes = collections.Counter()
     sms = meta.get("gpu_sms") or fa2_split.H200_SMS
     with mock.patch.object(fa2_split, "device_sms", lambda: sms):  # the schedule the run's own GPU made
@@ -117,40 +137,47 @@ def restatus(folder: Path) -> tuple[object, collections.Counter]:
 
 
 def record(folder: Path, table, changes: collections.Counter, why: str) -> None:
-    """Write the table back and say in meta.json what was recomputed, at which commit and why."""
+    """Write the table back and say in meta.json (as stored, not migrated) what was recomputed, at which commit and
+    why; each file replaced whole by a rename."""
+    from swabench.store import reading, run_folder, schema
+
     write_table(folder, table)
-    meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta_path = folder / schema.META
+    meta = reading.json_file(meta_path, reading.META)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
     meta["status_counts"] = {s: int(n) for s, n in sorted(table["status"].value_counts().items())}
     meta.setdefault("statuses_recomputed", []).append(
         {"commit": commit, "why": why, "changes": dict(changes),
          "method": "scripts/restatus.py: the stored gate outcome (passed or not) read against the corrected "
                    "must_fail; no point was run again"})
-    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    run_folder.atomic_write(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="a finished run folder")
     parser.add_argument("--write", action="store_true", help="write the recomputed statuses back")
     parser.add_argument("--why", default="", help="the correction, recorded in meta.json")
     args = parser.parse_args(argv)
     if args.write and not args.why:
         parser.error("--write needs --why: the correction that moved the prediction")
-    for folder in args.runs:
-        if not any((folder / name).is_file() for name in ("results.csv", "results.csv.gz")):
-            print(f"{folder}: no results table")
-            continue
-        if (folder / "rows.jsonl").exists():  # its table is rebuilt from the journal, which this would contradict
-            print(f"{folder}: carries its journal (rows.jsonl); restatus rewrites finished, published folders only")
-            continue
-        table, changes = restatus(folder)
-        print(f"{folder}: " + (", ".join(f"{n} {what}" for what, n in sorted(changes.items())) or "unchanged"))
-        if args.write and any(" -> " in what for what in changes):
-            record(folder, table, changes, args.why)
+    from swabench.errors import UserError
+    from swabench.store import tables
+
+    try:
+        tables.each_once(args.runs)
+        stored = [checked_table(folder, args.write) for folder in args.runs]  # every folder, before any is touched
+        for folder, table in zip(args.runs, stored):
+            table, changes = restatus(folder, table)
+            print(f"{folder}: " + (", ".join(f"{n} {what}" for what, n in sorted(changes.items())) or "unchanged"))
+            if args.write and any(" -> " in what for what in changes):
+                record(folder, table, changes, args.why)
+    except UserError as e:
+        parser.error(str(e))
     return 0
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     sys.exit(main())

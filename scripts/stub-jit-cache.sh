@@ -5,7 +5,10 @@
 # library or an object (two builds of it raced): ninja would build that again and link it with the emptied objects,
 # a library missing their symbols.  Usage: scripts/stub-jit-cache.sh DIR
 set -euo pipefail
-dir="${1:?usage: scripts/stub-jit-cache.sh DIR}"
+fail() { echo "stub-jit-cache.sh: $1" >&2; exit 2; }
+[ $# -eq 1 ] || fail "usage: scripts/stub-jit-cache.sh DIR (a JIT cache's folder)"
+dir="$1"
+[ -d "$dir" ] || fail "DIR $dir: not a folder"
 find "$dir" -path '*/cached_ops/*' -name '*.so' -print0 | while IFS= read -r -d '' so; do
     module="$(dirname "$so")"
     logged=yes

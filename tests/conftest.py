@@ -132,3 +132,21 @@ def flashinfer_importability_asked_afresh():
     flashinfer_library._import_error.cache_clear()
     yield
     flashinfer_library._import_error.cache_clear()
+
+
+def wheel_of(path: Path, files: dict[str, bytes]) -> Path:
+    """A wheel holding ``files``, its metadata and a RECORD of their sha256, as pip and the build tools write one."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name, version = path.name.split("-")[:2]
+    info = f"{name}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for n, data in files.items()) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, data in {**files, f"{info}/RECORD": record.encode()}.items():
+            z.writestr(n, data)
+    return path

@@ -15,6 +15,7 @@ from typing import Optional
 
 import pytest
 import torch
+from conftest import wheel_of
 
 from swabench.core import semantics, workloads
 from swabench.core.cases import Point
@@ -374,24 +375,6 @@ def test_without_either_package_each_path_says_what_to_install(monkeypatch):
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def wheel_of(path: Path, files: dict[str, bytes]) -> Path:
-    """A wheel holding ``files``, its metadata and a RECORD of their sha256, as pip and the build tools write one."""
-    import base64
-    import hashlib
-    import zipfile
-
-    name, version = path.name.split("-")[:2]
-    info = f"{name}-{version}.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-                     f"{len(data)}\n" for n, data in files.items()) + f"{info}/RECORD,,\n"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for n, data in {**files, f"{info}/RECORD": record.encode()}.items():
-            z.writestr(n, data)
-    return path
-
-
 def test_setup_installs_a_wheel_in_parts_beside_the_wheels_that_share_its_folder(tmp_path):
     """The CuTe DSL's CUDA-13 libraries come in parts and live in the folder its other wheels install into: setup.sh
     must copy them in after pip (whose --upgrade replaces that folder), put the DSL's packages on PYTHONPATH (a .pth
@@ -419,59 +402,6 @@ def test_setup_installs_a_wheel_in_parts_beside_the_wheels_that_share_its_folder
     r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True,
                        env={**os.environ, "SWABENCH_SITE": str(site), "SWABENCH_STAGE": str(stage)})
     assert f"PYTHONPATH={site}/nvidia_cutlass_dsl/dsl_packages:{site}" in r.stdout
-
-
-def test_a_wheel_in_parts_joins_back_to_its_files_whatever_transfers_bring_them(tmp_path):
-    """gpu-split.sh writes the wheel's files as xz'd tar parts of at most PART_BYTES and a manifest; gpu-join.sh waits
-    for every part (a transfer may bring only some), then unpacks each file byte for byte as the wheel's RECORD
-    says, and refuses parts that do not join."""
-    import os
-    import shutil
-    import subprocess
-    import zipfile
-
-    if not all(shutil.which(tool) for tool in ("xz", "split", "sha256sum", "tar")):
-        pytest.skip("needs xz, split, sha256sum and tar")
-    files = {"big/__init__.py": b"", "big/lib.so": os.urandom(300_000) + bytes(200_000),
-             "big-1.0.dist-info/METADATA": b"Name: big\nVersion: 1.0\n"}
-    wheel = wheel_of(tmp_path / "big-1.0-py3-none-any.whl", files)
-    subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts", "100000"], check=True)
-    parts = sorted((tmp_path / "parts").glob("*.part*"))
-    assert len(parts) >= 3 and all(p.stat().st_size <= 100_000 for p in parts)
-    stage = tmp_path / "stage"
-    (stage / "parts").mkdir(parents=True)
-    shutil.copy(tmp_path / "parts" / f"{wheel.name}.manifest", stage / "parts")
-    unpacked = stage / "unpacked" / wheel.name
-    for i, part in enumerate(parts):  # one transfer a part
-        shutil.copy(part, stage / "parts")
-        r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", stage], capture_output=True, text=True, check=True)
-        if i < len(parts) - 1:
-            assert f"{i + 1} of {len(parts)} parts staged" in r.stderr and not unpacked.exists()
-    with zipfile.ZipFile(wheel) as z:
-        assert all((unpacked / name).read_bytes() == z.read(name) for name in z.namelist())
-    assert (unpacked / ".joined").exists()
-    shutil.rmtree(unpacked)
-    (stage / "parts" / parts[1].name).write_bytes((stage / "parts" / parts[0].name).read_bytes())  # a wrong part
-    r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", stage], capture_output=True, text=True)
-    assert r.returncode == 1 and "do not join" in r.stderr and not unpacked.exists()
-
-
-def test_a_file_that_differs_from_the_wheels_record_is_refused(tmp_path):
-    import shutil
-    import subprocess
-    import zipfile
-
-    if not all(shutil.which(tool) for tool in ("xz", "split", "sha256sum", "tar")):
-        pytest.skip("needs xz, split, sha256sum and tar")
-    wheel = wheel_of(tmp_path / "big-1.0-py3-none-any.whl", {"big/lib.so": b"right"})
-    lying = tmp_path / "lying" / wheel.name
-    lying.parent.mkdir()
-    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(lying, "w") as out:  # the same RECORD over other bytes
-        for name in z.namelist():
-            out.writestr(name, b"wrong" if name == "big/lib.so" else z.read(name))
-    subprocess.run(["bash", SCRIPTS / "gpu-split.sh", lying, tmp_path / "stage" / "parts"], check=True)
-    r = subprocess.run(["bash", SCRIPTS / "gpu-join.sh", tmp_path / "stage"], capture_output=True, text=True)
-    assert r.returncode == 1 and "do not join" in r.stderr
 
 
 def backends_run(rows):

@@ -281,6 +281,33 @@ def test_the_evaluation_scripts_agreement_rows_on_the_cpu(tmp_path, evaluate):
     assert lines[0] == ",".join(evaluate.COLUMNS) and len(lines) == 7
 
 
+def test_the_evaluation_script_runs_whole_on_the_cpu(tmp_path, evaluate):
+    trace, out = write(tmp_path / "t.jsonl", SMALL), tmp_path / "agreement.csv"
+    assert evaluate.main([str(trace), str(out), "--library", "torch", "--no-evaluator", "--per-definition", "5"]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == ",".join(evaluate.COLUMNS) and len(lines) == 4 and all(",True," in line for line in lines[1:])
+
+
+@pytest.mark.parametrize("wrong, named", [("missing source", "missing.jsonl"), ("OUT a folder", "OUT.csv"),
+                                          ("--per-definition 0", "--per-definition"), ("OUT a link", "OUT.csv"),
+                                          ("--library nope", "--library")])
+def test_the_evaluation_script_refuses_a_wrong_argument_before_it_writes(tmp_path, evaluate, capsys, wrong, named):
+    trace, out = write(tmp_path / "t.jsonl", SMALL), tmp_path / "agreement.csv"
+    options = ["--folder", str(tmp_path / "fib"), "--no-evaluator", "--library", "torch"]
+    if wrong == "missing source":
+        trace = tmp_path / "missing.jsonl"
+    elif wrong == "OUT a folder":
+        out.mkdir()
+    elif wrong == "OUT a link":
+        out.symlink_to(tmp_path / "elsewhere.csv")
+    else:
+        options += wrong.split()
+    with pytest.raises(SystemExit) as exit_:
+        evaluate.main([str(trace), str(out), *options])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+    assert not (tmp_path / "fib").exists() and not (tmp_path / "elsewhere.csv").exists()
+
+
 def test_the_evaluation_scripts_rows_from_flashinfer_benchs_benchmark(tmp_path, evaluate, monkeypatch):
     """FlashInfer-Bench's Benchmark over an exported folder, its CUDA runner replaced by the same steps on the CPU
     (its own builder, input generator, blob loader and error statistics): the reference, built as a solution,

@@ -32,3 +32,26 @@ def test_the_committed_calls_tabulate():
     rows = [r for p in sorted(root.iterdir()) if (p / "call.log").exists() for r in scaling_table.rows(p)]
     assert rows and all(r.count("|") == 12 and "x** |" in r for r in rows)
     assert any("(again)" in r for r in rows) and any("half the threads" in r for r in rows)
+
+
+def test_a_wrong_argument_or_a_meta_it_cannot_read_is_exit_2(tmp_path, capsys):
+    import json
+    import shutil
+
+    import pytest
+
+    def refused(*argv) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            scaling_table.main([str(a) for a in argv])
+        assert exit_.value.code == 2
+        return capsys.readouterr().err
+
+    assert "ROOT" in refused(tmp_path / "missing")
+    assert "unrecognized arguments" in refused(tmp_path, tmp_path)
+    assert "no call folder" in refused(tmp_path)
+    call = shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "scaling" / "f-2c26dce", tmp_path / "f")
+    meta = json.loads((call / "2gpu-meta.json").read_text())
+    (call / "2gpu-meta.json").write_text(json.dumps({**meta, "shards": [{"wall_s": "slow"}]}))
+    assert "2gpu-meta.json" in refused(tmp_path)
+    (call / "2gpu-meta.json").write_text("{")
+    assert "2gpu-meta.json" in refused(tmp_path)

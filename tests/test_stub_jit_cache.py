@@ -33,3 +33,11 @@ def test_only_modules_ninja_counts_as_built_are_emptied(tmp_path):
     for folder in (raced, half, newer):
         assert (folder / "a.cuda.o").read_bytes() == b"object code", folder.name
     assert (built / "built.so").read_bytes() == b"library"
+
+
+def test_a_wrong_argument_is_a_message_and_exit_2(tmp_path):
+    (tmp_path / "file").write_text("")
+    for args, named in (([], "usage"), ([str(tmp_path / "missing")], "DIR"), ([str(tmp_path / "file")], "DIR"),
+                        ([str(tmp_path), str(tmp_path)], "usage")):
+        r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True)
+        assert r.returncode == 2 and named in r.stderr, (args, r.stderr)

@@ -17,3 +17,11 @@ def script_stem(ref: str) -> str:
 def ref_of(stem: str) -> str:
     """The bug a committed script under repro/ is for: 'flashinfer-4972' -> 'flashinfer#4972'."""
     return stem.replace("flashinfer-", "flashinfer#")
+
+
+def committed(folder) -> dict:
+    """The reproducers committed under ``folder`` (the checkout's repro/), by the bug each is for: the refs a script
+    that runs them may be given."""
+    from pathlib import Path
+
+    return {ref_of(p.stem): p for p in sorted(Path(folder).glob("*.py"))}
