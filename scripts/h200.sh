@@ -59,6 +59,8 @@
 #            on the installed release (OUTDIR/h200-release-tree-VERSION, one folder per release for `swabench matrix`)
 #   backends-tests  the cuDNN and FlashAttention-4 GPU tests alone; backends  `swabench run backends`
 #            (OUTDIR/h200-backends-VERSION; needs CUDNN=1 FA4=1's bundle, docs/backends.md)
+#   coverage  `swabench run coverage`: every declared path never run on a GPU, once (OUTDIR/h200-coverage-VERSION;
+#            the cuDNN and FA4 paths need CUDNN=1 FA4=1's bundle), then `swabench coverage --gaps` of results/ and it
 #   dumps    scripts/play_dump.py: FlashInfer's API log of the plan calls (checked against the steps played,
 #            OUTDIR/dump-VERSION), with DUMP_RUNS=1 of the plan and run calls too (dump-runs-VERSION, whose
 #            1 GB log is removed once checked), and with no log (dump-no-log-VERSION: the plan times to hold
@@ -119,6 +121,9 @@ for step in $steps; do
                    -k "cudnn_and_fa4" 2>&1 | tail -25 ;;
     backends)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
                ( time sb run backends --out "$out/h200-backends-$v" ) 2>&1 | tail -30 ;;
+    coverage)  v=$(python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null || echo none)
+               ( time sb run coverage --out "$out/h200-coverage-$v" ) 2>&1 | tail -40
+               sb coverage results "$out/h200-coverage-$v" --gaps | head -40 ;;
     tests)     timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
                  | tee "$out/gpu-tests.log" | tail -5 ;;
     warm)      ( time python3 -c "import swabench.cli, flashinfer, torch; torch.cuda.init()" ) 2>&1 | tail -3

@@ -1,4 +1,4 @@
-"""Commands that read run folders: summary, report, plot, findings and compare."""
+"""Commands that read run folders: summary, report, plot, findings, compare, matrix and coverage."""
 
 from __future__ import annotations
 
@@ -138,4 +138,20 @@ def matrix(run_dirs, out, library, unbuilt, threshold, alpha, force):
         click.echo(path)
 
 
-COMMANDS = [summary_cmd, report_cmd, plot, findings, compare_cmd, matrix]
+@click.command("coverage")
+@click.argument("run_dirs", nargs=-1, required=True, type=PathArg(exists=True, file_okay=False))
+@opt("--gaps", is_flag=True, help="Only the paths never run on a GPU.")
+def coverage_cmd(run_dirs, gaps):
+    """Which declared paths (implementation x storage x step) have run on a GPU: for each, the newest of the RUN
+    folders (or folders of run folders, such as results/) where it came through the gate on a GPU, why no case can
+    run it, or 'never run on a GPU'."""
+    from swabench.analysis import coverage
+    from swabench.impls import registry
+    from swabench.publish.markdown import markdown_table
+
+    rows = coverage.coverage(registry.all_implementations(), coverage.load(run_dirs))
+    shown = [r for r in rows if r.gap] if gaps else rows
+    click.echo(f"{coverage.headline(rows)}.\n\n" + (markdown_table(coverage.frame(shown)) if shown else ""))
+
+
+COMMANDS = [summary_cmd, report_cmd, plot, findings, compare_cmd, matrix, coverage_cmd]

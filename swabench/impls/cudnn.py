@@ -38,7 +38,7 @@ from .registry import Implementation, Unsupported, first_call, register, registe
 
 WORKSPACE_BYTES = 128 * MIB  # FlashInfer's suggestion for its cuDNN entry points
 DTYPES = ("bfloat16", "float16")
-QUERY_MODES = ("prefill", "extend", "verify", "draft_extend", "mixed")  # a block of queries a request
+QUERY_MODES = ("extend", "verify", "draft_extend", "mixed")  # a block of queries a request
 SINK_ONE_QUERY = "cuDNN on Hopper takes no sink on a graph declared with one query a request (sdpa_support_surface.h)"
 OLDEST = 91300  # the cuDNN library these paths need: sink_token from 9.13 (paged K/V 9.5, ragged queries with it 9.7)
 INT32_MAX = 2 ** 31 - 1  # cuDNN's ragged offsets are int32 elements

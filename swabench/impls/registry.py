@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Protocol
 
 from swabench.core import semantics, trees
+from swabench.core.cases import MODES, STORAGES
 from .library import Library
 
 if TYPE_CHECKING:
@@ -293,6 +294,8 @@ def register(impl: Implementation, module: str) -> Implementation:
     """Add ``impl``, registered by ``module`` (its ``__name__``)."""
     assert impl.kind in KINDS and impl.name not in _REGISTRY and impl.name not in _OPT_IN, impl.name
     assert not (impl.baseline and impl.expected_to_fail), f"{impl.name}: a baseline must be correct"
+    assert set(impl.modes) <= set(MODES) and set(impl.storages) <= set(STORAGES), \
+        f"{impl.name}: its modes and storages must be among {MODES} and {STORAGES}: a scenario makes no other"
     (_OPT_IN if module.rpartition(".")[2] in OPT_IN else _REGISTRY)[impl.name] = impl
     _ORIGIN[impl.name] = module
     return impl

@@ -1,11 +1,14 @@
 """How far the numbers can be trusted and what they needed: noise per run, kernel times per path,
-the workspace each shape took, and a launch over several GPUs against one."""
+the workspace each shape took, a launch over several GPUs against one, and which declared paths have run on a GPU
+at all."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from swabench.analysis import coverage
 from swabench.impls import registry
+from swabench.publish.markdown import markdown_table
 from swabench.publish.sections.base import FINDINGS, LONG_US, NOISE, REPORT, SUMMARY, Run, Section
 from swabench.publish.sections.machine import attainable, ceiling_parts
 from swabench.store import run_folder
@@ -120,7 +123,21 @@ def _launch_against_one(multi: Run, one: Run) -> str:
     return text + f". The gate gave the same status on {same} of the {len(both)} points both runs hold{sizes}."
 
 
-TOPIC = "Method: noise, workspace and several GPUs"
+def _listed(axis: str) -> str:
+    return ", ".join(map(str, coverage.TRIED[axis]))
+
+
+def declared_paths(runs: list[Run]) -> list[str]:
+    """Every implementation x storage x step the registry declares, and the newest of the runs where it came through
+    the gate on a GPU: the paths never run there are named first."""
+    rows = coverage.coverage(registry.all_implementations(), runs)
+    gaps = coverage.gaps_by_impl(rows)
+    named = "; ".join(f"`{impl}` ({', '.join(paths)})" for impl, paths in gaps.items())
+    return [f"{coverage.headline(rows)}, over these {len(runs)} runs" + (f": {named}." if gaps else "."),
+            markdown_table(coverage.frame(rows))]
+
+
+TOPIC = "Method: noise, workspace, several GPUs and what has run on one"
 
 SECTIONS = [
     Section("workspace", "Workspace", f"The float workspace the planner needed per shape (CUDA-graph wrappers plan "
@@ -134,5 +151,14 @@ SECTIONS = [
             f"points timed while the card held its clock back for power or heat (a reason NVML gives before or "
             f"after the point, or its violation time growing), and the SM clock around the points:", measurement,
             pages=frozenset({FINDINGS}), one_table=True, timed=True, every_release=True),
+    Section("coverage", "Declared paths run on a GPU", "Each implementation on each storage and step its registry "
+            "entry declares (every step where it names none), and the newest run where it came through the gate on a "
+            f"GPU: a correct path where it passed, a known bug or planted mistake where it was gated as predicted "
+            f"({' or '.join(coverage.COUNTS['known-bug'])}: exact where its mistake cannot show, caught where it "
+            f"does). A fail, an xpass, a skip or a CPU run is no run. 'cannot run': the path's own check refuses a "
+            f"small shape on every backend it has at every head_dim ({_listed('head_dim')}), page size "
+            f"({_listed('page_size')}) and dtype ({_listed('dtype')}), and gives this reason. `swabench coverage "
+            f"RUN...` prints the same table.",
+            pages=frozenset({FINDINGS}), across=declared_paths, every_release=True, profiled=True, trees=True),
     Section("timings", "Timings", "", timing_matrix, timing_said, pages=frozenset({REPORT, SUMMARY}), timed=True),
 ]
