@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swabench.store import paths, run_folder
+from swabench.store import paths, reading, run_folder
 from swabench.store.paths import OutputError  # noqa: F401  (re-exported)
 
 MADE_FROM = ".swabench-made-from"  # in a report's, figures' or matrix's folder: the run folders they were made from
@@ -55,18 +55,22 @@ def refuse_replacing(files, force: bool, what: str = "--out") -> None:
 
 def made_from(folder: Path) -> str | None:
     """The run folders (resolved, one a line) ``folder``'s report, figures or matrix were made from,
-    when it says; "unknown run folders" for a matrix that does not say."""
+    when it says; "unknown run folders" for a matrix that does not say, or a record that holds no text."""
     marker = folder / MADE_FROM
     if marker.is_file():
-        return marker.read_text().strip() or None
+        try:
+            return reading.read_text(marker, reading.LOG, ValueError).strip() or None
+        except ValueError as e:  # what swabench never writes there: binary, huge or unreadable
+            return f"unknown run folders ({marker}: {e})"
     report, matrix = folder / "REPORT.md", folder / "MATRIX.md"
-    lines = report.read_text(errors="replace").splitlines() if report.is_file() else []
+    lines = reading.read_text(report, reading.LOG, errors="replace").splitlines() if report.is_file() else []
     named = next((line.split("`")[1] for line in lines if line.startswith("Run folder `")), None)
     if named:
         return str(Path(named).resolve())
     if not matrix.is_file():
         return None
-    releases = matrix.read_text(errors="replace").partition("## Releases")[2].partition("\n## ")[0]
+    page = reading.read_text(matrix, reading.LOG, errors="replace")
+    releases = page.partition("## Releases")[2].partition("\n## ")[0]
     runs = [line.split("`")[1] for line in releases.splitlines() if line.startswith("|") and line.count("`") >= 2]
     return _source(runs) if runs else "unknown run folders"
 
