@@ -73,6 +73,7 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
         shards.point_costs(costs_from)
         s = load(path, impls, cases, "cuda", model)
         lifecycle.check_runnable(s, torch.device("cuda"))
+        shards.check_count(len(chosen), len(s.points), f"--gpus {gpus}")
         return s
 
     args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else [])]
