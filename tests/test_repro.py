@@ -444,3 +444,29 @@ def test_a_script_never_replaces_the_scenario_it_reads(tmp_path, monkeypatch):
     r = invoke("repro", "mine", "--case", case, "--impl", "torch-trim", "--out", "scenarios/mine.toml", "--force")
     assert r.exit_code == 2 and "which this command reads" in r.output, r.output
     assert (folder / "mine.toml").read_text() == before
+
+
+def test_the_search_simulates_a_serving_sized_case_on_one_kv_head(monkeypatch):
+    """chunk-as-window first shows at 32 requests of 8193 keys and 40 query heads: its check on random inputs builds
+    the same requests on one KV head's group (a few MiB), not all 40 heads (some 2 GB and most of a minute)."""
+    from swabench.inputs import axes
+
+    big = axes.make_case(dict(mode="decode", batch_size=32, seq_len=8193, attention_chunk=8192, num_qo_heads=40,
+                              num_kv_heads=8, head_dim=128, page_size=16))
+    built = []
+
+    class Built(Exception):
+        pass
+
+    def build(case, device):
+        built.append(case)
+        raise Built
+
+    monkeypatch.setattr(workloads, "build", build)
+    with pytest.raises(Built):
+        bugs._shows_on_random(registry.get("chunk-as-window"), big, "fa2")
+    assert (built[0].num_qo_heads, built[0].num_kv_heads) == (5, 1) and bugs._size(built[0]) <= bugs.SIMULATED
+    assert workloads.request_lengths(built[0]) == workloads.request_lengths(big)
+    small = axes.make_case(dict(mode="decode", batch_size=2, seq_len=65, attention_chunk=64, num_qo_heads=8,
+                                num_kv_heads=2, head_dim=64, page_size=16))
+    assert bugs.simulated(small) == small  # a small case is simulated as it is

@@ -378,3 +378,102 @@ def test_a_worker_that_does_not_finish_fails_the_launch_and_keeps_the_rest(small
     crashed.mkdir()
     (crashed / run_folder.META).write_text(json.dumps({"state": "crashed"}))
     assert launch._state(crashed) == "crashed" and launch._state(tmp_path / "nothing") is None
+
+
+# a shard count bounded by the points; shards whose records do not add up to their sweep never merge as complete
+@pytest.mark.parametrize("spec", ["0/99999999999999999999999", "0/100000000", "0/13"])
+def test_more_shards_than_points_is_refused_at_once(tiny, tmp_path, spec):
+    points = len(scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+    assert points == 12
+    r = invoke("run", tiny, "--device", "cpu", "--impl", "torch-trim", "--shard", spec, "--out", tmp_path / "s")
+    assert r.exit_code == 2 and f"--shard {spec}" in r.output and "the sweep has only 12 point(s)" in r.output, \
+        r.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_every_shard_holds_a_point_up_to_as_many_shards_as_points(write_scenario):
+    """12 cases of 3 points: past 12 shards a case's points are split rather than a shard left empty."""
+    points = scenarios.load(write_scenario(TINY)).points
+    for count in (12, 13, 24, len(points)):
+        parts = [shards.shard(scenarios.load(write_scenario(TINY)), i, count).points for i in range(count)]
+        assert all(parts), [len(p) for p in parts]
+        assert sorted(p.key for part in parts for p in part) == sorted(p.key for p in points)
+
+
+def test_the_launcher_refuses_more_gpus_than_points(write_scenario, tmp_path, monkeypatch):
+    one = write_scenario(TINY.replace("prefix_len = [40, 90]", "prefix_len = 40").replace("[3, 15, 31]", "3")
+                         .replace('mode = ["verify", "decode"]', 'mode = "decode"'))
+    monkeypatch.setattr(launch, "visible_gpus", lambda: ["0", "1"])
+    r = invoke("run", one, "--gpus", "all", "--impl", "torch-trim", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and "--gpus all: 2 shards, but the sweep has only 1 point(s)" in r.output, r.output
+    assert not (tmp_path / "run").exists() and not launch.work_dir(tmp_path / "run").exists()
+
+
+@pytest.fixture
+def half(tiny, tmp_path):
+    """Shard 0 of 2 of the torch-trim sweep: (its folder, the sweep's points)."""
+    r = invoke("run", tiny, "--device", "cpu", "--impl", "torch-trim", "--shard", "0/2", "--out", tmp_path / "s0")
+    assert r.exit_code == 0, r.output
+    return tmp_path / "s0", len(scenarios.load(tiny, impl_filter=["torch-trim"]).points)
+
+
+def with_sharding(folder, **sharding):
+    meta = json.loads((folder / run_folder.META).read_text())
+    meta["sharding"] = {k: v for k, v in {**meta["sharding"], **sharding}.items() if v is not None}
+    (folder / run_folder.META).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("index, count", [(0, -1), (0, 0), (-1, 2), (2, 2), (0, 10**9), (True, 2)])
+def test_a_shard_recording_no_shard_of_its_sweep_is_refused(half, tmp_path, index, count):
+    folder, points = half
+    with_sharding(folder, index=index, count=count)
+    for partial in ([], ["--partial"]):
+        r = invoke("merge", tmp_path / "m", folder, *partial)
+        assert r.exit_code == 2 and f"{folder}: its meta.json records the shard" in r.output, r.output
+        assert f"not one of a sweep of {points} points" in r.output and not (tmp_path / "m").exists()
+
+
+def test_a_shard_claiming_to_be_the_whole_sweep_merges_only_as_partial(half, tmp_path):
+    folder, points = half
+    with_sharding(folder, index=0, count=1)
+    held = len((folder / run_folder.ROWS).read_text().splitlines())
+    r = invoke("merge", tmp_path / "m", folder)
+    assert r.exit_code == 2 and f"the shards hold {held} of the sweep's {points} points" in r.output, r.output
+    assert "--partial" in r.output and not (tmp_path / "m").exists()
+    r = invoke("merge", tmp_path / "m", folder, "--partial")
+    assert r.exit_code == 0 and json.loads((tmp_path / "m" / run_folder.META).read_text())["state"] == "incomplete"
+
+
+def test_a_billion_shards_from_before_the_sweep_was_recorded_merge_as_missing(half, tmp_path):
+    folder, _ = half
+    with_sharding(folder, count=10**9, sweep_points=None)
+    r = invoke("merge", tmp_path / "m", folder)
+    assert r.exit_code == 2 and "shard(s) 1/1000000000, 2/1000000000, 3/1000000000, 4/1000000000, ... (999999999 " \
+                                "in all) missing" in r.output, r.output
+
+
+def test_submitting_says_what_it_does_at_once_and_as_each_shard_ends(tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    said = []
+
+    class Job:
+        def __init__(self, folder):
+            folder.mkdir(parents=True)
+            (folder / run_folder.META).write_text(json.dumps({"state": "complete"}))
+
+        def result(self):
+            assert said, "nothing said before waiting on a shard"
+            return 0
+
+    class Executor:
+        def __init__(self, folder):
+            self.cluster = "local"
+
+        def map_array(self, fn, args, indices, counts, folders):
+            return [Job(f) for f in folders]
+
+    monkeypatch.setattr(submitit, "LocalExecutor", Executor)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
+    launch.submit([], 3, tmp_path / "array", executor="local", say=said.append)
+    assert said[0].startswith("submitting 3 shard(s) through submitit as local processes, 2 at once")
+    assert said[1:] == [f"shard {i}/3 ended (exit 0, complete)" for i in range(3)]

@@ -1,8 +1,9 @@
 """The ``swabench`` command line: parse, call the library, print, exit.  The only package that prints.
 
 One module per command group (``sweep``, ``spread``, ``read``, ``tools``, ``repro``, ``fib``); ``options`` holds what they
-share.  Exit status: 0 done, 1 a correct implementation failed the gate (or a regression in
-``compare``), 2 bad input (nothing written) or nothing could run (every point skips), 130 interrupted.  Modules
+share, ``streams`` the standard streams.  Exit status: 0 done, 1 a correct implementation failed the gate (or a
+regression in ``compare``, work that could not finish, output that could not be written), 2 bad input (nothing
+written) or nothing could run (every point skips), 130 interrupted.  Modules
 that import torch, pandas or matplotlib are imported inside the commands that use them, so ``--help`` answers at
 once and ``run --gpus`` starts its workers before it imports torch."""
 

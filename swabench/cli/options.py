@@ -4,6 +4,7 @@ can fix into a plain message and exit status 2."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import click
 
+from swabench.cli import streams
 from swabench.errors import RunFailed, UserError
 from swabench.inputs import scenarios
 from swabench.run import isolation
+from swabench.store import paths
 
 
 class InputError(click.ClickException):
@@ -21,61 +24,42 @@ class InputError(click.ClickException):
 
 
 class PathArg(click.Path):
-    """A path argument or option that refuses an empty path: an unset shell variable (``--out "$OUT"``) must not
-    mean the working folder or the default."""
+    """A path argument or option that refuses an empty path (an unset shell variable, ``--out "$OUT"``, must not
+    mean the working folder or the default) and one no file system holds (a name over 255 bytes)."""
 
     def convert(self, value, param, ctx):
+        name = param.opts[0] if param is not None and param.param_type_name == "option" else \
+            (param.human_readable_name if param is not None else "path")
         if isinstance(value, str) and not value:
-            name = param.opts[0] if param is not None and param.param_type_name == "option" else \
-                (param.human_readable_name if param is not None else "path")
             raise InputError(f"{name}: the path is empty (an unset shell variable?); give a path")
+        if isinstance(value, str) and paths.too_long(value):
+            raise InputError(f"{name}: {paths.too_long(value)}")
         return super().convert(value, param, ctx)
 
 
-class QuietOnceClosed:
-    """A standard stream that goes quiet once its reader has gone (``swabench run | head -1``): what is left of the
-    output is dropped, the work goes on, and its folder is finished as if nothing had been printed."""
-
-    def __init__(self, stream):
-        self._stream, self.gone = stream, False
-
-    def write(self, text):
-        if not self.gone:
-            try:
-                return self._stream.write(text)
-            except BrokenPipeError:
-                self._drop()
-        return len(text)
-
-    def flush(self):
-        if not self.gone:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._drop()
-
-    def _drop(self):
-        """From now on nothing reaches the pipe; its descriptor points at /dev/null, so that the interpreter's last
-        flush of the stream it wraps finds somewhere to write."""
-        self.gone = True
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):  # a stream with no descriptor of its own
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
 class Main(click.Group):
-    """Library errors become plain messages: exit 2 for input a user can fix, 1 for work that
-    failed; Ctrl-C anywhere is 130, as a shell expects; a reader that closes the pipe ends the output, not the work."""
+    """Library errors become plain messages: exit 2 for input a user can fix (a path the system finds too long
+    among them, wherever it is read or written), 1 for work that failed; Ctrl-C anywhere is 130, as a shell expects;
+    a standard stream that cannot be written ends its output, not the work (``streams``); a working folder that was
+    deleted is refused before anything starts."""
 
-    def main(self, *args, **kwargs):
-        if not isinstance(sys.stdout, QuietOnceClosed):
-            sys.stdout, sys.stderr = QuietOnceClosed(sys.stdout), QuietOnceClosed(sys.stderr)
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        streams.guard()
+        if not standalone_mode:  # the caller takes the result and the exceptions
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            status = self._main(*args, **kwargs)
+        except SystemExit as e:
+            status = e.code
+        sys.exit(streams.exit_status(status))
+
+    def _main(self, *args, **kwargs):
+        try:
+            os.getcwd()
+        except OSError as e:
+            click.echo(f"Error: the working folder no longer exists (os.getcwd(): {e.strerror}); cd to a folder that "
+                       f"exists and run the command again", err=True)
+            return InputError.exit_code
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
@@ -83,6 +67,13 @@ class Main(click.Group):
             return super().invoke(ctx)
         except UserError as e:
             raise InputError(str(e)) from None
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            path = os.fsdecode(e.filename or "")
+            raise InputError(f"{path[:80]}{'...' * (len(path) > 80)}: "
+                             f"{paths.too_long(path) or 'a name in this path is too long for the file system'}") \
+                from None
         except RunFailed as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:

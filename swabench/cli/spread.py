@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from swabench.cli.options import (PathArg, case_option, costs_option, impl_option, l2_option, load, opt,
+from swabench.cli.options import (Bar, PathArg, case_option, costs_option, impl_option, l2_option, load, opt,
                                   summary)
 from swabench.run import launch, lifecycle, shards
 from swabench.store import paths, run_folder
@@ -46,7 +46,7 @@ def submit(scenario, count, out, executor, partition, time_min, impls, cases, l2
     slurm = {"timeout_min": time_min, "gpus_per_node": 1} if executor == "auto" else {}
     slurm.update({"slurm_partition": partition} if partition else {})
     args = [s.path, "--l2", l2, *launch.worker_args(impls, cases, costs_from)]
-    table = shards.merge(out, launch.submit(args, count, out, executor, **slurm))[1]
+    table = shards.merge(out, launch.submit(args, count, out, executor, say=Bar().note, **slurm))[1]
     summary(table, out)
     sys.exit(lifecycle.gate_status(table))
 

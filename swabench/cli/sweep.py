@@ -82,6 +82,7 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
         shards.point_costs(costs_from)
         s = load(path, impls, cases, "cuda", model)
         lifecycle.check_runnable(s, torch.device("cuda"))
+        shards.check_count(len(chosen), len(s.points), f"--gpus {gpus}")
         return s
 
     supervision = supervision or {}

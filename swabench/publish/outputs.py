@@ -110,18 +110,20 @@ def refuse_replacing(files, force: bool, what: str = "--out") -> None:
 
 def made_from(folder: Path) -> str | None:
     """The run folders (resolved, one a line) ``folder``'s report, figures or matrix were made from,
-    when it says; "unknown run folders" for a matrix that does not say."""
+    when it says; "unknown run folders" for a matrix that does not say, or a record swabench does not write (binary,
+    junk)."""
     record = _record(folder)
     if record is not None:
-        return "\n".join(map(str, record["runs"])) or None
+        return "\n".join(map(str, record["runs"])) or f"unknown run folders ({folder / MADE_FROM} names none)"
     report, matrix = folder / "REPORT.md", folder / "MATRIX.md"
-    lines = report.read_text(errors="replace").splitlines() if report.is_file() else []
+    lines = reading.read_text(report, reading.LOG, errors="replace").splitlines() if report.is_file() else []
     named = next((line.split("`")[1] for line in lines if line.startswith("Run folder `")), None)
     if named:
         return str(Path(named).resolve())
     if not matrix.is_file():
         return None
-    releases = matrix.read_text(errors="replace").partition("## Releases")[2].partition("\n## ")[0]
+    page = reading.read_text(matrix, reading.LOG, errors="replace")
+    releases = page.partition("## Releases")[2].partition("\n## ")[0]
     runs = [line.split("`")[1] for line in releases.splitlines() if line.startswith("|") and line.count("`") >= 2]
     return _source(runs) if runs else "unknown run folders"
 

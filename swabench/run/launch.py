@@ -203,10 +203,12 @@ def check_out(out: Path) -> Path:
     return out
 
 
-def submit(child_args: list[str], count: int, out: Path, executor: str = "auto", **slurm) -> list[Path]:
+def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
+           say: Callable[[str], None] = lambda text: None, **slurm) -> list[Path]:
     """A job array of ``count`` shards through submitit (Slurm where there is one; ``local`` runs the
-    same path as local processes, at most one per core at a time), then waits for them.  Returns the
-    shards' run folders."""
+    same path as local processes, at most one per core at a time), then waits for them, telling ``say`` what it
+    submitted and each shard as it ends (the array may queue, or run, for hours).  Returns the shards' run
+    folders."""
     try:
         import submitit
     except ImportError:
@@ -220,10 +222,16 @@ def submit(child_args: list[str], count: int, out: Path, executor: str = "auto",
     shards = [work / f"shard{i}" for i in range(count)]
     codes = []
     local = executor == "local" or getattr(ex, "cluster", None) == "local"  # auto without Slurm is local too
-    for batch in batches(count, local):
+    runs = batches(count, local)
+    where = f"as local processes, {len(runs[0])} at once" if local else f"to {getattr(ex, 'cluster', 'the scheduler')}"
+    say(f"submitting {count} shard(s) through submitit {where}: their run folders in {work}, their logs in {folder}; "
+        f"waiting for them")
+    for batch in runs:
         jobs = ex.map_array(_run_shard, [child_args] * len(batch), batch, [count] * len(batch),
                             [shards[i] for i in batch])
-        codes += [job.result() for job in jobs]
+        for index, job in zip(batch, jobs):
+            codes.append(job.result())
+            say(f"shard {index}/{count} ended (exit {codes[-1]}, {_state(shards[index]) or 'no run folder'})")
     if any(c not in (0, 1) for c in codes) or any(_state(f) != "complete" for f in shards):
         raise RunFailed(f"a shard did not finish (exit codes {codes}); logs are in {folder}")
     return shards

@@ -8,6 +8,7 @@ inside the functions, so the ``--gpus`` launcher starts its workers before it im
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import shlex
@@ -320,7 +321,8 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
             except KeyboardInterrupt as e:
                 state, by = "interrupted", getattr(e, "signal", None)
             except BaseException:
-                finalize("crashed")
+                with contextlib.suppress(OSError, UserError):  # a full disk: the error that ended the run is the news
+                    finalize("crashed")
                 raise
             session, table = finalize(state)
             if state == "complete" and request.sharding is None and all_skipped(table):

@@ -11,6 +11,7 @@ their rows, keeping each row's GPU identity.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,10 +40,12 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def check_count(count: int, points: int) -> None:
-    """ShardError when a sweep of ``points`` points is cut into more shards than it has points."""
+def check_count(count: int, points: int, what: str = "--shards") -> None:
+    """ShardError when a sweep of ``points`` points is cut into more shards than it has points: every shard of at
+    most that many holds a point (``assign``), and no more are made (a count too big for memory included)."""
     if count > points:
-        raise ShardError(f"--shards {count}: the sweep has only {points} point(s); use at most {points} shards")
+        raise ShardError(f"{what}: {count} shards, but the sweep has only {points} point(s); use at most {points} "
+                         f"shards")
 
 
 # Estimates for a scenario no earlier run has costed, from default.toml on the H200 x2 node: a
@@ -107,6 +110,19 @@ def _units(points, cost: dict, count: int, charge: float) -> list[tuple[float, i
         for pts in classes.values():
             one = unit(pts, 1)
             units += [one] if one[0] <= share + COMPILE_S else [unit([p], 0) for p in pts]
+    return _at_least(units, count, order)
+
+
+def _at_least(units: list, count: int, order: dict) -> list:
+    """``units`` with the costliest of several points halved (its points in order, its cost shared by their number)
+    until there are ``count`` of them, where the points allow: no shard is left without a point while a case of
+    several waits on another."""
+    units = list(units)
+    while len(units) < count and any(len(pts) > 1 for _, _, pts in units):
+        cost, first, pts = max((u for u in units if len(u[2]) > 1), key=lambda u: (u[0], -u[1]))
+        units.remove((cost, first, pts))
+        half = len(pts) // 2
+        units += [(cost * len(part) / len(pts), order[part[0].key], part) for part in (pts[:half], pts[half:])]
     return units
 
 
@@ -116,10 +132,11 @@ def assign(scenario: Scenario, count: int, costs: dict[tuple, float] | None = No
     cost = {p.key: (costs or {}).get(p.key, POINT_S) for p in scenario.points}
     units = sorted(_units(scenario.points, cost, count, COMPILE_S if costs is None else 0.0),
                    key=lambda u: (-u[0], u[1]))
-    load, where = [0.0] * count, {}
+    load, held, where = [0.0] * count, [0] * count, {}
     for unit_cost, _, pts in units:
-        target = min(range(count), key=lambda i: (load[i], i))
+        target = min(range(count), key=lambda i: (load[i], held[i] > 0, i))  # an empty shard first, at a tie
         load[target] += unit_cost
+        held[target] += 1
         where.update({p.key: target for p in pts})
     return where
 
@@ -128,6 +145,7 @@ def select_shard(scenario: Scenario, spec: str, costs_from=None) -> dict:
     """Keep shard ``spec`` ('I/N') of the scenario's points; what to record of it in meta.json."""
     index, count = parse_shard(spec)
     sweep_points = len(scenario.points)
+    check_count(count, sweep_points, f"--shard {spec}")
     shard(scenario, index, count, point_costs(costs_from))
     return {"index": index, "count": count, "cases": len(scenario.cases), "sweep_points": sweep_points,
             "costs": describe_costs(costs_from)}
@@ -142,13 +160,24 @@ def shard(scenario: Scenario, index: int, count: int, costs: dict[tuple, float] 
 
 def check_complete(metas: list[dict], folders) -> str | None:
     """Why these shard folders are not every shard of one sweep (None when they are, or when none
-    was made as a shard); ShardError when two of them are the same shard."""
+    was made as a shard); ShardError when one records no shard of that sweep (an index and count with
+    0 <= index < count <= the sweep's points, and the sweep's points as the others record them) or two are the
+    same shard."""
     sharding = [m.get("sharding") for m in metas]
     if not any(sharding):
         return None
-    if not all(isinstance(s, dict) and isinstance(s.get("index"), int) and isinstance(s.get("count"), int)
-               for s in sharding):
-        return "some folders are not shards (their meta.json has no sharding of the form {index, count})"
+    if not all(isinstance(s, dict) for s in sharding):
+        return "some folders are not shards (their meta.json records no sharding)"
+    planned = {s.get("sweep_points") for s in sharding}
+    if len(planned) > 1:
+        raise ShardError(f"the shards record sweeps of different sizes ({', '.join(map(str, planned))} points): "
+                         f"only shards of one sweep merge")
+    points = planned.pop()
+    for s, folder in zip(sharding, folders):
+        if not _is_shard(s, points):
+            raise ShardError(f"{folder}: its meta.json records the shard {s.get('index')!r}/{s.get('count')!r}, "
+                             f"not one of a sweep of {points if _counts(points) else 'its'} points (need "
+                             f"0 <= index < count <= the points)")
     counts = {s["count"] for s in sharding}
     if len(counts) != 1:
         return f"the shards were cut into different numbers of parts ({sorted(counts)})"
@@ -158,10 +187,23 @@ def check_complete(metas: list[dict], folders) -> str | None:
     if twice:
         raise ShardError(f"shard(s) {', '.join(f'{i}/{count}' for i in twice)} given more than once: "
                          f"overlapping shards")
-    missing = sorted(set(range(count)) - set(indices))
-    if missing:
-        return f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing from {len(folders)} folder(s)"
+    if len(indices) < count:
+        missing = [f"{i}/{count}" for i in itertools.islice((i for i in range(count) if i not in indices), 4)]
+        more = f", ... ({count - len(indices)} in all)" if count - len(indices) > len(missing) else ""
+        return f"shard(s) {', '.join(missing)}{more} missing from {len(folders)} folder(s)"
     return None
+
+
+def _counts(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_shard(sharding: dict, points) -> bool:
+    """Whether ``sharding`` (a shard's meta.json record) names a shard of a sweep of ``points`` points (or, where the
+    shard did not record them, of some sweep)."""
+    index, count = sharding.get("index"), sharding.get("count")
+    most = points if _counts(points) else count
+    return _counts(index) and _counts(count) and 0 <= index < count <= most
 
 
 def unfinished_shards(metas: list[dict], folders) -> str | None:
@@ -186,7 +228,8 @@ def sweep_points(metas: list[dict], whole: bool) -> int | None:
 
 def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_folder.RunStore, pd.DataFrame]:
     """One run folder from the shards of one scenario file: its store and table.  Refuses a set that
-    misses shards unless ``partial`` (the merged folder then says it is incomplete)."""
+    misses shards, or whose rows are fewer than the sweep's points, unless ``partial`` (the merged folder then says
+    it is incomplete)."""
     from swabench.run import environment
 
     metas = [run_folder.read_meta(f) for f in folders]
@@ -214,14 +257,19 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_fo
     per_shard = ("rows", "status_counts", "wall_s", "setup_s", "total_s", "sharding", "state", "points",
                  "selection", "cuda_visible_devices", "gpu_uuid", "host", "format_version")
     meta = {k: v for k, v in metas[0].items() if k in schema.META_KEYS and k not in per_shard}
+    points = sweep_points(metas, whole=not gap)
+    short = None if gap or unfinished or points is None or len(rows) == points else \
+        f"the shards hold {len(rows)} of the sweep's {points} points, though their meta.json says they are all of it"
+    if short and not partial:
+        raise ShardError(f"{short}; merge every shard of the sweep, or pass --partial to merge what is there")
     meta.update(host=", ".join(sorted({str(m.get("host")) for m in metas})), shards=metas,
                 merged_from=[str(f) for f in folders], what=f"merge of {len(folders)} shards",
                 wall_s=max(m.get("wall_s", 0.0) for m in metas), command=environment.collect_command(),
-                points=sweep_points(metas, whole=not gap))
+                points=points)
     store = run_folder.RunStore.create(out, meta, text)
     try:
         store.extend(rows)
-        whole = not gap and not unfinished
+        whole = not gap and not unfinished and not short
         table = store.finalize(derived.add_derived, state="complete" if whole else "incomplete")
     finally:
         store.close()

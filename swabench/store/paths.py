@@ -14,6 +14,7 @@ from pathlib import Path
 from swabench.errors import UserError
 
 NAME_MAX = 255  # bytes in one name of a path (Linux, macOS)
+PATH_MAX = 4096  # bytes in a whole path, its terminating NUL included (Linux)
 UMASK = os.umask(0)  # the process's umask, read once (reading it sets it): what a file made private is opened to
 os.umask(UMASK)
 
@@ -35,11 +36,21 @@ def _checked(value, what: str) -> Path:
         raise OutputError(f"{what} -: writing to stdout is not supported; give a path")
     if not text:
         raise OutputError(f"{what}: the path is empty; give a path")
+    if too_long(text):
+        raise OutputError(f"{what}: {too_long(text)}")
+    return _real(text, what)
+
+
+def too_long(text: str) -> str | None:
+    """Why no file system here holds the path ``text`` (a name in it over NAME_MAX bytes, or the whole over PATH_MAX),
+    or None."""
     long = next((part for part in text.split(os.sep) if len(os.fsencode(part)) > NAME_MAX), None)
     if long is not None:
-        raise OutputError(f"{what}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a name in a path "
-                          f"may be at most {NAME_MAX} bytes")
-    return _real(text, what)
+        return (f"the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a name in a path may be at most "
+                f"{NAME_MAX} bytes")
+    if len(os.fsencode(text)) >= PATH_MAX:
+        return f"the path is {len(os.fsencode(text))} bytes long; a path may be at most {PATH_MAX - 1} bytes"
+    return None
 
 
 def _real(text: str, what: str) -> Path:

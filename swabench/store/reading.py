@@ -29,6 +29,8 @@ META = 64 * MiB  # meta.json: a few KiB, a merge's shards' own included
 TRACE = 256 * MiB  # a trace of a million steps is about 100 MiB; FlashInfer's API logs, FlashInfer-Bench's files
 TABLE = 4096 * MiB  # rows.jsonl and a run folder's tables: some 10 KiB a point with its timing samples
 
+CHUNK = MiB  # what a read asks for at a time past the size the file had when opened
+
 Error = Callable[[str], Exception]
 
 
@@ -63,12 +65,18 @@ def too_large(limit: int) -> str:
 
 
 def read_bytes(path, limit: int, error: Error | None = None) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grew past it while read too)."""
+    """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grew past it while read too).
+    Memory is taken for what the file holds, never for the limit: a read asks for the file's size and a byte more,
+    then, only while it keeps getting all it asks for (the file grows), for a chunk at a time."""
     error = error or _named(path)
     regular(path, limit, error)
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
+            data, want = b"", min(os.fstat(f.fileno()).st_size, limit) + 1  # a byte more tells whether it grew
+            while want:
+                more = f.read(want)
+                data += more
+                want = min(CHUNK, limit + 1 - len(data)) if len(more) == want else 0
     except OSError as e:
         raise error(f"cannot read it ({e.strerror or e})") from None
     if len(data) > limit:

@@ -19,6 +19,7 @@ One process writes a folder at a time (a lock file it holds; a dead holder's loc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gzip
 import hashlib
 import json
@@ -31,8 +32,8 @@ from typing import TYPE_CHECKING
 from swabench.store import checks, paths, reading, schema
 from swabench.store.lock import FolderLock
 from swabench.store.schema import KEY, LOCK, META, ROWS, SAMPLES, SCENARIO, STARTED, TABLE  # noqa: F401
-from swabench.store.tables import (RunFolderError, impl_renames, in_folder, journal, read_csv,  # noqa: F401
-                                   read_meta, refuse_stale_table, renamed, stored, stored_version, to_samples,
+from swabench.store.tables import (JournalError, RunFolderError, impl_renames, in_folder, journal,  # noqa: F401
+                                   read_csv, read_meta, refuse_stale_table, renamed, stored, stored_version, to_samples,
                                    to_table, unfinished, with_columns)
 
 if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launcher starts without it
@@ -260,12 +261,25 @@ class RunStore:
         self.extend([row])
 
     def extend(self, rows: list[dict]) -> None:
-        """Record several rows durably with one flush to disk (a merge writes hundreds at once)."""
-        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-        with os.fdopen(fd, "a") as f:
-            f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
-            f.flush()
-            os.fsync(f.fileno())
+        """Record several rows durably with one flush to disk (a merge writes hundreds at once).  A write the system
+        refuses (a full disk, a file-size limit) leaves the journal as it was and ends the run (JournalError): the
+        rows before it are kept, and --resume continues from them."""
+        data = memoryview("".join(json.dumps(row, default=_json_default) + "\n" for row in rows).encode())
+        try:
+            fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            raise JournalError(self.folder, e) from None
+        try:
+            kept = os.fstat(fd).st_size
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):  # else a resume drops the part of a line written
+                os.ftruncate(fd, kept)
+            raise JournalError(self.folder, e) from None
+        finally:
+            os.close(fd)
 
     def rows(self) -> list[dict]:
         """Every complete row, one per key (the last one wins): ``tables.journal``."""

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.errors import UserError
+from swabench.errors import RunFailed, UserError
 from swabench.store import checks, reading, schema
 from swabench.store.schema import KEY, META, ROWS, TABLE
 
@@ -22,6 +22,16 @@ if TYPE_CHECKING:  # pandas is imported where tables are made: the --gpus launch
 
 class RunFolderError(UserError):
     """A run folder that cannot be written or read, said plainly (the CLI exits 2)."""
+
+
+class JournalError(RunFailed):
+    """A row the system would not let the journal take (a full disk, a file-size limit): the run ends (the CLI exits
+    1), its folder resumable."""
+
+    def __init__(self, folder: Path, error: OSError):
+        super().__init__(f"{folder}: cannot record a result in {ROWS} ({error.strerror or error}); the rows recorded "
+                         f"before it are kept: make room (or raise the file-size limit), then resume the run (the same "
+                         f"command with --resume)")
 
 
 def to_table(rows: list[dict]) -> pd.DataFrame:
