@@ -25,7 +25,7 @@ from swabench.errors import UserError
 from swabench.run import launch
 from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
-from swabench.store import run_folder, schema
+from swabench.store import run_folder, schema, tables
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
@@ -193,6 +193,7 @@ def open_store(request: Request) -> RunStore:
                 raise RunFolderError(f"{request.out} holds a {meta.get('what') or 'run'} of other points or options"
                                      f"{held}; resume it as it was started: "
                                      f"`{rerun_command(request.out, meta.get('command'))}`")
+            tables.refuse_foreign_rows(store.folder / run_folder.ROWS, {p.key for p in s.points})
             store.update_meta(state="running", **(request.meta or {}))
         except BaseException:
             store.close()

@@ -74,6 +74,11 @@ def journal(path: Path) -> list[dict]:
     """The rows of the journal ``path``, one per key (the last one wins), each of its fields' kinds
     (``checks.row``).  A last line cut short by an interruption is left out; any other line that is not a row
     means the journal is damaged."""
+    return [row for _, row in numbered_journal(path)]
+
+
+def numbered_journal(path: Path) -> list[tuple[int, dict]]:
+    """``journal``'s rows, each with the number of the line it was read from."""
     out = {}
     lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
     for number, line in enumerate(lines, 1):
@@ -93,7 +98,19 @@ def journal(path: Path) -> list[dict]:
             checks.row(row)
         except ValueError as e:
             raise RunFolderError(f"{path}: line {number}: {e}: the journal is damaged") from None
-    return [row for _, row in out.values()]
+    return list(out.values())
+
+
+def refuse_foreign_rows(path: Path, points: set[tuple]) -> None:
+    """RunFolderError when the journal ``path`` holds a row whose key is not one of ``points`` (the run's own,
+    as its meta.json selection records them): a line from another run would be counted as this run's, and
+    which lines the user meant to keep cannot be told; ``swabench merge`` joins runs."""
+    foreign = [(number, row) for number, row in numbered_journal(path) if tuple(row[k] for k in KEY) not in points]
+    if foreign:
+        number, row = foreign[0]
+        raise RunFolderError(f"{path}: {len(foreign)} row(s) are not points of this run ({len(points)} points), e.g. "
+                             f"line {number}: {', '.join(f'{k} {row[k]}' for k in KEY)}; remove the lines that "
+                             f"came from another run, or start a new --out")
 
 
 def refuse_stale_table(folder, rows: list[dict], state) -> None:
