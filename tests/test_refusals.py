@@ -563,6 +563,23 @@ def test_a_run_where_nothing_can_run_is_refused_before_a_folder_is_made(tmp_path
     assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA" in r.output and not Path("rp").exists()
 
 
+def test_no_point_to_run_says_why_for_a_trace_a_price_and_a_scenario(tmp_path, monkeypatch, write_scenario):
+    """What makes no point is said in the refusal itself, which works for a trace and a price as for a scenario
+    file: `swabench show` takes a scenario, not a trace; and `show` says it too."""
+    monkeypatch.chdir(tmp_path)
+    decode_only = "tree-xqa models verify steps, not decode"
+    r = invoke("replay", trace(tmp_path / "t.jsonl", [STEPS[0]]), "--impl", "tree-xqa", "--device", "cpu")
+    assert r.exit_code == 2 and decode_only in r.output and "swabench show" not in r.output, r.output
+    r = invoke("replay", tmp_path / "t.jsonl", "--impl", "paged-window", "--backend", "fa4", "--device", "cpu")
+    assert r.exit_code == 2 and "paged-window has kernels on fa2 and fa3 and auto only, not fa4" in r.output
+    r = invoke("price", "--model", "gemma-3-1b", "--impl", "tree-xqa", "--device", "cpu")
+    assert r.exit_code == 2 and "tree-xqa models verify steps, not" in r.output and "show" not in r.output
+    scenario = write_scenario(TINY_DECODE.replace('"torch-trim", "torch-mask"', '"tree-xqa"'), "zero.toml")
+    assert decode_only in invoke("run", scenario, "--device", "cpu").output
+    assert "0 points  backends: -  (models verify steps, not decode)" in invoke("show", scenario).output
+    assert not (tmp_path / "results").exists()
+
+
 def test_the_gpus_launcher_refuses_a_scenario_of_no_points_and_keeps_nothing(tmp_path, monkeypatch, write_scenario):
     from swabench.run import launch
 

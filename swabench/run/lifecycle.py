@@ -144,8 +144,10 @@ def check_runnable(scenario: scenarios.Scenario, device: torch.device) -> None:
 
     where = scenario.path
     if not scenario.points:
+        said = [f"{impl} {why}" for impl, why in scenario.unmodelled.items()]
         why = (f"its [[skip]] rules removed all {len(scenario.skipped)}" if scenario.skipped else
-               f"no implementation it lists makes a point of its cases: `swabench show {where}` says why")
+               f"no implementation it lists makes a point of its steps: {'; '.join(said[:3])}"
+               + (f"; {len(said) - 3} more" if len(said) > 3 else ""))
         raise NothingToRun(f"{where}: the scenario expands to 0 points ({why}); nothing to run")
     options = sweep.SweepOptions(device=device)
     reasons = [sweep.skip_reason(p, options) for p in scenario.points]
