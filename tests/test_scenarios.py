@@ -110,6 +110,27 @@ def test_validation_errors_name_file_field_and_allowed_values(tmp_path, edit, fi
         assert w in message, message
 
 
+@pytest.mark.parametrize("mode,queries,given,takes", [
+    ("decode", "", "draft_tokens = 4", "modes 'verify' and 'draft_extend'"),
+    ("extend", "extend_len = 8", "draft_tokens = 4", "modes 'verify' and 'draft_extend'"),
+    ("verify", "draft_tokens = 4", "extend_len = 8", "modes 'extend' and 'mixed'"),
+    ("verify", "draft_tokens = 4", "accept = 'geometric:0.5'", "mode 'draft_extend'"),
+    ("draft_extend", "draft_tokens = 4", "tree = 'chain'", "mode 'verify'"),
+    ("verify", "draft_tokens = 4", "prefills = 1", "mode 'mixed'"),
+    ("decode", "", "block = 2", "modes 'extend', 'verify', 'draft_extend' and 'mixed'"),
+])
+def test_an_axis_the_groups_mode_does_not_use_is_refused(tmp_path, mode, queries, given, takes):
+    """An axis only some modes use, given to a group of another mode, is refused naming the field, the group's mode
+    and the modes that take it, rather than dropped (a decode group's draft_tokens made a case without it)."""
+    name = given.split(" =")[0]
+    group = f'mode = "{mode}"\n{queries}\n{given}\nprefix_len = 100\nwindow_left = 16\n'
+    with pytest.raises(ScenarioError) as err:
+        parse(f'implementations = ["torch-trim"]\n[[sweep]]\n{group}', tmp_path)
+    assert err.value.field == f"sweep[0].{name}"
+    assert f"applies to {takes}: mode '{mode}' does not use it" in str(err.value)
+    assert parse(f'implementations = ["torch-trim"]\n[[sweep]]\n{group.replace(given, "")}', tmp_path).points
+
+
 def test_largest_window_named_fits_the_probes(tmp_path):
     """The window the message offers is one the probes take; one more is refused again."""
     assert parse(BASE.replace("window_left = 16", "window_left = 3884\nhead_dim = 24"), tmp_path).cases
