@@ -63,12 +63,17 @@ def too_large(limit: int) -> str:
 
 
 def read_bytes(path, limit: int, error: Error | None = None) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grew past it while read too)."""
+    """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grew past it while read too).
+    The read asks for the file's own size (and more, a MiB at a time, only where it grew): Python allocates what a
+    read asks for up front, and a read of ``limit`` bytes would need gigabytes for a file of a few KiB, which a
+    memory limit (``ulimit -v``) refuses."""
     error = error or _named(path)
     regular(path, limit, error)
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read(min(os.fstat(f.fileno()).st_size, limit) + 1)
+            while len(data) <= limit and (more := f.read(min(MiB, limit + 1 - len(data)))):
+                data += more
     except OSError as e:
         raise error(f"cannot read it ({e.strerror or e})") from None
     if len(data) > limit:
