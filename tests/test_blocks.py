@@ -134,8 +134,7 @@ def test_the_paths_without_blocks_skip_and_say_so():
 
 
 @pytest.mark.parametrize("fields, says", [
-    (dict(mode="decode", draft_tokens=None, seq_len=64, prefix_len=None),
-     "applies to modes 'extend', 'verify', 'draft_extend' and 'mixed': mode 'decode' does not use it"),
+    (dict(mode="decode", draft_tokens=None, seq_len=64, prefix_len=None), "a decode step has one query"),
     (dict(causal=False), "leave out causal = false"),
     (dict(window_left=None, attention_chunk=16), "leave out causal = false, attention_chunk and tree"),
     (dict(tree="eagle:2:3", draft_tokens=6), "leave out causal = false, attention_chunk and tree"),

@@ -823,22 +823,23 @@ def test_a_journal_over_its_bound_is_refused_naming_the_limit(tmp_path, cut_run,
 
 
 def test_a_run_is_finalized_under_a_memory_limit_the_sweep_fit_in(tmp_path, cut_run):
-    """A table is written under an address-space limit (``ulimit -v``) a GiB above what the process already holds:
-    reading the journal asks for its own size, not the 4 GiB a journal may reach (a sweep that fit its limit
-    died at finalize with no table)."""
+    """A table is written under an address-space limit (``ulimit -v``) 2 GiB above what the process already holds:
+    reading the journal asks for its own size, not the 4 GiB a journal may reach (else a sweep that fits its limit
+    dies at finalize with no table)."""
     run = copied(cut_run, tmp_path)
     (run / "results.csv").unlink()
     finalize = textwrap.dedent(f"""
-        import re, resource, sys
+        import re, resource
         import torch, pandas
         from swabench.analysis import derived
         from swabench.store import run_folder
         held = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (held + (1 << 30), resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_AS, (held + (2 << 30), resource.RLIM_INFINITY))
         table = run_folder.RunStore({str(run)!r}).finalize(derived.add_derived, state="interrupted")
         print(len(table))
         """)
-    done = subprocess.run([sys.executable, "-c", finalize], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    done = subprocess.run([sys.executable, "-c", finalize], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)  # this checkout's swabench
     assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr[-2000:]
     assert len(pd.read_csv(run / "results.csv")) == 3
 

@@ -427,8 +427,8 @@ def test_the_gate_says_the_slot_rule_is_wrong_on_the_predicted_rows_and_the_dept
 @pytest.mark.parametrize("mode,length", [("extend", dict(extend_len=5)), ("decode", {}),
                                          ("draft_extend", dict(draft_tokens=5))])
 def test_a_tree_is_verified_only(mode, length):
-    with pytest.raises(ScenarioError, match=rf"sweep\.tree: applies to mode 'verify': mode '{mode}' does not use "
-                                            r"it \(leave it out\)"):
+    with pytest.raises(ScenarioError, match=r"sweep\.tree: a draft tree is verified in one call: mode must be "
+                                            rf"'verify', not '{mode}'"):
         axes.make_case(dict(mode=mode, tree="eagle:2:2", prefix_len=40, window_left=12, head_dim=64, **length))
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from swabench.core import footprint, numerics, semantics, trees
-from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, SERVING_DEFAULTS, STORAGES, WRAPPER_MODES, Case,
-                                  parse_accept, parse_length)
+from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
+                                  parse_length)
 from swabench.errors import UserError, did_you_mean
 from swabench.impls import registry
 from swabench.inputs import models
@@ -150,8 +150,8 @@ DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout":
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
-# The axes only some modes' steps use: a step of another mode that is given one (other than its off value,
-# cases.SERVING_DEFAULTS) is refused, naming the modes that take it, rather than made without it
+# The axes only some modes' steps use, and the modes that take each: a group of several modes gives one to those
+# that take it, and one given where none of its modes takes it is refused as the scenario is read
 MODE_AXES = {**{f: tuple(m for m in QO_FIELD if QO_FIELD[m] == f) for f in QO_FIELD.values()},
              "accept": ("draft_extend",), "tree": ("verify",), "prefills": ("mixed",),
              "block": tuple(m for m in MODES if m != "decode")}
@@ -221,7 +221,6 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
             hint = f" ({other[0]} applies to {_modes_of(other[0])})" if other else ""
             raise ScenarioError(path, f"{where}.{own}", f"mode {mode!r} needs {own} (or qo_len){hint}")
         qo_len = p[qo_name]
-    _check_mode_axes(point, mode, path, where)
     if mode == "draft_extend":
         kind, arg = parse_accept(p["accept"])
         if not isinstance(qo_len, int):
@@ -231,8 +230,8 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
         if kind == "fixed" and arg > qo_len:
             raise ScenarioError(path, f"{where}.accept", f"fixed:{int(arg)} accepts more tokens than "
                                                          f"the draft block of {qo_len}")
-    tree = _check_tree(p, qo_len, path, where)
-    _check_block(p, tree, path, where)
+    tree = _check_tree(p, mode, qo_len, path, where)
+    _check_block(p, mode, tree, path, where)
     _check_mixed(p, mode, qo_len, path, where)
     ctx = _one_of(p, ("prefix_len", "seq_len"), path, where)
     _check_per_request(p, {"qo_len": qo_len, ctx: p[ctx]}, path, where, QO_FIELD.get(mode, "qo_len"))
@@ -277,12 +276,14 @@ def _window_or_chunk(p: dict, path, where) -> int:
     return window_left
 
 
-def _check_tree(p: dict, qo_len, path, where) -> str | None:
+def _check_tree(p: dict, mode: str, qo_len, path, where) -> str | None:
     """A draft tree is a verify block of one size for the batch, on a causal sliding-window (or global) layer."""
     tree = p.get("tree")
     if tree is None:
         return None
     field = f"{where}.tree"
+    if mode != "verify":
+        raise ScenarioError(path, field, f"a draft tree is verified in one call: mode must be 'verify', not {mode!r}")
     if not isinstance(qo_len, int):
         raise ScenarioError(path, f"{where}.draft_tokens", f"a draft tree has one size for the batch (the engines "
                                                            f"verify one tree shape a step); got {qo_len!r}")
@@ -295,18 +296,24 @@ def _check_tree(p: dict, qo_len, path, where) -> str | None:
     return tree
 
 
-def _check_block(p: dict, tree, path, where) -> None:
+def _check_block(p: dict, mode: str, tree, path, where) -> None:
     """Bidirectional blocks split a step of several queries; outside its block a query stays causal."""
     if not p["block"]:
         return
+    field = f"{where}.block"
+    if mode == "decode":
+        raise ScenarioError(path, field, "a decode step has one query: give block with mode extend, verify or "
+                                         "draft_extend")
     if not p["causal"] or p["attention_chunk"] or tree is not None:
-        raise ScenarioError(path, f"{where}.block", "blocks are the bidirectional part of a causal sliding-window (or "
-                                                    "global) layer: leave out causal = false, attention_chunk and tree")
+        raise ScenarioError(path, field, "blocks are the bidirectional part of a causal sliding-window (or global) "
+                                         "layer: leave out causal = false, attention_chunk and tree")
 
 
 def _check_mixed(p: dict, mode: str, qo_len, path, where) -> None:
     """A mixed step batches some requests' prefill chunks (one size) with the others' decodes."""
     if mode != "mixed":
+        if p["prefills"]:
+            raise ScenarioError(path, f"{where}.prefills", f"applies to mode 'mixed', not {mode!r}")
         return
     b = p["batch_size"]
     if not 1 <= p["prefills"] < b:
@@ -314,19 +321,6 @@ def _check_mixed(p: dict, mode: str, qo_len, path, where) -> None:
                                                        f"requests (the rest decode); got {p['prefills']}")
     if not isinstance(qo_len, int):
         raise ScenarioError(path, f"{where}.extend_len", f"a mixed step's prefill chunks are one size; got {qo_len!r}")
-
-
-def _check_mode_axes(given: dict, mode: str, path, where) -> None:
-    """ScenarioError for an axis given (``given``: the combination as written, before the defaults) that a step
-    of ``mode`` does not use (MODE_AXES); an axis at its off value (tree None, block 0, prefills 0) asks for
-    nothing, in any mode."""
-    off = SERVING_DEFAULTS.get
-    name = next((n for n in MODE_AXES if given.get(n, off(n)) != off(n) and mode not in MODE_AXES[n]), None)
-    if name:
-        modes = [repr(m) for m in MODE_AXES[name]]
-        said = " and ".join(modes) if len(modes) < 3 else f"{', '.join(modes[:-1])} and {modes[-1]}"
-        raise ScenarioError(path, f"{where}.{name}", f"applies to mode{'s' * (len(modes) > 1)} {said}: mode {mode!r} "
-                                                     f"does not use it (leave it out)")
 
 
 def _check_per_request(p: dict, lengths: dict, path, where, qo_name: str) -> None:

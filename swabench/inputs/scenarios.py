@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.core import footprint, semantics, trees
-from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
+from swabench.core.cases import QO_FIELD, SERVING_DEFAULTS, Case, Point, features_of, length_bound
 from swabench.errors import did_you_mean
 from swabench.impls import registry
-from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, make_case,
-                                 with_model)
+from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODE_AXES, MODEL_SETS, ScenarioError, check_axes,
+                                 make_case, with_model)
 from swabench.inputs.rules import Rule, RuleError, compile_rule
 from swabench.store import reading
 
@@ -205,10 +205,12 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         axes = {**fixed, **own}
         if "model_features" in axes and "model" not in axes:
             raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
+        _check_mode_axes(own, axes.get("mode"), path, where)
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         expanded = check_size(path, where if label == where else f"{where} ({label})", axes, len(impls),
                               len(backends), expanded)
         checked.append((label, where, impls, axes, backends))
+    _check_mode_axes(fixed, [m for group in checked for m in group[3].get("mode", ())], path, "fixed")
     for label, where, impls, axes, backends in checked:  # every group's size known before any is expanded
         names = list(axes)
         seen = set()
@@ -242,6 +244,22 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
     return Scenario(name=name, path=str(path), text=text, description=str(doc.get("description", "")),
                     implementations=[n for n in listed if wanted is None or n in wanted], points=points,
                     skipped=skipped, unmodelled=unmodelled)
+
+
+def _check_mode_axes(given: dict, modes, path, where: str) -> None:
+    """ScenarioError for an axis of ``given`` (a [[sweep]] group's or [fixed]'s checked axes, each a list of values)
+    that none of ``modes`` (the modes it reaches) uses: its cases would be made without it.  An axis only at its off
+    value (tree none, block 0, prefills 0) asks for nothing, and fits any mode."""
+    for name, takes in MODE_AXES.items():
+        if modes and any(v != SERVING_DEFAULTS.get(name) for v in given.get(name, ())) and not set(takes) & set(modes):
+            raise ScenarioError(path, f"{where}.{name}", f"applies to {_listed(takes)}, not to {_listed(modes)} "
+                                                         f"(leave it out)")
+
+
+def _listed(modes) -> str:
+    """"mode 'decode'", "modes 'verify' and 'draft_extend'", "modes 'extend', 'verify' and 'mixed'"."""
+    said = [repr(m) for m in dict.fromkeys(modes)]
+    return f"mode{'s' * (len(said) > 1)} " + " and ".join(filter(None, [", ".join(said[:-1]), said[-1]]))
 
 
 MAX_POINTS = 250_000  # days of GPU time; the largest shipped, edges.toml, counts 54k before its skip rules
