@@ -170,6 +170,23 @@ def test_metadata_of_other_types_drops_the_call_with_its_reason(tmp_path, change
     assert f"1 not imported: {reason}" in r.output and "12 trace lines" in r.output
 
 
+@pytest.mark.parametrize("values,dtype", [([0.0, 700.0, 1900.0], "float32"), ([0.0, 700.5, 1900.0], "float64"),
+                                          ([False, True, True], "bool")])
+def test_an_index_array_of_other_than_integers_drops_the_call_naming_it(tmp_path, values, dtype):
+    """A qo_indptr of floats (whole or not) or bools is no index array: the call is left out, its reason naming
+    the field and its dtype, rather than read as the integers it rounds to."""
+    import torch
+
+    dump = copy_dump(tmp_path)
+    call = next(c for c in windowed_calls(dump) if "PrefillWithPaged" in c.name)
+    tensors = torch.load(call / "inputs.pt", weights_only=True)
+    torch.save({**tensors, "arg_1": torch.tensor(values, dtype=getattr(torch, dtype))}, call / "inputs.pt")
+    imported = dumps.read(dump)
+    reason = f"its arguments do not read as a plan (ValueError: qo_indptr: a tensor of {dtype}, not of integers " \
+             f"(an index array is int32 or int64))"
+    assert imported.left_out[reason] == 1 and len(imported.lines) == 12
+
+
 def test_chunked_prefill_is_extend_and_a_verify_block_is_short():
     """Equal query counts after a prefix are verify only up to --verify-max queries a request."""
     import torch

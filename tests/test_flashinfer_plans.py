@@ -486,6 +486,23 @@ def test_the_opt_in_backends_are_asked_for_by_name_and_a_replay_runs_every_serve
     assert replay._checked_backends(("fa2",)) == ["fa2"]
 
 
+@pytest.mark.parametrize("command", ["replay", "price"])
+def test_the_backend_help_names_the_backends_a_default_replay_runs(command):
+    """--backend's help says what a replay or price that names no backend runs: the same backends, in the same
+    order, as the selection the code makes, and `--help` shows that text."""
+    import re
+
+    from conftest import invoke
+    from swabench.cli import sweep as commands
+    from swabench.run import replay
+
+    said = next(p.help for p in getattr(commands, command).params if p.name == "backends")
+    named = re.search(r"default: (.+?), every backend a library serves steps with", said)
+    assert named and re.split(r", | and ", named.group(1)) == replay.default_backends()
+    shown = invoke(command, "--help")
+    assert shown.exit_code == 0 and "".join(said.split()) in "".join(shown.output.split())
+
+
 @pytest.mark.parametrize("impl,mode", [("paged-window", "verify"), ("ragged-window", "verify"), ("paged-mask", "verify"),
                                        ("decode-tc-trim", "decode"), ("sink-window", "verify"),
                                        ("chunk-virtual", "verify")])

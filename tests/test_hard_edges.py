@@ -346,6 +346,24 @@ def test_a_merged_folder_says_it_cannot_be_resumed(tmp_path):
     assert "(None)" not in r.output and "merge " + str(tmp_path / "m") not in r.output
 
 
+def test_a_resume_refuses_a_journal_row_of_another_run(tmp_path):
+    """A line copied from another run's journal is not one of this run's points: the resume says so and changes
+    nothing, rather than count it as this run's (a 2-point run must not finish with 3 rows)."""
+    path = scenario(tmp_path)
+    for impl in ("torch-trim", "torch-mask"):
+        assert invoke("run", path, "--device", "cpu", "--out", tmp_path / impl, "--impl", impl).exit_code == 0
+    out = tmp_path / "torch-trim"
+    foreign = (tmp_path / "torch-mask" / run_folder.ROWS).read_text().splitlines()[0]
+    with open(out / run_folder.ROWS, "a") as journal:
+        journal.write(foreign + "\n")
+    before = snapshot(out)
+    r = invoke("run", path, "--device", "cpu", "--out", out, "--impl", "torch-trim", "--resume")
+    assert r.exit_code == 2, r.output
+    assert f"{out / run_folder.ROWS}: 1 row(s) are not points of this run (2 points), e.g. line 3" in r.output
+    assert "impl torch-mask" in r.output
+    assert snapshot(out) == before
+
+
 def test_a_replay_resumed_with_other_implementations_says_so(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"mode": "decode", "num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 64,

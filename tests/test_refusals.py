@@ -9,6 +9,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -565,6 +568,23 @@ def test_a_run_where_nothing_can_run_is_refused_before_a_folder_is_made(tmp_path
     assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA" in r.output and not Path("rp").exists()
 
 
+def test_no_point_to_run_says_why_for_a_trace_a_price_and_a_scenario(tmp_path, monkeypatch, write_scenario):
+    """What makes no point is said in the refusal itself, which works for a trace and a price as for a scenario
+    file: `swabench show` takes a scenario, not a trace; and `show` says it too."""
+    monkeypatch.chdir(tmp_path)
+    decode_only = "tree-xqa models verify steps, not decode"
+    r = invoke("replay", trace(tmp_path / "t.jsonl", [STEPS[0]]), "--impl", "tree-xqa", "--device", "cpu")
+    assert r.exit_code == 2 and decode_only in r.output and "swabench show" not in r.output, r.output
+    r = invoke("replay", tmp_path / "t.jsonl", "--impl", "paged-window", "--backend", "fa4", "--device", "cpu")
+    assert r.exit_code == 2 and "paged-window has kernels on fa2 and fa3 and auto only, not fa4" in r.output
+    r = invoke("price", "--model", "gemma-3-1b", "--impl", "tree-xqa", "--device", "cpu")
+    assert r.exit_code == 2 and "tree-xqa models verify steps, not" in r.output and "show" not in r.output
+    scenario = write_scenario(TINY_DECODE.replace('"torch-trim", "torch-mask"', '"tree-xqa"'), "zero.toml")
+    assert decode_only in invoke("run", scenario, "--device", "cpu").output
+    assert "0 points  backends: -  (models verify steps, not decode)" in invoke("show", scenario).output
+    assert not (tmp_path / "results").exists()
+
+
 def test_the_gpus_launcher_refuses_a_scenario_of_no_points_and_keeps_nothing(tmp_path, monkeypatch, write_scenario):
     from swabench.run import launch
 
@@ -802,6 +822,41 @@ def test_a_journal_over_its_bound_is_refused_naming_the_limit(tmp_path, cut_run,
     monkeypatch.setattr(reading, "TABLE", (run / "rows.jsonl").stat().st_size - 1)
     r = invoke("summary", run)
     assert r.exit_code == 2 and f"{run / 'rows.jsonl'}: larger than {reading.TABLE} bytes" in r.output, r.output
+
+
+def test_a_run_is_finalized_under_a_memory_limit_the_sweep_fit_in(tmp_path, cut_run):
+    """A table is written under an address-space limit (``ulimit -v``) 2 GiB above what the process already holds:
+    reading the journal asks for its own size, not the 4 GiB a journal may reach (else a sweep that fits its limit
+    dies at finalize with no table)."""
+    run = copied(cut_run, tmp_path)
+    (run / "results.csv").unlink()
+    finalize = textwrap.dedent(f"""
+        import re, resource
+        import torch, pandas
+        from swabench.analysis import derived
+        from swabench.store import run_folder
+        held = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (held + (2 << 30), resource.RLIM_INFINITY))
+        table = run_folder.RunStore({str(run)!r}).finalize(derived.add_derived, state="interrupted")
+        print(len(table))
+        """)
+    done = subprocess.run([sys.executable, "-c", finalize], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)  # this checkout's swabench
+    assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr[-2000:]
+    assert len(pd.read_csv(run / "results.csv")) == 3
+
+
+def test_a_file_that_grows_while_read_is_read_to_its_end_or_refused(tmp_path, monkeypatch):
+    """The read asks for the size the file had when opened, then reads on where it grew, to the bound."""
+    from swabench.store import reading
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 3000)
+    real = os.fstat
+    monkeypatch.setattr(reading.os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 10, *real(fd)[7:])))
+    assert reading.read_bytes(path, 5000) == b"x" * 3000
+    with pytest.raises(reading.ReadError, match="larger than 2999 bytes"):
+        reading.read_bytes(path, 2999)
 
 
 def _long_integer(tmp_path, cut_run, where: str) -> tuple[list, Path, str]:

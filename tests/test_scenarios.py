@@ -87,7 +87,7 @@ def test_case_id_is_stable_and_distinguishes_shapes(tmp_path):
     (("prefix_len = 100", "seq_len = 3"), "sweep[0].draft_tokens", ["larger than seq_len 3"]),
     (('["torch-trim"]', '["torch-trimm"]'), "implementations", ["unknown implementation 'torch-trimm'", "did you mean 'torch-trim'", "allowed:"]),
     (('mode = "verify"', 'mode = "prefill"'), "sweep[0].mode", ["extend, verify, draft_extend, decode", "'prefill'"]),
-    (("draft_tokens = 4", "extend_len = 4"), "sweep[0].draft_tokens", ["needs draft_tokens", "extend_len applies to extend"]),
+    (("draft_tokens = 4", "extend_len = 4"), "sweep[0].extend_len", ["applies to modes 'extend' and 'mixed', not to mode 'verify'"]),
     (("window_left = 16", "window_left = 16\nnum_qo_heads = 6\nnum_kv_heads = 4"), "sweep[0].num_kv_heads", ["must divide"]),
     (("window_left = 16", "window_left = 16\nsliding_window = 17"), "sweep[0]", ["only one of window_left / sliding_window"]),
     (("window_left = 16", "window_left = 16\ndtype = 'float8'"), "sweep[0].dtype", ["bfloat16, float16, float32"]),
@@ -108,6 +108,37 @@ def test_validation_errors_name_file_field_and_allowed_values(tmp_path, edit, fi
     assert err.value.field == field and str(tmp_path / "s.toml") in message
     for w in words:
         assert w in message, message
+
+
+@pytest.mark.parametrize("mode,queries,given,takes", [
+    ("decode", "", "draft_tokens = 4", "modes 'verify' and 'draft_extend'"),
+    ("extend", "extend_len = 8", "draft_tokens = 4", "modes 'verify' and 'draft_extend'"),
+    ("verify", "draft_tokens = 4", "extend_len = 8", "modes 'extend' and 'mixed'"),
+    ("verify", "draft_tokens = 4", "accept = 'geometric:0.5'", "mode 'draft_extend'"),
+    ("draft_extend", "draft_tokens = 4", "tree = 'chain'", "mode 'verify'"),
+    ("verify", "draft_tokens = 4", "prefills = 1", "mode 'mixed'"),
+    ("decode", "", "block = 2", "modes 'extend', 'verify', 'draft_extend' and 'mixed'"),
+])
+def test_an_axis_the_groups_mode_does_not_use_is_refused(tmp_path, mode, queries, given, takes):
+    """An axis only some modes use, given to a group of another mode, is refused naming the field, the group's mode
+    and the modes that take it, rather than dropped (a decode group's draft_tokens would make a case without it)."""
+    name = given.split(" =")[0]
+    group = f'mode = "{mode}"\n{queries}\n{given}\nprefix_len = 100\nwindow_left = 16\n'
+    with pytest.raises(ScenarioError) as err:
+        parse(f'implementations = ["torch-trim"]\n[[sweep]]\n{group}', tmp_path)
+    assert err.value.field == f"sweep[0].{name}"
+    assert f"applies to {takes}, not to mode '{mode}' (leave it out)" in str(err.value)
+    assert parse(f'implementations = ["torch-trim"]\n[[sweep]]\n{group.replace(given, "")}', tmp_path).points
+
+
+def test_a_mode_axis_goes_to_the_modes_that_take_it_and_fixed_is_held_to_every_group(tmp_path):
+    """A group of several modes gives draft_tokens to its verify cases; [fixed] is refused where no group's mode
+    takes its axis, naming the modes the groups have."""
+    both = parse(BASE.replace('mode = "verify"', 'mode = ["verify", "decode"]'), tmp_path)
+    assert sorted(c.qo_len for c in both.cases) == [1, 4]
+    with pytest.raises(ScenarioError) as err:
+        parse(BASE.replace("[[sweep]]", "[fixed]\naccept = 'full'\n[[sweep]]"), tmp_path)
+    assert err.value.field == "fixed.accept" and "applies to mode 'draft_extend', not to mode 'verify'" in str(err.value)
 
 
 def test_largest_window_named_fits_the_probes(tmp_path):

@@ -113,8 +113,9 @@ def step_options(command):
             out_option,
             opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has."),
             opt("--backend", "backends", multiple=True, metavar="NAME",
-                help="A library backend each step runs through (repeatable; default: FlashInfer's fa2 and fa3 and "
-                     "the shelf's xqa and fmha-v2, whose JIT modules take minutes to build; cudnn only by name)."),
+                help="A library backend each step runs through (repeatable; default: fa2, fa3, cudnn, xqa, fmha-v2 "
+                     "and fa4, every backend a library serves steps with; the shelf's xqa and fmha-v2 take minutes "
+                     "to build their JIT modules)."),
             l2_option]):
         command = option(command)
     return command

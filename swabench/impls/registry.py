@@ -215,8 +215,23 @@ class Implementation:
         """Whether a scenario makes a point of this implementation on such a step: its storage, a mode it
         models, a case with the features it exists for, a wrapper mode it has (the rest of what it cannot
         run is a skip row)."""
-        return storage in self.storages and (not self.modes or mode in self.modes) and self.requires <= features \
-            and wrapper_mode in self.wrapper_modes
+        return self.unmodelled(storage, mode, features, wrapper_mode) is None
+
+    def unmodelled(self, storage: str, mode: str, features: frozenset[str], wrapper_mode: str,
+                   backends=None) -> str | None:
+        """Why a scenario makes no point of this implementation on such a step through any of ``backends`` (None
+        where it makes one), as its skip rows say it."""
+        if storage not in self.storages:
+            return f"runs on {' or '.join(self.storages)} storage, not {storage}"
+        if self.modes and mode not in self.modes:
+            return f"models {' and '.join(self.modes)} steps, not {mode}"
+        if backends is not None and not self.runs_on(backends):
+            return f"has kernels on {' and '.join(self.backends)} only, not {' or '.join(backends)}"
+        if self.requires - features:
+            return f"runs only cases with {' and '.join(sorted(self.requires - features))}"
+        if wrapper_mode not in self.wrapper_modes:
+            return f"has no wrapper to build {wrapper_mode} (wrapper_mode is how FlashInfer's wrappers are built)"
+        return None
 
     def runs_on(self, backends) -> list[str]:
         """The backends of ``backends`` this implementation has kernels for (its library's name when the
@@ -226,16 +241,9 @@ class Implementation:
     def skip_reason(self, case, backend: str, device: torch.device | None) -> str | None:
         """Why this point cannot run here (recorded as a skip row), or None; with no ``device``, why it
         cannot run anywhere, whatever is installed here."""
-        if case.storage not in self.storages:
-            return f"runs on {' or '.join(self.storages)} storage, not {case.storage}"
-        if self.modes and case.mode not in self.modes:
-            return f"models {' and '.join(self.modes)} steps, not {case.mode}"
-        if self.backends and backend not in self.backends:
-            return f"has kernels on {' and '.join(self.backends)} only, not {backend}"
-        if self.requires - case.features:
-            return f"runs only cases with {' and '.join(sorted(self.requires - case.features))}"
-        if case.wrapper_mode not in self.wrapper_modes:
-            return f"has no wrapper to build {case.wrapper_mode} (wrapper_mode is how FlashInfer's wrappers are built)"
+        unmodelled = self.unmodelled(case.storage, case.mode, case.features, case.wrapper_mode, [backend])
+        if unmodelled:
+            return unmodelled
         if not case.causal and not self.noncausal:
             return "takes causal windows only"
         if case.attention_chunk and not self.chunked:

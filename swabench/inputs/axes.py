@@ -150,6 +150,11 @@ DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout":
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
+# The axes only some modes' steps use, and the modes that take each: a group of several modes gives one to those
+# that take it, and one given where none of its modes takes it is refused as the scenario is read
+MODE_AXES = {**{f: tuple(m for m in QO_FIELD if QO_FIELD[m] == f) for f in QO_FIELD.values()},
+             "accept": ("draft_extend",), "tree": ("verify",), "prefills": ("mixed",),
+             "block": tuple(m for m in MODES if m != "decode")}
 
 
 def check_axes(table: dict, path, where: str) -> dict:

@@ -138,9 +138,17 @@ def _dtype(v) -> str | None:
 
 
 def _ints(a: dict, name: str) -> list[int]:
-    if not hasattr(a.get(name), "tolist"):
-        raise TypeError(f"{name}: {type(a.get(name)).__name__}, not a tensor")
-    return [int(x) for x in a[name].tolist()]
+    """An index array's values: a tensor of integers (one of floats or bools, whole or not, is no index array,
+    as an argument is no integer unless it is one: ``_int``)."""
+    import torch
+
+    v = a.get(name)
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name}: {type(v).__name__}, not a tensor")
+    if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+        raise ValueError(f"{name}: a tensor of {str(v.dtype).removeprefix('torch.')}, not of integers (an index "
+                         f"array is int32 or int64)")
+    return [int(x) for x in v.tolist()]
 
 
 def _int(a: dict, name: str, default=None) -> int:

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swabench.core import footprint, semantics, trees
-from swabench.core.cases import QO_FIELD, Case, Point, features_of, length_bound
+from swabench.core.cases import QO_FIELD, SERVING_DEFAULTS, Case, Point, features_of, length_bound
 from swabench.errors import did_you_mean
 from swabench.impls import registry
-from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODEL_SETS, ScenarioError, check_axes, make_case,
-                                 with_model)
+from swabench.inputs.axes import (AXES, DEFAULTS, LENGTHS, MODE_AXES, MODEL_SETS, ScenarioError, check_axes,
+                                 make_case, with_model)
 from swabench.inputs.rules import Rule, RuleError, compile_rule
 from swabench.store import reading
 
@@ -53,6 +53,7 @@ class Scenario:
     implementations: list[str]
     points: list[Point]
     skipped: list[str] = field(default_factory=list)  # the rule's reason, once per skipped point
+    unmodelled: dict[str, str] = field(default_factory=dict)  # implementation -> why a step of it is no point
 
     @property
     def cases(self) -> list[Case]:
@@ -185,7 +186,7 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
             raise ScenarioError(path, where, "must be a table with 'when' (an expression) and 'reason'")
         rules.append((_compile_rule(rule["when"], path, f"{where}.when"), str(rule.get("reason", rule["when"]))))
 
-    points, skipped, listed, checked, expanded = [], [], [], [], 0
+    points, skipped, listed, checked, expanded, unmodelled = [], [], [], [], 0, {}
     for gi, group in enumerate(groups):
         group = dict(group) if isinstance(group, dict) else group
         label = group.pop("group", f"sweep[{gi}]") if isinstance(group, dict) else f"sweep[{gi}]"
@@ -204,10 +205,12 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         axes = {**fixed, **own}
         if "model_features" in axes and "model" not in axes:
             raise ScenarioError(path, f"{where}.model_features", "applies to a model preset: give model too")
+        _check_mode_axes(own, axes.get("mode"), path, where)
         backends = axes.pop("backend", [DEFAULTS["backend"]])
         expanded = check_size(path, where if label == where else f"{where} ({label})", axes, len(impls),
                               len(backends), expanded)
         checked.append((label, where, impls, axes, backends))
+    _check_mode_axes(fixed, [m for group in checked for m in group[3].get("mode", ())], path, "fixed")
     for label, where, impls, axes, backends in checked:  # every group's size known before any is expanded
         names = list(axes)
         seen = set()
@@ -222,8 +225,10 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
                                    step["tree"], step["block"])
             for impl_name in impls:
                 impl = registry.get(impl_name)
-                if not impl.models(step["storage"], step["mode"], features, step["wrapper_mode"]):
-                    continue  # a step the implementation does not model: not a point
+                why = impl.unmodelled(step["storage"], step["mode"], features, step["wrapper_mode"], backends)
+                if why:  # a step the implementation does not model: not a point
+                    unmodelled.setdefault(impl_name, why)
+                    continue
                 for backend in impl.runs_on(backends):
                     ns = {**step, "impl": impl_name, "backend": backend}
                     reason = _skip_reason(rules, ns, path)
@@ -238,7 +243,23 @@ def parse(doc: dict, path="<scenario>", text="", impl_filter=None) -> Scenario:
         _no_impl_left(path, wanted, listed)
     return Scenario(name=name, path=str(path), text=text, description=str(doc.get("description", "")),
                     implementations=[n for n in listed if wanted is None or n in wanted], points=points,
-                    skipped=skipped)
+                    skipped=skipped, unmodelled=unmodelled)
+
+
+def _check_mode_axes(given: dict, modes, path, where: str) -> None:
+    """ScenarioError for an axis of ``given`` (a [[sweep]] group's or [fixed]'s checked axes, each a list of values)
+    that none of ``modes`` (the modes it reaches) uses: its cases would be made without it.  An axis only at its off
+    value (tree none, block 0, prefills 0) asks for nothing, and fits any mode."""
+    for name, takes in MODE_AXES.items():
+        if modes and any(v != SERVING_DEFAULTS.get(name) for v in given.get(name, ())) and not set(takes) & set(modes):
+            raise ScenarioError(path, f"{where}.{name}", f"applies to {_listed(takes)}, not to {_listed(modes)} "
+                                                         f"(leave it out)")
+
+
+def _listed(modes) -> str:
+    """"mode 'decode'", "modes 'verify' and 'draft_extend'", "modes 'extend', 'verify' and 'mixed'"."""
+    said = [repr(m) for m in dict.fromkeys(modes)]
+    return f"mode{'s' * (len(said) > 1)} " + " and ".join(filter(None, [", ".join(said[:-1]), said[-1]]))
 
 
 MAX_POINTS = 250_000  # days of GPU time; the largest shipped, edges.toml, counts 54k before its skip rules
@@ -351,14 +372,6 @@ def listing() -> str:
     return "\n".join(lines)
 
 
-def _why_none(impl: str, s: Scenario) -> str:
-    """Why a listed implementation makes no point of the scenario: what it says of the scenario's first case."""
-    spec = registry.get(impl)
-    why = next((spec.skip_reason(c, b, None) for c in s.cases[:1] for b in spec.runs_on(spec.backends or ["-"])),
-               None)
-    return f"  ({why})" if why else ""
-
-
 def describe(s: Scenario, each_case: bool = False) -> str:
     """What ``swabench show`` prints: points per implementation, the axes, the largest case's memory
     estimate (every case's with ``each_case``), and the points the skip rules removed."""
@@ -367,8 +380,9 @@ def describe(s: Scenario, each_case: bool = False) -> str:
     per_impl = Counter(p.impl for p in s.points)
     for name in s.implementations:
         backends = sorted({p.backend for p in s.points if p.impl == name})
+        why = f"  ({s.unmodelled[name]})" if not per_impl[name] and name in s.unmodelled else ""
         lines.append(f"  {name:22s} {registry.get(name).kind:9s} {per_impl[name]:5d} points  "
-                     f"backends: {', '.join(backends) or '-'}" + ("" if per_impl[name] else _why_none(name, s)))
+                     f"backends: {', '.join(backends) or '-'}" + why)
     lines.append("axes:")
     lines += [f"  {axis:14s} {', '.join(map(str, values))}" for axis, values in axis_values(s.cases).items()]
     sizes = {c: footprint.footprint(c, "cuda") for c in s.cases}

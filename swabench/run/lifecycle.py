@@ -26,7 +26,7 @@ from swabench.errors import UserError
 from swabench.run import isolation, launch
 from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
-from swabench.store import run_folder, schema
+from swabench.store import run_folder, schema, tables
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
@@ -158,8 +158,10 @@ def check_runnable(scenario: scenarios.Scenario, device: torch.device) -> None:
 
     where = scenario.path
     if not scenario.points:
+        said = [f"{impl} {why}" for impl, why in scenario.unmodelled.items()]
         why = (f"its [[skip]] rules removed all {len(scenario.skipped)}" if scenario.skipped else
-               f"no implementation it lists makes a point of its cases: `swabench show {where}` says why")
+               f"no implementation it lists makes a point of its steps: {'; '.join(said[:3])}"
+               + (f"; {len(said) - 3} more" if len(said) > 3 else ""))
         raise NothingToRun(f"{where}: the scenario expands to 0 points ({why}); nothing to run")
     options = sweep.SweepOptions(device=device)
     reasons = [sweep.skip_reason(p, options) for p in scenario.points]
@@ -212,6 +214,7 @@ def open_store(request: Request) -> RunStore:
                 raise RunFolderError(f"{request.out} holds a {meta.get('what') or 'run'} of other points or options"
                                      f"{held}; resume it as it was started: "
                                      f"`{rerun_command(request.out, meta.get('command'))}`")
+            tables.refuse_foreign_rows(store.folder / run_folder.ROWS, {p.key for p in s.points})
             store.update_meta(state="running", **(request.meta or {}))
         except BaseException:
             store.close()

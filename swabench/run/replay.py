@@ -44,11 +44,16 @@ def steps_request(source, sha256: str, steps, implementations, backends, out: Pa
     return lifecycle.Request(scenario, out, device, True, resume, l2, meta=meta)
 
 
+def default_backends() -> list[str]:
+    """What a replay or price runs when no --backend is named: every library's serving backends, each once
+    (FlashInfer's fa2, fa3, cuDNN, XQA and fmha v2, FlashAttention-4); the CLI's --backend help names them."""
+    return list(dict.fromkeys(b for lib in registry.libraries() for b in lib.serving_backends))
+
+
 def _checked_backends(backends) -> list[str]:
-    """The backends asked for (--backend), or every library's serving backends, each once (FlashInfer's fa2, fa3,
-    cuDNN, XQA and fmha v2, FlashAttention-4); UserError for one no library takes."""
+    """The backends asked for (--backend), or ``default_backends``; UserError for one no library takes."""
     if not backends:
-        return list(dict.fromkeys(b for lib in registry.libraries() for b in lib.serving_backends))
+        return default_backends()
     for b in backends:
         try:
             axes.AXES["backend"](b)

@@ -84,18 +84,21 @@ def journal(path: Path) -> list[dict]:
     """The rows of the journal ``path``, one per key (the last one wins), each of its fields' kinds
     (``checks.row``).  A last line cut short by an interruption is left out; any other line that is neither a row
     nor a point's start (``schema.STARTED``) means the journal is damaged."""
-    rows, _ = _journal_lines(path)
-    return rows
+    return [row for _, row in numbered_journal(path)]
+
+
+def numbered_journal(path: Path) -> list[tuple[int, dict]]:
+    """``journal``'s rows, each with the number of the line it was read from."""
+    return _journal_lines(path)[0]
 
 
 def unfinished(path: Path) -> list[tuple]:
     """The keys of the points the journal ``path`` says began with no row after their start, in order: the point in
     flight where a run ended without a word (the node lost, kill -9)."""
-    _, started = _journal_lines(path)
-    return started
+    return _journal_lines(path)[1]
 
 
-def _journal_lines(path: Path) -> tuple[list[dict], list[tuple]]:
+def _journal_lines(path: Path) -> tuple[list[tuple[int, dict]], list[tuple]]:
     out, started = {}, {}
     lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
     for number, line in enumerate(lines, 1):
@@ -120,7 +123,19 @@ def _journal_lines(path: Path) -> tuple[list[dict], list[tuple]]:
             checks.row(row)
         except ValueError as e:
             raise RunFolderError(f"{path}: line {number}: {e}: the journal is damaged") from None
-    return [row for _, row in out.values()], list(started)
+    return list(out.values()), list(started)
+
+
+def refuse_foreign_rows(path: Path, points: set[tuple]) -> None:
+    """RunFolderError when the journal ``path`` holds a row whose key is not one of ``points`` (the run's own,
+    as its meta.json selection records them): a line from another run would be counted as this run's, and
+    which lines the user meant to keep cannot be told; ``swabench merge`` joins runs."""
+    foreign = [(number, row) for number, row in numbered_journal(path) if tuple(row[k] for k in KEY) not in points]
+    if foreign:
+        number, row = foreign[0]
+        raise RunFolderError(f"{path}: {len(foreign)} row(s) are not points of this run ({len(points)} points), e.g. "
+                             f"line {number}: {', '.join(f'{k} {row[k]}' for k in KEY)}; remove the lines that "
+                             f"came from another run, or start a new --out")
 
 
 def refuse_stale_table(folder, rows: list[dict], state) -> None:
