@@ -268,8 +268,14 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
 
     with interrupt_on_signals() as signals:
         signals.hold()  # a signal while the folder is made is raised once the folder can record it
-        store = open_store(request)
-        supervisor = None
+        # the worker starts first: its imports and CUDA start overlap this process's collecting the environment
+        supervisor = isolation.Supervisor(sweep_options(request), request.limits) if request.in_worker else None
+        try:
+            store = open_store(request)
+        except BaseException:
+            if supervisor:
+                supervisor.close(now=True)
+            raise
         s, state, by, started = request.scenario, "complete", None, time.perf_counter()
         earlier_s = store.meta().get("wall_s") or 0.0  # the sweeps of earlier starts of this folder
 
@@ -297,8 +303,9 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                     progress.note(f"an earlier start of this run ended inside {len(unfinished)} point(s) without a "
                                   f"word (the first: {' '.join(map(str, unfinished[0]))}); they run again now",
                                   warn=True)
-                if request.in_worker and todo:  # started now: its imports overlap the peaks and the warm-up's setup
-                    supervisor = isolation.Supervisor(sweep_options(request), request.limits)
+                if supervisor and not todo:
+                    supervisor.close(now=True)
+                    supervisor = None
                 progress.note(f"{s.name}: {len(s.cases)} cases, {len(s.points)} points, {len(todo)} to "
                               f"{request.what} -> {request.out}")
                 if request.device.type == "cpu":  # paths that do in PyTorch what a GPU's kernels do: say how long
