@@ -1,0 +1,142 @@
+"""Caches as engines leave them (the ``cache_fill`` axis, core.stale): the slots no query may read hold NaN, Inf or
+large values, the keys a request holds stay the control's, the reference never reads the fill, a path that lets it
+in is caught, and FA4's documented precondition is an xfail, not a bug."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+from conftest import invoke
+
+from swabench.core import footprint, gate, probes, reference, semantics, stale, workloads
+from swabench.impls import embedded, fa4, upstream
+from swabench.inputs import axes, scenarios
+from swabench.inputs.axes import ScenarioError
+from swabench.run.sweep import verdict
+from swabench.store import run_folder, schema
+
+BASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=15, page_size=16, num_qo_heads=4,
+            num_kv_heads=2, head_dim=64, batch_size=3)
+LAYOUTS = [("paged", "scattered"), ("paged", "contiguous"), ("paged", "evicted-null"), ("paged", "evicted-reused"),
+           ("ragged", "scattered")]
+
+
+def case(**kw):
+    return axes.make_case({**BASE, **kw})
+
+
+def held_rows(w) -> torch.Tensor:
+    """A bool per flat K/V row: a request holds a key of its own there."""
+    held = torch.zeros(w.k_store.numel() // (w.case.num_kv_heads * w.case.head_dim), dtype=torch.bool)
+    held[w.slots if w.evicted is None else w.slots[~w.evicted]] = True
+    return held
+
+
+# ---------------------------------------------------------------- the axis
+
+def test_a_bad_fill_is_refused_naming_the_field_and_the_values():
+    with pytest.raises(ScenarioError, match=r"s\.toml: sweep\.cache_fill: must be one of random, nan, inf, large; "
+                                            r"got 'nans' \(did you mean 'nan'\?\)"):
+        axes.check_axes({"cache_fill": ["random", "nans"]}, "s.toml", "sweep")
+
+
+def test_inf_in_an_fp8_cache_is_refused_saying_why():
+    with pytest.raises(ScenarioError, match=r"sweep\.cache_fill: float8_e4m3 has no infinity"):
+        case(cache_fill="inf", kv_dtype="float8_e4m3")
+    assert case(cache_fill="nan", kv_dtype="float8_e4m3").cache_fill == "nan"
+
+
+def test_a_bad_fill_in_a_file_exits_2_before_any_work(tmp_path, write_scenario):
+    path = write_scenario('name = "t"\nimplementations = ["torch-trim"]\n[[sweep]]\nmode = "decode"\n'
+                          'prefix_len = 40\nwindow_left = 15\ncache_fill = ["nan", "zero"]\n')
+    r = invoke("check", path, "--out", tmp_path / "run", "--device", "cpu")
+    assert r.exit_code == 2 and "cache_fill: must be one of random, nan, inf, large; got 'zero'" in r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_old_case_keeps_its_id_and_a_fill_is_a_case_of_its_own():
+    plain = axes.make_case(dict(mode="extend", extend_len=512, prefix_len=8192, window_left=127, batch_size=32,
+                                num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", page_size=16))
+    assert plain.case_id == "e0513591dc82"  # its id in the published runs
+    assert dataclasses.replace(plain, cache_fill="random").case_id == plain.case_id and "fill" not in plain.label
+    filled = dataclasses.replace(plain, cache_fill="nan")
+    assert filled.case_id != plain.case_id and "fill-nan" in filled.label
+
+
+def test_the_values_written():
+    assert stale.value("random", torch.bfloat16) is None
+    assert torch.isnan(torch.tensor(stale.value("nan", torch.bfloat16)))
+    assert stale.value("inf", torch.float16) == float("inf")
+    assert stale.value("large", torch.float16) == 32752.0
+    assert stale.value("large", torch.float8_e4m3fn) == 224.0
+    w = workloads.build(case(cache_fill="large"))  # half the largest bf16 is itself a bf16: written exactly
+    assert float(w.k_store.view(-1)[w.unheld[0] * 2 * 64]) == torch.finfo(torch.bfloat16).max / 2
+
+
+# ---------------------------------------------------------------- the workload
+
+@pytest.mark.parametrize("storage,layout", LAYOUTS)
+def test_every_slot_no_request_holds_holds_the_fill_and_its_keys_stay_the_controls(storage, layout):
+    control = workloads.build(case(storage=storage, page_layout=layout))
+    w = workloads.build(case(storage=storage, page_layout=layout, cache_fill="nan"))
+    held = held_rows(w)
+    for store in (w.k_store, w.v_store):
+        rows = store.view(len(held), -1)
+        assert torch.isnan(rows[~held]).all() and not torch.isnan(rows[held]).any()
+    assert (~held).sum() > 0
+    for b in range(w.batch_size):  # each request's own keys: the control's numbers, value for value
+        own = slice(None) if w.evicted is None else ~w.evicted[w.key_request == b]
+        assert torch.equal(w.keys(b)[own], control.keys(b)[own])
+        assert torch.equal(w.values(b)[own], control.values(b)[own])
+    assert torch.equal(w.q, control.q)
+
+
+def test_a_spare_page_follows_each_requests_last_page():
+    w = workloads.build(case(page_layout="contiguous", cache_fill="inf"))
+    pages = w.kv_indptr_host.diff().tolist()  # 44 keys: 3 pages a request, the last 12 keys full
+    assert pages == [3, 3, 3] and w.k_store.shape[0] == 9 + 3
+    assert w.kv_indices_host.tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]  # spare pages 3, 7 and 11
+    spare = w.k_store[[3, 7, 11]]
+    assert torch.isinf(spare).all() and torch.isinf(w.k_store[2, 12:]).all() and torch.isfinite(w.k_store[2, :12]).all()
+    scattered = workloads.build(case(cache_fill="inf"))
+    last = scattered.kv_indices_host[scattered.kv_indptr_host[1:] - 1]
+    assert torch.isinf(scattered.k_store[last + 1]).all()  # past a request's last page: always a spare one
+
+
+def test_a_ragged_buffer_has_spare_rows_past_the_last_request():
+    w = workloads.build(case(storage="ragged", cache_fill="nan"))
+    total = sum(w.kv_lens)
+    assert w.k_store.shape[0] == total + stale.SPARE_ROWS
+    assert torch.isnan(w.k_store[total:]).all() and not torch.isnan(w.k_store[:total]).any()
+
+
+@pytest.mark.parametrize("storage,layout", LAYOUTS)
+def test_the_reference_never_reads_the_fill(storage, layout):
+    outputs = {}
+    for fill in ("random", "nan"):
+        w = workloads.build(case(storage=storage, page_layout=layout, cache_fill=fill))
+        outputs[fill] = [reference.attention(w)]
+        probes.fill(w, 0, seed=0)
+        outputs[fill].append(reference.attention(w))
+        if fill == "nan":
+            assert torch.isnan(w.k_store.view(-1, 2, 64)[w.unheld]).all()  # the probes keep the fill in place
+    for control, filled in zip(outputs["random"], outputs["nan"]):
+        assert torch.equal(control, filled)
+
+
+def test_the_memory_estimate_counts_the_spare_room():
+    for c in (case(cache_fill="nan"), case(storage="ragged", cache_fill="large"),
+              case(page_layout="evicted-null", cache_fill="nan")):
+        w = workloads.build(c)
+        assert footprint.footprint(c).kv_bytes == 2 * w.k_store.numel() * w.k_store.element_size()
+        control = dataclasses.replace(c, cache_fill="random")
+        assert footprint.footprint(c).kv_bytes > footprint.footprint(control).kv_bytes
+
+
+def test_a_filled_cache_is_not_a_plain_row():
+    from swabench.analysis import versus
+
+    t = pd.DataFrame({"impl": ["a"] * 3, "cache_fill": ["random", "nan", None], "sinks": False,
+                      "logits_soft_cap": 0.0, "kv_dtype": "bfloat16", "dtype": "bfloat16"})
+    assert versus.plain(t).index.tolist() == [0, 2]  # a table from before the axis held random data
