@@ -134,6 +134,105 @@ def test_the_memory_estimate_counts_the_spare_room():
         assert footprint.footprint(c).kv_bytes > footprint.footprint(control).kv_bytes
 
 
+# ---------------------------------------------------------------- the gate
+
+class WholeTiles:
+    """A path that loads every row of a request's tiles, pages (paged) or 16-row blocks (ragged), the rows past
+    its last key too, and masks only their scores: what a kernel that loads whole tiles does."""
+
+    TILE = 16
+
+    def __init__(self, w, unwritten_request: int | None = None):
+        self.w, self.unwritten = w, unwritten_request
+        self.out = torch.empty_like(w.q)
+
+    def plan(self) -> None:
+        pass
+
+    def run(self) -> None:
+        w, c = self.w, self.w.case
+        k_rows, v_rows = (s.view(-1, c.num_kv_heads, c.head_dim) for s in (w.k_store, w.v_store))
+        for b, (qo, kv) in enumerate(zip(w.qo_lens, w.kv_lens)):
+            if b == self.unwritten:
+                continue
+            if c.storage == "paged":
+                pages = w.kv_indices_host[w.kv_indptr_host[b]:w.kv_indptr_host[b + 1]]
+                rows = (pages[:, None] * c.page_size + torch.arange(c.page_size)).flatten()
+            else:
+                rows = int(w.slot_indptr[b]) + torch.arange(-(-kv // self.TILE) * self.TILE)
+                rows = rows[rows < len(k_rows)]  # a load past the buffer's end reads zeros
+            j, p = torch.arange(len(rows)), kv - qo + torch.arange(qo)
+            seen = (j[None] <= p[:, None]) & (j[None] >= p[:, None] - c.window_left) & (j[None] < kv)
+            lo, hi = w.qo_indptr_host[b:b + 2]
+            o = embedded.attend(w.q[lo:hi].transpose(0, 1), k_rows[rows].transpose(0, 1), v_rows[rows].transpose(0, 1),
+                                seen, w.sm_scale, 0.0, None)
+            self.out[lo:hi] = o.transpose(0, 1)
+
+
+@pytest.mark.parametrize("storage", ["paged", "ragged"])
+def test_a_path_that_loads_past_the_last_key_passes_the_control_and_is_caught_under_nan(storage):
+    control = workloads.build(case(storage=storage))
+    assert gate.check(WholeTiles(control), control).passed
+    for fill in ("nan", "inf"):
+        w = workloads.build(case(storage=storage, cache_fill=fill))
+        result = gate.check(WholeTiles(w), w)
+        assert not result.passed and result.unwritten_rows > 0
+        assert f"of them written with zeros in place of the cache's {fill} where no query may read" in result.reason
+        assert torch.isnan(w.k_store.view(-1, 2, 64)[w.unheld]).all() == (fill == "nan")  # the fill put back
+
+
+def test_rows_never_written_are_told_from_rows_the_fill_reached():
+    full = workloads.build(case(page_size=4, cache_fill="nan"))  # 44 keys: every last page full, nothing past a key
+    missing = gate.check(WholeTiles(full, unwritten_request=1), full)  # request 1's 4 queries x 4 heads
+    assert missing.reason.startswith("16 output rows never written (as many with zeros where the cache holds nan)")
+    assert torch.isnan(full.k_store.view(-1, 2, 64)[full.unheld]).all()  # the fill put back after the zeros
+
+
+# ---------------------------------------------------------------- FA4's documented precondition
+
+def fa4_case(**kw):
+    return axes.make_case({**dict(mode="decode", prefix_len=1000, window_left=127, page_size=128, num_qo_heads=8,
+                                  num_kv_heads=2, head_dim=128, batch_size=2, cache_fill="nan"), **kw})
+
+
+def test_fa4s_key_tile_is_its_sm90_table():
+    tile = lambda d, w: fa4.kv_tile(fa4_case(head_dim=d, window_left=w))  # noqa: E731
+    assert [tile(d, 127) for d in (64, 128, 192, 256)] == [128, 128, 96, 64]
+    assert [tile(d, -1) for d in (64, 128, 192, 256)] == [128, 128, 112, 80]
+
+
+def test_fa4s_precondition_holds_only_where_its_tma_page_holds_nan_or_inf_past_a_key():
+    shows = lambda **kw: upstream.hit("fa4-window", fa4_case(**kw), "fa4")  # noqa: E731
+    assert shows().ref == shows(cache_fill="inf").ref == "fa4-tma-page-finite"
+    assert shows().documented.startswith("flash-attn-4 4.0.0b36, flash_attn/cute/interface.py:4277")
+    assert shows(cache_fill="large") is None and shows(cache_fill="random") is None  # finite: nothing asked
+    assert shows(page_size=16) is None  # cp.async rows: not the documented load
+    assert shows(prefix_len=1023) is None  # 1024 keys: every last page full
+    assert shows(storage="ragged") is None
+    assert upstream.hit("fa4-window-count", fa4_case(), "fa4").ref == "fa4-tma-page-finite"
+    assert upstream.hit("paged-window", fa4_case(), "fa2") is None
+
+
+def test_a_documented_precondition_is_an_xfail_that_says_so_and_nothing_to_file():
+    from swabench.repro import bugs
+
+    declared = upstream.get("fa4-tma-page-finite")
+    status, reason = verdict(False, False, False, declared)
+    assert status == "xfail" and reason.startswith("documented precondition fa4-tma-page-finite: ")
+    assert reason.endswith("(flash-attn-4 4.0.0b36, flash_attn/cute/interface.py:4277-4281 (flash_attn_varlen_func's "
+                           "docstring, page_table))")
+    assert verdict(False, False, True, declared)[0] == "pass"
+    assert "fa4-tma-page-finite" not in {b.ref for b in bugs.catalogue()}
+    assert upstream.get("flashinfer#4972").describe().startswith("upstream bug flashinfer#4972: ")
+
+
+def test_no_script_is_written_for_a_filled_case():
+    from swabench.repro import script, trace
+
+    with pytest.raises(trace.Unrenderable, match="cache_fill 'nan' has no script yet"):
+        script.traced(script.Part(case(cache_fill="nan"), "torch-trim", "torch"))
+
+
 def test_a_filled_cache_is_not_a_plain_row():
     from swabench.analysis import versus
 
