@@ -233,9 +233,85 @@ def test_no_script_is_written_for_a_filled_case():
         script.traced(script.Part(case(cache_fill="nan"), "torch-trim", "torch"))
 
 
+# ---------------------------------------------------------------- a CPU run, its table and its section
+
+RUN = """
+name = "stale-tiny"
+implementations = ["torch-trim", "flex-window"]
+[fixed]
+num_qo_heads = 4
+num_kv_heads = 2
+head_dim = 64
+batch_size = 2
+prefix_len = 40
+window_left = 15
+cache_fill = ["random", "nan", "large"]
+[[sweep]]
+mode = ["verify", "decode"]
+draft_tokens = 4
+storage = ["paged", "ragged"]
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stale")
+    (folder / "s.toml").write_text(RUN)
+    r = invoke("check", folder / "s.toml", "--out", folder / "run", "--device", "cpu")
+    assert r.exit_code == 1, r.output  # eager FlexAttention lets the NaN in
+    return folder / "run"
+
+
+def test_the_fill_goes_through_the_table_and_older_tables_read_random(tiny_run):
+    from swabench.analysis import derived
+
+    table, _ = derived.load(tiny_run)
+    assert table["cache_fill"].value_counts().to_dict() == {"random": 8, "nan": 8, "large": 8}
+    cases = {p.case.case_id: p.case for p in scenarios.load(tiny_run / schema.SCENARIO).points}
+    assert all(cases[i].cache_fill == f for i, f in zip(table["case_id"], table["cache_fill"]))
+    old = pd.read_csv(tiny_run / run_folder.TABLE).drop(columns="cache_fill")
+    assert set(schema.migrate_table(old)["cache_fill"]) == {"random"}
+    flex = table[table["impl"] == "flex-window"].set_index("cache_fill")["status"]
+    assert set(flex["nan"]) == {"fail"} and set(flex["random"]) == set(flex["large"]) == {"pass"}
+    assert set(table.loc[table["impl"] == "torch-trim", "status"]) == {"pass"}
+
+
+def test_the_stale_section_counts_each_paths_points_per_fill(tiny_run):
+    from swabench.publish import findings, sections
+
+    run = findings.load([tiny_run])[0]
+    made = sections.by_key("stale").table(run)
+    t = run.table
+    for row in made.to_dict("records"):
+        mine = t[(t["impl"] == row["impl"]) & (t["backend"] == row["backend"]) & (t["cache_fill"] == row["cache_fill"])]
+        assert [row[s] for s in ("pass", "fail", "xfail")] == [int((mine["status"] == s).sum())
+                                                               for s in ("pass", "fail", "xfail")]
+    assert made[["impl", "cache_fill"]].values.tolist()[:3] == [["torch-trim", "random"], ["torch-trim", "nan"],
+                                                                  ["torch-trim", "large"]]
+    flex_nan = made[(made["impl"] == "flex-window") & (made["cache_fill"] == "nan")].iloc[0]
+    assert flex_nan["failed or xfail where"] == "page 16, ragged; head_dim 64; verify, decode"
+    text = "\n".join(sections.by_key("stale").for_runs([run]))
+    assert "`flex-window` [flex] failed 4 points with `nan`" in text
+    control = findings.load([tiny_run])[0]
+    control.table = control.table.assign(cache_fill="random")
+    assert sections.by_key("stale").table(control).empty  # a run of random caches has no such table
+
+
 def test_a_filled_cache_is_not_a_plain_row():
     from swabench.analysis import versus
 
     t = pd.DataFrame({"impl": ["a"] * 3, "cache_fill": ["random", "nan", None], "sinks": False,
                       "logits_soft_cap": 0.0, "kv_dtype": "bfloat16", "dtype": "bfloat16"})
     assert versus.plain(t).index.tolist() == [0, 2]  # a table from before the axis held random data
+
+
+def test_the_stale_scenario_sweeps_every_fill_over_fa4s_tma_and_row_pages():
+    points = scenarios.load(scenarios.find("stale")).points
+    assert {p.case.cache_fill for p in points} == {"random", "nan", "inf", "large"}
+    fa4_pages = {(p.case.page_size, p.case.head_dim, fa4.loads_pages_by_tma(p.case)) for p in points
+                 if p.impl == "fa4-window" and p.case.storage == "paged"}
+    assert fa4_pages == {(16, 128, False), (128, 128, True), (64, 256, True)}
+    declared = [p for p in points if upstream.hit(p.impl, p.case, p.backend)]
+    assert declared and {p.case.cache_fill for p in declared} == {"nan", "inf"}
+    assert {p.impl for p in points if p.backend == "torch"} == {"torch-trim", "torch-mask"}  # what a CPU runs
+    assert len(points) < 500
