@@ -181,6 +181,20 @@ def test_a_path_that_loads_past_the_last_key_passes_the_control_and_is_caught_un
         assert torch.isnan(w.k_store.view(-1, 2, 64)[w.unheld]).all() == (fill == "nan")  # the fill put back
 
 
+@pytest.mark.parametrize("layout", ["evicted-null", "evicted-reused"])
+def test_a_path_that_gathers_the_whole_table_reads_the_freed_pages(layout):
+    from swabench.impls import registry
+
+    w = workloads.build(case(page_layout=layout, prefix_len=100, cache_fill="nan"))
+    verdicts = {}
+    for name in ("torch-trim", "torch-mask"):
+        runner = registry.get(name).make(w, "torch")
+        runner.plan()
+        verdicts[name] = gate.check(runner, w)
+    assert verdicts["torch-trim"].passed
+    assert "of them written with zeros in place of the cache's nan" in verdicts["torch-mask"].reason
+
+
 def test_rows_never_written_are_told_from_rows_the_fill_reached():
     full = workloads.build(case(page_size=4, cache_fill="nan"))  # 44 keys: every last page full, nothing past a key
     missing = gate.check(WholeTiles(full, unwritten_request=1), full)  # request 1's 4 queries x 4 heads

@@ -139,7 +139,7 @@ def _unwritten(runner, w, rows: int) -> str:
     if left >= rows:
         return f"{rows} output rows never written (as many with zeros where the cache holds {fill})"
     return (f"{rows} output rows NaN, {rows - left} of them written with zeros in place of the cache's {fill} where "
-            f"no query may read: the path lets slots past the keys into its output")
+            f"no query may read: the path lets those slots into its output")
 
 
 def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None, predicted=None) -> GateResult:
