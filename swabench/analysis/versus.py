@@ -64,11 +64,14 @@ def _feature_on(table: pd.DataFrame, column: str) -> pd.Series:
 
 
 def plain(table: pd.DataFrame, chunked: bool = False) -> pd.DataFrame:
-    """The rows whose case asks for none of the serving features, keeps every page it has and verifies no draft
-    tree (figures and tables that mix shapes compare these); a chunked layer's rows only with ``chunked``."""
+    """The rows whose case asks for none of the serving features, keeps every page it has, holds random data in
+    every slot (a cache fill repeats the shape once a fill) and verifies no draft tree (figures and tables that mix
+    shapes compare these); a chunked layer's rows only with ``chunked``."""
     keep = ~sum((_feature_on(table, column) for column in FEATURES.values()), start=table["impl"].isna())
     if "page_layout" in table:
         keep &= ~table["page_layout"].astype(str).str.startswith("evicted")
+    if "cache_fill" in table:
+        keep &= table["cache_fill"].fillna("random") == "random"
     if "tree" in table:
         keep &= table["tree"].isna()
     if "attention_chunk" in table and not chunked:

@@ -18,6 +18,7 @@ from swabench.core import semantics, trees
 MODES = ("extend", "verify", "draft_extend", "decode", "mixed")
 STORAGES = ("paged", "ragged")
 WRAPPER_MODES = ("cuda-graph", "plain")  # how a library's wrappers are built: fixed buffers for capture, or not
+CACHE_FILLS = ("random", "nan", "inf", "large")  # what the cache holds where no query may read (core.stale)
 ACCEPT_FORMS = "'uniform', 'full', 'fixed:N' (1 <= N <= 2**31 - 1) or 'geometric:P' (0 < P < 1)"
 QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "draft_tokens",
             "mixed": "extend_len"}  # its query count (a mixed step's prefill chunk)
@@ -25,7 +26,7 @@ QO_FIELD = {"extend": "extend_len", "verify": "draft_tokens", "draft_extend": "d
 # defaults, so every earlier case keeps its id (and compare still joins old runs with new ones).
 SERVING_DEFAULTS = {"sinks": False, "logits_soft_cap": 0.0, "sm_scale": None, "kv_dtype": None, "model": None,
                     "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "tree": None, "block": 0,
-                    "prefills": 0}
+                    "prefills": 0, "cache_fill": "random"}
 
 
 LENGTH_FORMS = "an integer, 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA' or a list of integers (one per request)"
@@ -159,6 +160,7 @@ class Case:
     tree: str | None = None  # a verify block laid out as a draft tree (core.trees): 'chain', 'eagle:K:D', choices
     block: int = 0  # B > 0: the step's queries in blocks of B that see each other both ways (DFlash's draft block)
     prefills: int = 0  # a mixed step: its first P requests run a prefill chunk of qo_len, the others decode one token
+    cache_fill: str = "random"  # what the slots no query may read hold: random data, or nan, inf, large (core.stale)
 
     @property
     def scale(self) -> float:
@@ -220,6 +222,7 @@ class Case:
         store = f"ps{self.page_size}{'c' if self.page_layout == 'contiguous' else ''}" \
             + (f" {self.page_layout}" if str(self.page_layout).startswith("evicted") else "") \
             if self.storage == "paged" else "ragged"
+        store += f" fill-{self.cache_fill}" if self.cache_fill != SERVING_DEFAULTS["cache_fill"] else ""
         serving = (" sinks" * self.sinks + (f" cap{self.logits_soft_cap:g}" if self.logits_soft_cap else "")
                    + (f" scale{self.sm_scale:.4g}" if self.sm_scale is not None else "")
                    + (f" kv-{self.kv_dtype}" if self.kv_dtype else "")

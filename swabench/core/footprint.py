@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swabench.core import stale
 from swabench.core.cases import QO_FIELD, Case, length_label
 
 REFERENCE_CHUNK_ELEMENTS = 1 << 26  # scores per chunk of the reference (256 MiB in float32): bounds 32k contexts
@@ -65,6 +66,18 @@ def _totals(case: Case) -> tuple[int, int, int]:
     return sum(q), sum(k), sum(-(-n // ps) for n in k)
 
 
+def _pool(case: Case) -> tuple[int, int, int, int]:
+    """Queries, keys, pages and K/V rows the workload allocates: the pages with the shared page an evicted layout
+    may add and the cache fill's spare pages (core.stale), a ragged store's rows with its spare rows; no pages
+    for a ragged store."""
+    queries, keys, pages = _totals(case)
+    filled = case.cache_fill != "random"
+    if case.storage != "paged":
+        return queries, keys, 0, keys + stale.SPARE_ROWS * filled
+    pages += str(case.page_layout).startswith("evicted") + case.batch_size * filled
+    return queries, keys, pages, pages * case.page_size
+
+
 def _drawn(case: Case) -> tuple[list[int], list[int]]:
     q = case.drawn("qo_len")
     return q, case.drawn("seq_len") if case.seq_len is not None else [p + x for p, x in zip(case.drawn("prefix_len"), q)]
@@ -98,8 +111,7 @@ def call_work(case: Case, library: str, every_key: bool = False) -> tuple[int, i
 
 def buffer_elements(case: Case) -> int:
     """Elements of the workload's queries and K/V stores: what each fill of its data draws."""
-    queries, keys, pages = _totals(case)
-    rows = pages * case.page_size if case.storage == "paged" else keys
+    queries, _, _, rows = _pool(case)
     return queries * case.num_qo_heads * case.head_dim + 2 * rows * case.num_kv_heads * case.head_dim
 
 
@@ -120,15 +132,13 @@ def footprint(case: Case, device_type: str = "cpu") -> Footprint:
     b, (qo, kv) = case.batch_size, _worst_lengths(case)
     h, hkv, d, e = case.num_qo_heads, case.num_kv_heads, case.head_dim, ELEMENT_BYTES[case.dtype]
     acc = 8 if device_type == "cpu" else 4  # reference.accumulate_dtype: float64 on the CPU
-    queries, keys, pages = _totals(case)
+    queries, keys, pages, rows = _pool(case)
     paged = case.storage == "paged"
-    spare = str(case.page_layout).startswith("evicted")  # the shared page an evicted layout may add
-    pages = pages + spare if paged else 0
-    rows = pages * case.page_size if paged else keys  # K/V rows at the storage's layout
     kv_bytes = 2 * rows * hkv * d * ELEMENT_BYTES[case.cache_dtype]
     q_bytes = queries * h * d * e  # q, and again the runner's output
     indices = (8 * (3 * keys + 2 * queries)  # slots, key_request, key_position; query request, position
-               + 4 * (2 * (b + 1) + (pages + b if paged else 0)))  # int32 indptrs, page table, last-page lens
+               + 4 * (2 * (b + 1) + (pages + b if paged else 0))  # int32 indptrs, page table, last-page lens
+               + 8 * rows * (case.cache_fill != "random"))  # the rows no request holds, which the fill writes
     if device_type == "cpu":  # the host copies the workload keeps (indptrs, page table) share this memory
         indices += 8 * (2 * (b + 1) + pages)
     else:  # a FlashInfer runner's CUDA-graph copies of the indptrs and page table
@@ -160,8 +170,7 @@ def _flex_layouts(case: Case) -> list[tuple[int, int, int, int]]:
     """(batch, rows, keys, own copies' bytes) of eager FlexAttention's calls: flex-window's batch over the whole
     storage, flex-contiguous's over the longest request (with its three copies of the keys), flex-flat's one
     sequence of every query."""
-    (qo, kv), b, (queries, keys, pages) = _worst_lengths(case), case.batch_size, _totals(case)
-    rows = pages * case.page_size if case.storage == "paged" else keys
+    (qo, kv), b, (queries, keys, _, rows) = _worst_lengths(case), case.batch_size, _pool(case)
     copies = 3 * b * case.num_kv_heads * kv * case.head_dim * ELEMENT_BYTES[case.cache_dtype]
     return [(b, qo, rows, 0), (b, qo, kv, copies), (1, queries, rows, 0)]
 

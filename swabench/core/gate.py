@@ -120,6 +120,28 @@ def reads_evicted(runner, w) -> bool | None:
         w.fill_random(w.case.seed)
 
 
+def _unwritten(runner, w, rows: int) -> str:
+    """What ``rows`` NaN output rows on random data are: never written, or, where the cache holds a fill no query
+    may read (core.stale), the rows that come out written once zeros stand there instead: the path lets the fill
+    into its output.  Leaves the fill in place."""
+    if w.unheld is None:
+        return f"{rows} output rows never written"
+    w.fill_unheld(0.0)
+    try:
+        runner.out.fill_(float("nan"))
+        _fresh_inputs(runner)
+        runner.run()
+        timing.device_sync(w.device)()
+        left = int(torch.isnan(runner.out).any(dim=-1).sum())
+    finally:
+        w.fill_unheld()
+    fill = w.case.cache_fill
+    if left >= rows:
+        return f"{rows} output rows never written (as many with zeros where the cache holds {fill})"
+    return (f"{rows} output rows NaN, {rows - left} of them written with zeros in place of the cache's {fill} where "
+            f"no query may read: the path lets those slots into its output")
+
+
 def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None, predicted=None) -> GateResult:
     """Gate one planned runner on its workload; leaves fresh random data in the buffers.  ``predicted``: a bool
     per query row, the rows the semantics say this path gets wrong (a known mistake's)."""
@@ -128,9 +150,7 @@ def check(runner, w, seed: int | None = None, tolerance: Tolerance | None = None
     w.fill_random(seed)
     rnd = run_checked(runner, w)
     wrong = (rnd.row_rel_l2 > tol.row_rel_l2).any(dim=1)
-    reasons = []
-    if rnd.unwritten:
-        reasons.append(f"{rnd.unwritten} output rows never written")
+    reasons = [_unwritten(runner, w, rnd.unwritten)] if rnd.unwritten else []
     if not rnd.rel_l2 <= tol.rel_l2:
         reasons.append(f"random: rel-L2 {rnd.rel_l2:.3g} > {tol.rel_l2:g}")
     worst_random = float(rnd.row_rel_l2.max())

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swabench.core import trees
+from swabench.core import stale, trees
 from swabench.core.cases import Case, parse_accept
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -89,6 +89,8 @@ class Workload:
     evicted: torch.Tensor | None = None  # bool per entry of slots: its page was evicted (another's, or shared)
     evicted_pages: torch.Tensor | None = None  # pages only evicted entries point at (filled with EVICTED_VALUE)
     trees: tuple | None = None  # each request's draft tree (core.trees) where the verify block is one
+    base_rows: torch.Tensor | None = None  # where the stores' rows (pages) without spare room sit (None: all of them)
+    unheld: torch.Tensor | None = None  # flat K/V rows no request holds a key of its own in, given the cache fill
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
 
@@ -132,14 +134,21 @@ class Workload:
         return self.q[lo:hi]
 
     def fill_random(self, seed: int) -> None:
-        """Fresh N(0, 1) data in place (the buffers, page tables and plans stay the same).  With a
-        soft-cap, every key's first feature is 1 and the queries' first feature sets the logits' mean
-        (SOFT_CAP_LOGITS); with sinks, each head's sink logit is drawn from N(SINK_MEAN, SINK_STD)
-        with its own generator."""
+        """Fresh N(0, 1) data in place (the buffers, page tables and plans stay the same), the same
+        numbers in the same rows whatever the cache fill, which then overwrites the rows no request
+        holds.  With a soft-cap, every key's first feature is 1 and the queries' first feature sets the
+        logits' mean (SOFT_CAP_LOGITS); with sinks, each head's sink logit is drawn from N(SINK_MEAN,
+        SINK_STD) with its own generator."""
         c = self.case
         g = torch.Generator(device=self.device).manual_seed(seed)
         for t in (self.q, self.k_store, self.v_store):
-            t.copy_(torch.randn(t.shape, generator=g, device=self.device, dtype=torch.float32))
+            spread = t is not self.q and self.base_rows is not None
+            shape = (len(self.base_rows), *t.shape[1:]) if spread else t.shape
+            drawn = torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
+            if spread:
+                t[self.base_rows] = drawn.to(t.dtype)
+            else:
+                t.copy_(drawn)
         if c.logits_soft_cap:
             mean, std = (x * c.logits_soft_cap / self.sm_scale for x in SOFT_CAP_LOGITS)
             self.q.mul_(std / (c.head_dim - 1) ** 0.5)
@@ -149,6 +158,7 @@ class Workload:
             gs = torch.Generator(device=self.device).manual_seed(seed + 7)
             self.sinks.copy_(SINK_MEAN + SINK_STD * torch.randn(self.sinks.shape, generator=gs, device=self.device))
         self.fill_evicted(EVICTED_VALUE)
+        self.fill_unheld()
         self.data = ("random", seed)
 
     def fill_evicted(self, value: float) -> None:
@@ -156,6 +166,14 @@ class Workload:
         if self.evicted_pages is not None and len(self.evicted_pages):
             self.k_store[self.evicted_pages] = value
             self.v_store[self.evicted_pages] = value
+
+    def fill_unheld(self, fill: float | None = None) -> None:
+        """Write the case's cache fill (core.stale), or ``fill``, into every row no request holds a key of its
+        own in (none where the fill is random data)."""
+        fill = stale.value(self.case.cache_fill, self.kv_dtype) if fill is None else fill
+        if self.unheld is not None:
+            for store in (self.k_store, self.v_store):
+                self._flat(store).index_fill_(0, self.unheld, fill)
 
     def write_kv(self, k_by_position: torch.Tensor, v_rows: torch.Tensor) -> None:
         """Set each request's key at position j to ``k_by_position[j]`` (shape [max_kv, H|1, D]),
@@ -167,6 +185,7 @@ class Workload:
         self._flat(self.k_store)[self.slots[live]] = k[live].to(self.kv_dtype)
         self._flat(self.v_store)[self.slots[live]] = v_rows[live].to(self.kv_dtype)
         self.fill_evicted(EVICTED_VALUE)
+        self.fill_unheld()
 
 
 def build(case: Case, device="cpu") -> Workload:
@@ -179,9 +198,10 @@ def build(case: Case, device="cpu") -> Workload:
     req, pos = _owners(kv_lens)
     q_req, q_index = _owners(qo_lens)
     q_pos = q_index + torch.tensor([k - q for q, k in zip(qo_lens, kv_lens)], dtype=torch.int64)[q_req]
+    base_rows = None
     if case.storage == "paged":
         ps = case.page_size
-        kv_indptr_host, kv_indices_host, last, evicted_pages, num_pages = page_table(case, qo_lens, kv_lens)
+        kv_indptr_host, kv_indices_host, last, evicted_pages, num_pages, base_rows = _pages(case, qo_lens, kv_lens)
         # flat row of (request b, position j) = page(b, j // ps) * ps + j % ps
         slots = kv_indices_host[kv_indptr_host[req] + pos // ps] * ps + pos % ps
         evicted = (pos // ps) < torch.tensor(evicted_before(case, kv_lens, qo_lens))[req] \
@@ -194,7 +214,9 @@ def build(case: Case, device="cpu") -> Workload:
         kv_indptr_host, kv_indices_host = slot_indptr, None
         evicted = evicted_pages = None
         slots = torch.arange(int(slot_indptr[-1]))
-        k_store = torch.empty(int(slot_indptr[-1]), hkv, d, dtype=kv_dtype, device=device)
+        spare = 0 if case.cache_fill == "random" else stale.SPARE_ROWS  # room past the last request's keys
+        base_rows = torch.arange(len(slots)) if spare else None
+        k_store = torch.empty(len(slots) + spare, hkv, d, dtype=kv_dtype, device=device)
         v_store = torch.empty_like(k_store)
         kv_indices = kv_last = None
     w = Workload(case=case, device=device, dtype=dtype, qo_lens=qo_lens, kv_lens=kv_lens,
@@ -209,16 +231,31 @@ def build(case: Case, device="cpu") -> Workload:
                  sinks=torch.empty(h, dtype=torch.float32, device=device) if case.sinks else None,
                  evicted=None if evicted is None else evicted.to(device),
                  evicted_pages=None if evicted_pages is None else evicted_pages.to(device),
-                 trees=trees.of_case(case))
+                 trees=trees.of_case(case), base_rows=None if base_rows is None else base_rows.to(device),
+                 unheld=None if case.cache_fill == "random" else
+                 _unheld(k_store.numel() // (hkv * d), slots, evicted).to(device))
     w.fill_random(case.seed)
     return w
 
 
+def _unheld(rows: int, slots: torch.Tensor, evicted: torch.Tensor | None) -> torch.Tensor:
+    """The flat K/V rows that hold no request's own key (an evicted entry's row is another's, or nobody's)."""
+    held = torch.zeros(rows, dtype=torch.bool)
+    held[slots if evicted is None else slots[~evicted]] = True
+    return (~held).nonzero()[:, 0]
+
+
 def page_table(case: Case, qo_lens, kv_lens):
-    """A paged case's page table, on the CPU and deterministic in its seed and page layout: (kv_indptr,
-    kv_indices (int64), each request's last page length, the pages only evicted entries reach (None but for
-    an evicted layout), the number of pages the cache needs).  Pages are dealt out in a random order
-    (seed + 1) unless the layout is contiguous; an evicted layout then replaces the pages before each window."""
+    """A paged case's page table, on the CPU and deterministic in its seed, page layout and cache fill:
+    (kv_indptr, kv_indices (int64), each request's last page length, the pages only evicted entries reach
+    (None but for an evicted layout), the number of pages the cache needs)."""
+    return _pages(case, qo_lens, kv_lens)[:5]
+
+
+def _pages(case: Case, qo_lens, kv_lens):
+    """page_table, and where each page of the layout without spare room went (None: nowhere else).  Pages are
+    dealt out in a random order (seed + 1) unless the layout is contiguous; an evicted layout then replaces the
+    pages before each window; a cache fill other than random adds a spare page after each request's last."""
     ps = case.page_size
     pages_per_req = [(n + ps - 1) // ps for n in kv_lens]
     num_pages = sum(pages_per_req)
@@ -229,7 +266,11 @@ def page_table(case: Case, qo_lens, kv_lens):
         kv_indices, evicted_pages = evict(case, kv_indptr, kv_indices, kv_lens, qo_lens)
         num_pages = max(num_pages, int(kv_indices.max()) + 1)
     last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages_per_req)]
-    return kv_indptr, kv_indices, last, evicted_pages, num_pages
+    moved = None
+    if case.cache_fill != "random":
+        kv_indices, moved, _, num_pages = stale.spare_pages(kv_indptr, kv_indices, num_pages)
+        evicted_pages = None if evicted_pages is None else moved[evicted_pages]
+    return kv_indptr, kv_indices, last, evicted_pages, num_pages, moved
 
 
 def evicted_before(case: Case, kv_lens, qo_lens) -> list[int]:

@@ -39,9 +39,6 @@ from .registry import Implementation, first_call, register, register_library
 BACKEND = "fa4"
 DTYPES = ("bfloat16", "float16")  # SM90's forward (flash_fwd.py); FP8 is SM100's only
 HEAD_DIM_MAX = 256  # interface.py's _validate_head_dims: 8..256, a multiple of 8 on SM90
-# SM90's causal KV tile up to head_dim 128 (interface.py's tile choice): a page of exactly this many tokens is loaded
-# by TMA; any other page by cp.async rows, which needs head_dim a multiple of 16
-TMA_PAGE, TMA_PAGE_HEAD_DIM = 128, 128
 
 # no module: flash_attn.cute's own __version__ is a placeholder (0.0.0 in 4.0.0b36), the distribution names the release
 LIBRARY = register_library(Library(BACKEND, distributions=("flash-attn-4",),
@@ -57,6 +54,28 @@ def _import_error() -> str | None:
 def module_key(case) -> str:
     """What else names the kernel a case runs: its storage (FA4 compiles a paged and a ragged call apart)."""
     return case.storage
+
+
+def kv_tile(case) -> int:
+    """SM90's key tile for the case (interface.py, ``_tile_size_fwd_sm90``; K and V of one head_dim, causal): 128 keys
+    up to head_dim 128; above it 112, or 96 with a window (FA4 calls a windowed causal call local); above 192, 80, or
+    64 with a window.  A page of exactly this many keys is loaded by TMA; any other page by cp.async rows, which takes
+    head_dim a multiple of 16 (``paged_kv_non_tma``)."""
+    local = case.window_left >= 0
+    if case.head_dim <= 128:
+        return 128
+    if case.head_dim <= 192:
+        return 96 if local else 112
+    return 64 if local else 80
+
+
+def loads_pages_by_tma(case) -> bool:
+    return case.storage == "paged" and case.page_size == kv_tile(case)
+
+
+def last_page_partly_used(case) -> bool:
+    """Whether some request's last page holds fewer keys than the page (rows past seqused_k in it)."""
+    return case.storage == "paged" and any(k % case.page_size for k in workloads.request_lengths(case)[1])
 
 
 def window(window_left: int) -> tuple[int | None, None]:
@@ -105,10 +124,9 @@ def unsupported(case, backend: str) -> str | None:
         return f"FA4 on SM90 takes {' and '.join(DTYPES)} queries and caches of one dtype (FP8 is SM100's only)"
     if not 8 <= case.head_dim <= HEAD_DIM_MAX or case.head_dim % 8:
         return f"FA4 on SM90 takes head_dim a multiple of 8 from 8 to {HEAD_DIM_MAX}, not {case.head_dim}"
-    by_tma = case.page_size == TMA_PAGE and case.head_dim <= TMA_PAGE_HEAD_DIM
-    if case.storage == "paged" and case.head_dim % 16 and not by_tma:
-        return (f"FA4 loads a page other than its KV tile ({TMA_PAGE} tokens up to head_dim {TMA_PAGE_HEAD_DIM}) row "
-                f"by row, which takes head_dim a multiple of 16 (flash_fwd_sm90.py), not {case.head_dim}")
+    if case.storage == "paged" and case.head_dim % 16 and not loads_pages_by_tma(case):
+        return (f"FA4 loads a page other than its key tile ({kv_tile(case)} keys here) row by row, which takes "
+                f"head_dim a multiple of 16 (flash_fwd_sm90.py), not {case.head_dim}")
     return None
 
 

@@ -8,7 +8,10 @@ release matrix can say which release has which bug.  A failure outside every dec
 failure, and exits 1.
 
 A known-bug *implementation* (registry kind ``known-bug``) is a wrong call a user or an engine makes;
-an upstream bug is the library's own mistake on a call made right.
+an upstream bug is the library's own mistake on a call made right.  A *documented precondition* (``documented``:
+where the library's documentation states it) is declared in the same table: a condition on the inputs that the
+library says its callers must meet and the case breaks on purpose (a cache whose slots no query reads hold NaN).
+Its rows are ``xfail`` too, their reason saying "documented precondition", and it is no bug to file.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ class UpstreamBug:
     impls: frozenset[str]  # the paths it can hit
     shows: Callable[..., bool]  # (impl, case, backend) -> whether the condition holds on this point
     fixed_in: str | None = None  # the first release with the fix, where upstream has one
+    documented: str = ""  # a documented precondition, not a bug: the release and file:line that state it
+
+    def describe(self) -> str:
+        """What a row's reason says of it: 'upstream bug REF: SUMMARY', or 'documented precondition REF: ...'."""
+        if self.documented:
+            return f"documented precondition {self.ref}: {self.summary} ({self.documented})"
+        return f"upstream bug {self.ref}: {self.summary}"
 
 
 def _sink_head_dims_mixed(impl: str, case, backend: str) -> bool:
@@ -52,6 +62,15 @@ def _fa2_noncausal_split(impl: str, case, backend: str) -> bool:
     if not torch.cuda.is_available():
         return False
     return any(len(r) for r in fa2_noncausal_wrong_rows(impl, case, fa2_split.device_sms()))
+
+
+def _fa4_tma_page_not_finite(impl: str, case, backend: str) -> bool:
+    """flash-attn-4's page_table precondition: a page its SM90 forward loads by TMA (a page of exactly its key
+    tile) holds NaN or Inf past some request's last key."""
+    from swabench.impls import fa4
+
+    return case.cache_fill in ("nan", "inf") and fa4.loads_pages_by_tma(case) and \
+        fa4.last_page_partly_used(case)
 
 
 def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
@@ -88,6 +107,14 @@ _DECLARED: list[UpstreamBug] = [
         "elements of its cache (8 GiB of bfloat16) is read from the wrong place (flashinfer#3136 fixed the same "
         "product in the MLA kernels)",
         frozenset({"batch-attention-trim"}), _holistic_offset_wraps),
+    UpstreamBug(
+        "fa4-tma-page-finite", "https://github.com/Dao-AILab/flash-attention", "fa4",
+        "a page FA4 loads by TMA (a page of exactly its key tile; on SM90 128 keys up to head_dim 128) is loaded "
+        "whole, the rows past seqused_k in a request's last page too: their scores are masked, but P = 0 times a "
+        "NaN or Inf V row is NaN, so the library asks for those rows to be finite",
+        frozenset({"fa4-window", "fa4-window-count"}), _fa4_tma_page_not_finite,
+        documented="flash-attn-4 4.0.0b36, flash_attn/cute/interface.py:4277-4281 (flash_attn_varlen_func's "
+                   "docstring, page_table)"),
 ]
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from swabench.core import footprint, numerics, semantics, trees
-from swabench.core.cases import (LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case, parse_accept,
-                                  parse_length)
+from swabench.core import footprint, numerics, semantics, stale, trees
+from swabench.core.cases import (CACHE_FILLS, LENGTH_SALT, MODES, QO_FIELD, STORAGES, WRAPPER_MODES, Case,
+                                  parse_accept, parse_length)
 from swabench.errors import UserError, did_you_mean
 from swabench.impls import registry
 from swabench.inputs import models
@@ -139,6 +139,7 @@ AXES = {
     "tree": trees.parse,
     "block": _int(0, "an integer >= 0 (0 = off; DFlash's draft block is 8 or 16)"),
     "prefills": _int(0, "an integer >= 0 (a mixed step's requests that run a prefill chunk; the rest decode)"),
+    "cache_fill": _choice(CACHE_FILLS),
 }
 MODEL_SETS = ("num_qo_heads", "num_kv_heads", "head_dim", "window_left", "sliding_window", "sinks",
               "logits_soft_cap", "sm_scale", "attention_chunk")  # what a model preset decides
@@ -146,7 +147,7 @@ DEFAULTS = {"storage": "paged", "batch_size": 1, "page_size": 16, "page_layout":
             "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16",
             "backend": "fa2", "seed": 0, "accept": "uniform", "sinks": False, "logits_soft_cap": 0.0,
             "model_features": True, "causal": True, "attention_chunk": 0, "wrapper_mode": "cuda-graph", "block": 0,
-            "prefills": 0}
+            "prefills": 0, "cache_fill": "random"}
 
 
 LENGTHS = ("prefix_len", "seq_len", "qo_len", "extend_len", "draft_tokens")
@@ -249,10 +250,13 @@ def make_case(point: dict, path="<scenario>", where="sweep") -> Case:
                 logits_soft_cap=p["logits_soft_cap"], sm_scale=_sm_scale(p),
                 kv_dtype=_kv_dtype(p, path, where), model=p.get("model"), causal=p["causal"],
                 attention_chunk=p["attention_chunk"], wrapper_mode=p["wrapper_mode"], tree=tree, block=p["block"],
-                prefills=p["prefills"])
+                prefills=p["prefills"], cache_fill=p["cache_fill"])
     never = footprint.impossible(case)
     if never:
         raise ScenarioError(path, where, never)
+    unfit = stale.refused(case)
+    if unfit:
+        raise ScenarioError(path, f"{where}.{unfit[0]}", unfit[1])
     _check_probe_fits(case, path, where, "sliding_window" if "sliding_window" in p else "window_left")
     wrong = numerics.out_of_range(case)
     if wrong:

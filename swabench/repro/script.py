@@ -98,7 +98,9 @@ def traced(part: Part, inputs: str | None = None, tracer_class=trace.Tracer, out
     x and input names it reads (its own label unless it shares another part's); ``out``: its output's name, where
     not ``out`` and its label."""
     impl = registry.get(part.impl)
-    why = no_script(impl)
+    why = no_script(impl) or (f"a script's make_inputs writes random data into every slot, so a case with "
+                               f"cache_fill {part.case.cache_fill!r} has no script yet"
+                               if part.case.cache_fill != "random" else None)
     if why:
         raise trace.Unrenderable(why)
     literals = case_literals(part.case)

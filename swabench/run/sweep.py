@@ -101,7 +101,7 @@ def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream
         return ("xfail", CAUGHT) if not passed else ("xpass", NOT_CAUGHT)
     if bug:
         return ("pass", f"{bug.ref} declared here, not shown") if passed else \
-            ("xfail", f"upstream bug {bug.ref}: {bug.summary}")
+            ("xfail", bug.describe())
     if not expected_to_fail:
         return ("pass", "") if passed else ("fail", "")
     return ("pass", EXACT_HERE) if passed else ("fail", WRONG_HERE)
@@ -180,7 +180,7 @@ def measure_point(point: Point, w: workloads.Workload, options: SweepOptions, sk
         unbuilt = f"out of memory ({refused})" if refused else registry.build_failure(e, impl.library)
         if unbuilt:
             return {**row, "status": "skip", "reason": f"resource: {unbuilt}"}
-        declared = [f"upstream bug {bug.ref}: {bug.summary}"] if bug else []
+        declared = [bug.describe()] if bug else []
         return {**row, "status": "xfail" if bug else "fail", "reason": "; ".join(declared + [f"{type(e).__name__}: {e}"])}
 
 

@@ -39,7 +39,7 @@ COLUMNS = [
     "case_id", "case", "impl", "kind", "library", "wrapper", "backend", "resolved_backend", "wrapper_mode", "layout",
     "status",
     "reason", "must_fail", "keys_lost", "rows_losing", "upstream", "mode", "storage", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist",
-    "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout",
+    "total_qo", "total_kv", "window_left", "sliding_window", "page_size", "page_layout", "cache_fill",
     "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "sm_scale", "logits_soft_cap", "sinks",
     "causal", "attention_chunk", "tree", "block", "prefills", "seed", "device", "gpu_id",
     "rel_l2", "max_abs", "row_rel_l2", "probe_rel_l2", "unwritten_rows", "wrong_rows", "rows_as_predicted",
@@ -118,8 +118,9 @@ AXIS_RANGES = {"batch_size": (1, INDEX_MAX), "prefix_len": (0, INDEX_MAX), "seq_
 ROW_FIELDS = {
     **dict.fromkeys(KEY, "name"), "status": "status", "samples": "object of list", "kind": "impl kind or null",
     **dict.fromkeys(("case", "library", "wrapper", "resolved_backend", "wrapper_mode", "layout", "reason",
-                     "upstream", "mode", "storage", "accept", "length_dist", "page_layout", "dtype", "kv_dtype", "tree",
-                     "device", "timer", "l2", "clock_reasons_before", "clock_reasons_after", "model", "host"), TEXT),
+                     "upstream", "mode", "storage", "accept", "length_dist", "page_layout", "cache_fill", "dtype",
+                     "kv_dtype", "tree", "device", "timer", "l2", "clock_reasons_before", "clock_reasons_after",
+                     "model", "host"), TEXT),
     "gpu_id": "text or number or null",
     **dict.fromkeys(("must_fail", "sinks", "causal", "throttled", "rows_as_predicted", "reads_evicted"), FLAG),
     **{name: f"integer from {low} to {high} or null" for name, (low, high) in AXIS_RANGES.items()},
@@ -190,7 +191,8 @@ def migrate_table(df):
     df["wrapper_mode"] = df["wrapper_mode"].where(df["wrapper_mode"].isin(WRAPPER_MODES), "cuda-graph")
     if df.empty:
         return df
-    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0, "block": 0, "prefills": 0}
+    fill = {"sinks": False, "logits_soft_cap": 0.0, "causal": True, "attention_chunk": 0, "block": 0, "prefills": 0,
+            "cache_fill": "random"}
     if "dtype" in df.columns:
         fill["kv_dtype"] = df["dtype"]
     if "head_dim" in df.columns:
@@ -229,7 +231,8 @@ def migrate(meta: dict) -> dict:
     older tables (every earlier verify was a chain); version 10 too: the ``block`` and ``prefills`` axes (the
     ``mixed`` mode), 0 in older tables (no earlier case had bidirectional blocks or mixed steps).  Before
     version 11, ``peaks`` held the measured rates only: the ceiling is filled from the meta's clocks,
-    SMs and GPU (``measure.ceiling.from_meta``)."""
+    SMs and GPU (``measure.ceiling.from_meta``).  Version 12 differs in the table only: the ``cache_fill`` axis,
+    ``random`` in older tables (every earlier cache held random data everywhere)."""
     meta = dict(meta)
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):

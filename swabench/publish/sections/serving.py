@@ -1,13 +1,14 @@
 """The serving surface: what sinks, a soft-cap and an fp8 cache cost against the same shape without
-them, the fastest correct path per model preset, a trace's mix served step by step, and who reads
-pages evicted from before the window."""
+them, the fastest correct path per model preset, a trace's mix served step by step, who reads
+pages evicted from before the window, and what each path makes of a cache whose slots no query may
+read hold NaN, Inf or large values."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from swabench.analysis import replay, versus
-from swabench.core.cases import MODES
+from swabench.core.cases import CACHE_FILLS, MODES
 from swabench.impls import registry
 from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
@@ -146,7 +147,51 @@ def evicted_reads(run: Run) -> pd.DataFrame:
                          "output turned NaN": [f"{int(s)}/{int(n)}" for s, n in zip(out["sum"], out["count"])]})
 
 
-TOPIC = "Serving: features, models, trace replay, whole-model price, evicted pages"
+def _failed_where(bad: pd.DataFrame) -> str:
+    """What a path's failed points share, in words: their storage and page sizes, head_dims and steps."""
+    if bad.empty:
+        return ""
+    paged = bad[bad["storage"] == "paged"]
+    stores = ([f"page {'/'.join(str(int(p)) for p in sorted(paged['page_size'].unique()))}"] if len(paged) else []) \
+        + (["ragged"] if (bad["storage"] == "ragged").any() else [])
+    dims = "head_dim " + "/".join(str(int(d)) for d in sorted(bad["head_dim"].unique()))
+    modes = ", ".join(m for m in MODES if m in set(bad["mode"]))
+    return "; ".join([", ".join(stores), dims, modes])
+
+
+def stale_fills(run: Run) -> pd.DataFrame:
+    """Per correct path, backend and cache fill (docs/scenarios.md, ``cache_fill``): the points that passed,
+    failed, or were xfail (a declared bug or documented precondition spoke there, named), and what the failed
+    and xfail points share; empty for a run whose every cache held random data."""
+    t = run.table
+    if "cache_fill" not in t or set(t["cache_fill"].dropna()) <= {"random"}:
+        return pd.DataFrame()
+    t = t[(t["kind"] == "correct") & (t["status"] != "skip")]
+    rows = []
+    for (impl, backend, fill), g in t.groupby(["impl", "backend", "cache_fill"], sort=False):
+        counts, bad = g["status"].value_counts(), g[g["status"].isin(["fail", "xfail"])]
+        declared = bad["upstream"].dropna() if "upstream" in bad else pd.Series(dtype=object)
+        rows.append({"impl": impl, "backend": backend, "cache_fill": fill,
+                     **{s: int(counts.get(s, 0)) for s in ("pass", "fail", "xfail")},
+                     "failed or xfail where": _failed_where(bad), "declared": ", ".join(sorted(set(declared)))})
+    out = pd.DataFrame(rows)
+    fills = {f: i for i, f in enumerate(CACHE_FILLS)}
+    return out.sort_values(["impl", "backend", "cache_fill"], kind="stable", key=lambda c: c.map(
+        registry.order) if c.name == "impl" else c.map(fills) if c.name == "cache_fill" else c).reset_index(drop=True)
+
+
+def stale_said(run: Run) -> list[str]:
+    """Each correct path that fails under a fill outside every declaration: where a slot no query may read
+    reaches its output."""
+    table = stale_fills(run)
+    if table.empty:
+        return []
+    failed = table[table["fail"] > 0].to_dict("records")
+    return [f"- `{r['impl']}` [{r['backend']}] failed {points(r['fail'])} with `{r['cache_fill']}` where no query may "
+            f"read ({r['failed or xfail where']}) ({run.name})." for r in failed]
+
+
+TOPIC = "Serving: features, models, trace replay, whole-model price, evicted pages, stale caches"
 
 SECTIONS = [
     Section("features", "Sinks, soft-cap and fp8 caches against their plain twins",
@@ -180,4 +225,11 @@ SECTIONS = [
             "With the pages wholly before each request's window pointed at one shared page that holds NaN: the "
             "points whose output turned NaN, that is, whose kernel read memory before the window (masked or not; "
             "with finite values there every correct path passes) / points tried.", evicted_reads),
+    Section("stale", "Stale caches: NaN, Inf or large values where no query may read",
+            "Per correct path, backend and cache fill (`random`: the control; `nan`, `inf`, `large`: what the slots "
+            "past each request's last key, the spare pages and a ragged buffer's spare rows hold): points that "
+            "passed, failed or were `xfail` (where a declared bug or a library's documented precondition speaks, "
+            "named under 'declared'), and the page sizes, head_dims and steps the failed and `xfail` points share. "
+            "A correct kernel that loads such a slot must keep it out of its output (`0 * NaN` is NaN).",
+            stale_fills, stale_said),
 ]
