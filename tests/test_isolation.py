@@ -64,7 +64,9 @@ def test_resume_leaves_crashed_points_unless_asked(tmp_path):
     retried = lifecycle.execute(lifecycle.Request(s, first.folder, CPU, resume=True,
                                                   retry_crashed=True))
     ran = [json.loads(line) for line in (first.folder / run_folder.ROWS).read_text().splitlines()[len(lines):]]
-    assert [r.get("impl") or r["started"]["impl"] for r in ran] == ["crash-exit", "crash-exit"]  # start, then row
+    assert [r["impl"] for r in ran] == ["crash-exit"]  # the crashed point, and only it, ran again
+    starts = [json.loads(line)["impl"] for line in (first.folder / run_folder.STARTED).read_text().splitlines()]
+    assert sorted(starts) == ["crash-exit", "crash-exit", "torch-trim"]
     assert retried.count("crash") == 1 and retried.count("pass") == 1
 
 
@@ -86,7 +88,9 @@ def test_the_journal_names_the_point_a_run_ended_inside(tmp_path):
     store.append(row)
     store.start(second)
     assert store.unfinished() == [second.key]
-    assert [r["impl"] for r in store.rows()] == [first.impl]  # the start lines are no rows
+    assert [r["impl"] for r in store.rows()] == [first.impl]
+    store.start(first)  # run again (--retry-crashed): begun twice, one row
+    assert store.unfinished() == [first.key, second.key]
     assert store.done() == {first.key} and store.done(again=("crash",)) == set()
     store.close()
 

@@ -248,11 +248,11 @@ class RunStore:
 
     # ------------------------------------------------------------ rows
     def start(self, point) -> None:
-        """Note in the journal that ``point`` begins, before any of its work: a run that ends inside a point (the
-        node lost, kill -9) then names it.  Not flushed to disk: the process dying keeps it, only the machine
+        """Note in ``started.jsonl`` that ``point`` begins, before any of its work: a run that ends inside a point
+        (the node lost, kill -9) then names it.  Not flushed to disk: the process dying keeps it, only the machine
         dying may not."""
-        mark = {STARTED: dict(zip(KEY, point.key)), "pid": os.getpid()}
-        fd = os.open(self.folder / ROWS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        mark = {**dict(zip(KEY, point.key)), "pid": os.getpid()}
+        fd = os.open(self.folder / STARTED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         with os.fdopen(fd, "a") as f:
             f.write(json.dumps(mark) + "\n")
 
@@ -290,8 +290,8 @@ class RunStore:
         return {tuple(r[k] for k in KEY) for r in self.rows() if r["status"] not in again}
 
     def unfinished(self) -> list[tuple]:
-        """The points the journal says began and never got a row: ``tables.unfinished``."""
-        return unfinished(self.folder / ROWS)
+        """The points that began and never got a row: ``tables.unfinished``."""
+        return unfinished(self.folder)
 
     # ------------------------------------------------------------ metadata and tables
     def meta(self) -> dict:
@@ -323,7 +323,7 @@ def refuse_odd_files(folder: Path) -> None:
     names) or anything but a regular file, or it or the folder cannot be written: a resume appends to the journal
     and renames the tables over their old selves, which would write through a link or replace it, or fail once its
     points have run; checked before any point runs."""
-    for name in (ROWS, META, SCENARIO, TABLE, TABLE + ".gz", SAMPLES, SAMPLES.removesuffix(".gz"), LOCK):
+    for name in (ROWS, STARTED, META, SCENARIO, TABLE, TABLE + ".gz", SAMPLES, SAMPLES.removesuffix(".gz"), LOCK):
         path = Path(folder) / name
         try:
             st = os.lstat(path)

@@ -28,7 +28,7 @@ PROFILER_TABLES = (KERNELS, TORCH_STATS, COUNTERS)
 LOCK = ".swabench.lock"  # held (flock) by the one process writing the folder
 
 KEY = ("case_id", "impl", "backend")
-STARTED = "started"  # a journal line {"started": {KEY...}, "pid": N}: the point began (its row follows when it ends)
+STARTED = "started.jsonl"  # a line {KEY...: , "pid": N} as each point begins, before its work (not fsynced)
 # crash: the point's process died (a signal, an abort, an exit), hung past its limit, or left the GPU unusable
 STATUSES = ("pass", "fail", "xfail", "xpass", "skip", "crash")
 STATES = ("running", "complete", "skipped", "interrupted", "crashed", "incomplete")

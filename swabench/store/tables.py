@@ -82,48 +82,57 @@ def stored(folder, name: str) -> Path:
 
 def journal(path: Path) -> list[dict]:
     """The rows of the journal ``path``, one per key (the last one wins), each of its fields' kinds
-    (``checks.row``).  A last line cut short by an interruption is left out; any other line that is neither a row
-    nor a point's start (``schema.STARTED``) means the journal is damaged."""
+    (``checks.row``).  A last line cut short by an interruption is left out; any other line that is not a row
+    means the journal is damaged."""
     return [row for _, row in numbered_journal(path)]
 
 
 def numbered_journal(path: Path) -> list[tuple[int, dict]]:
     """``journal``'s rows, each with the number of the line it was read from."""
-    return _journal_lines(path)[0]
-
-
-def unfinished(path: Path) -> list[tuple]:
-    """The keys of the points the journal ``path`` says began with no row after their start, in order: the point in
-    flight where a run ended without a word (the node lost, kill -9)."""
-    return _journal_lines(path)[1]
-
-
-def _journal_lines(path: Path) -> tuple[list[tuple[int, dict]], list[tuple]]:
-    out, started = {}, {}
-    lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    out = {}
+    for number, row in _lines(path, "the journal", "a result row"):
         try:
-            row = reading.json_value(line, in_folder(path, f"line {number}: ", ": the journal is damaged"))
-            mark = row.get(schema.STARTED) if isinstance(row, dict) and "status" not in row else None
-            key = tuple((mark if mark is not None else row)[k] for k in KEY)
+            key = tuple(row[k] for k in KEY)
             hash(key)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            if number == len(lines):  # the unterminated last line of an interrupted write
-                continue
+        except (KeyError, TypeError):
             raise RunFolderError(f"{path}: line {number} is not a result row: the journal is damaged") from None
-        if mark is not None:
-            started[key] = number
-            continue
         out[key] = number, row
-        started.pop(key, None)
     for number, row in out.values():  # the rows that count (one a later line replaced does not)
         try:
             checks.row(row)
         except ValueError as e:
             raise RunFolderError(f"{path}: line {number}: {e}: the journal is damaged") from None
-    return list(out.values()), list(started)
+    return list(out.values())
+
+
+def unfinished(folder: Path) -> list[tuple]:
+    """The keys of the points ``folder``'s ``started.jsonl`` says began more often than its journal holds their
+    rows, in order: the point in flight where a run ended without a word (the node lost, kill -9)."""
+    folder = Path(folder)
+    starts = [tuple(mark.get(k) for k in KEY) for _, mark in _lines(folder / schema.STARTED, schema.STARTED,
+                                                                      "a point's start") if isinstance(mark, dict)]
+    rows = [tuple(row.get(k) for k in KEY) for _, row in _lines(folder / ROWS, "the journal", "a result row")
+            if isinstance(row, dict)]
+    left = {key: starts.count(key) - rows.count(key) for key in set(starts)}
+    return [key for key in dict.fromkeys(starts) if left[key] > 0]
+
+
+def _lines(path: Path, what: str, each: str) -> list[tuple[int, object]]:
+    """(line number, JSON value) of every line of the JSON Lines file ``path`` (none where it is missing); a last
+    line cut short by an interruption is left out, any other line that is not JSON is damage."""
+    lines = reading.read_text(path, reading.TABLE, in_folder(path)).split("\n") if path.exists() else []
+    values = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, reading.json_value(line, in_folder(path, f"line {number}: ", f": {what} is "
+                                                                                              f"damaged"))))
+        except json.JSONDecodeError:
+            if number == len(lines):  # the unterminated last line of an interrupted write
+                continue
+            raise RunFolderError(f"{path}: line {number} is not {each}: {what} is damaged") from None
+    return values
 
 
 def refuse_foreign_rows(path: Path, points: set[tuple]) -> None:
