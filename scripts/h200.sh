@@ -92,7 +92,7 @@ STEPS=(tests peaks quick default reference wrappers profile check peers gpus gpu
        gpt-oss replay evicted replay-imported modes fib edges-check decode-profile peers-profile recipe-profile
        default-compare warmup-all noncausal chunked chunked-tests price release counters-tests ncu tree tree-tests
        tree-ncu release-tree backends-tests backends dumps shelf-warmup shelf-tests shelf shelf-ncu release-shelf verdicts
-       crash isolation-cost)
+       crash isolation-cost coverage)
 usage() { echo "h200.sh: $1" >&2; exit 2; }
 [ $# -ge 1 ] || usage "usage: scripts/h200.sh OUTDIR [STEP...]"
 out="$1"; shift

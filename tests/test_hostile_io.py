@@ -200,4 +200,4 @@ def test_a_binary_made_from_record_is_another_runs_unless_forced(tmp_path, make)
     with pytest.raises(outputs.OutputError, match=r"unknown run folders .*not UTF-8 text.*--force"):
         make(*args)
     make(*args, force=True)
-    assert (out / outputs.MADE_FROM).read_text().strip() == str(FIXTURE_RUN.resolve())
+    assert outputs.made_from(out) == str(FIXTURE_RUN.resolve())

@@ -402,7 +402,7 @@ def test_every_shard_holds_a_point_up_to_as_many_shards_as_points(write_scenario
 
 def test_the_launcher_refuses_more_gpus_than_points(write_scenario, tmp_path, monkeypatch):
     one = write_scenario(TINY.replace("prefix_len = [40, 90]", "prefix_len = 40").replace("[3, 15, 31]", "3")
-                         .replace('mode = ["verify", "decode"]', 'mode = "decode"'))
+                         .replace('mode = ["verify", "decode"]', 'mode = "decode"').replace("draft_tokens = 4\n", ""))
     monkeypatch.setattr(launch, "visible_gpus", lambda: ["0", "1"])
     r = invoke("run", one, "--gpus", "all", "--impl", "torch-trim", "--out", tmp_path / "run")
     assert r.exit_code == 2 and "--gpus all: 2 shards, but the sweep has only 1 point(s)" in r.output, r.output

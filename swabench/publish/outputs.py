@@ -68,6 +68,15 @@ def _record(folder: Path) -> dict | None:
     return record if ok else {"runs": [], "files": {}}
 
 
+def _names_none(marker: Path) -> str:
+    """Why a made-from record names no run: what reading it as text says (binary, huge), or that it names none."""
+    try:
+        reading.read_text(marker, reading.LOG, ValueError)
+    except ValueError as e:
+        return f"{marker}: {e}"
+    return f"{marker} names none"
+
+
 def _listed(path: Path, record: dict) -> bool:
     if record["files"] is None:
         return _marked(path)
@@ -114,7 +123,7 @@ def made_from(folder: Path) -> str | None:
     junk)."""
     record = _record(folder)
     if record is not None:
-        return "\n".join(map(str, record["runs"])) or f"unknown run folders ({folder / MADE_FROM} names none)"
+        return "\n".join(map(str, record["runs"])) or f"unknown run folders ({_names_none(folder / MADE_FROM)})"
     report, matrix = folder / "REPORT.md", folder / "MATRIX.md"
     lines = reading.read_text(report, reading.LOG, errors="replace").splitlines() if report.is_file() else []
     named = next((line.split("`")[1] for line in lines if line.startswith("Run folder `")), None)
