@@ -48,7 +48,7 @@ def test_each_way_a_worker_ends_costs_its_point_only(tmp_path):
     assert "SIGABRT" in said["crash-abort"] and "planted_crashes.py" in said["crash-abort"]  # faulthandler's frames
     assert "SIGSEGV" in said["crash-segfault"]
     assert "exited with status 0 without an answer" in said["crash-exit"]
-    assert "hung: no answer in 8 s" in said["crash-hang"]
+    assert "hung: it answered nothing in 8 s" in said["crash-hang"]
     assert outcome.exit_status() == 0  # planted paths crashing is what they are for: no correct path crashed
     assert "4 points crashed" in " ".join(text for text, _ in outcome.messages(False, "again"))
 
@@ -104,7 +104,7 @@ def test_last_words_quote_the_fatal_line_and_innermost_frames():
     assert "Fatal Python error: Aborted at lib.py:7 compile < run.py:3 plan" in said
     assert "Extension modules" not in said and "/x/y" not in said
     assert isolation.last_words("one\ntwo\n") == "one | two"
-    assert isolation.exit_words(-11) == "killed by SIGSEGV (signal 11)" and isolation.exit_words(3) == \
+    assert isolation.exit_words(-11) == "was killed by SIGSEGV (signal 11)" and isolation.exit_words(3) == \
         "exited with status 3"
 
 
@@ -128,7 +128,7 @@ def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch, 
             labels = [label_of[id(p)] for p in message[1]]
             warm = sweep.WarmUp(dict.fromkeys(labels, 1.0), [], 1.0, message[3], None, {})
             if how == "dies":
-                ends = [isolation.WorkerDied("killed by SIGSEGV (signal 11)")] if "b" in labels else \
+                ends = [isolation.WorkerDied("was killed by SIGSEGV (signal 11)")] if "b" in labels else \
                     [("built", label, 1.0, None) for label in labels] + [("done", warm, None)]
             else:  # c raises once b has poisoned the context
                 ends = [("built", label, 1.0, "AcceleratorError: illegal memory access" if label in "bc" and "b" in
@@ -148,7 +148,7 @@ def test_a_build_that_kills_its_worker_is_named_and_the_rest_build(monkeypatch, 
     workers = []
     monkeypatch.setattr(isolation, "Worker", lambda: workers.append(FakeWorker()) or workers[-1])
     warm = isolation.Supervisor(sweep.SweepOptions(device=CPU)).warm_up(three, jobs=8)
-    said = "the build killed its process (killed by SIGSEGV" if how == "dies" else \
+    said = "the build killed its process (the worker was killed by SIGSEGV" if how == "dies" else \
         "the build left the GPU unusable (AcceleratorError"
     assert list(warm.failed) == ["b"] and said in warm.failed["b"]
     assert set(warm.seconds) == {"a", "b", "c"}

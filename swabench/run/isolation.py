@@ -89,15 +89,15 @@ class Worker:
         except (EOFError, OSError):
             raise WorkerDied(self.death()) from None
         self.kill()
-        raise WorkerDied(f"hung: no answer in {limit_s:.0f} s while {doing} (killed){self.tail()}")
+        raise WorkerDied(f"hung: it answered nothing in {limit_s:.0f} s while {doing} (killed){self.tail()}")
 
     def death(self) -> str:
-        """How the worker ended, with the last lines of its output: 'killed by SIGSEGV ...'."""
+        """How the worker ended, with the last lines of its output: 'was killed by SIGSEGV ...'."""
         try:
             code = self.process.wait(STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             self.kill()
-            return f"the worker closed its pipe and did not exit (killed){self.tail()}"
+            return f"closed its pipe and did not exit (killed){self.tail()}"
         return f"{exit_words(code)}{self.tail()}"
 
     def tail(self) -> str:
@@ -147,13 +147,13 @@ def last_words(log: str) -> str:
 
 
 def exit_words(code: int) -> str:
-    """'killed by SIGSEGV (signal 11)', 'exited with status 3', 'exited with status 0 without an answer'."""
+    """'was killed by SIGSEGV (signal 11)', 'exited with status 3', 'exited with status 0 without an answer'."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"killed by {name} (signal {-code})"
+        return f"was killed by {name} (signal {-code})"
     return f"exited with status {code}" + (" without an answer" if code == 0 else "")
 
 
@@ -278,7 +278,7 @@ class Supervisor:
                 for label in guilty:
                     left.pop(label)
                     said = f"crash: the build {e.reason}" if e.reason.startswith("left the GPU") else \
-                        f"crash: the build killed its process ({e.reason})"
+                        f"crash: the build killed its process (the worker {e.reason})"
                     parts.append(sweep.WarmUp({label: 0.0}, [], 0.0, 1, None, {label: said}))
                     if on_built:
                         on_built(label, 0.0, said)

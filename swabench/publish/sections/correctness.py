@@ -56,9 +56,10 @@ BAD = ["fail", "crash", "xpass"]  # the statuses whose points a run lists one by
 
 
 def _first_reason(g: pd.DataFrame) -> str:
-    """A crash's reason without the worker's last output, for a sentence: 'killed by SIGABRT (signal 6)'."""
-    reason = str(g["reason"].iloc[0]).removeprefix("crash: ").removeprefix("the worker ")
-    return reason.split("; last output:")[0]
+    """A crash's reason without the worker's last output, on one line, for a sentence: 'the worker was killed by
+    SIGABRT (signal 6)'."""
+    reason = str(g["reason"].iloc[0]).strip().splitlines()[0].removeprefix("crash: ")
+    return reason.split("; last output:")[0].split("; the point said:")[0]
 
 
 def _limits(meta: dict, table: pd.DataFrame) -> str:
@@ -84,12 +85,15 @@ def across_runs(runs: list[Run]) -> list[str]:
         failures += [f"**`{impl}` [{backend}], a correct implementation, failed the gate on {points(len(g))}** "
                      f"({r.name})." for (impl, backend), g in failed.groupby(["impl", "backend"])]
         crashed = t[t["status"] == "crash"]
-        failures += [f"**`{impl}` [{backend}] crashed on {points(len(g))}** (its worker died, hung or left the GPU "
-                     f"unusable: {_first_reason(g)}) ({r.name})."
-                     for (impl, backend), g in crashed.groupby(["impl", "backend"])]
+        for (impl, backend, kind), g in crashed.groupby(["impl", "backend", "kind"]):
+            said = f"crashed on {points(len(g))}: {_first_reason(g)} ({r.name})."
+            if kind == "correct":
+                failures.append(f"**`{impl}` [{backend}], a correct implementation, {said}**")
+            else:
+                notes.append(f"`{impl}` [{backend}], a {kind} path, {said}")
         wrong = matrix[matrix["kind"] != "correct"]
-        bugs += [{"run": r.name, **row} for row in wrong[["impl", "kind", "backend", "xfail", "xpass", "pass", "fail",
-                                                          "lowest probe row (xfail)"]].to_dict("records")]
+        columns = ["impl", "kind", "backend", "xfail", "xpass", "pass", "fail", "crash", "lowest probe row (xfail)"]
+        bugs += [{"run": r.name, **row} for row in wrong[columns].to_dict("records")]
         notes += _xpass(r)
         odd = t[(t["kind"] != "correct") & (t["status"] == "fail")]
         if len(odd):
