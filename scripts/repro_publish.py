@@ -51,14 +51,13 @@ def main(argv=None) -> int:
     parser.add_argument("refs", nargs="*", metavar="REF", help="a bug whose script to write again (default: every "
                         "script under repro/)")
     args = parser.parse_args(argv)
-    from swabench.errors import UserError, did_you_mean
-    from swabench.repro import committed
+    from swabench.errors import UserError
+    from swabench.repro import committed, unknown_ref
 
+    unknown = unknown_ref(args.refs, ROOT / "repro")
+    if unknown:
+        parser.error(unknown)
     known = committed(ROOT / "repro")
-    unknown = next((ref for ref in args.refs if ref not in known), None)
-    if unknown is not None:
-        parser.error(f"REF {unknown!r}: no script under repro/ is for it{did_you_mean(unknown, known)}; the "
-                     f"committed ones: {', '.join(known)}")
     for script in [known[ref] for ref in args.refs] or list(known.values()):
         try:
             call = command(script)

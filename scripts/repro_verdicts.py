@@ -166,8 +166,8 @@ def arguments(argv=None) -> argparse.Namespace:
     """The command line, every argument checked before anything runs: OUT a folder (or nothing yet), each REF a
     committed script's, --jobs 1 or more, and flashinfer and torch importable (the scripts and the suite's parts
     run on them)."""
-    from swabench.errors import UserError, did_you_mean
-    from swabench.repro import committed, script_stem
+    from swabench.errors import UserError
+    from swabench.repro import committed, script_stem, unknown_ref
     from swabench.store import paths
 
     parser = argparse.ArgumentParser(description="Each committed reproducer beside the suite's verdict.")
@@ -175,11 +175,10 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("refs", nargs="*", metavar="REF", help="a bug whose script to run (default: every one)")
     parser.add_argument("--jobs", type=positive, default=1, help="bugs judged at once (a timed one always alone)")
     args = parser.parse_args(argv)
+    unknown = unknown_ref(args.refs, ROOT / "repro")
+    if unknown:
+        parser.error(unknown)
     known = committed(ROOT / "repro")
-    unknown = next((ref for ref in args.refs if ref not in known), None)
-    if unknown is not None:
-        parser.error(f"REF {unknown!r}: no script under repro/ is for it{did_you_mean(unknown, known)}; the "
-                     f"committed ones: {', '.join(known)}")
     try:
         paths.folder_out(args.out, "OUT")
         for ref in args.refs or known:

@@ -25,3 +25,15 @@ def committed(folder) -> dict:
     from pathlib import Path
 
     return {ref_of(p.stem): p for p in sorted(Path(folder).glob("*.py"))}
+
+
+def unknown_ref(refs, folder) -> str | None:
+    """What to tell a script given a REF no reproducer under ``folder`` is for (the first such), or None."""
+    from swabench.errors import did_you_mean
+
+    known = committed(folder)
+    unknown = next((ref for ref in refs if ref not in known), None)
+    if unknown is None:
+        return None
+    return f"REF {unknown!r}: no script under repro/ is for it{did_you_mean(unknown, known)}; the committed ones: " \
+           f"{', '.join(known)}"

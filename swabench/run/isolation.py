@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
