@@ -1,15 +1,16 @@
 """Points run in a worker process the run supervises, so that a library that crashes, hangs or poisons the GPU
 costs one point, never the run (pyperf's workers, pytest-xdist's "worker crashed, replacing it").
 
-One persistent worker (``python -m swabench.run.isolation``) measures whole cases: it builds a case's workload once,
-says when each point starts, and sends each row back; the supervisor records the start in the journal, then the row.
+One persistent worker (``python -m swabench.run.worker``) measures whole cases: it builds a case's workload once,
+says when each point starts, and sends each row back; the supervisor records the start (``started.jsonl``), then the
+row in the journal.
 A worker that dies (a signal, an abort, an exit), answers nothing within the point's limit, or finds its CUDA
 context unusable after a point gives that point the status ``crash``, with the signal or error and the last lines
 of its output, and the sweep goes on in a fresh worker.  The JIT warm-up and the node's peaks run in the worker
 too: a build that kills its process is a named skip of the points that need it.
 
-Nothing here prints: the worker's own output (the libraries', faulthandler's stack at a fatal signal) goes to a
-log file whose tail a crash row quotes.
+Nothing here prints: the worker's own output (the libraries', faulthandler's stack at a fatal signal; ``run.worker``)
+goes to a log file whose tail a crash row quotes.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Worker:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "swabench.run.isolation", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            [sys.executable, "-m", "swabench.run.worker", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env, close_fds=True)
         theirs.close()
         self.connection = Connection(ours.detach())
@@ -322,84 +323,3 @@ def run(points, store, options, name: str = "", limits: Limits = Limits(), super
         ended = True
     finally:
         supervisor.close(now=not ended)
-
-
-# ---------------------------------------------------------------- the worker's side
-
-def _serve(connection: Connection) -> None:
-    """Answer the supervisor until it says stop or goes away."""
-    import json
-
-    from swabench.run import sweep
-    from swabench.store.run_folder import _json_default
-
-    connection.send(("ready",))
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "stop":
-            return
-        if message[0] == "case":
-            _, case, points, options, case_index = message
-            for row in sweep.case_rows(case, points, options, case_index,
-                                       on_start=lambda p: connection.send(("started", p.key))):
-                unusable = sweep.unusable_gpu(options.device)
-                if unusable:
-                    row = {**row, "status": "crash",
-                           "reason": f"crash: the GPU context is unusable after this point ({unusable})"
-                                     + (f"; the point said: {first_of(row['reason'])}" if row.get("reason") else "")}
-                connection.send(("row", json.loads(json.dumps(row, default=_json_default))))
-                if unusable:
-                    connection.send(("retire",))
-                    return
-            connection.send(("case done",))
-        elif message[0] == "warm up":
-            _, points, device, jobs = message
-            warm = sweep.warm_up(points, device, jobs,
-                                 on_built=lambda label, s, error: connection.send(("built", label, s, error)),
-                                 on_start=lambda label: connection.send(("building", label)))
-            unusable = sweep.unusable_gpu(device)
-            connection.send(("done", warm, unusable))
-            if unusable:
-                return
-        elif message[0] == "peaks":
-            from swabench.measure import peaks
-
-            connection.send(("done", peaks.measure(message[1])))
-
-
-def first_of(text: str) -> str:
-    return str(text).strip().splitlines()[0] if str(text).strip() else ""
-
-
-def _main(fd: int) -> None:
-    import faulthandler
-
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # sent to the process group (Ctrl-C, a scheduler, a closed terminal):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)  # the supervisor answers them, and stops the worker
-    faulthandler.enable(all_threads=True)  # a fatal signal leaves the Python stack in the log
-    _die_with_parent()
-    connection = Connection(fd)
-    try:
-        _serve(connection)
-    finally:
-        connection.close()
-
-
-def _die_with_parent() -> None:
-    """Linux's parent-death signal: a supervisor killed outright (kill -9) takes its worker with it."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-    if os.getppid() == 1:  # the supervisor was already gone
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    _main(int(sys.argv[1]))
