@@ -69,13 +69,17 @@ class Worker:
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env, close_fds=True)
         theirs.close()
         self.connection = Connection(ours.detach())
-        self.ready = False
+        self.ready = self.stopping = False
 
-    def send(self, message: tuple) -> None:
-        """Send a request once the worker has said it is ready (its imports are not a point's time)."""
+    def wait_ready(self) -> None:
+        """Wait for the worker to say it is ready: its imports are setup, never a point's time or the sweep's."""
         if not self.ready:
             self.receive(START_LIMIT_S, "starting (its imports)")
             self.ready = True
+
+    def send(self, message: tuple) -> None:
+        """Send a request once the worker is ready."""
+        self.wait_ready()
         try:
             self.connection.send(message)
         except OSError:
@@ -117,14 +121,22 @@ class Worker:
             self.process.kill()
             self.process.wait()
 
-    def close(self) -> None:
-        """Ask the worker to stop, kill it where it does not, and remove its log."""
-        if self.process.poll() is None:
+    def stop(self) -> None:
+        """Ask the worker to stop, and go on: its exit (the interpreter's and CUDA's teardown) overlaps what follows."""
+        if not self.stopping and self.process.poll() is None:
+            self.stopping = True
             try:
                 self.connection.send(("stop",))
-                self.process.wait(STOP_WAIT_S)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 pass
+
+    def close(self) -> None:
+        """Ask the worker to stop, kill it where it does not, and remove its log."""
+        self.stop()
+        try:
+            self.process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
         self.connection.close()
         self.log.close()
@@ -182,6 +194,13 @@ class Supervisor:
     def close(self, now: bool = False) -> None:
         """Stop the worker (``now``: kill it, as an interrupted run does, without waiting for its point)."""
         self._retire(now)
+
+    def ready(self) -> None:
+        """Wait for the worker's imports (before the sweep's clock starts); one that dies there is replaced later."""
+        try:
+            self._current().wait_ready()
+        except WorkerDied:
+            self._retire()
 
     def ask(self, message: tuple, limit_s: float, doing: str):
         """One request answered by one ("done", value) message: the node's peaks."""
@@ -312,7 +331,7 @@ def describe(what) -> str:
 def run(points, store, options, name: str = "", limits: Limits = Limits(), supervisor: Supervisor | None = None) \
         -> Iterator[dict]:
     """``sweep.run`` with every case measured in a supervised worker (``supervisor``: one already started, for the
-    warm-up; closed here either way)."""
+    warm-up; asked to stop at the end, and killed where the sweep is cut short; its caller closes it)."""
     from swabench.run import sweep
 
     supervisor = supervisor or Supervisor(options, limits)
@@ -322,4 +341,7 @@ def run(points, store, options, name: str = "", limits: Limits = Limits(), super
         yield from supervisor.cases(sweep.points_by_case(points), store)
         ended = True
     finally:
-        supervisor.close(now=not ended)
+        if ended and supervisor.worker:  # its exit overlaps the tables being written; the caller closes it
+            supervisor.worker.stop()
+        else:
+            supervisor.close(now=True)

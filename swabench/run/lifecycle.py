@@ -317,6 +317,8 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
                 if request.counted:
                     from swabench.measure import counters
                     counters.calibrate(request.device)
+                if supervisor:
+                    supervisor.ready()
                 store.update_meta(setup_s=since_start())
                 started = time.perf_counter()
                 progress.start(len(todo), request.what)
