@@ -11,7 +11,7 @@ import click
 from swabench.cli.options import (Bar, InputError, PathArg, case_option, costs_option, device_of, impl_option,
                                   l2_option, load, model_option, model_scenario, opt, out_option, report_outcome,
                                   run_options, scenario_file)
-from swabench.run import launch, lifecycle, shards
+from swabench.run import launch, lifecycle, multigpu, shards
 from swabench.inputs import scenarios
 from swabench.inputs.scenarios import matches
 from swabench.inputs.plan_calls import VERIFY_MAX
@@ -89,7 +89,7 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
     args = ["--l2", l2, *launch.worker_args(impls, cases, costs_from), *(["--model", model] if model else []),
             "--point-timeout", str(supervision.get("point_timeout") or lifecycle.isolation.POINT_LIMIT_S),
             *(["--in-process"] if supervision.get("in_process") else [])]  # SWABENCH_IN_PROCESS: the workers' env
-    outcome = lifecycle.execute_on_gpus(lifecycle.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
+    outcome = multigpu.execute(multigpu.GpuLaunch(path, out, chosen, visible, args, validate), Bar())
     report_outcome(outcome, strict, lifecycle.rerun_command(out, resume=False))
 
 

@@ -1,7 +1,7 @@
 """A run's life: open its folder (created or resumed, and locked), record where and how it ran,
 prepare the GPU (peaks, JIT warm-up), sweep, finalize, and hand the outcome back as data.
 
-The CLI parses, calls ``execute`` (or ``execute_on_gpus``) with a ``Progress`` to draw on, prints,
+The CLI parses, calls ``execute`` (or ``multigpu.execute``) with a ``Progress`` to draw on, prints,
 and exits with ``Outcome.exit_status``; nothing here prints or exits.  torch and pandas are imported
 inside the functions, so the ``--gpus`` launcher starts its workers before it imports either.
 """
@@ -12,21 +12,20 @@ import contextlib
 import datetime
 import json
 import shlex
-import shutil
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from swabench import STARTED
 from swabench.analysis import derived
 from swabench.errors import UserError
-from swabench.run import isolation, launch
+from swabench.run import isolation
 from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
-from swabench.store import run_folder, schema, tables
+from swabench.store import run_folder, tables
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
@@ -371,66 +370,3 @@ def prepare_gpu(store: RunStore, todo, device: torch.device, timed: bool, progre
                   + (f", compiled {len(warm.built)} modules" if warm.built else "")
                   + (f", {len(warm.failed)} could not be built" if warm.failed else ""), warn=bool(warm.failed))
     return warm.failed
-
-
-# ---------------------------------------------------------------- several GPUs of one node
-
-@dataclass(frozen=True)
-class GpuLaunch:
-    scenario_path: Path
-    out: Path
-    gpus: list[int]  # indices into visible
-    visible: list[str]  # launch.visible_gpus()
-    child_args: list[str]  # the workers' filters and options
-    validate: Callable[[], scenarios.Scenario]  # the full check of the input, made while the workers start
-
-
-def execute_on_gpus(launch_request: GpuLaunch, progress: Progress = Silent()) -> Outcome:
-    """One worker per GPU, each on its own shard, merged into ``out``.  The workers start first; the
-    launcher then checks the input in full (each worker checks it too, before any GPU work) and stops
-    them, keeping nothing, if it is bad.  Interrupted: every worker keeps its rows, and the same
-    launch resumes them."""
-    from swabench.run import shards
-
-    r = launch_request
-    run_folder.check_new_run(r.out, hint="choose another --out (the shards resume on their own)")
-    workers = launch.Workers([str(r.scenario_path), "--device", "cuda", *r.child_args], r.gpus, r.out, r.visible)
-    spawned_s = since_start()
-    try:
-        scenario = r.validate()
-    except BaseException:
-        workers.stop()
-        if workers.created_work:
-            shutil.rmtree(workers.work)
-        raise
-    progress.note(f"{scenario.name}: {len(scenario.points)} points over GPUs {r.gpus}; shards in {workers.work}")
-    progress.start(len(scenario.points), f"run on {len(r.gpus)} GPUs")
-    seen = 0
-
-    def on_progress(rows: int) -> None:
-        nonlocal seen
-        progress.advance(rows - seen)
-        seen = rows
-
-    try:
-        with interrupt_on_signals():
-            folders = workers.wait(on_progress=on_progress)
-    except KeyboardInterrupt as e:
-        return Outcome(workers.work, "interrupted", _empty_table(), 0.0, since_start(),
-                       signal=getattr(e, "signal", None))
-    finally:
-        progress.finish()
-    merging = time.perf_counter()
-    store, table = shards.merge(r.out, folders)
-    meta = store.update_meta(launch_spawned_s=spawned_s,  # from swabench's start to the workers' start
-                             launch_worker_end_s=workers.ended_s,  # workers' start to each one's exit
-                             launch_merge_s=round(time.perf_counter() - merging, 1),
-                             launch_wall_s=round(time.perf_counter() - workers.started, 1),
-                             total_s=since_start(),  # the launcher's own start too
-                             **({"state": "skipped"} if all_skipped(table) else {}))  # a merge of every shard
-    return Outcome(r.out, meta["state"], table, meta["launch_wall_s"], meta["total_s"])
-
-
-def _empty_table():
-    import pandas as pd
-    return pd.DataFrame(columns=schema.COLUMNS)
