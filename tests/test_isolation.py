@@ -84,7 +84,7 @@ def test_the_journal_names_the_point_a_run_ended_inside(tmp_path):
     store = run_folder.RunStore.create(tmp_path / "run", {"what": "run", "state": "running"}, s.text)
     first, second = s.points[:2]
     store.start(first)
-    row = sweep.crash_row(first, CPU, "crash: test")
+    row = isolation.crash_row(first, CPU, "crash: test")
     store.append(row)
     store.start(second)
     assert store.unfinished() == [second.key]

@@ -222,7 +222,7 @@ class Supervisor:
                 try:
                     for message in self._case(case, left, case_index):
                         if message[0] == "started":
-                            current = next(p for p in left if p.key == message[1])
+                            current = message[1]
                             store.start(current)
                         else:
                             store.append(message[1])
@@ -243,19 +243,22 @@ class Supervisor:
                     left = [p for p in left if p not in crashed]
 
     def _case(self, case, points, case_index: int) -> Iterator[tuple]:
-        """The worker's ("started", key) and ("row", row) messages for one case, until it is done or retires."""
+        """("started", point) and ("row", row) for one case, from the worker's messages, until it is done or
+        retires."""
         worker, current = self._current(), None
         worker.send(("case", case, points, self.options, case_index))
         while True:
             message = worker.receive(self.limits.point_s, f"running {describe(current or case)}")
             if message[0] == "started":
                 current = next(p for p in points if p.key == message[1])
+                yield "started", current
             elif message[0] == "retire":  # its GPU context is unusable: it can run nothing more
                 self._retire()
                 return
             elif message[0] == "case done":
                 return
-            yield message
+            else:
+                yield message
 
     def warm_up(self, points, jobs: int, on_built=None):
         """``sweep.warm_up`` in the worker; a build that kills it (or hangs) is a failed signature, named.  Where
@@ -306,9 +309,12 @@ class Supervisor:
 
 
 def crash_row(point, device, reason: str) -> dict:
+    """The row of a point whose worker died, hung or left the GPU unusable: its axes and counts, status crash."""
+    from swabench.core import workloads
     from swabench.run import sweep
 
-    return sweep.crash_row(point, device, reason)
+    return {**sweep.base_row(point, None, device, workloads.request_lengths(point.case)), "status": "crash",
+            "reason": reason}
 
 
 def merged(parts: list, jobs: int):

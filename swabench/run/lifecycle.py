@@ -224,7 +224,7 @@ def open_store(request: Request) -> RunStore:
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
             "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),
             "sharding": request.sharding, "embedded_backend": request.device.type == "cpu",
-            "isolation": {"worker": request.in_worker, "point_limit_s": request.limits.point_s,
+            "isolation": {"worker": True, "point_limit_s": request.limits.point_s,
                           "build_limit_s": request.limits.build_s} if request.in_worker else {"worker": False},
             **(request.meta or {})}
     return RunStore.create(request.out, meta, s.text)
@@ -281,9 +281,11 @@ def execute(request: Request, progress: Progress = Silent()) -> Outcome:
         def finalize(state: str):
             signals.hold()
             session = time.perf_counter() - started
-            replaced = {"isolation": {**store.meta().get("isolation", {}), "workers_replaced": supervisor.replaced +
-                                      store.meta().get("isolation", {}).get("workers_replaced", 0)}} \
-                if supervisor and supervisor.replaced else {}
+            replaced = {}
+            if supervisor and supervisor.replaced:  # summed over every start of the folder
+                held = store.meta().get("isolation", {})
+                replaced = {"isolation": {**held, "workers_replaced": held.get("workers_replaced", 0) +
+                                          supervisor.replaced}}
             return session, store.finalize(derived.add_derived, state=state, wall_s=round(earlier_s + session, 1),
                                            total_s=since_start(), **replaced)
 

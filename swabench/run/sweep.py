@@ -399,22 +399,3 @@ def case_rows(case: Case, points: list[Point], options: SweepOptions, case_index
         if w is not None and options.device.type == "cuda" and w.k_store.numel() > 1 << 28:
             del w
             torch.cuda.empty_cache()  # hand big caches back before the next case allocates
-
-
-def crash_row(point: Point, device: torch.device, reason: str) -> dict:
-    """The row of a point whose process died, hung or left the GPU unusable: its axes and counts, status crash."""
-    return {**base_row(point, None, device, workloads.request_lengths(point.case)), "status": "crash",
-            "reason": reason}
-
-
-def unusable_gpu(device: torch.device) -> str | None:
-    """Why the process's CUDA context can no longer run anything (an illegal address or a device-side assert poisons
-    it for good), or None: a synchronize and a one-element kernel, after every point."""
-    if device.type != "cuda":
-        return None
-    try:
-        torch.cuda.synchronize(device)
-        torch.ones(1, device=device).add_(1).item()
-    except Exception as e:  # what the context answers is the verdict: any error here means it is gone
-        return first_line(e)
-    return None

@@ -12,6 +12,8 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
+import torch
+
 
 def _serve(connection: Connection) -> None:
     """Answer the supervisor until it says stop or goes away."""
@@ -30,7 +32,7 @@ def _serve(connection: Connection) -> None:
             _, case, points, options, case_index = message
             for row in sweep.case_rows(case, points, options, case_index,
                                        on_start=lambda p: connection.send(("started", p.key))):
-                unusable = sweep.unusable_gpu(options.device)
+                unusable = unusable_gpu(options.device)
                 if unusable:
                     row = {**row, "status": "crash",
                            "reason": f"crash: the GPU context is unusable after this point ({unusable})"
@@ -45,7 +47,7 @@ def _serve(connection: Connection) -> None:
             warm = sweep.warm_up(points, device, jobs,
                                  on_built=lambda label, s, error: connection.send(("built", label, s, error)),
                                  on_start=lambda label: connection.send(("building", label)))
-            unusable = sweep.unusable_gpu(device)
+            unusable = unusable_gpu(device)
             connection.send(("done", warm, unusable))
             if unusable:
                 return
@@ -53,6 +55,21 @@ def _serve(connection: Connection) -> None:
             from swabench.measure import peaks
 
             connection.send(("done", peaks.measure(message[1])))
+
+
+def unusable_gpu(device: torch.device) -> str | None:
+    """Why the process's CUDA context can no longer run anything (an illegal address or a device-side assert poisons
+    it for good), or None: a synchronize and a one-element kernel, after every point."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as e:  # what the context answers is the verdict: any error here means it is gone
+        from swabench.run.sweep import first_line
+
+        return first_line(e)
+    return None
 
 
 def first_of(text: str) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,12 +110,14 @@ def unfinished(folder: Path) -> list[tuple]:
     """The keys of the points ``folder``'s ``started.jsonl`` says began more often than its journal holds their
     rows, in order: the point in flight where a run ended without a word (the node lost, kill -9)."""
     folder = Path(folder)
-    starts = [tuple(mark.get(k) for k in KEY) for _, mark in _lines(folder / schema.STARTED, schema.STARTED,
-                                                                      "a point's start") if isinstance(mark, dict)]
-    rows = [tuple(row.get(k) for k in KEY) for _, row in _lines(folder / ROWS, "the journal", "a result row")
-            if isinstance(row, dict)]
-    left = {key: starts.count(key) - rows.count(key) for key in set(starts)}
-    return [key for key in dict.fromkeys(starts) if left[key] > 0]
+
+    def keys(path: Path, what: str, each: str) -> Counter:
+        lines = _lines(path, what, each)
+        return Counter(tuple(line.get(k) for k in KEY) for _, line in lines if isinstance(line, dict))
+
+    starts = keys(folder / schema.STARTED, schema.STARTED, "a point's start")
+    rows = keys(folder / ROWS, "the journal", "a result row")
+    return [key for key, begun in starts.items() if begun > rows[key]]
 
 
 def _lines(path: Path, what: str, each: str) -> list[tuple[int, object]]:
