@@ -290,6 +290,20 @@ def test_the_fill_goes_through_the_table_and_older_tables_read_random(tiny_run):
     assert set(table.loc[table["impl"] == "torch-trim", "status"]) == {"pass"}
 
 
+def test_a_committed_table_reads_the_fill_nan_as_written(tiny_run, tmp_path):
+    """A committed run keeps its table and drops its journal: the fill ``nan`` must not read back as a missing
+    value (which the comparisons would take for a random cache)."""
+    from swabench.analysis import derived
+
+    committed = tmp_path / "run"
+    committed.mkdir()
+    for name in (run_folder.TABLE, schema.META, schema.SCENARIO):
+        (committed / name).write_bytes((tiny_run / name).read_bytes())
+    table, _ = derived.load(committed)
+    assert table["cache_fill"].value_counts().to_dict() == {"random": 8, "nan": 8, "large": 8}
+    assert table["median_us"].isna().any()  # an empty cell is still missing
+
+
 def test_the_stale_section_counts_each_paths_points_per_fill(tiny_run):
     from swabench.publish import findings, sections
 
@@ -303,9 +317,10 @@ def test_the_stale_section_counts_each_paths_points_per_fill(tiny_run):
     assert made[["impl", "cache_fill"]].values.tolist()[:3] == [["torch-trim", "random"], ["torch-trim", "nan"],
                                                                   ["torch-trim", "large"]]
     flex_nan = made[(made["impl"] == "flex-window") & (made["cache_fill"] == "nan")].iloc[0]
-    assert flex_nan["failed or xfail where"] == "page 16, ragged; head_dim 64; verify, decode"
+    assert flex_nan["failed where"] == "page 16 (scattered), ragged; head_dim 64; verify, decode; window 16"
     text = "\n".join(sections.by_key("stale").for_runs([run]))
-    assert "`flex-window` [flex] failed 4 points with `nan`" in text
+    assert "`flex-window` [flex] lets slots no query may read into its output: `nan` on 4 points (page 16" in text
+    assert "Every fill passed on `torch-trim` [torch]" in text
     control = findings.load([tiny_run])[0]
     control.table = control.table.assign(cache_fill="random")
     assert sections.by_key("stale").table(control).empty  # a run of random caches has no such table

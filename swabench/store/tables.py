@@ -184,12 +184,13 @@ def _same_result(listed: dict, recorded: dict) -> bool:
 
 def csv_file(path: Path, empty_ok: bool = False, text: bool = False) -> pd.DataFrame:
     """A run folder's CSV file (plain or gzipped), its key columns as text (a case_id of digits stays text), or
-    with ``text`` every column, each cell as spelled; RunFolderError naming it where it cannot be read, or is empty
-    and ``empty_ok`` is not given."""
+    with ``text`` every column, each cell as spelled.  Only an empty cell is missing (the tables write a missing
+    value so): a text value such as the fill ``nan`` reads back as written.  RunFolderError naming it where it cannot
+    be read, or is empty and ``empty_ok`` is not given."""
     import pandas as pd
     try:
         return pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)),
-                           dtype=str if text else {k: str for k in KEY})
+                           dtype=str if text else {k: str for k in KEY}, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError as e:
         if empty_ok:
             return pd.DataFrame()

@@ -148,47 +148,68 @@ def evicted_reads(run: Run) -> pd.DataFrame:
 
 
 def _failed_where(bad: pd.DataFrame) -> str:
-    """What a path's failed points share, in words: their storage and page sizes, head_dims and steps."""
+    """What a path's failed points share, in words: their storage, page sizes and page layouts, head_dims, steps and
+    windows."""
     if bad.empty:
         return ""
     paged = bad[bad["storage"] == "paged"]
-    stores = ([f"page {'/'.join(str(int(p)) for p in sorted(paged['page_size'].unique()))}"] if len(paged) else []) \
+    layouts = sorted(paged["page_layout"].dropna().unique()) if "page_layout" in paged else []
+    stores = ([f"page {'/'.join(str(int(p)) for p in sorted(paged['page_size'].unique()))}"
+               + (f" ({'/'.join(layouts)})" if layouts else "")] if len(paged) else []) \
         + (["ragged"] if (bad["storage"] == "ragged").any() else [])
     dims = "head_dim " + "/".join(str(int(d)) for d in sorted(bad["head_dim"].unique()))
     modes = ", ".join(m for m in MODES if m in set(bad["mode"]))
-    return "; ".join([", ".join(stores), dims, modes])
+    windows = "window " + "/".join(str(int(w)) for w in sorted(bad["sliding_window"].dropna().unique())) \
+        if "sliding_window" in bad and bad["sliding_window"].notna().any() else ""
+    return "; ".join(filter(None, [", ".join(stores), dims, modes, windows]))
 
 
 def stale_fills(run: Run) -> pd.DataFrame:
     """Per correct path, backend and cache fill (docs/scenarios.md, ``cache_fill``): the points that passed,
-    failed, or were xfail (a declared bug or documented precondition spoke there, named), and what the failed
-    and xfail points share; empty for a run whose every cache held random data."""
+    failed, or were xfail (a declared bug or documented precondition spoke there), what the failed points share,
+    and each declaration with what its points share; empty for a run whose every cache held random data."""
     t = run.table
     if "cache_fill" not in t or set(t["cache_fill"].dropna()) <= {"random"}:
         return pd.DataFrame()
     t = t[(t["kind"] == "correct") & (t["status"] != "skip")]
     rows = []
     for (impl, backend, fill), g in t.groupby(["impl", "backend", "cache_fill"], sort=False):
-        counts, bad = g["status"].value_counts(), g[g["status"].isin(["fail", "xfail"])]
-        declared = bad["upstream"].dropna() if "upstream" in bad else pd.Series(dtype=object)
+        counts, xfail = g["status"].value_counts(), g[g["status"] == "xfail"]
+        declared = [f"{ref} ({_failed_where(d)})" for ref, d in xfail.groupby(xfail["upstream"].fillna("undeclared"))]
         rows.append({"impl": impl, "backend": backend, "cache_fill": fill,
                      **{s: int(counts.get(s, 0)) for s in ("pass", "fail", "xfail")},
-                     "failed or xfail where": _failed_where(bad), "declared": ", ".join(sorted(set(declared)))})
+                     "failed where": _failed_where(g[g["status"] == "fail"]), "declared": "; ".join(declared)})
     out = pd.DataFrame(rows)
     fills = {f: i for i, f in enumerate(CACHE_FILLS)}
     return out.sort_values(["impl", "backend", "cache_fill"], kind="stable", key=lambda c: c.map(
         registry.order) if c.name == "impl" else c.map(fills) if c.name == "cache_fill" else c).reset_index(drop=True)
 
 
+def _listed(words) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(words)
+    return " and ".join(filter(None, [", ".join(words[:-1]), words[-1]]))
+
+
 def stale_said(run: Run) -> list[str]:
-    """Each correct path that fails under a fill outside every declaration: where a slot no query may read
-    reaches its output."""
+    """Each correct path that fails under some fill outside every declaration (where a slot no query may read
+    reaches its output), one line a path; then the paths that passed every fill."""
     table = stale_fills(run)
     if table.empty:
         return []
-    failed = table[table["fail"] > 0].to_dict("records")
-    return [f"- `{r['impl']}` [{r['backend']}] failed {points(r['fail'])} with `{r['cache_fill']}` where no query may "
-            f"read ({r['failed or xfail where']}) ({run.name})." for r in failed]
+    said = []
+    for (impl, backend), g in table.groupby(["impl", "backend"], sort=False):
+        failed = g[g["fail"] > 0]
+        if len(failed):
+            alike = failed.groupby(["fail", "failed where"], sort=False)["cache_fill"].apply(list)
+            fills = ", ".join(_listed(f"`{f}`" for f in fs) + f" on {points(n)}{' each' if len(fs) > 1 else ''} "
+                              f"({where})" for (n, where), fs in alike.items())
+            said.append(f"- `{impl}` [{backend}] lets slots no query may read into its output: {fills} ({run.name}).")
+    clean = table.groupby(["impl", "backend"], sort=False)[["fail", "xfail"]].sum()
+    clean = clean[(clean["fail"] == 0) & (clean["xfail"] == 0)].index
+    if len(clean):
+        said.append("- Every fill passed on " + ", ".join(f"`{i}` [{b}]" for i, b in clean) + f" ({run.name}).")
+    return said
 
 
 TOPIC = "Serving: features, models, trace replay, whole-model price, evicted pages, stale caches"
@@ -229,7 +250,8 @@ SECTIONS = [
             "Per correct path, backend and cache fill (`random`: the control; `nan`, `inf`, `large`: what the slots "
             "past each request's last key, the spare pages and a ragged buffer's spare rows hold): points that "
             "passed, failed or were `xfail` (where a declared bug or a library's documented precondition speaks, "
-            "named under 'declared'), and the page sizes, head_dims and steps the failed and `xfail` points share. "
+            "named under 'declared' with what its points share), and the pages, head_dims, steps and windows the failed "
+            "points share. "
             "A correct kernel that loads such a slot must keep it out of its output (`0 * NaN` is NaN).",
             stale_fills, stale_said),
 ]
