@@ -129,11 +129,11 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
 
 def _check_out(out: Path, source: Path, replace: bool) -> Path:
     """``out`` as the path to write (store.paths), or FibError (OutputError) unless it may be replaced."""
-    from swabench.store import paths, run_folder
+    from swabench.store import paths, places
 
     out = paths.folder_out(out, "--out")
     paths.makeable_folder(out.parent, "--out")  # the export is made beside --out, then renamed into its place
-    run_folder.refuse_inside_a_run(out, "--out")
+    places.refuse_inside_a_run(out, "--out")
     paths.refuse_inside(out, [source], "--out")
     if out.resolve() in source.resolve().parents:
         raise FibError(f"{source} lies inside --out {out}, which export-fib replaces: the export would delete what it "
