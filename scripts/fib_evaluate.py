@@ -113,9 +113,9 @@ def agreement(doc: dict, case, stored: dict, library: str, device, impl_name: st
 def picked(folder: Path, source, per_definition: int):
     """(definition doc, workload record, case, count) of the first ``per_definition`` workloads of each
     definition in ``folder``, the steps matched by their uuid."""
-    from swabench.inputs import fib
+    from swabench.inputs import fib, fib_definition
 
-    cases = {fib.workload_uuid(case): (case, count) for case, count in fib.steps(source)}
+    cases = {fib_definition.workload_uuid(case): (case, count) for case, count in fib.steps(source)}
     for path in sorted((folder / "definitions").rglob("*.json")):
         doc = json.loads(path.read_text())
         lines = (folder / "workloads" / doc["op_type"] / f"{doc['name']}.jsonl").read_text().splitlines()
@@ -199,7 +199,7 @@ def fib_rows(folder: Path, source, per_definition: int, makers=None) -> list[dic
     from flashinfer_bench import Benchmark, BenchmarkConfig
     from flashinfer_bench.data import TraceSet
 
-    from swabench.inputs import fib
+    from swabench.inputs import fib, fib_definition
 
     full = TraceSet.from_path(str(folder))
     trace_set = TraceSet(root=full.root, definitions=full.definitions,
@@ -211,7 +211,7 @@ def fib_rows(folder: Path, source, per_definition: int, makers=None) -> list[dic
         result = benchmark.run_all(dump_traces=False)
     finally:
         benchmark.close()
-    steps = {fib.workload_uuid(case): (case.case_id, count) for case, count in fib.steps(source)}
+    steps = {fib_definition.workload_uuid(case): (case.case_id, count) for case, count in fib.steps(source)}
     rows = []
     for name, traces in result.traces.items():
         for t in traces:

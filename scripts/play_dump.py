@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from swabench.errors import UserError  # noqa: E402
-from swabench.store import paths, run_folder  # noqa: E402
+from swabench.store import paths, places  # noqa: E402
 
 
 def arguments() -> argparse.Namespace:
@@ -73,7 +73,7 @@ try:
     import flashinfer
 except Exception as e:  # installed, yet failing on import (its CUDA libraries missing)
     if MADE:
-        run_folder.remove_if_empty(OUT)
+        places.remove_if_empty(OUT)
     print(f"play_dump.py: torch and flashinfer must import; {type(e).__name__}: {e}", file=sys.stderr)
     sys.exit(2)
 

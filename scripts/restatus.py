@@ -64,8 +64,8 @@ def write_table(folder: Path, table) -> None:
 
 
 def gate_reason(reason: str) -> str:
-    """What the gate said, without the verdict's note in front of it (``sweep.NOTES``, or the old xpass note)."""
-    from swabench.run.sweep import NOTES
+    """What the gate said, without the verdict's note in front of it (``verdict.NOTES``, or the old xpass note)."""
+    from swabench.run.verdict import NOTES
 
     first, _, rest = reason.partition("; ")
     return rest if first.startswith(NOTES) else reason
@@ -94,7 +94,7 @@ def restatus(folder: Path, table) -> tuple[object, collections.Counter]:
     from swabench.core import workloads
     from swabench.impls import fa2_split, registry
     from swabench.inputs import scenarios
-    from swabench.run.sweep import verdict
+    from swabench.run.verdict import verdict
     from swabench.store import schema, tables
 
     meta = tables.read_meta(folder)

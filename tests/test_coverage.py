@@ -17,7 +17,8 @@ from swabench.publish.sections import Run, by_key
 from swabench.store import run_folder
 
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"  # a merge of two shards on H200s
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+# the committed runs, frozen to the paths that came through the gate on a GPU (tests/fixtures/make_coverage.py)
+COMMITTED = Path(__file__).resolve().parent / "fixtures" / "coverage"
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +153,9 @@ def test_the_command_reads_a_folder_of_runs_and_refuses_one_without(cpu_run, tmp
 
 @pytest.mark.slow
 def test_the_coverage_scenario_runs_every_gap_of_the_committed_runs():
-    """scenarios/coverage.toml makes a point, runnable on some GPU, of every path the committed runs never ran."""
-    rows = coverage.coverage(registry.all_implementations(), coverage.load([RESULTS]))
+    """scenarios/coverage.toml makes a point, runnable on some GPU, of every path the committed runs (frozen in
+    tests/fixtures/coverage) never ran."""
+    rows = coverage.coverage(registry.all_implementations(), coverage.load([COMMITTED]))
     points = scenarios.load(scenarios.find("coverage")).points
     runnable = {(p.impl, p.case.storage, p.case.mode) for p in points
                 if registry.get(p.impl).skip_reason(p.case, p.backend, None) is None}

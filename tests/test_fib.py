@@ -11,7 +11,7 @@ import torch
 from conftest import invoke
 
 from swabench.core import reference, semantics, workloads
-from swabench.inputs import axes, fib, fib_import, fib_reference, models, traces
+from swabench.inputs import axes, fib, fib_definition, fib_import, fib_reference, models, traces
 
 safetensors = pytest.importorskip("safetensors")  # the test and fib extras install it
 import safetensors.torch  # noqa: E402
@@ -74,7 +74,7 @@ def test_definitions_carry_the_window_and_features_in_their_names(exported):
         assert doc["axes"]["window_left"] == {**doc["axes"]["window_left"], "type": "const", "value": window}
         assert ("sinks" in doc["inputs"]) == d.name.endswith("_sinks")
     case = axes.make_case({"mode": "decode", "model": "gemma-2-2b", "prefix_len": 10})
-    assert fib.name(case).endswith("_cap50") and fib_reference.reference(case).count("LOGITS_SOFT_CAP = 50.0") == 1
+    assert fib_definition.name(case).endswith("_cap50") and fib_reference.reference(case).count("LOGITS_SOFT_CAP = 50.0") == 1
 
 
 def test_the_written_files_load_with_flashinfer_benchs_loaders(exported):

@@ -6,7 +6,7 @@ import torch
 
 from swabench.core import gate, probes, workloads
 from swabench.inputs import axes
-from swabench.impls import registry
+from swabench.impls import implementation, registry
 
 
 def workload(window_left, prefix_len, qo_len, dtype="bfloat16", num_qo_heads=4, num_kv_heads=2, **kw):
@@ -181,7 +181,7 @@ def test_an_xpass_of_rows_predicted_out_of_step_says_the_library_changed(monkeyp
 
     w = workload(4, 40, 8)
     out_of_step = dataclasses.replace(registry.get("planted-wide"), make=registry.get("torch-trim").make,
-                                      visibility=registry.exact,
+                                      visibility=implementation.exact,
                                       garbled=lambda c, qo, kv, b: [torch.ones(q, dtype=torch.bool) for q in qo])
     real = registry.get
     monkeypatch.setattr(registry, "get", lambda name: out_of_step if name == "planted-wide" else real(name))

@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY, invoke
 
 from swabench.run import hostbench, lifecycle, profiling
-from swabench.store import paths, run_folder
+from swabench.store import paths, places, run_folder
 from swabench.store.run_folder import RunFolderError, RunStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -165,7 +165,7 @@ def test_resume_is_offered_where_the_journal_is(tmp_path):
 def test_default_folders_started_in_the_same_second_differ(tmp_path):
     made = [lifecycle.default_out("tiny", "cpu", "run", tmp_path) for _ in range(3)]
     assert len(set(made)) == 3 and all(folder.is_dir() for folder in made)
-    assert run_folder.new_folder(tmp_path, "x") != run_folder.new_folder(tmp_path, "x")
+    assert places.new_folder(tmp_path, "x") != places.new_folder(tmp_path, "x")
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_a_default_folder_the_command_wrote_nothing_in_is_gone_at_exit(tmp_path)
         (folder / run_folder.LOCK).write_text("")
     (kept / "meta.json").write_text("{}")
     for folder in (kept, empty, tmp_path / "never-made"):
-        run_folder.remove_if_empty(folder)
+        places.remove_if_empty(folder)
     assert kept.is_dir() and (kept / run_folder.LOCK).exists() and not empty.exists()
 
 

@@ -1272,7 +1272,7 @@ def test_vllm_tree_window_gathers_from_its_first_nodes_window_and_computes_the_s
     from swabench.core import workloads
     from swabench.impls import registry, tree_verify
     from swabench.impls.embedded import GatherRunner
-    from swabench.impls.registry import computed
+    from swabench.impls.implementation import computed
     from swabench.inputs.axes import make_case
 
     case = make_case(dict(mode="verify", tree="eagle:2:3", draft_tokens=8, prefix_len=200, window_left=31,

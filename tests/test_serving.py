@@ -11,7 +11,7 @@ from swabench.publish.sections import Run, serving, speed
 from swabench.analysis import derived, versus
 from swabench.core import gate, reference, semantics, workloads
 from swabench.inputs import axes, scenarios
-from swabench.impls import embedded, registry
+from swabench.impls import embedded, implementation, registry
 
 CASE = dict(mode="verify", draft_tokens=4, prefix_len=40, window_left=7, num_qo_heads=4, num_kv_heads=2,
             head_dim=64, batch_size=2)
@@ -125,7 +125,7 @@ class Ignoring(embedded.GatherRunner):
     """A path that takes an axis and leaves it out: the gate must catch each."""
 
     def __init__(self, w, axis):
-        super().__init__(w, registry.computed, trim=True)
+        super().__init__(w, implementation.computed, trim=True)
         self.axis = axis
 
     def run(self):

@@ -36,7 +36,7 @@ from swabench.core import gate, probes, reference, semantics, trees, workloads
 from swabench.core.semantics import Visibility
 from swabench.core.trees import Tree
 from swabench.impls import flashinfer_workspace as ws
-from swabench.impls import registry
+from swabench.impls import implementation, registry
 from swabench.impls.embedded import GatherRunner
 from swabench.inputs import axes
 from swabench.inputs.axes import ScenarioError
@@ -105,7 +105,7 @@ def gated(name, w, predicted=None):
 
 
 def slot_rule_runner(w):
-    return GatherRunner(w, lambda c, prefix: registry.computed(
+    return GatherRunner(w, lambda c, prefix: implementation.computed(
         c, prefix, lambda W, p, ps: Visibility(W, by_slot=True)), trim=False)
 
 

@@ -10,7 +10,7 @@ import click
 from swabench.cli.options import (Bar, PathArg, case_option, costs_option, impl_option, l2_option, load, opt,
                                   summary)
 from swabench.run import launch, lifecycle, shards
-from swabench.store import paths, run_folder
+from swabench.store import paths, places
 
 
 @click.command()
@@ -19,7 +19,7 @@ from swabench.store import paths, run_folder
 @opt("--partial", is_flag=True, help="Merge even when shards are missing (the merged run says it is incomplete).")
 def merge(out, folders, partial):
     """Merge the shards of one sweep (several GPUs or nodes) into OUT."""
-    out = run_folder.check_new_run(out, "OUT")
+    out = places.check_new_run(out, "OUT")
     paths.refuse_inside(out, folders, "OUT")
     summary(shards.merge(out, [Path(f) for f in folders], partial)[1], out)
 

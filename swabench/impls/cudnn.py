@@ -33,8 +33,9 @@ import torch
 from swabench.core import semantics, workloads
 from .flashinfer_library import CUDNN, LIBRARY as FLASHINFER, has_api
 from .flashinfer_workspace import MIB, resource_errors
+from .implementation import first_call
 from .library import Library, not_importable
-from .registry import Implementation, Unsupported, first_call, register, register_library
+from .registry import Implementation, Unsupported, register, register_library
 
 WORKSPACE_BYTES = 128 * MIB  # FlashInfer's suggestion for its cuDNN entry points
 DTYPES = ("bfloat16", "float16")

@@ -33,8 +33,9 @@ from functools import lru_cache
 import torch
 
 from swabench.core import semantics, trees, workloads
+from .implementation import first_call
 from .library import Library, not_importable
-from .registry import Implementation, first_call, register, register_library
+from .registry import Implementation, register, register_library
 
 BACKEND = "fa4"
 DTYPES = ("bfloat16", "float16")  # SM90's forward (flash_fwd.py); FP8 is SM100's only

@@ -18,7 +18,8 @@ import os
 import time
 
 from .embedded import BOTH, GatherRunner
-from .registry import Implementation, exact, register
+from .implementation import exact
+from .registry import Implementation, register
 
 
 class CrashRunner(GatherRunner):

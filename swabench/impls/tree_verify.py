@@ -36,8 +36,9 @@ from swabench.core import semantics, trees, workloads
 from . import fa2_run_window, flashinfer_impls as fi
 from .embedded import GatherRunner
 from .fa2_split import run_window_first_keys
+from .implementation import computed
 from .recipes import sglang_serves
-from .registry import Implementation, computed, register
+from .registry import Implementation, register
 
 TREES = dict(tree=True, requires=frozenset({"tree"}))  # verifies draft trees, and only those
 VERIFY = ("verify",)

@@ -1,5 +1,6 @@
 """FlashInfer-Bench's format (docs/flashinfer-bench.md): a trace's steps become Definitions of sliding-window
-layers with their Workloads (``export``; the way back is ``fib_import``, the reference ``fib_reference``).
+layers with their Workloads (``export``; each step's records are ``fib_definition``, the way back is ``fib_import``,
+the reference ``fib_reference``).
 
 Why: FlashInfer-Bench's own GQA paged definitions carry no window, sinks or soft-cap, so a sliding-window
 layer collected there is checked against full causal attention.  The definitions written here carry the
@@ -32,20 +33,17 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from swabench.analysis.replay import LAYER_COLUMNS, layer_label
+from swabench.analysis.replay import LAYER_COLUMNS
 from swabench.errors import UserError
 from swabench.inputs import axes, scenarios, traces
-from swabench.inputs.fib_reference import STAGES, reference
+from swabench.inputs.fib_definition import OP_TYPE, definition, index_tensors, step_meta, workload_inputs, workload_uuid
+from swabench.inputs.fib_reference import STAGES
 
-OP_TYPE = "gqa_paged"
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float8_e4m3": "float8_e4m3fn"}
 LAYOUT = ("definitions", "workloads", "blob")  # what export writes, and all that --force replaces
 META = "swabench"  # the blob metadata key of a step's count, mode, page layout, seed and wrapper mode
-NAMESPACE = uuid.UUID("6f1c1f0e-5b0a-4c38-9d7e-7a4f2f1e9b10")  # workload uuids: the same step, the same uuid
 
 
 class FibError(UserError):
@@ -69,18 +67,6 @@ class Exported:
     definitions: list[Written] = field(default_factory=list)
     checked: str = ""  # the flashinfer-bench release whose loaders read the folder back ("" when not installed)
     left_out: list[tuple[str, int, str]] = field(default_factory=list)  # (step, its count, why) of steps not written
-
-
-@dataclass
-class Imported:
-    out: Path
-    definition: Path
-    lines: int
-    steps: int
-    window_from: str  # "definition" (a swabench export: checked against the preset) or "preset"
-
-
-# ---------------------------------------------------------------- export
 
 
 def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
@@ -115,9 +101,9 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
             tensors, var_axes = index_tensors(case)
             uid = workload_uuid(case)
             blob = f"blob/workloads/{OP_TYPE}/{def_name}/{uid}.safetensors"
-            files[blob] = safetensors.torch.save(tensors, metadata={META: json.dumps(_step_meta(case, count))})
+            files[blob] = safetensors.torch.save(tensors, metadata={META: json.dumps(step_meta(case, count))})
             lines.append(json.dumps({"definition": def_name, "workload": {
-                "axes": var_axes, "inputs": _workload_inputs(doc, case, blob), "uuid": uid}}))
+                "axes": var_axes, "inputs": workload_inputs(doc, case, blob), "uuid": uid}}))
         files[def_path] = (json.dumps(doc, indent=2) + "\n").encode()
         wl_path = f"workloads/{OP_TYPE}/{def_name}.jsonl"
         files[wl_path] = ("\n".join(lines) + "\n").encode()
@@ -129,11 +115,11 @@ def export(trace_or_run, out_dir, replace: bool = False) -> Exported:
 
 def _check_out(out: Path, source: Path, replace: bool) -> Path:
     """``out`` as the path to write (store.paths), or FibError (OutputError) unless it may be replaced."""
-    from swabench.store import paths, run_folder
+    from swabench.store import paths, places
 
     out = paths.folder_out(out, "--out")
     paths.makeable_folder(out.parent, "--out")  # the export is made beside --out, then renamed into its place
-    run_folder.refuse_inside_a_run(out, "--out")
+    places.refuse_inside_a_run(out, "--out")
     paths.refuse_inside(out, [source], "--out")
     if out.resolve() in source.resolve().parents:
         raise FibError(f"{source} lies inside --out {out}, which export-fib replaces: the export would delete what it "
@@ -298,105 +284,3 @@ def _not_exportable(case) -> str | None:
            f"bidirectional blocks of {case.block} (the definitions are causal)" if case.block else
            "no window (window_left -1): that layer is FlashInfer-Bench's own causal definition"
            if case.window_left < 0 else None)
-
-
-def workload_uuid(case) -> str:
-    """A step's workload uuid: the same step of the same layer gets the same one at every export."""
-    return str(uuid.uuid5(NAMESPACE, f"{name(case)}/{case.case_id}"))
-
-
-def name(case) -> str:
-    """The definition's name: its stage and window first, so no one takes it for a causal definition."""
-    cap = f"_cap{case.logits_soft_cap:g}".replace(".", "p") if case.logits_soft_cap else ""
-    return (f"gqa_paged_{STAGES[case.mode]}_swa_w{case.window_left}_h{case.num_qo_heads}_kv{case.num_kv_heads}"
-            f"_d{case.head_dim}_ps{case.page_size}" + ("_sinks" if case.sinks else "") + cap
-            + ("" if case.dtype == "bfloat16" else f"_{case.dtype}") + (f"_kv_{case.kv_dtype}" if case.kv_dtype else ""))
-
-
-def definition(case, source: str = "") -> dict:
-    """The Definition of ``case``'s layer type and stage (FlashInfer-Bench's field names and axes, plus the
-    window as a const axis), as a JSON document."""
-    decode = case.mode == "decode"
-    rows = "batch_size" if decode else "total_q"
-    dtype, kv = DTYPES[case.dtype], DTYPES[case.cache_dtype]
-    const = {"num_qo_heads": case.num_qo_heads, "num_kv_heads": case.num_kv_heads, "head_dim": case.head_dim,
-             "page_size": case.page_size, "window_left": case.window_left}
-    var = {"batch_size": "Requests in the batch.", "num_pages": "Pages of the KV cache.",
-           "len_indptr": "Length of the indptr arrays (batch_size + 1).",
-           "num_kv_indices": "Total number of KV page indices."}
-    if not decode:
-        var["total_q"] = "Total number of query tokens."
-    axes_doc = {k: {"type": "const", "value": v} for k, v in const.items()}
-    axes_doc["window_left"]["description"] = (f"A query at position p sees keys p - {case.window_left} .. p "
-                                              f"(FlashInfer's window_left; sliding_window {case.window_left + 1}).")
-    axes_doc.update({k: {"type": "var", "description": v} for k, v in var.items()})
-    cache = {"shape": ["num_pages", "page_size", "num_kv_heads", "head_dim"], "dtype": kv}
-    inputs = {"q": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": dtype},
-              "k_cache": {**cache, "description": "Paged key cache (NHD)."},
-              "v_cache": {**cache, "description": "Paged value cache (NHD)."}}
-    if not decode:
-        inputs["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32", "description": "Query offsets per request."}
-    inputs.update({
-        "kv_indptr": {"shape": ["len_indptr"], "dtype": "int32", "description": "KV page offsets per request."},
-        "kv_indices": {"shape": ["num_kv_indices"], "dtype": "int32", "description": "Page ids of the KV cache."},
-        "kv_last_page_len": {"shape": ["batch_size"], "dtype": "int32",
-                             "description": "Valid tokens in each request's last page."},
-        "sm_scale": {"shape": None, "dtype": "float32", "description": "Softmax scale, applied before the soft-cap."}})
-    if case.sinks:
-        inputs["sinks"] = {"shape": ["num_qo_heads"], "dtype": "float32",
-                           "description": "Each head's sink logit: one more term of every softmax denominator, "
-                                          "with no value."}
-    lse = "The base-2 log-sum-exp of the attention logits" + (" and the sink" if case.sinks else "") + "."
-    features = "".join([", with one learned sink logit per head in every softmax denominator" * case.sinks,
-                        f", logits soft-capped at {case.logits_soft_cap:g} (cap * tanh(logits / cap))"
-                        * bool(case.logits_soft_cap)])
-    constraints = ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"]
-    if not decode:
-        constraints.insert(1, "total_q == qo_indptr[-1].item()")
-    return {
-        "name": name(case), "op_type": OP_TYPE,
-        "description": f"Sliding-window grouped query attention, {STAGES[case.mode]}, over a paged KV cache "
-                       f"(page_size={case.page_size}): causal and bottom-right aligned, a query at position p "
-                       f"sees keys p - {case.window_left} .. p{features}. Layer {layer_label(asdict(case))}; "
-                       f"exported by swabench" + (f" from {source}" if source else "") + ".",
-        "tags": [f"stage:{STAGES[case.mode]}", f"window_left:{case.window_left}", "source:swabench"],
-        "axes": axes_doc, "constraints": constraints, "inputs": inputs,
-        "outputs": {"output": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": dtype},
-                    "lse": {"shape": [rows, "num_qo_heads"], "dtype": "float32", "description": lse}},
-        "reference": reference(case)}
-
-
-def index_tensors(case) -> tuple[dict, dict]:
-    """The step's stored inputs (int32 index tensors, from ``core.workloads.page_table``) and its var axes."""
-    import torch
-
-    from swabench.core import workloads
-
-    qo, kv = workloads.request_lengths(case)
-    kv_indptr, kv_indices, last, _, num_pages = workloads.page_table(case, qo, kv)
-    tensors = {"kv_indptr": kv_indptr.to(torch.int32), "kv_indices": kv_indices.to(torch.int32),
-               "kv_last_page_len": torch.tensor(last, dtype=torch.int32)}
-    var = {"batch_size": len(qo), "num_pages": num_pages, "len_indptr": len(qo) + 1,
-           "num_kv_indices": len(kv_indices)}
-    if case.mode != "decode":
-        tensors["qo_indptr"] = torch.cumsum(torch.tensor([0, *qo]), 0).to(torch.int32)
-        var["total_q"] = sum(qo)
-    return tensors, var
-
-
-def _workload_inputs(doc: dict, case, blob: str) -> dict:
-    stored = {"qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"}
-    return {k: {"type": "safetensors", "path": blob, "tensor_key": k} if k in stored else
-            {"type": "scalar", "value": case.scale} if k == "sm_scale" else {"type": "random"}
-            for k in doc["inputs"]}
-
-
-def _step_meta(case, count: int) -> dict:
-    meta = {"count": count, "mode": case.mode}
-    if case.page_layout != axes.DEFAULTS["page_layout"]:
-        meta["page_layout"] = case.page_layout
-    if case.seed != axes.DEFAULTS["seed"]:
-        meta["seed"] = case.seed
-    if case.wrapper_mode != axes.DEFAULTS["wrapper_mode"]:
-        meta["wrapper_mode"] = case.wrapper_mode
-    return meta

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from swabench.errors import did_you_mean
 from swabench.inputs import axes, models, traces
-from swabench.inputs.fib import DTYPES, META, OP_TYPE, FibError, Imported, safetensors_package
+from swabench.inputs.fib import META, FibError, safetensors_package
+from swabench.inputs.fib_definition import DTYPES, OP_TYPE
 from swabench.store import reading
+
+
+@dataclass
+class Imported:
+    out: Path
+    definition: Path
+    lines: int
+    steps: int
+    window_from: str  # "definition" (a swabench export: checked against the preset) or "preset"
 
 
 def import_(fib_dir, definition: str, model: str, out=None) -> Imported:

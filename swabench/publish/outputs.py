@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from swabench.store import paths, reading, run_folder
+from swabench.store import paths, places, reading, run_folder
 from swabench.store.paths import OutputError  # noqa: F401  (re-exported)
 
 MADE_FROM = ".swabench-made-from"  # beside what swabench publishes: the run folders, the files and their hashes
@@ -147,7 +147,7 @@ def _output_folder(out, default: Path, inputs, force: bool, kind: str, files) ->
     or one of the ``files`` it writes that swabench did not, unless ``force``."""
     what = "--out" if out is not None else "the default --out"
     folder = paths.folder_out(out if out is not None else default, what)
-    run_folder.refuse_inside_a_run(folder, what)
+    places.refuse_inside_a_run(folder, what)
     paths.refuse_inside(folder, inputs, what)
     source, here = made_from(folder), _source(inputs)
     if source and source != here and not force:
@@ -155,7 +155,7 @@ def _output_folder(out, default: Path, inputs, force: bool, kind: str, files) ->
         raise OutputError(f"{folder} holds the {kind} of {other} ({', '.join(source.splitlines())}); choose another "
                           f"--out, or pass --force to overwrite them with those of {', '.join(here.splitlines())}")
     refuse_replacing([folder / name for name in files], force, what)
-    run_folder.make_folder(folder)
+    places.make_folder(folder)
     record = _record(folder)
     kept = {p.name: _digest(p) for p in folder.iterdir() if record is not None and p.name != MADE_FROM
             and p.is_file() and not p.is_symlink() and _listed(p, record)}
@@ -191,7 +191,7 @@ def file_path(out, inputs=(), what: str = "--out") -> Path:
     """A file's path (a findings page, a trace): a regular file or nothing (store.paths.file_out),
     outside every run folder and ``inputs``, in a folder that exists or can be made (by the write)."""
     path = paths.file_out(out, what)
-    run_folder.refuse_inside_a_run(path, what)
+    places.refuse_inside_a_run(path, what)
     paths.refuse_inside(path, inputs, what)
     paths.makeable_folder(path.parent, what)
     return path

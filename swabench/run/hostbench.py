@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from swabench.run import environment
-from swabench.store import run_folder, schema
+from swabench.store import places, run_folder, schema
 from swabench.errors import RunFailed, UserError
 
 BENCHMARKS = environment.REPO / "benchmarks"  # a checkout's; an installed wheel has none
@@ -24,7 +24,7 @@ class HostBenchError(UserError):
 
 
 def default_out() -> Path:
-    return run_folder.new_folder(Path("results"), f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    return places.new_folder(Path("results"), f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
 def bench(out: Path, quick: bool = False) -> list[Path]:
@@ -38,7 +38,7 @@ def bench(out: Path, quick: bool = False) -> list[Path]:
     if missing:  # before the run folder is made: nothing is left behind
         raise HostBenchError(f"bench-host runs the benchmarks under {' and '.join(missing)}, which this Python lacks: "
                              f"pip install -e '.[test]'")
-    out = run_folder.make_folder(run_folder.check_new_run(out))
+    out = places.make_folder(places.check_new_run(out))
     meta = {**environment.collect("cpu"), "what": "host benchmarks", "scenario": "host work"}
     run_folder.write_meta(out, schema.check_meta(meta))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # its own session:

@@ -20,7 +20,7 @@ from typing import Callable
 
 from swabench.errors import RunFailed, UserError
 from swabench.store import reading
-from swabench.store.run_folder import check_new_run, make_folder
+from swabench.store.places import check_new_run, make_folder
 from swabench.store.schema import META, ROWS
 
 

@@ -25,7 +25,7 @@ from swabench.errors import UserError
 from swabench.run import isolation
 from swabench.run.signals import interrupt_on_signals
 from swabench.inputs import scenarios
-from swabench.store import run_folder, tables
+from swabench.store import places, run_folder, tables
 from swabench.store.run_folder import RunFolderError, RunStore, text_hash
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ def default_out(scenario_name: str, device_type: str, what: str, root: Path = RE
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
     assert (root / name).resolve().parent == root.resolve(), name
-    return run_folder.new_folder(root, name)
+    return places.new_folder(root, name)
 
 
 def open_store(request: Request) -> RunStore:
@@ -219,7 +219,7 @@ def open_store(request: Request) -> RunStore:
             store.close()
             raise
         return store
-    run_folder.check_new_run(request.out, hint=run_folder.NOTHING_WRITTEN, resumable=True)  # before collecting
+    places.check_new_run(request.out, hint=places.NOTHING_WRITTEN, resumable=True)  # before collecting
     meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
             "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),

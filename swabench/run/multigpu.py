@@ -13,7 +13,7 @@ from swabench.inputs import scenarios
 from swabench.run import launch
 from swabench.run.lifecycle import Outcome, Progress, Silent, all_skipped, since_start
 from swabench.run.signals import interrupt_on_signals
-from swabench.store import run_folder, schema
+from swabench.store import places, schema
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def execute(launch_request: GpuLaunch, progress: Progress = Silent()) -> Outcome
     from swabench.run import shards
 
     r = launch_request
-    run_folder.check_new_run(r.out, hint="choose another --out (the shards resume on their own)")
+    places.check_new_run(r.out, hint="choose another --out (the shards resume on their own)")
     workers = launch.Workers([str(r.scenario_path), "--device", "cuda", *r.child_args], r.gpus, r.out, r.visible)
     spawned_s = since_start()
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swabench.store import reading, run_folder, schema
+from swabench.store import places, reading, run_folder, schema
 from swabench.run import lifecycle
 from swabench.errors import UserError
 from swabench.measure import counters
@@ -32,7 +32,7 @@ def run_under_nsys(scenario_path: str, out: Path, child_args: list[str], against
     """``swabench run`` again under nsys into ``out``; its report, SQLite export and nsys_stats.csv
     (the kernels of every timed point) land in the run folder.  ``against``: a run of the same points
     without the profiler, whose graph times the nsys times are also held against (``hold_against``)."""
-    out = run_folder.check_new_run(out)  # and its report beside it: not inside a run folder
+    out = places.check_new_run(out)  # and its report beside it: not inside a run folder
     if shutil.which("nsys") is None:
         raise UserError("--tool nsys: nsys is not on PATH; install Nsight Systems or use --tool torch")
     report = out.with_name(out.name + ".nsys")  # beside the run folder until the run is written
@@ -71,7 +71,7 @@ def run_under_ncu(scenario_path: str, out: Path, child_args: list[str], l2: str,
     and the rest) and records the method and the calibration in meta.json's ``counters``.  Where there is no
     ncu, nothing is written and the reason is returned; where ncu cannot read the counters, or its report
     cannot be read back, the gated run is kept with the reason (a skip, not a failure)."""
-    out = run_folder.check_new_run(out)  # and its report beside it: not inside a run folder
+    out = places.check_new_run(out)  # and its report beside it: not inside a run folder
     ncu = counters.find()
     if ncu is None:
         return Counted(None, {"skipped": f"ncu not found: not on PATH, nor under {' or '.join(counters.SEARCHED)}"})

@@ -18,9 +18,11 @@ import torch
 from swabench.core import footprint, gate, semantics, trees, workloads
 from swabench.measure import clocks, counters, timing
 from swabench.core.cases import Case, Point
+from swabench.errors import first_line
 from swabench.impls import registry, upstream
 from swabench.measure.markers import nvtx_range, point_range_name
 from swabench.run import memory, signals
+from swabench.run.verdict import verdict, xpass_note
 from swabench.inputs.axes import make_case
 
 HOST = socket.gethostname()
@@ -86,42 +88,6 @@ def gpu_identity(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     return os.environ.get("SWABENCH_GPU_ID") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-
-
-CAUGHT, NOT_CAUGHT = "known bug caught", "KNOWN BUG NOT CAUGHT"  # xpass_note says which of two things happened
-EXACT_HERE, WRONG_HERE = "case does not exercise the bug", "failed where its known bug should not show"
-NOTES = (CAUGHT, NOT_CAUGHT, EXACT_HERE, WRONG_HERE)  # what a known-bug row's reason starts with, before the gate's
-
-
-def verdict(expected_to_fail: bool, must_fail: bool, passed: bool, bug: upstream.UpstreamBug | None = None) \
-        -> tuple[str, str]:
-    """(status, note) from what the gate saw and what was expected; ``bug``: the upstream bug declared on this
-    point, which speaks where the path's own mistake (if it has one) does not show."""
-    if expected_to_fail and must_fail:
-        return ("xfail", CAUGHT) if not passed else ("xpass", NOT_CAUGHT)
-    if bug:
-        return ("pass", f"{bug.ref} declared here, not shown") if passed else \
-            ("xfail", bug.describe())
-    if not expected_to_fail:
-        return ("pass", "") if passed else ("fail", "")
-    return ("pass", EXACT_HERE) if passed else ("fail", WRONG_HERE)
-
-
-def xpass_note(impl: registry.Implementation, w: workloads.Workload, backend: str) -> str:
-    """Which of the two things an xpass can mean happened here: the gate fails the output the path is predicted to
-    compute and passed this one, so the library computes otherwise than its source did (it changed); or the gate
-    passes the predicted output too, so it cannot see the mistake on this case (blind)."""
-    said = NOT_CAUGHT
-    if any(rows.any() for rows in impl.garbled_rows(w.case, w.qo_lens, w.kv_lens, backend)):
-        return f"{said}: the library changed (predicted to write rows out of step, every row came out right)"
-    from swabench.impls.embedded import as_predicted  # the sweep itself loads no implementation module
-
-    try:
-        caught = not gate.check(as_predicted(impl, w, backend), w).passed
-    except Exception as e:  # the predicted output is a check on the verdict, not the verdict
-        return f"{said}: the predicted output could not be computed to say why ({first_line(e)})"
-    return f"{said}: the library changed (the gate fails the predicted output; this one passed)" if caught else \
-        f"{said}: the gate is blind here (it passes the predicted output too)"
 
 
 def skip_reason(point: Point, options: SweepOptions) -> str | None:
@@ -192,12 +158,6 @@ def count(runner, point: Point) -> str:
     except Exception as e:
         return f"not counted: {first_line(e)}"
     return ""
-
-
-def first_line(e: BaseException) -> str:
-    """'OutOfMemoryError: CUDA out of memory. ...': an exception's type and its message's first line."""
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def time_kernel(runner, sync, options: SweepOptions, row: dict) -> dict:

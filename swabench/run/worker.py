@@ -66,7 +66,7 @@ def unusable_gpu(device: torch.device) -> str | None:
         torch.cuda.synchronize(device)
         torch.ones(1, device=device).add_(1).item()
     except Exception as e:  # what the context answers is the verdict: any error here means it is gone
-        from swabench.run.sweep import first_line
+        from swabench.errors import first_line
 
         return first_line(e)
     return None
