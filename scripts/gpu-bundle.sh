@@ -16,6 +16,10 @@
 #                    parts/, the DSL's CUDA-13 libraries (a 92 MB wheel, about 61 MiB as an xz'd tar of its files) in
 #                    parts of at most 30 MiB: setup.sh stages the parts it is given and installs the wheel's files
 #                    once all have come
+#   FA3=1 ...        also bundles vLLM's FlashAttention-3 (its library and interface out of the vllm 0.26.0 wheel,
+#                    which pins the node's torch 2.11.0; no vllm install) as one 7.9 MB part in parts/
+#   SGL_FA3=1 ...    also bundles SGLang's FlashAttention-3 (flash_ops and its wrapper out of sglang-kernel 0.4.5,
+#                    the build sglang 0.5.17 pins for torch 2.11.0) in parts of at most 36 MiB: xz takes long on it
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
@@ -27,7 +31,7 @@
 #                      built module's objects emptied (ninja reads their dates only).
 #                      Without one, modules compile on first use (`swabench warmup SCENARIO` builds a
 #                      scenario's modules in parallel before anything is timed).
-#   parts/             only with FA4: the CUDA-13 libraries' wheel as tar.xz parts and a manifest (scripts/gpu-split.sh)
+#   parts/             with FA4, FA3 or SGL_FA3: each large wheel as tar.xz parts and a manifest (scripts/gpu-split.sh)
 #   setup.sh           scripts/gpu-setup.sh: installs into /tmp/site, unpacks the JIT cache into /tmp/fiws
 #   join.sh            scripts/gpu-join.sh: joins the staged parts, checking each file against the wheel's RECORD
 #
@@ -75,6 +79,21 @@ if [ -n "${FA4:-}" ]; then  # the image has cuda-bindings, einops and protobuf; 
         torch-c-dlpack-ext==0.1.5
     download "${PLAT[@]}" -d "$TMP/libs" nvidia-cutlass-dsl-libs-cu13==4.8.1
     bash "$HERE/gpu-split.sh" "$TMP"/libs/nvidia_cutlass_dsl_libs_cu13-*.whl "$NEW/parts"
+fi
+build="built for torch 2.11.0, CUDA 13"
+if [ -n "${FA3:-}" ]; then  # the engine's wheel only for its FA3 files (scripts/subset-wheel.py)
+    download "${PLAT[@]}" -d "$TMP/vllm" vllm==0.26.0
+    fa3="$(python3 "$HERE/subset-wheel.py" "$TMP"/vllm/vllm-0.26.0-*.whl "$TMP/fa3" --name swabench-vllm-fa3 \
+        --keep vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so --keep vllm/vllm_flash_attn/flash_attn_interface.py \
+        --empty vllm/__init__.py --empty vllm/vllm_flash_attn/__init__.py --build "$build")"
+    bash "$HERE/gpu-split.sh" "$fa3" "$NEW/parts" $((36 << 20))
+fi
+if [ -n "${SGL_FA3:-}" ]; then
+    download "${PLAT[@]}" -d "$TMP/sgl" sglang-kernel==0.4.5
+    sgl="$(python3 "$HERE/subset-wheel.py" "$TMP"/sgl/sglang_kernel-0.4.5-*.whl "$TMP/sglfa3" --name swabench-sgl-fa3 \
+        --keep sgl_kernel/flash_ops.abi3.so --keep sgl_kernel/flash_attn.py --keep sgl_kernel/debug_utils.py \
+        --empty sgl_kernel/__init__.py --build "$build")"
+    bash "$HERE/gpu-split.sh" "$sgl" "$NEW/parts" $((36 << 20))
 fi
 if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$NEW/whl" cupti-python; fi
 download --only-binary=:all: -d "$TMP" "flashinfer-python==$RELEASE"

@@ -343,4 +343,5 @@ def test_the_stale_scenario_sweeps_every_fill_over_fa4s_tma_and_row_pages():
     declared = [p for p in points if upstream.hit(p.impl, p.case, p.backend)]
     assert declared and {p.case.cache_fill for p in declared} == {"nan", "inf"}
     assert {p.impl for p in points if p.backend == "torch"} == {"torch-trim", "torch-mask"}  # what a CPU runs
-    assert len(points) < 500
+    assert {p.backend for p in points if p.impl.startswith(("fa3", "sglang-fa3"))} == {"vllm-fa3", "sgl-fa3"}
+    assert len(points) < 600  # a few minutes on one GPU

@@ -478,11 +478,12 @@ def test_the_cudnn_decode_backend_names_the_package_it_needs_and_what_its_graph_
 
 def test_the_opt_in_backends_are_asked_for_by_name_and_a_replay_runs_every_served_one():
     """A scenario names cudnn or fa4 to run them; a replay or price that names no backend runs every backend an
-    engine serves a step with, each once: fa2, fa3, the shelf's cuDNN, XQA and fmha v2, and FlashAttention-4."""
+    engine serves a step with, each once: fa2, fa3, the shelf's cuDNN, XQA and fmha v2, FlashAttention-4 and the
+    engines' FlashAttention-3 builds."""
     from swabench.run import replay
     assert {"cudnn", "fa4"} <= set(registry.backends())
     assert axes.AXES["backend"]("cudnn") == "cudnn"
-    assert replay._checked_backends(()) == ["fa2", "fa3", "cudnn", "xqa", "fmha-v2", "fa4"]
+    assert replay._checked_backends(()) == ["fa2", "fa3", "cudnn", "xqa", "fmha-v2", "fa4", "vllm-fa3", "sgl-fa3"]
     assert replay._checked_backends(("fa2",)) == ["fa2"]
 
 

@@ -386,7 +386,8 @@ def test_a_mixed_step_passes_each_way(impl, extend, prefix, page_size):
 
 
 BACKEND_PATHS = {"cudnn-prefill": "cudnn", "cudnn-decode": "cudnn", "cudnn-graph": "cudnn",
-                 "cudnn-graph-band-w": "cudnn", "fa4-window": "fa4", "fa4-window-count": "fa4"}
+                 "cudnn-graph-band-w": "cudnn", "fa4-window": "fa4", "fa4-window-count": "fa4",
+                 "fa3-window": "vllm-fa3", "fa3-window-count": "vllm-fa3", "sglang-fa3": "sgl-fa3"}
 BACKEND_SHAPES = [("decode", 127, 1000, 1, 16), ("verify", 127, 3000, 4, 64), ("verify", 1023, 5000, 8, 1),
                   ("extend", 4095, 4200, 512, 16), ("extend", 127, 0, 300, 128), ("draft_extend", 127, 60, 4, 16),
                   ("decode", -1, 2000, 1, 16)]
@@ -399,11 +400,11 @@ BACKEND_HEADS = {"gpt-oss": (64, 8, 64, True), "gpt-oss-no-sinks": (64, 8, 64, F
 @pytest.mark.parametrize("mode,window_left,prefix,qo,page_size", BACKEND_SHAPES)
 @pytest.mark.parametrize("impl", list(BACKEND_PATHS))
 @pytest.mark.parametrize("heads", list(BACKEND_HEADS))
-def test_cudnn_and_fa4_pass_and_their_mistakes_fail_where_they_must(impl, mode, window_left, prefix, qo, page_size,
-                                                                      heads):
-    """cuDNN (through FlashInfer and its own graph) and FlashAttention-4 on the served models' heads, every step: the
-    correct calls pass; W handed to cuDNN uncounted, or the key count to FA4, fail exactly where a window reaches its
-    oldest key; then each replays in a CUDA graph."""
+def test_cudnn_fa4_and_fa3_pass_and_their_mistakes_fail_where_they_must(impl, mode, window_left, prefix, qo,
+                                                                          page_size, heads):
+    """cuDNN (through FlashInfer and its own graph), FlashAttention-4 and FlashAttention-3 (vLLM's and SGLang's builds)
+    on the served models' heads, every step: the correct calls pass; W handed to cuDNN uncounted, or the key count to
+    FA4 or FA3, fail exactly where a window reaches its oldest key; then each replays in a CUDA graph."""
     queries = {"decode": {}, "extend": {"extend_len": qo}, "draft_extend": {"draft_tokens": qo, "accept": "uniform"},
                "verify": {"qo_len": qo}}[mode]
     qo_heads, kv_heads, head_dim, sinks = BACKEND_HEADS[heads]

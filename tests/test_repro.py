@@ -130,6 +130,24 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 16
     [[sweep]]
+    group = "fa3-vllm"
+    implementations = ["fa3-window", "fa3-window-count"]
+    backend = "vllm-fa3"
+    mode = "verify"
+    draft_tokens = 3
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 16
+    [[sweep]]
+    group = "fa3-sgl"
+    implementations = ["sglang-fa3"]
+    backend = "sgl-fa3"
+    mode = "verify"
+    draft_tokens = 3
+    prefix_len = [30, 13]
+    window_left = 5
+    page_size = 16
+    [[sweep]]
     group = "fmha-v2"
     implementations = ["fmha-v2-window"]
     backend = "fmha-v2"
@@ -178,7 +196,7 @@ EVERY_PATH = textwrap.dedent("""
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
 NO_SCRIPT_YET = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked", "batch-attention-trim",
                  "mixed-two-calls", "pod-window", "cudnn-prefill", "cudnn-decode", "cudnn-graph", "cudnn-graph-band-w",
-                 "fa4-window", "fa4-window-count")
+                 "fa4-window", "fa4-window-count", "fa3-window", "fa3-window-count", "sglang-fa3")
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 
@@ -300,7 +318,7 @@ def test_every_declared_and_known_bug_has_a_script():
     known = {i.name for i in registry.all_implementations() if i.expected_to_fail}
     assert {name for name in known if not script.no_script(registry.get(name))} <= refs
     assert known - refs == {"xqa-window-off-by-one", "batch-attention-trim", "cudnn-graph-band-w",
-                            "fa4-window-count"}  # no script yet, and they say why
+                            "fa4-window-count", "fa3-window-count"}  # no script yet, and they say why
     assert "decode-cliff" in refs
 
 

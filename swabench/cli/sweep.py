@@ -113,9 +113,9 @@ def step_options(command):
             out_option,
             opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has."),
             opt("--backend", "backends", multiple=True, metavar="NAME",
-                help="A library backend each step runs through (repeatable; default: fa2, fa3, cudnn, xqa, fmha-v2 "
-                     "and fa4, every backend a library serves steps with; the shelf's xqa and fmha-v2 take minutes "
-                     "to build their JIT modules)."),
+                help="A library backend each step runs through (repeatable; default: fa2, fa3, cudnn, xqa, fmha-v2, "
+                     "fa4, vllm-fa3 and sgl-fa3, every backend a library serves steps with; the shelf's xqa and "
+                     "fmha-v2 take minutes to build their JIT modules)."),
             l2_option]):
         command = option(command)
     return command

@@ -17,7 +17,7 @@ from .library import Library
 KINDS = ("correct", "known-bug", "planted")
 # each registers its implementations on import
 MODULES = ("flashinfer_impls", "recipes", "chunked", "embedded", "flex", "flex_flat", "sink_decode", "tree_verify",
-           "ranges", "xqa", "fmha_v2", "batch_attention", "mixed", "cudnn", "fa4")
+           "ranges", "xqa", "fmha_v2", "batch_attention", "mixed", "cudnn", "fa4", "fa3")
 
 
 class Unsupported(Exception):
@@ -40,7 +40,8 @@ _LOADED = False
 
 def _load() -> None:
     """Import every implementation module, then order the registry by MODULES (and by registration
-    within a module), so the order of plots and tables does not hang on what imported what first."""
+    within a module), and the libraries by their first implementation, so the order of plots, tables and
+    backends does not hang on what imported what first."""
     global _LOADED
     if not _LOADED:
         for module in MODULES:  # a module that fails to import fails every use, not just the first
@@ -49,6 +50,12 @@ def _load() -> None:
         ordered = sorted(_REGISTRY.values(), key=lambda impl: rank.get(_ORIGIN[impl.name], len(rank)))
         _REGISTRY.clear()
         _REGISTRY.update((impl.name, impl) for impl in ordered)
+        first = {}  # each library where its first implementation stands
+        for i, impl in enumerate(ordered):
+            first.setdefault(impl.library, i)
+        libraries = sorted(_LIBRARIES.values(), key=lambda library: first.get(library.name, len(ordered)))
+        _LIBRARIES.clear()
+        _LIBRARIES.update((library.name, library) for library in libraries)
         _LOADED = True
 
 

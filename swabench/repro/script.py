@@ -83,7 +83,7 @@ def no_script(impl) -> str | None:
                 f"layout code from the page table, which a script would have to carry")
     if impl.library not in (FLASHINFER, "torch") or impl.wrapper in ("xqa", "fmha-v2", "cudnn"):
         return (f"{impl.name} has no standalone script yet: it calls functions taking block tables (TRT-LLM's "
-                f"kernels, cuDNN, FlashAttention-4), which the script writer does not rebuild")
+                f"kernels, cuDNN, FlashAttention-4 and -3), which the script writer does not rebuild")
     if impl.modes == ("mixed",):
         return (f"{impl.name} has no standalone script yet: its two calls write views of the step's output, which "
                 f"the script writer does not name")

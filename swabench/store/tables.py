@@ -182,15 +182,23 @@ def _same_result(listed: dict, recorded: dict) -> bool:
     return str(listed.get("status")) == str(recorded.get("status")) and close
 
 
+TEXT_VALUES = ("cache_fill",)  # columns whose values are words, one of them "nan"
+
+
 def csv_file(path: Path, empty_ok: bool = False, text: bool = False) -> pd.DataFrame:
     """A run folder's CSV file (plain or gzipped), its key columns as text (a case_id of digits stays text), or
-    with ``text`` every column, each cell as spelled.  Only an empty cell is missing (the tables write a missing
-    value so): a text value such as the fill ``nan`` reads back as written.  RunFolderError naming it where it cannot
-    be read, or is empty and ``empty_ok`` is not given."""
+    with ``text`` every column, each cell as spelled; a column of TEXT_VALUES keeps a value pandas would take for a
+    missing one (the fill ``nan``): only its empty cells are missing.  RunFolderError naming it where it cannot be
+    read, or is empty and ``empty_ok`` is not given."""
     import pandas as pd
     try:
-        return pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)),
-                           dtype=str if text else {k: str for k in KEY}, keep_default_na=False, na_values=[""])
+        table = pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)),
+                            dtype=str if text else {k: str for k in KEY})
+        spelled = [c for c in TEXT_VALUES if c in table.columns and table[c].isna().any()]
+        if spelled:  # a text value that reads as missing ("nan"), read again as written
+            table[spelled] = pd.read_csv(reading.regular(path, reading.TABLE, in_folder(path)), usecols=spelled,
+                                         dtype=str, keep_default_na=False, na_values=[""])[spelled]
+        return table
     except pd.errors.EmptyDataError as e:
         if empty_ok:
             return pd.DataFrame()

@@ -1,0 +1,181 @@
+"""FlashAttention-3 (Hopper's FlashAttention, ``hopper/`` of flash-attention) as the engines run it: vLLM's build
+through vLLM's call, and SGLang's build through SGLang's call.  Neither engine is installed: each build is the
+prebuilt library its engine's wheel ships for the node's torch (docs/backends.md, "FlashAttention-3").
+
+- ``vllm-fa3``: vllm 0.26.0's ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` and ``flash_attn_interface.py`` (vllm
+  0.26.0 pins torch 2.11.0; the library uses torch's C++ API, so it loads on that torch only).  vLLM's FlashAttention
+  backend (``vllm/v1/attention/backends/flash_attn.py``) calls ``flash_attn_varlen_func(q=, k=, v=, out=,
+  cu_seqlens_q=, max_seqlen_q=, seqused_k=, max_seqlen_k=, softmax_scale=, causal=True, window_size=[W, 0],
+  block_table=, softcap=, fa_version=3, s_aux=sinks)`` (l.1014-1039), its window ``(sliding_window - 1, 0)``
+  (l.756-761); the interface is flash_attn_interface.py:176-215, where ``fa_version`` defaults to 2.
+- ``sgl-fa3``: sglang-kernel 0.4.5's ``sgl_kernel/flash_ops.abi3.so`` and ``flash_attn.py`` (sglang 0.5.17 pins both
+  and torch 2.11.0).  SGLang's backend (``srt/layers/attention/flashattention_backend.py``, sglang 0.5.17) calls
+  ``flash_attn_with_kvcache(q, k_cache, v_cache, page_table=..., cache_seqlens=..., cu_seqlens_q=...,
+  cu_seqlens_k_new=..., max_seqlen_q=..., softmax_scale=..., causal=True, window_size=(W, 0), softcap=...,
+  sinks=...)`` for extend (l.1453-1472), decode (l.1925-1944, no ``cu_seqlens_k_new``, one query a request) and
+  target verify at topk 1 (the extend call over ``seq_lens + draft``), where W is ``layer.sliding_window_size``, which
+  the models set to ``config.sliding_window - 1`` (gpt_oss.py:123-124, gemma2.py:52-53), and the page table is the
+  request's whole table in the SWA pool (``translate_loc_from_full_to_swa``, l.1033-1046): not trimmed.
+
+FA3's window (``hopper/mask.h:118-133``): query ``i`` of a request sits at ``p = kv_len - q_len + i`` and
+``window_size = (W, 0)`` keeps keys ``p - W .. p``: the W + 1 keys of FlashInfer's ``window_left = W``.  ``-1`` on a
+side is no bound there (``(-1, -1)`` is no window), a left window of at least the batch's longest key count less one
+counts as none (flash_api.cpp:839-840), and ``causal`` sets the right side to 0 (l.848), so a causal call with a
+window runs FA3's local kernel.  FA3 skips the key blocks wholly before a query block's window itself, so both calls
+take the full table.  The known mistake beside it: the window given as a count of keys (a config's
+``sliding_window``), ``(W + 1, 0)``: each query sees one key before its window (``fa3-window-count``).
+
+GPT-OSS's sinks go in as ``s_aux`` (vLLM) or ``sinks`` (SGLang): bfloat16 only (flash_api.cpp:1211-1224), one logit
+per query head in the scaled logits' units (softmax.h:156-175), so the suite's float32 sinks are rounded to
+bfloat16 for the call.  Gemma 2's soft-cap is ``softcap``.  FA3 compiles nothing at run time: its first call
+(``compile_s``) is a launch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from swabench.core import semantics, trees, workloads
+from .implementation import first_call
+from .library import Library
+from .registry import Implementation, register, register_library
+
+VLLM, SGL = "vllm-fa3", "sgl-fa3"
+DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims FA3's Hopper build instantiates (hopper/setup.py)
+SINK_HEADS_MAX = 64  # s_aux: at most 64 query heads (flash_api.cpp)
+BUILD_FILE = "SWABENCH_BUILD"  # beside a bundled build's files: which wheel they came from and the torch it needs
+
+MODULES = {VLLM: ("vllm.vllm_flash_attn.flash_attn_interface", "vllm.vllm_flash_attn._vllm_fa3_C"),
+           SGL: ("sgl_kernel.flash_attn", "sgl_kernel.flash_ops")}
+INSTALL = {VLLM: "FA3=1's bundle (scripts/gpu-bundle.sh) or vllm 0.26.0",
+           SGL: "SGL_FA3=1's bundle (scripts/gpu-bundle.sh) or sglang-kernel 0.4.5"}
+
+
+def bundled_build(backend: str) -> str | None:
+    """What a bundled build says of itself ('built for torch 2.11.0, CUDA 13'; scripts/subset-wheel.py writes it),
+    recorded beside its release."""
+    try:
+        spec = importlib.util.find_spec(MODULES[backend][0].rpartition(".")[0])
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        said = Path(folder) / BUILD_FILE
+        if said.is_file():
+            return said.read_text().strip()[:200] or None
+    return None
+
+
+# the engine's own package where it is installed, else the bundle's subset of its wheel (scripts/subset-wheel.py)
+for _backend, _distributions in ((VLLM, ("vllm", "swabench-vllm-fa3")), (SGL, ("sglang-kernel", "swabench-sgl-fa3"))):
+    register_library(Library(_backend, distributions=_distributions, backends=(_backend,), opt_in=(_backend,),
+                             served=(_backend,), underneath=lambda b=_backend: bundled_build(b)))
+
+
+@lru_cache(maxsize=None)
+def import_error(backend: str) -> str | None:
+    """Why a build does not load here, with the loader's own message (a library built for another torch fails on a
+    missing symbol), or None.  The interface swallows its library's ImportError, so the library is imported itself."""
+    for module in MODULES[backend][::-1]:
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            return f"{module} does not load ({type(e).__name__}: {str(e)[:300]}); install {INSTALL[backend]}"
+    return None
+
+
+def window(window_left: int, extra_keys: int = 0) -> tuple[int, int]:
+    """FA3's ``window_size`` for FlashInfer's ``window_left``: (W, 0), and (-1, -1) for no window."""
+    return (window_left + extra_keys, 0) if window_left >= 0 else (-1, -1)
+
+
+class Fa3Runner:
+    """One FA3 forward a step: lengths and tables built at plan, the engine's call at run."""
+
+    def __init__(self, w, backend: str, extra_keys: int):
+        self.w, self.backend, self.extra_keys = w, backend, extra_keys
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = backend
+        self.compile_s = None
+
+    def plan(self) -> None:
+        w, i32 = self.w, torch.int32
+        self.cu_seqlens_q = w.qo_indptr.to(i32)
+        self.max_seqlen_q, self.max_seqlen_k = max(w.qo_lens), max(w.kv_lens)
+        if w.case.storage == "paged":
+            self.table = workloads.block_tables(w.kv_indptr_host, w.kv_indices_host).to(w.device)
+            self.seqused_k = torch.tensor(w.kv_lens, dtype=i32, device=w.device)
+        else:
+            self.cu_seqlens_k = w.kv_indptr.to(i32)
+        self.window_size = window(w.case.window_left, self.extra_keys)
+        self.sinks = w.sinks.to(torch.bfloat16) if w.sinks is not None else None
+        self.compile_s = first_call(self, self.compile_s)
+
+    def run(self) -> None:
+        (self._vllm if self.backend == VLLM else self._sglang)()
+
+    def _vllm(self) -> None:
+        from vllm.vllm_flash_attn.flash_attn_interface import flash_attn_varlen_func
+
+        w = self.w
+        kv = dict(seqused_k=self.seqused_k, block_table=self.table) if w.case.storage == "paged" else \
+            dict(cu_seqlens_k=self.cu_seqlens_k)
+        flash_attn_varlen_func(q=w.q, k=w.k_store, v=w.v_store, out=self.out, cu_seqlens_q=self.cu_seqlens_q,
+                               max_seqlen_q=self.max_seqlen_q, max_seqlen_k=self.max_seqlen_k, **kv,
+                               softmax_scale=w.sm_scale, causal=True, window_size=list(self.window_size),
+                               softcap=w.case.logits_soft_cap or 0.0, fa_version=3, s_aux=self.sinks)
+
+    def _sglang(self) -> None:
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache
+
+        w = self.w
+        new_keys = dict(cu_seqlens_k_new=self.cu_seqlens_q) if w.case.mode != "decode" else {}
+        flash_attn_with_kvcache(w.q, w.k_store, w.v_store, page_table=self.table, cache_seqlens=self.seqused_k,
+                                cu_seqlens_q=self.cu_seqlens_q, **new_keys, max_seqlen_q=self.max_seqlen_q,
+                                softmax_scale=w.sm_scale, causal=True, window_size=self.window_size,
+                                softcap=w.case.logits_soft_cap or 0.0, sinks=self.sinks, out=self.out)
+
+
+def unsupported(case, backend: str) -> str | None:
+    """Why FA3's Hopper forward cannot run a case, from its own checks (flash_api.cpp)."""
+    if case.tree not in (None, trees.CHAIN):
+        return "FA3 takes no tree mask (SGLang runs a draft tree on an SWA layer as one row a draft token, page size 1)"
+    if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
+        return f"FA3 here takes {' and '.join(DTYPES)} queries and caches of one dtype (its FP8 path is not built here)"
+    if case.head_dim not in HEAD_DIMS:
+        return f"FA3's Hopper build instantiates head_dim {', '.join(map(str, HEAD_DIMS))}, not {case.head_dim}"
+    if case.sinks and (case.dtype != "bfloat16" or case.num_qo_heads > SINK_HEADS_MAX):
+        return f"FA3 takes sinks with bfloat16 and at most {SINK_HEADS_MAX} query heads (flash_api.cpp)"
+    return None
+
+
+def sglang_unsupported(case, backend: str) -> str | None:
+    """FA3's limits, and the models SGLang runs with no sliding window at all (sglang 0.5.17: Mistral's
+    ``MistralForCausalLM`` is ``LlamaForCausalLM``, whose RadixAttention takes none)."""
+    if (case.model or "").startswith("mistral"):
+        return "SGLang runs Mistral's layers as full attention (srt/models/mistral.py, llama.py): no SWA layer to run"
+    return unsupported(case, backend)
+
+
+def _register(name: str, summary: str, backend: str, extra_keys: int, storages=("paged", "ragged"),
+              refuses=unsupported, **roles) -> None:
+    """``extra_keys``: how many keys the call's window adds to window_left (1: the window given as a count)."""
+    register(Implementation(
+        name, backend, storages, summary, lambda w, b: Fa3Runner(w, b, extra_keys), backends=(backend,),
+        needs_cuda=True, unsupported=refuses, available=lambda: import_error(backend), tree=True, **roles),
+        __name__)
+
+
+_register("fa3-window", "FlashAttention-3 as vLLM calls it (vLLM's build): flash_attn_varlen_func with the whole "
+          "block table (ragged: cu_seqlens_k), causal, window_size=[W, 0], fa_version=3", VLLM, 0)
+_register("fa3-window-count", "FlashAttention-3 (vLLM's build) given the window as a count of keys, window_size="
+          "[W + 1, 0] (a config's sliding_window): each query sees one key before its window", VLLM, 1,
+          kind="known-bug", visibility=lambda w, prefix, ps: semantics.Visibility(w + 1 if w >= 0 else semantics.NO_WINDOW))
+_register("sglang-fa3", "SGLang's FA3 backend on an SWA layer (SGLang's build): flash_attn_with_kvcache over the "
+          "request's whole page table, cache_seqlens, causal, window_size=(sliding_window - 1, 0)", SGL, 0,
+          storages=("paged",), refuses=sglang_unsupported, wrapper="recipe")
