@@ -99,6 +99,8 @@ def test_vllms_call_gets_the_window_as_w_and_0_the_whole_table_and_version_3(mon
     table_rows(w, call["block_table"])
     assert call["s_aux"].dtype == torch.bfloat16 and torch.equal(call["s_aux"], w.sinks.to(torch.bfloat16))
     assert call["softcap"] == 30.0 and call["softmax_scale"] == w.sm_scale and call["num_splits"] == 0
+    w.write_sinks(0.0)  # as a probe does, after plan: the tensor the call holds follows
+    assert call["s_aux"].abs().sum() == 0
 
 
 def test_vllms_call_takes_ragged_keys_through_cu_seqlens_and_no_window_as_minus_one(monkeypatch):

@@ -171,7 +171,7 @@ def fill(w, pass_index: int, seed: int) -> torch.Tensor:
     k = features(torch.arange(max(w.kv_lens), device=dev), n_freq, c.head_dim)[:, None, :]
     k[..., SHIFT] = 1.0
     if w.sinks is not None:
-        w.sinks.zero_()  # level with each row's peak: half of the row's weight
+        w.write_sinks(0.0)  # level with each row's peak: half of the row's weight
     g = torch.Generator(device=dev).manual_seed(seed + 1000 + pass_index)
     v = torch.randn(sum(w.kv_lens), c.num_kv_heads, c.head_dim, generator=g, device=dev)
     w.write_kv(k, v)

@@ -93,6 +93,7 @@ class Workload:
     unheld: torch.Tensor | None = None  # flat K/V rows no request holds a key of its own in, given the cache fill
     data: tuple = ()  # what the buffers hold now, e.g. ("random", seed): the gate caches references by it
     references: dict = field(default_factory=dict, repr=False)
+    sink_copies: dict = field(default_factory=dict, repr=False)  # dtype -> the sinks in it (sinks_as)
 
     @property
     def batch_size(self) -> int:
@@ -156,10 +157,25 @@ class Workload:
             self.k_store[..., 0] = 1
         if self.sinks is not None:
             gs = torch.Generator(device=self.device).manual_seed(seed + 7)
-            self.sinks.copy_(SINK_MEAN + SINK_STD * torch.randn(self.sinks.shape, generator=gs, device=self.device))
+            self.write_sinks(SINK_MEAN + SINK_STD * torch.randn(self.sinks.shape, generator=gs, device=self.device))
         self.fill_evicted(EVICTED_VALUE)
         self.fill_unheld()
         self.data = ("random", seed)
+
+    def sinks_as(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The sinks in ``dtype`` (FA3 takes bfloat16 only): one tensor that ``write_sinks`` keeps equal to ``sinks``,
+        so a runner that took it at plan sees every value the gate writes afterwards, with no copy in its run."""
+        if self.sinks is None:
+            return None
+        if dtype not in self.sink_copies:
+            self.sink_copies[dtype] = self.sinks.to(dtype)
+        return self.sink_copies[dtype]
+
+    def write_sinks(self, values: torch.Tensor | float) -> None:
+        """Write each head's sink logit, into every copy ``sinks_as`` handed out too."""
+        self.sinks.copy_(torch.as_tensor(values, dtype=self.sinks.dtype, device=self.device).expand_as(self.sinks))
+        for copy in self.sink_copies.values():
+            copy.copy_(self.sinks)
 
     def fill_evicted(self, value: float) -> None:
         """Write ``value`` into the pages that only evicted entries point at (the shared null page)."""

@@ -113,7 +113,7 @@ class Fa3Runner:
         else:
             self.cu_seqlens_k = w.kv_indptr.to(i32)
         self.window_size = window(w.case.window_left, self.extra_keys)
-        self.sinks = w.sinks.to(torch.bfloat16) if w.sinks is not None else None
+        self.sinks = w.sinks_as(torch.bfloat16)  # kept equal to the sinks the gate writes (a probe zeroes them)
         self.compile_s = first_call(self, self.compile_s)
 
     def run(self) -> None:
