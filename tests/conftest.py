@@ -150,3 +150,20 @@ def wheel_of(path: Path, files: dict[str, bytes]) -> Path:
         for n, data in {**files, f"{info}/RECORD": record.encode()}.items():
             z.writestr(n, data)
     return path
+
+
+def bound(signature_of, args, kwargs) -> dict:
+    """A call bound to a library's released signature, every default filled in (TypeError where the library
+    refuses it)."""
+    import inspect
+
+    b = inspect.signature(signature_of).bind(*args, **kwargs)
+    b.apply_defaults()
+    return dict(b.arguments)
+
+
+def table_rows(w, tables):
+    """Each request's pages, in order, as a block table holds them (the whole table, not trimmed)."""
+    for b in range(w.batch_size):
+        first, last = int(w.kv_indptr_host[b]), int(w.kv_indptr_host[b + 1])
+        assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()

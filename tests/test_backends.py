@@ -6,7 +6,6 @@ reaches its oldest key; what each cannot run is a skip that says why."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import types
@@ -22,6 +21,8 @@ from swabench.core.cases import Point
 from swabench.impls import cudnn, fa4, registry
 from swabench.inputs import axes
 from swabench.repro import standin
+
+from conftest import bound, table_rows
 
 
 def case(**kw):
@@ -67,13 +68,6 @@ def no_device_to_wait_for(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the first call, made at plan
 
 
-def bound(signature_of, args, kwargs) -> dict:
-    """The call bound to the released signature, every default filled in (TypeError where the library refuses it)."""
-    b = inspect.signature(signature_of).bind(*args, **kwargs)
-    b.apply_defaults()
-    return dict(b.arguments)
-
-
 def flashinfer_calls(impl: str, c):
     w = workloads.build(c)
     calls = []
@@ -82,13 +76,6 @@ def flashinfer_calls(impl: str, c):
         runner.plan()
         runner.run()
     return w, runner, calls
-
-
-def table_rows(w, tables):
-    """Each request's pages, in order, as the table holds them."""
-    for b in range(w.batch_size):
-        first, last = int(w.kv_indptr_host[b]), int(w.kv_indptr_host[b + 1])
-        assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()
 
 
 def test_cudnn_through_flashinfer_prefill_gets_the_window_the_pages_and_the_offsets():

@@ -4,7 +4,6 @@ hands it: the window, the whole table, every key of each request, the sinks as b
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import sys
 import types
@@ -17,6 +16,8 @@ import torch
 from swabench.core import semantics, workloads
 from swabench.impls import fa3, registry
 from swabench.inputs import axes
+
+from conftest import bound, table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,12 +53,6 @@ def no_device_to_wait_for(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the first call, made at plan
 
 
-def bound(signature_of, args, kwargs) -> dict:
-    b = inspect.signature(signature_of).bind(*args, **kwargs)
-    b.apply_defaults()
-    return dict(b.arguments)
-
-
 def calls_of(impl: str, c, monkeypatch):
     """The calls the path makes at plan and run, each bound to its build's released signature."""
     calls = []
@@ -78,13 +73,6 @@ def calls_of(impl: str, c, monkeypatch):
     runner.plan()
     runner.run()
     return w, runner, calls
-
-
-def table_rows(w, tables):
-    """Each request's pages, in order, as the table holds them: the whole table, not trimmed."""
-    for b in range(w.batch_size):
-        first, last = int(w.kv_indptr_host[b]), int(w.kv_indptr_host[b + 1])
-        assert tables[b, :last - first].tolist() == w.kv_indices_host[first:last].tolist()
 
 
 def test_vllms_call_gets_the_window_as_w_and_0_the_whole_table_and_version_3(monkeypatch):
