@@ -313,6 +313,7 @@ def test_the_docs_gap_script_exits_0_where_the_call_is_the_window_by_design(writ
 
     text, _ = written["tree-window-slot"]
     assert header(text)["Fault"].startswith("FlashInfer docs gap: ")
+    assert "as designed, which differs from the window by depth on rows 2-15 (14 of 16)" in header(text)["Expected"]
     ns = {"__name__": "t"}
     with standin.installed(lambda *call: None):
         exec(compile(text, "<gap>", "exec"), ns)

@@ -159,7 +159,9 @@ def _one_screen(bug, parts: list[script.Part], progress) -> tuple[str, list[scri
     control = next((p for p in one if p.role == "control"), None)
     designed = bug.filing.kind == "FlashInfer docs gap"
     bounds = f"rel-L2 <= {tol.rel_l2:g}, <= {tol.row_rel_l2:g} per row; else exit 1"
-    expected = f"the call is the window from each query's row, as designed: {bounds}" if designed else \
+    apart = screen.rows_apart(script.case_literals(one[0].case)) if designed else []
+    expected = f"the call is the window from each query's row, as designed, which differs from the window by depth " \
+        f"on rows {apart[0]}-{apart[-1]} ({len(apart)} of {one[0].case.qo_len}): {bounds}" if apart else \
         f"float32 softmax over the keys each query should see, in main(): {bounds}"
     lines = [f"Fault: {bug.filing.kind}: {bug.filing.fault}",
              f"Control: {control.says}" if control else "Control: none in one process", f"Expected: {expected}"]
