@@ -32,10 +32,10 @@ def main(dev="cuda"):
     trimmed = (torch.arange(0, 32 * 128 + 1, 128, dtype=i32), window.flatten(), full[2])
     buffers = (("indptr", 32 + 1), ("indices", 262176), ("last_page_len", 32))  # a CUDA-graph wrapper's plan
     table_gb = 2 * 262176 * 8 * 64 * 2 / 1e9  # the whole table's K and V, bfloat16
-    arms = {"full table, CUDA cores": (False, full), "trimmed table, CUDA cores": (False, trimmed),
-            "full table, tensor cores": (True, full)}  # the call first, then what it could do
+    calls = {"full table, CUDA cores": (False, full), "trimmed table, CUDA cores": (False, trimmed),
+             "full table, tensor cores": (True, full)}  # the call first, then what it could do
     times, wrong = {}, False
-    for name, (tensor_cores, table) in arms.items():
+    for name, (tensor_cores, table) in calls.items():
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             q.new_empty(268435456, dtype=torch.uint8), "NHD", backend="fa2", use_tensor_cores=tensor_cores,
             use_cuda_graph=True, **{f"paged_kv_{n}_buffer": q.new_empty(size, dtype=i32) for n, size in buffers})
@@ -50,10 +50,10 @@ def main(dev="cuda"):
     print(f"torch sums of K and V ({table_gb:.3f} GB): {every_page:.1f} us, {table_gb * 1e3 / every_page:.2f} TB/s")
     full_cuda, trimmed_cuda, _ = times.values()
     slow = every_page > trimmed_cuda and full_cuda**2 > every_page * trimmed_cuda  # nearer, in ratio, the read
-    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (an arm is wrong)' * wrong}: on CUDA cores the full table "
+    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (a call is wrong)' * wrong}: on CUDA cores the full table "
           f"takes {full_cuda / trimmed_cuda:.1f}x the trimmed one, {full_cuda / every_page:.2f}x reading every page")
     print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
-    return 1 if slow or wrong else 0  # a wrong arm's time says nothing
+    return 1 if slow or wrong else 0  # a wrong call's time says nothing
 
 
 def graph_time_us(step, calls=20, replays=20):

@@ -4,7 +4,9 @@
 Call: BatchAttentionWithAttentionSinkWrapper(backend='fa2', window_left=-1), then plan(causal=False, window_left=-1,
     custom_mask=...), run()
 Shape: batch 1; qo_len 7; kv_len 71; 64 query, 8 KV heads; head_dim 64; page_size 1; sinks; bfloat16
-Fault: FlashInfer bug: the sink wrapper inherits plan(custom_mask=...), and run() takes the custom mask mode
+Fault: FlashInfer bug: the sink wrapper's __init__ takes custom_mask_buf and mask_indptr_buf
+    (flashinfer/attention/_core.py:418-419) and feeds use_custom_mask into backend selection
+    (flashinfer/attention/_core.py:478, flashinfer/attention/_core.py:517), and run() takes the custom mask mode
     (flashinfer/prefill.py:5112), but its AttentionSink variant never reads a mask
     (flashinfer/jit/attention/variants.py:34-36, where DefaultAttention reads it:
     include/flashinfer/attention/variants.cuh:80-85): fa2 runs non-causal

@@ -6,9 +6,10 @@ Call: BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), then plan(causal=False
 Shape: batch 1; qo_len 16; kv_len 316; 32 query, 8 KV heads; head_dim 128; page_size 1; window_left 127; a draft tree;
     bfloat16
 Fault: FlashInfer docs gap: window_left's docstring (flashinfer/prefill.py:3690) does not say that the window counts
-    from the query's row kv_len - qo_len + i (include/flashinfer/attention/variants.cuh:89)
+    from the query's row kv_len - qo_len + i (include/flashinfer/attention/variants.cuh:89), with a custom mask too
 Control: the window by tree depth in custom_mask, the table from the window's first page, no window_left
-Expected: float32 softmax over the keys each query should see, in main(): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
+Expected: the call is the window from each query's row, as designed, which differs from the window by depth on rows
+    2-15 (14 of 16): rel-L2 <= 0.01, <= 0.05 per row; else exit 1
 """
 import inspect
 import subprocess
@@ -33,8 +34,10 @@ def main(dev="cuda"):
     key = torch.cat([torch.arange(300, device=dev), position[:, 0]])  # a draft key at its node
     allowed = torch.cat([torch.ones(16, 300, dtype=torch.bool, device=dev), tree], dim=1)
     seen = allowed & (key >= position - 127)
-    s = (torch.einsum("qhd,khd->hqk", q.float(), k) * 0.08838834764831845).masked_fill(~seen, float("-inf"))
-    expected, out = torch.einsum("hqk,khd->qhd", s.softmax(dim=-1), v), torch.empty_like(q)  # float32
+    row_seen = allowed & (torch.arange(316, device=dev) >= torch.arange(300, 316, device=dev)[:, None] - 127)
+    s = torch.einsum("qhd,khd->hqk", q.float(), k) * 0.08838834764831845
+    attend = lambda m: torch.einsum("hqk,khd->qhd", s.masked_fill(~m, float("-inf")).softmax(dim=-1), v)
+    expected, designed, out = attend(seen), attend(row_seen), torch.empty_like(q)  # float32
     qo_indptr, kv_indptr, kv_last_page_len = (torch.tensor(v, dtype=i32) for v in ([0, 16], [0, 316], [1]))
     paged_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         q.new_empty(268435456, dtype=torch.uint8), "NHD", backend="fa2")
@@ -42,8 +45,10 @@ def main(dev="cuda"):
         qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads=32, num_kv_heads=8, q_data_type=bf16,
         kv_data_type=bf16, sm_scale=0.08838834764831845, custom_mask=allowed.flatten(), causal=False, head_dim_qk=128,
         window_left=127, page_size=1, **taken_by(paged_wrapper.plan, uniform_q_len=16))
-    wrong, what = outcome(lambda: paged_wrapper.run(q, (k_cache, v_cache), out=out), out, expected)
-    print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)
+    wrong, what = outcome(lambda: paged_wrapper.run(q, (k_cache, v_cache), out=out), out, designed)
+    differ = (seen != row_seen).any(dim=1).nonzero().flatten().tolist()  # the rows whose two windows differ
+    print(f"{'REPRODUCED' if wrong else 'DOCUMENTATION GAP'}: row-anchored and depth-anchored windows differ on rows "
+          f"{differ[0]}-{differ[-1]} ({len(differ)} of 16); the call against the row-anchored one: {what}")
     paged_wrapper.plan(
         qo_indptr, torch.tensor([0, 143], dtype=i32), kv_indices[173:316], torch.tensor([1], dtype=i32),
         num_qo_heads=32, num_kv_heads=8, q_data_type=bf16, kv_data_type=bf16, sm_scale=0.08838834764831845,

@@ -6,7 +6,8 @@ For each bug: run ``repro/REF.py`` on its own (its output and exit status), then
 the suite's code on the script's parts (``make.for_bug``'s, which the committed script's code must be): a
 ``first`` part built and run, a checked part gated (``core.gate.check``: random and probe inputs), timed
 parts gated and timed with the suite's CUDA-graph timer.  The two verdicts must agree: the script exits 1
-exactly where the suite's gate fails (or, for the cliff, where the CUDA-core call on the full table takes nearer
+exactly where the suite's gate fails (for a docs gap, where the call's wrong rows are not the ones its declared rule
+predicts: the script holds it to that rule; for the cliff, where the CUDA-core call on the full table takes nearer
 a plain read of every page than the call on the trimmed table: ``cliff.reads_every_page``).
 Writes OUT/verdicts.json (rows of bugs run again replace their old ones) and OUT/REF.log; prints a table.
 A call that crashes the process's CUDA context counts as a failed gate, as in the sweep.
@@ -31,16 +32,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def suite_verdict(ref: str) -> dict:
     """The suite's verdict on the bug's parts, in this process: each part's case and gate verdict (a control planned
-    with its keywords as the script plans it), and for the cliff its arms' times and a plain read of every page's
+    with its keywords as the script plans it), and for the cliff its calls' times and a plain read of every page's
     from the suite's timer."""
     import torch
 
-    from swabench.core import gate, workloads
+    from swabench.core import workloads
     from swabench.impls import registry
     from swabench.measure import timing
     from swabench.repro import bugs, cliff, make
 
     bug = bugs.get(ref)
+    designed = bug.filing.kind == "FlashInfer docs gap"  # the call is held to its declared rule, as its script does
     _, parts = make.for_bug(ref)  # the script's own parts: one request, plain wrappers where it shows so
     said = {"where": parts[0].case.label + (f"; fixed in {bug.fixed_in}" if bug.fixed_in else ""), "parts": []}
     times, table = [], None
@@ -54,8 +56,7 @@ def suite_verdict(ref: str) -> dict:
             torch.cuda.synchronize()
             continue
         try:
-            result = gate.check(runner, w)
-            passed, reason = result.passed, result.reason
+            passed, reason = gated(runner, w, p, designed and p.role == "checked")
         except Exception as e:  # as the sweep records it: a call that crashes is a failed point
             passed, reason = False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
             said["parts"].append({"impl": p.impl, "role": p.role, "case": p.case.label, "passed": passed,
@@ -66,7 +67,7 @@ def suite_verdict(ref: str) -> dict:
         if p.role == "timed":
             kernel, _ = timing.cuda_graph_time(runner.run)
             times.append(kernel.median_us)
-            if p.impl == cliff.ARMS[0][0]:  # the call, on the full table: what a read of every page reads
+            if p.impl == cliff.CALLS[0][0]:  # the call, on the full table: what a read of every page reads
                 table = (w.k_store, w.v_store)
     checked = [part for part in said["parts"] if part["role"] != "control"]
     wrong = not all(part["passed"] for part in checked)
@@ -79,6 +80,25 @@ def suite_verdict(ref: str) -> dict:
         said["slow"] = cliff.reads_every_page(times[0], times[1], every_page.median_us)
     said["exit"] = 1 if wrong or said.get("slow") else 0
     return said
+
+
+def gated(runner, w, part, designed: bool = False) -> tuple[bool, str]:
+    """(passed, reason) of a planned part on its workload: the gate's verdict, or for a docs gap's call
+    (``designed``) whether it is wrong on exactly the rows the rule its path declares predicts, as its script holds
+    the call to that rule."""
+    import torch
+
+    from swabench.core import gate
+    from swabench.impls import registry
+
+    if not designed:
+        result = gate.check(runner, w)
+        return result.passed, result.reason
+    predicted = torch.cat(registry.get(part.impl).rows_wrong(part.case, w.qo_lens, w.kv_lens, part.backend))
+    result = gate.check(runner, w, predicted=predicted)
+    as_designed = bool(result.rows_as_predicted)
+    return as_designed, f"{result.wrong_rows} rows differ from the window by depth, " \
+                        f"{'as' if as_designed else 'not as'} its declared rule predicts"
 
 
 @contextlib.contextmanager
@@ -115,7 +135,7 @@ def judge(ref: str) -> dict:
     suite = json.loads(judged.stdout.strip().splitlines()[-1]) if judged.returncode == 0 else \
         {"exit": None, "error": judged.stderr[-2000:]}
     lines = ran.stdout.splitlines()
-    verdict = next((line for line in lines if line.startswith(("REPRODUCED", "NOT REPRODUCED"))), "")
+    verdict = next((line for line in lines if line.startswith(issue.VERDICTS)), "")
     control = next((line for line in lines if line.startswith("CONTROL")), "")
     return {"ref": ref, "script_exit": ran.returncode, "suite": suite, "script_said": [verdict, control],
             "log": ran.stdout + ran.stderr, "code": issue.script_code(text), "script_digest": issue.script_digest(text)}

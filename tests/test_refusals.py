@@ -687,10 +687,11 @@ def test_repro_issue_quotes_a_long_log_bounded(tmp_path):
     assert r.exit_code == 0, r.output
     body = out.with_suffix(".md").read_text()
     script = out.read_text()
-    quoted = body[body.index("<summary>its output and environment"):]
+    quoted = body[body.index("<summary>its other output and its environment"):]
     assert len(body) - len(script) < 10_000 and "building module" not in body, len(body)
-    assert f"{len(lines)} of its {len(noise) + len(lines) + 1:,} lines, {len(noise) + 1:,} left out" in body
-    assert all(line in quoted for line in lines)
+    other = lines[1:2]  # the line under the verdict; the verdict and CONTROL lines are quoted above, the rest below
+    assert f"{len(other)} of its {len(noise) + len(other) + 1:,} other lines, {len(noise) + 1:,} left out" in body
+    assert all(line in quoted for line in other + lines[3:]) and all(line in body for line in lines)
     assert issue.excerpt(REPRODUCER_LOG) == (lines, 0)  # a script's own output is quoted whole
     built = "2026-12-05 04:08:06,000 - INFO - core.py:635 - flashinfer.jit: Building JIT module cascade; this can"
     assert issue.excerpt(REPRODUCER_LOG + built + "\n") == (lines, 0)  # without FlashInfer's log of its builds
@@ -706,7 +707,7 @@ def test_repro_issue_fences_a_log_longer_than_its_backticks(tmp_path):
     out = tmp_path / "bug.py"
     assert invoke("repro", "--bug", "planted-wide", "--out", out, "--observed", log, "--issue").exit_code == 0
     body = out.with_suffix(".md").read_text()
-    quoted = body[body.index("<summary>its output and environment"):body.rindex("</details>")].splitlines()
+    quoted = body[body.index("<summary>its other output and its environment"):body.rindex("</details>")].splitlines()
     fences = [line for line in quoted if line.startswith("```")]
     assert fences == ["`" * 7, "``````", "`" * 7], fences  # the log's own line of six stays inside
     assert "Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): ``REPRODUCED: request 0: rows `0-3` wrong" in body

@@ -13,8 +13,9 @@ import torch
 from conftest import invoke
 
 from swabench.core import workloads
+from swabench.errors import UserError
 from swabench.inputs import scenarios
-from swabench.repro import bugs, filings, issue, kit, make, script
+from swabench.repro import bugs, cliff, filings, issue, kit, make, script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,12 +150,21 @@ def test_an_observed_run_goes_into_the_header_and_the_issue_body(tmp_path):
     said = header(out.read_text())
     assert said["Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs)"].startswith("REPRODUCED: request 0: rows 0-863")
     body = out.with_suffix(".md").read_text()
-    first = body.split("\n\n")[0]  # a comment on flashinfer#4972: one paragraph, the script, one environment
+    first, facts = body.split("\n\n")[:2]  # a comment on flashinfer#4972: the title, where it shows, the facts
     assert first.startswith("BatchPrefillWithPagedKVCacheWrapper (fa2), causal=False, window_left: split-KV tiles")
     assert "Observed on flashinfer 0.7.4, NVIDIA H200 (132 SMs): `REPRODUCED: request 0: rows 0-863 wrong" in first
     assert "`CONTROL, the same plan with disable_split_kv=True: right" in first
-    assert first.endswith("Until the fix lands, plan(disable_split_kv=True) is right on the same inputs.")
-    assert body.count("<details>") == 2 and out.read_text() in body and "```\n" + LOG.rstrip() + "\n```" in body
+    assert facts.splitlines() == [
+        "- **First appears in:** FlashInfer 0.4.0: flashinfer#1661 sized fa2's split-KV chunks by the window (the "
+        "effective KV length of PrefillSplitQOKVIndptr in scheduler.cuh).",
+        "- **What to do today:** plan(disable_split_kv=True), which keeps each request in one KV chunk, is right on "
+        "the same inputs (the control).",
+        "- **What would close it:** flashinfer#4992 (open), which covers each tile's whole KV span under split-KV: "
+        "this script is its check."]
+    # the script's code whole, its Observed line said once above; the run's other lines and its environment below
+    assert body.count("<details>") == 2 and issue.script_code(out.read_text()) in body
+    assert body.count("REPRODUCED: request 0: rows 0-863") == 1
+    assert "```\n" + "\n".join(LOG.splitlines()[1:2] + LOG.splitlines()[3:]) + "\n```" in body
 
 
 def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(tmp_path):
@@ -163,8 +173,9 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
     assert invoke("repro", "--bug", "tree-sink-mask", "--out", out, "--issue").exit_code == 0
     body = out.with_suffix(".md").read_text()
     assert body.startswith("# BatchAttentionWithAttentionSinkWrapper.plan(custom_mask=...) ignores the mask\n\nThe "
-                           "sink wrapper inherits plan(custom_mask=...)")  # the party goes without saying
-    assert "Support custom_mask in the sink variant, or raise in plan() when it is given." in body
+                           "sink wrapper's __init__ takes custom_mask_buf")  # the party goes without saying
+    assert "- **What would close it:** Support custom_mask in the sink variant, or raise in plan() when it is given." \
+        in body
     assert "Not yet run on a GPU." in body
     script = (tmp_path / "tree-sink-mask.py").read_text()  # a chain inside the window: the window plays no part
     assert "window_left=-1" in script and "window_left=127" not in script and "; sinks; bfloat16" in script
@@ -172,28 +183,38 @@ def test_an_issue_says_whose_fault_and_what_it_asks_and_quotes_the_suites_rows(t
     r = invoke("repro", "--bug", "sglang-verify-tree", "--out", out, "--issue", "--measured", published_run)
     assert r.exit_code == 0, r.output
     body = out.with_suffix(".md").read_text()
-    assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287 proposes" in body
+    assert body.startswith("SGLang's EAGLE target verify on an SWA layer") and "sglang#39287: the table" in body
     lead = next(line for line in body.splitlines() if line.startswith("The same call measured at other shapes"))
     assert "backend fa2; model gemma-3-27b; batch 8;" in lead and "heads (query/KV) 32/16; head_dim 128" in lead
     rows = [line for line in body.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == 16  # SGLang serves it on Gemma alone, whose model the sentence names once
+    assert len(rows) == 8  # SGLang serves it on Gemma alone, whose model the sentence names once
     contexts = [int(line.split(" | ")[0].lstrip("| ")) for line in rows]
-    assert contexts == sorted(contexts) and "chain of 7 |" in rows[0] and "tree of 7 nodes" in rows[1]  # inside first
-    assert "| 8208 | tree of 16 nodes, depth 3 | 128 of 128 | 1.41 |" in body  # past the window
-    assert "| 80 | tree of 16 nodes, depth 3 | 0 of 128 |" in body  # inside it
+    assert contexts == sorted(contexts) and "| chain of 7; tree of 7 nodes, depth 2 |" in rows[0]  # inside first
+    assert "| 8208 | chain of 16; tree of 16 nodes, depth 3 | 128 of 128 | 1.41 |" in body  # past the window
+    assert "| 80 | chain of 16; tree of 16 nodes, depth 3 | 0 of 128 |" in body  # inside it
 
 
-def test_a_performance_request_quotes_the_bytes_each_arm_read_against_the_window():
+def test_a_performance_request_quotes_the_bytes_each_call_read_against_the_window():
+    """At the run's own case: each call's bytes against the window's; the cliff's body quotes only the case its script
+    times, so a run counted at another shape is refused, naming the script's case."""
+    from swabench.inputs import scenarios
+    from swabench.repro import measured
+
     run = Path(__file__).parent / "fixtures" / "published" / "results" / "h200-ncu-decode-cliff-0.7.4"
-    lead, _, head, _, *lines = make.measured_table("decode-cliff", [run])
+    paths = {impl: said for impl, _, said in cliff.CALLS}
+    case = measured.rows([run], paths)[0]["case"]  # the one case the run counted
+    lead, _, head, _, *lines = measured.table(measured.rows([run], paths, case), one_case=True)
     assert head == "| call | backend | DRAM bytes read | of the window's |"
     rows = {" ".join(line.split(" | ")[:2]).lstrip("| "): line for line in lines}
     assert set(rows) == {"full table, CUDA cores fa2", "trimmed table, CUDA cores fa2",
                          "full table, tensor cores fa2", "full table, tensor cores fa3"}
     times = {name: float(line.split(" | ")[-1].rstrip("x |")) for name, line in rows.items()}  # of the window's bytes
     assert times["full table, CUDA cores fa2"] > 100 > 2 > times["full table, tensor cores fa2"]
-    assert lead.startswith("The same calls measured at other shapes (on every line: batch 32; kv_len 32769; queries "
-                           "1 token; window_left 127; page_size 16;")
+    assert lead.startswith("The same calls counted by Nsight Compute at this shape (on every line: batch 32; kv_len "
+                           "32769; queries 1 token; window_left 127; page_size 16;")
+    script_case = bugs.parts(bugs.get("decode-cliff"))[0][0].case
+    with pytest.raises(UserError, match=f"on the script's case {re.escape(script_case.label)} \\(ff3e53fd367d\\)"):
+        make.measured_table("decode-cliff", [run])
 
 
 def test_measured_rows_come_from_a_run_that_holds_the_bugs_path(tmp_path):
@@ -276,6 +297,67 @@ def test_the_non_causal_script_s_reference_and_verdict_are_the_suite_s(written, 
     assert bugs_mod.get("flashinfer#4972").impl == parts[0].impl
 
 
+@pytest.mark.parametrize("kernel, says, exits", [
+    (lambda reference: reference, "DOCUMENTATION GAP: row-anchored and depth-anchored windows differ on rows 2-15 "
+                                  "(14 of 16); the call against the row-anchored one: every row right (", 0),
+    (lambda reference: reference + (torch.arange(len(reference)) < 2)[:, None, None],
+     "REPRODUCED: row-anchored and depth-anchored windows differ on rows 2-15 (14 of 16); the call against the "
+     "row-anchored one: 2 of 16 rows wrong, 0-1 (", 1)])
+def test_the_docs_gap_script_exits_0_where_the_call_is_the_window_by_design(written, monkeypatch, capsys, kernel, says,
+                                                                            exits):
+    """tree-window-slot is no kernel bug: its script holds the call to the window counted from each query's row (what
+    the kernel computes by design, variants.cuh:89) and names the rows where that window and the window by depth
+    differ, exiting 0; a call that is not the designed window either (rows 0-1 wrong, where the two agree) exits 1.
+    Run on the stand-in, the kernel's output written as ``kernel`` makes it from the reference the call is held to."""
+    from swabench.repro import standin
+
+    text, _ = written["tree-window-slot"]
+    assert header(text)["Fault"].startswith("FlashInfer docs gap: ")
+    assert "as designed, which differs from the window by depth on rows 2-15 (14 of 16)" in header(text)["Expected"]
+    ns = {"__name__": "t"}
+    with standin.installed(lambda *call: None):
+        exec(compile(text, "<gap>", "exec"), ns)
+    real, held = ns["outcome"], []
+
+    def outcome(step, out, reference):  # the call, then the control: each writes what the kernel would
+        held.append(reference)
+        answer = kernel(reference) if len(held) == 1 else reference
+        return real(lambda: (step(), out.copy_(answer)), out, reference)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ns.update(outcome=outcome, subprocess=type("Stub", (), {"run": staticmethod(lambda *a, **k: type("R", (), {
+        "stdout": ""}))}))
+    with standin.installed(lambda *call: None):
+        assert ns["main"]("cpu") == exits
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(says) and printed[1].startswith("CONTROL, the window by tree depth"), printed
+    assert len(held) == 2 and not torch.allclose(held[0], held[1], atol=0.05)  # by row, then by depth: not the same
+
+
+def test_the_suite_passes_a_docs_gap_s_call_where_its_wrong_rows_are_the_ones_its_rule_predicts(written):
+    """scripts/repro_verdicts.py's side of the docs gap: the call computing the window from each row (what its path
+    declares) is as designed, though the gate finds its rows wrong against the window by depth; a call computing the
+    window by depth is not (no row differs where 14 should); and the control is gated as any other part."""
+    import importlib.util
+
+    from swabench.core import workloads
+    from swabench.impls import registry
+    from swabench.impls.embedded import as_predicted
+
+    spec = importlib.util.spec_from_file_location("repro_verdicts", ROOT / "scripts" / "repro_verdicts.py")
+    verdicts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verdicts)
+    _, parts = written["tree-window-slot"]
+    call, control = parts
+    w = workloads.build(call.case, "cpu")
+    by_row, by_depth = (as_predicted(registry.get(p.impl), w, p.backend) for p in (call, control))
+    assert verdicts.gated(by_row, w, call, designed=True) == \
+        (True, "14 rows differ from the window by depth, as its declared rule predicts")
+    assert verdicts.gated(by_depth, w, call, designed=True) == \
+        (False, "0 rows differ from the window by depth, not as its declared rule predicts")
+    assert verdicts.gated(by_depth, w, control) == (True, "") and not verdicts.gated(by_row, w, call)[0]
+
+
 @pytest.mark.parametrize("old,new", [("window_left=$w,", "window_left=$w - 1,"),
                                      ('{"disable_split_kv": True}', "{}"),
                                      ("$drawn", "$drawn\n    q.neg_()")])
@@ -330,7 +412,16 @@ CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
          "flashinfer/jit/attention/variants.py:34": "REGISTER_LOGITS_MASK",
          "flashinfer/jit/attention/variants.py:36": "})",
          "include/flashinfer/attention/variants.cuh:80": "use_custom_mask",
-         "include/flashinfer/attention/variants.cuh:85": "custom_mask_ptr"}
+         "include/flashinfer/attention/variants.cuh:85": "custom_mask_ptr",
+         "flashinfer/attention/_core.py:418": "custom_mask_buf: Optional",
+         "flashinfer/attention/_core.py:419": "mask_indptr_buf: Optional",
+         "flashinfer/attention/_core.py:478": "custom_mask_buf is not None",
+         "flashinfer/attention/_core.py:517": "use_custom_mask,",
+         "flashinfer/decode.py:1426": "use_tensor_cores: bool = False",
+         "include/flashinfer/attention/scheduler.cuh:512": "inline cudaError_t DecodePlan(",
+         "include/flashinfer/attention/scheduler.cuh:517": "WorkEstimationFunc work_estimation_func) {",
+         "flashinfer/prefill.py:4603": "self._window_left = window_left",
+         "flashinfer/prefill.py:4987": "assert window_left == self._window_left"}
 
 
 def test_every_file_and_line_a_filing_cites_is_written_in_full_and_listed_with_what_it_holds():
@@ -338,7 +429,8 @@ def test_every_file_and_line_a_filing_cites_is_written_in_full_and_listed_with_w
 
     from swabench.repro import filings
 
-    texts = [text for f in filings.FILINGS.values() for text in (f.fault, f.ask)]
+    texts = [text for f in filings.FILINGS.values()
+             for text in (f.fault, f.ask, f.workaround, f.origin, f.affected, f.note)]
     cited = {f"{path}:{line}" for text in texts for path, *lines in filings.CITES.findall(text) for line in lines
              if line}
     assert cited == set(CITED), cited ^ set(CITED)
@@ -363,24 +455,107 @@ def test_each_cited_line_holds_what_the_filing_says_in_the_release_it_was_read_i
         assert token in file.read_text().splitlines()[int(line) - 1], f"{cite} no longer holds {token!r}"
 
 
-def test_each_committed_body_holds_its_own_script_as_committed():
-    from pathlib import Path
+BODY_BYTES = 8 * 1024  # a body to file, read whole: one script, its facts and one environment
 
+
+def test_each_committed_body_holds_its_own_script_as_committed():
+    """Its code whole, and its top comment's title, call and shape (the rest the body says itself)."""
     bodies = sorted((ROOT / "repro").glob("*.md"))
     assert len(bodies) == 7
     for body in bodies:
-        text, script = body.read_text(), body.with_suffix(".py")
-        assert f"<summary>{script.name}: " in text and script.read_text().rstrip() in text, body.name
+        text, script = body.read_text(), body.with_suffix(".py").read_text()
+        title, _, *fields = script.split('"""')[1].splitlines()
+        shown = [title] + [line for line in fields if line.startswith(("Call: ", "Shape: "))]
+        assert f"<summary>{body.stem}.py: " in text and issue.script_code(script) in text, body.name
+        assert len(shown) == 3 and all(line in text for line in shown), body.name
 
 
-def test_a_body_is_written_again_with_the_runs_of_its_own_script_only(tmp_path):
-    """scripts/repro_publish.py: a release folder's log counts where its verdicts row recorded the digest of the
-    script's code as it is now; a row of an older form, a row that recorded none, or a row of another bug, does not."""
+def environment_dumps(body: str) -> int:
+    """How many environments a body quotes: each names its GPU once (FlashInfer's report, or a script's own line)."""
+    return sum(bool(issue.GPU_LINE.match(line)) for line in body.splitlines())
+
+
+@pytest.mark.parametrize("body", sorted((ROOT / "repro").glob("*.md")), ids=lambda p: p.stem)
+def test_each_committed_body_fits_8_kib_with_one_environment_a_workaround_and_the_first_release(body):
+    text = body.read_text()
+    facts = [line for line in text.splitlines() if line.startswith("- **")]
+    assert len(text.encode()) <= BODY_BYTES, f"{body.name}: {len(text.encode())} bytes"
+    assert environment_dumps(text) == (0 if "Not yet run on a GPU." in text else 1), body.name
+    assert sum(line.startswith("- **What to do today:** ") for line in facts) == 1, body.name
+    assert sum(line.startswith("- **What would close it:** ") for line in facts) == 1, body.name
+    first = [line for line in facts if line.startswith("- **First appears in:** ")]
+    assert len(first) == 1 and re.search(r"FlashInfer \d+\.\d+\.\d+: flashinfer#\d+|[Nn]ot confirmed", first[0]), first
+
+
+def current_folders() -> list[Path]:
+    """The node's folders that hold a run of some committed script as it is now: the GPU and releases of its last
+    runs."""
+    from swabench.repro import committed
+
+    digests = {ref: issue.script_digest(path.read_text()) for ref, path in committed(ROOT / "repro").items()}
+    return [v.parent for v in sorted((ROOT / "repro").glob("*/verdicts.json"))
+            if any(r.get("script_digest") == digests.get(r["ref"]) for r in json.loads(v.read_text()))]
+
+
+@pytest.mark.parametrize("body", sorted((ROOT / "repro").glob("*.md")), ids=lambda p: p.stem)
+def test_a_body_quoting_every_run_of_its_script_still_fits_and_quotes_one_environment(body):
+    """The committed script with every log the node's last folders hold of it (of this form or, for a script changed
+    since, the one before: the sizes are alike): one environment, the other runs a sentence each, within 8 KiB."""
+    from swabench.repro import ref_of
+
+    logs = [folder / f"{body.stem}.log" for folder in current_folders() if (folder / f"{body.stem}.log").exists()]
+    seen, ref = [issue.read(log) for log in logs], ref_of(body.stem)
+    table = make.measured_table(ref, [str(ROOT / run) for run in publish_script().MEASURED.get(body.stem, [])])
+    text = make.issue_body(ref, body.with_suffix(".py").read_text(), f"{body.stem}.py", seen, table)
+    assert len(logs) >= 2 and len(text.encode()) <= BODY_BYTES, f"{body.name}: {len(text.encode())} bytes"
+    assert environment_dumps(text) == 1
+    others = [line for line in text.splitlines() if line.startswith("On flashinfer ")]
+    comment = bool(bugs.get(ref).filing.comment_on or "/issues/" in bugs.get(ref).url)
+    assert len(others) == (0 if comment else len(logs) - 1), others  # a comment quotes one run
+    assert all("; the environment the same but for `flashinfer : " in line for line in others), others
+
+
+def test_the_other_runs_are_said_once_each_with_what_differs():
+    env = ("### FlashInfer environment report\nflashinfer                   : {v}\nflashinfer commit            : {c}\n"
+           "flashinfer file              : /tmp/site/flashinfer/__init__.py\n"
+           "GPU 0 (CUDA order)   : NVIDIA H100 80GB HBM3 | SM90 | 132 SMs | 79.2 GiB\n"
+           "torch                          : 2.11.0+cu130\nnumpy                  : 2.5.2\n")
+    printed = "REPRODUCED: 3 of 8 rows wrong, 0-2 (rel-L2 0.3)\nfull: {t} us a call\n"
+    seen = [issue.Observed(f"flashinfer {v}, NVIDIA H100 80GB HBM3 (132 SMs)", "REPRODUCED: 3 of 8 rows wrong, 0-2 "
+                           "(rel-L2 0.3)", "", printed.format(t=t) + env.format(v=v, c=c))
+            for v, c, t in (("0.7.2.post1", "beabf50", "12.5"), ("0.7.4", "7703905", "12.5"),
+                            ("0.6.18", "8bc3b57", "9"))]
+    lines = issue.outputs(seen)
+    quoted = lines[lines.index("```") + 1].splitlines()
+    assert quoted == ["full: 12.5 us a call", "flashinfer                   : 0.7.4",
+                      "flashinfer commit            : 7703905",
+                      "GPU 0 (CUDA order)   : NVIDIA H100 80GB HBM3 | SM90 | 132 SMs | 79.2 GiB",
+                      "torch                          : 2.11.0+cu130"]  # 0.7.4's, the faults' release; no verdict
+    assert lines[0] == ("<details><summary>its other output and its environment on flashinfer 0.7.4, NVIDIA H100 80GB "
+                        "HBM3 (132 SMs): the environment in 4 of its 7 lines</summary>")
+    assert "On flashinfer 0.7.2.post1 (the same GPU): the same lines; the environment the same but for `flashinfer : " \
+           "0.7.2.post1`, `flashinfer commit : beabf50`." in lines
+    assert "On flashinfer 0.6.18 (the same GPU): the same lines with their own numbers; the environment the same but " \
+           "for `flashinfer : 0.6.18`, `flashinfer commit : 8bc3b57`." in lines
+    assert issue.outputs(seen, one=True).count("```") == 2 and not any(line.startswith("On ") for line in
+                                                                        issue.outputs(seen, one=True))
+
+
+def publish_script():
+    """scripts/repro_publish.py, loaded as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("repro_publish", ROOT / "scripts" / "repro_publish.py")
     publish = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(publish)
+    return publish
+
+
+def test_a_body_is_written_again_with_the_runs_of_its_own_script_only(tmp_path):
+    """scripts/repro_publish.py: a release folder's log counts where its verdicts row recorded the digest of the
+    script's code as the command writes it now; a row of an older form, a row that recorded none, or a row of another
+    bug, does not."""
+    publish = publish_script()
     script = tmp_path / "repro" / "flashinfer-4972.py"
     script.parent.mkdir()
     script.write_text((ROOT / "repro" / "flashinfer-4972.py").read_text())
@@ -395,6 +570,9 @@ def test_a_body_is_written_again_with_the_runs_of_its_own_script_only(tmp_path):
     assert publish.runs_of(script) == [tmp_path / "repro" / "h200-a" / "flashinfer-4972.log"]
     call = publish.command(script)
     assert call[call.index("--bug") + 1] == "flashinfer#4972" and call.count("--observed") == 1 and "--issue" in call
+    script.write_text(script.read_text().replace("def main(", "def main_of_an_older_form("))  # code about to change
+    assert publish.runs_of(script) == [] and publish.written(script) == digest  # the code it writes, not the file's
+    assert publish.command(script, publish.written(script)).count("--observed") == 1
     script.with_suffix(".md").unlink()
     assert "--issue" not in publish.command(script) and "--measured" not in publish.command(script)
     for name, runs in publish.MEASURED.items():  # the runs a committed body quotes

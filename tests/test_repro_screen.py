@@ -32,9 +32,12 @@ def test_the_word_check_finds_the_suites_words():
 @pytest.mark.slow
 @pytest.mark.parametrize("ref", FILED)
 def test_a_filed_script_fits_one_screen_in_flashinfers_terms(ref):
+    from swabench.repro import bugs
+
     text, _ = make.for_bug(ref)
     lines = text.splitlines()
-    assert len(lines) <= 80 and max(map(len, lines)) <= 118, f"{ref}: {len(lines)} lines"
+    most = 85 if bugs.get(ref).filing.kind == "FlashInfer docs gap" else 80  # a docs gap's second, designed reference
+    assert len(lines) <= most and max(map(len, lines)) <= 118, f"{ref}: {len(lines)} lines"
     assert suite_words(text) == [], suite_words(text)
 
 

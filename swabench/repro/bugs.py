@@ -34,7 +34,7 @@ class Bug:
     impl: str  # the path it shows on
     summary: str
     url: str = ""
-    twin: str = ""  # a performance bug: the correct path its script's arms are timed beside (cliff.ARMS)
+    twin: str = ""  # a performance bug: the correct path its script's calls are timed beside (cliff.CALLS)
     fixed_in: str | None = None
     filing: Filing | None = None  # how it is filed: title, fault, what matters, control
 

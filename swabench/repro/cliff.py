@@ -1,13 +1,13 @@
 """The script for the decode cliff, a performance request: BatchDecodeWithPagedKVCacheWrapper on CUDA cores reads
 every page of the table plan() is given, whatever ``window_left`` says.
 
-Three arms on the same batch, each held to the float32 reference before it is timed: the CUDA-core kernel on the
+Three calls on the same batch, each held to the float32 reference before it is timed: the CUDA-core kernel on the
 full table (the call), on the table trimmed to each request's window (what the kernel could read), and the
-tensor-core kernel on the full table (which starts at the window: the first thing a maintainer asks).  Each arm's
+tensor-core kernel on the full table (which starts at the window: the first thing a maintainer asks).  Each call's
 time is also said as the bandwidth it would take to read the whole table's K and V, beside a plain read of every
-page timed the same way: the CUDA-core arm is taken to read every page where its time is nearer (in ratio) that
-read's than the trimmed table's, a line drawn by the two things it could be doing, not a chosen factor.
-``check`` holds the three arms' calls to the suite's ``decode-window``, ``decode-trim`` and ``decode-tc-window``.
+page timed the same way: the CUDA-core call on the full table is taken to read every page where its time is nearer
+(in ratio) that read's than the trimmed table's, a line drawn by the two things it could be doing, not a chosen factor.
+``check`` holds the three calls to the suite's ``decode-window``, ``decode-trim`` and ``decode-tc-window``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from swabench.repro.script import Part
 
 REF = "decode-cliff"
 WIDTH = screen.WIDTH  # the top comment's lines
-ARMS = (("decode-window", "", "full table, CUDA cores"), ("decode-trim", "_trim", "trimmed table, CUDA cores"),
+CALLS = (("decode-window", "", "full table, CUDA cores"), ("decode-trim", "_trim", "trimmed table, CUDA cores"),
         ("decode-tc-window", "_tc", "full table, tensor cores"))  # the first is the call, timed against the rest
 
 MAIN = Template('''
@@ -34,10 +34,10 @@ def main(dev="cuda"):
     trimmed = (torch.arange(0, $b * $keys + 1, $keys, dtype=i32), window.flatten(), full[2])
     buffers = (("indptr", $b + 1), ("indices", $pages), ("last_page_len", $b))  # a CUDA-graph wrapper's plan
     table_gb = 2 * $pages * $hkv * $d * 2 / 1e9  # the whole table's K and V, bfloat16
-    arms = {"$arm0": (False, full), "$arm1": (False, trimmed),
-            "$arm2": (True, full)}  # the call first, then what it could do
+    calls = {"$call0": (False, full), "$call1": (False, trimmed),
+             "$call2": (True, full)}  # the call first, then what it could do
     times, wrong = {}, False
-    for name, (tensor_cores, table) in arms.items():
+    for name, (tensor_cores, table) in calls.items():
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             q.new_empty($workspace, dtype=torch.uint8), "NHD", backend="fa2", use_tensor_cores=tensor_cores,
             use_cuda_graph=True, **{f"paged_kv_{n}_buffer": q.new_empty(size, dtype=i32) for n, size in buffers})
@@ -52,10 +52,10 @@ def main(dev="cuda"):
     print(f"torch sums of K and V ({table_gb:.3f} GB): {every_page:.1f} us, {table_gb * 1e3 / every_page:.2f} TB/s")
     full_cuda, trimmed_cuda, _ = times.values()
     slow = every_page > trimmed_cuda and full_cuda**2 > every_page * trimmed_cuda  # nearer, in ratio, the read
-    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (an arm is wrong)' * wrong}: on CUDA cores the full table "
+    print(f"{'REPRODUCED' if slow else 'NOT REPRODUCED'}{' (a call is wrong)' * wrong}: on CUDA cores the full table "
           f"takes {full_cuda / trimmed_cuda:.1f}x the trimmed one, {full_cuda / every_page:.2f}x reading every page")
     print(subprocess.run([sys.executable, "-m", "flashinfer.collect_env"], capture_output=True, text=True).stdout)
-    return 1 if slow or wrong else 0  # a wrong arm's time says nothing
+    return 1 if slow or wrong else 0  # a wrong call's time says nothing
 ''')
 
 TIMER = '''
@@ -89,8 +89,8 @@ def reads_every_page(full_us: float, trimmed_us: float, every_page_us: float) ->
 
 
 def parts(case) -> list[Part]:
-    """The three arms on ``case``, each a timed part of the suite."""
-    return [Part(case, impl, "fa2", "timed", label, says=said) for impl, label, said in ARMS]
+    """The three calls on ``case``, each a timed part of the suite."""
+    return [Part(case, impl, "fa2", "timed", label, says=said) for impl, label, said in CALLS]
 
 
 def header_lines(lines: list[str]) -> list[str]:
@@ -108,7 +108,7 @@ def render(case, header: script.Header) -> str:
     qo, kv = workloads.request_lengths(case)
     if case.mode != "decode" or case.page_size != 1 or len(set(kv)) != 1:
         raise ValueError(f"the cliff's script takes a decode batch of one length at page size 1, not {case.label}")
-    names = {f"arm{i}": said for i, (_, _, said) in enumerate(ARMS)}
+    names = {f"call{i}": said for i, (_, _, said) in enumerate(CALLS)}
     repeat = f".repeat_interleave({case.gqa_group}, dim=2)" if case.gqa_group > 1 else ""
     main = MAIN.substitute(pages=sum(kv), kv=kv[0], b=len(kv), keys=case.window_left + 1, h=case.num_qo_heads,
                            hkv=case.num_kv_heads, d=case.head_dim, repeat=repeat, scale=case.scale,
@@ -124,5 +124,5 @@ def render(case, header: script.Header) -> str:
 
 
 def check(given: list[Part], header: script.Header) -> None:
-    """Drift where the three arms' calls are not the suite's paths' on the same case, in order."""
+    """Drift where the three calls are not the suite's paths' on the same case, in order."""
     verify.check(given, render(given[0].case, header), sequential=True)

@@ -128,9 +128,10 @@ def outcome_source(dtype: str) -> str:
     return Template(OUTCOME).substitute(rel=tol.rel_l2, row=tol.row_rel_l2).strip()
 
 
-def inputs(c: dict, needs: set[str]) -> list[str]:
+def inputs(c: dict, needs: set[str], designed: bool = False) -> list[str]:
     """main()'s first lines: the request's inputs as the suite draws them, the float32 reference over its mask,
-    and the tables the calls read."""
+    and the tables the calls read; ``designed``: also the reference over the window counted from each query's row
+    (``designed``), what the library computes by design where its docs do not say so."""
     qo, kv, h, hkv, d = c["qo_lens"][0], c["kv_lens"][0], c["num_qo_heads"], c["num_kv_heads"], c["head_dim"]
     dtype = {"bfloat16": "bf16", "float16": "torch.float16"}[c["dtype"]]
     paged, ps = c["storage"] == "paged", c["page_size"]
@@ -141,8 +142,11 @@ def inputs(c: dict, needs: set[str]) -> list[str]:
                      f"key's cache slot" if paged else f"slots = torch.arange({kv})")
     gathered = f"c[kv_indices.long()].flatten(0, 1)[:{kv}]" if paged else "c"
     lines.append(f"k, v = ({gathered}.float().repeat_interleave({h // hkv}, dim=1) for c in (k_cache, v_cache))")
-    lines += _mask(c, qo, kv, "allowed" in needs)
+    lines += _mask(c, qo, kv, "allowed" in needs or designed)
     scores = f"torch.einsum(\"qhd,khd->hqk\", q.float(), k) * {c['sm_scale']!r}"
+    if designed:
+        lines += _designed(c, qo, kv, scores)
+        return lines + _tables(c, needs, qo, kv)
     if c["soft_cap"]:
         lines += [f"s = {scores}", f"s = {c['soft_cap']!r} * torch.tanh(s / {c['soft_cap']!r})  # the soft-cap",
                   's = s.masked_fill(~seen, float("-inf"))']
@@ -154,6 +158,39 @@ def inputs(c: dict, needs: set[str]) -> list[str]:
     cut = f"[..., :{kv}]" if c["sinks"] else ""
     reference = f"expected, out = torch.einsum(\"hqk,khd->qhd\", s.softmax(dim=-1){cut}, v), torch.empty_like(q)"
     lines.append(reference + ("  # float32" if len(reference) <= WIDTH - 16 else ""))
+    return lines + _tables(c, needs, qo, kv)
+
+
+def _designed(c: dict, qo: int, kv: int, scores: str) -> list[str]:
+    """The two float32 references of a docs gap: ``expected`` over the window by depth, ``designed`` over the window
+    counted from each query's row, as the kernel applies it with a custom mask."""
+    if c["soft_cap"] or c["sinks"]:
+        raise trace.Unrenderable("the designed window is written for a plain softmax, without soft-cap or sinks")
+    rows = f"torch.arange({kv - qo}, {kv}, device=dev)[:, None]"
+    return [f"row_seen = allowed & (torch.arange({kv}, device=dev) >= {rows} - {c['window_left']})",
+            f"s = {scores}",
+            'attend = lambda m: torch.einsum("hqk,khd->qhd", s.masked_fill(~m, float("-inf")).softmax(dim=-1), v)',
+            "expected, designed, out = attend(seen), attend(row_seen), torch.empty_like(q)  # float32"]
+
+
+def rows_apart(c: dict) -> list[int]:
+    """The rows whose window from the row (``designed_mask``) and window by depth differ: what a docs gap names."""
+    qo, kv = c["qo_lens"][0], c["kv_lens"][0]
+    return (designed_mask(c) != kit.window_mask(c, [0], [kv]).view(qo, kv)).any(dim=1).nonzero().flatten().tolist()
+
+
+def designed_mask(c: dict) -> torch.Tensor:
+    """``row_seen`` as the script computes it, for the check against the path's declared visibility."""
+    qo, kv, w = c["qo_lens"][0], c["kv_lens"][0], c["window_left"]
+    allowed = kit.window_mask(c, [0], [kv], window_left=-1).view(qo, kv)
+    return allowed & (torch.arange(kv) >= torch.arange(kv - qo, kv)[:, None] - w)
+
+
+def _tables(c: dict, needs: set[str], qo: int, kv: int) -> list[str]:
+    """The request's tables the calls read, as one line."""
+    paged, ps = c["storage"] == "paged", c["page_size"]
+    pages = -(-kv // ps)
+    lines = []
     tables = [("qo_indptr", [0, qo])] + ([("kv_indptr", [0, pages]), ("kv_last_page_len", [kv - (pages - 1) * ps])]
                                         if paged else [("kv_indptr", [0, kv])])
     tables = [(n, v) for n, v in tables if n in needs]
@@ -257,11 +294,19 @@ def part_lines(p: Part, t: ScreenTracer, earlier: list[str], steps: dict) -> tup
     return lines + [f"def step{p.label}():"] + _indent(step), f"step{p.label}"
 
 
-def render(parts: list[Part], header: script.Header) -> str:
+def render(parts: list[Part], header: script.Header, designed: bool = False) -> str:
     """The script's text: the checked call (after a part run ``first``), its verdict, the control and its
-    verdict, the environment."""
+    verdict, the environment.  ``designed``: a docs gap, whose call is held to what the library computes by design
+    (the window counted from each query's row, which must be what the path declares it computes), and whose verdict
+    says where that differs from the window the caller means (``gap_verdict``)."""
     checked = next(p for p in parts if p.role == "checked")
     c = script.case_literals(checked.case)
+    if designed and not torch.equal(designed_mask(c), declared_mask(checked)):
+        raise ValueError(f"{checked.impl} declares another rule than the window from each query's row; the docs-gap "
+                         f"script writes that one only")
+    if designed and not rows_apart(c):
+        raise ValueError(f"{checked.case.label}: the window from each row is the window by depth on every row, so the "
+                         f"script would have no row to name")
     own = {p.label: script.case_literals(p.case) for p in parts if p.case != checked.case}
     if any(p.role != "first" or not _same_tables(o, c) for p, o in zip((p for p in parts if p.label in own),
                                                                        own.values())):
@@ -269,7 +314,7 @@ def render(parts: list[Part], header: script.Header) -> str:
     tracers = [traced(dataclasses.replace(p, label=checked.label) if script.replans(p, parts) else p,
                       p.label if p.label in own else "") for p in parts]
     needs = set().union(*(t.used for t in tracers))
-    body, earlier, checked_step, steps = inputs(c, needs), [], "", {}
+    body, earlier, checked_step, steps = inputs(c, needs, designed), [], "", {}
     for p, t in zip(parts, tracers):
         if script.replans(p, parts):
             body += [compact.names(s) for s in t.setup if ".plan(" in s.split("\n")[0]]
@@ -290,8 +335,9 @@ def render(parts: list[Part], header: script.Header) -> str:
             body.append(step.removeprefix("lambda: ") if step.startswith("lambda") else f"{step}()")
         elif p.role == "checked":
             checked_step = step
-            body += [f"wrong, what = outcome({step}, out{p.label}, expected)",
-                     'print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)']
+            body += gap_verdict(step, c, p.label) if designed else \
+                [f"wrong, what = outcome({step}, out{p.label}, expected)",
+                 'print(("REPRODUCED: " if wrong else "NOT REPRODUCED: ") + what)']
         else:
             body += _verdict(p.says, step)
     body = compact.grouped(compact.inline_once(body)) + ENVIRONMENT + ["return 1 if wrong else 0"]
@@ -304,6 +350,28 @@ def render(parts: list[Part], header: script.Header) -> str:
     if "taken_by(" in text:
         out += ["", "", TAKEN_BY.strip()]
     return "\n".join(out + ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""])
+
+
+def gap_verdict(step: str, c: dict, label: str = "") -> list[str]:
+    """A docs gap's verdict: the call held to the window from each query's row (REPRODUCED where it is not, exit 1),
+    and the rows whose window from the row and window by depth differ (DOCUMENTATION GAP, exit 0)."""
+    return [f"wrong, what = outcome({step}, out{label}, designed)",
+            "differ = (seen != row_seen).any(dim=1).nonzero().flatten().tolist()  # the rows whose two windows differ",
+            "print(f\"{'REPRODUCED' if wrong else 'DOCUMENTATION GAP'}: row-anchored and depth-anchored windows differ "
+            "on rows \"",
+            f'      f"{{differ[0]}}-{{differ[-1]}} ({{len(differ)}} of {c["qo_lens"][0]}); the call against the '
+            'row-anchored one: {what}")']
+
+
+def declared_mask(part: Part) -> torch.Tensor:
+    """What the part's path declares it computes on its first request (its visibility, a draft tree's by its
+    slots or depths)."""
+    from swabench.core import trees, workloads
+
+    case = part.case
+    qo, kv = (lengths[0] for lengths in workloads.request_lengths(case))
+    tree = (trees.of_case(case) or [None])[0]
+    return registry.get(part.impl).computes(case, kv - qo).mask(qo, kv, tree=tree).cpu()
 
 
 def _same_tables(a: dict, b: dict) -> bool:

@@ -27,7 +27,7 @@ BUILTINS = {"len", "any", "all", "min", "max", "sum"}  # what a test ``specializ
 @dataclass(frozen=True)
 class Part:
     """One path on one case in the script: ``checked`` against the reference, run ``first`` (to leave the state
-    a later part meets), ``timed`` (an arm of the decode cliff, whose template times each), or a ``control``: a
+    a later part meets), ``timed`` (a call of the decode cliff, whose template times each), or a ``control``: a
     call beside the checked one on the same inputs that pins the cause (the correct call, or the same one planned
     with ``plan_keywords``)."""
     case: cases_mod.Case
@@ -58,7 +58,7 @@ def case_literals(c: cases_mod.Case) -> dict:
 
 
 def _inputs_of(part: Part, parts: list[Part]) -> str:
-    """The label of the inputs a part reads: those of the first part on the same case (a control, or a cliff arm,
+    """The label of the inputs a part reads: those of the first part on the same case (a control, or a cliff call,
     reads the first call's inputs, not a copy), else its own."""
     if part.role not in ("control", "timed"):
         return part.label
