@@ -424,12 +424,12 @@ def test_the_findings_hold_each_backend_to_flashinfers_best_on_the_same_cases():
     t = backends.backends_table(backends_run(BACKENDS_RUN)).set_index("backend")
     assert list(t.index) == ["FlashInfer", "cuDNN", "FlashAttention-4"]  # the suite's own PyTorch paths are no backend
     assert t.loc["FlashAttention-4", "fastest correct path"] == "`fa4-window [fa4]`"
-    assert t.loc["FlashAttention-4", "/ FlashInfer's best"] == "1.00"  # the median of 8 / 10 and 24 / 20
+    assert t.loc["FlashAttention-4", backends.VS_FLASHINFER] == "1.00"  # the median of 8 / 10 and 24 / 20
     assert t.loc["FlashAttention-4", "statuses"] == "pass 2, xfail 1" and t.loc["FlashAttention-4", "cases"] == 2
-    assert t.loc["cuDNN", "/ FlashInfer's best"] == "3.00" and t.loc["cuDNN", "cases"] == 1
+    assert t.loc["cuDNN", backends.VS_FLASHINFER] == "3.00" and t.loc["cuDNN", "cases"] == 1
     assert t.loc["FlashInfer", "fastest correct path"] == "`paged-trim [fa3]`"
     said = backends.caught_said(backends_run(BACKENDS_RUN))[0]
-    assert "`fa4-window-count`, verify: caught on 1 of 1 point" in said
+    assert "`fa4-window-count`, verify: caught on its one point" in said
     assert "`cudnn-graph-band-w`, verify: caught on 1 of 2 points, right on 1 where its semantics make it exact" in said
     assert backends.caught_said(backends_run(BACKENDS_RUN))[-1].startswith(
         "- Every correct cuDNN and FlashAttention-4 path passed the gate wherever it ran (3 points)")

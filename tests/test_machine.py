@@ -109,7 +109,7 @@ def test_the_roofline_section_and_the_answers_name_the_machines_limit(h200):
     verify = t[(t["mode"] == "verify") & (t["kind"] == "correct") & (t["status"] == "pass") & t["median_us"].notna()]
     assert f"verify {len(verify)} of {len(verify)}" in said, said
     steps = answers.per_step([run])
-    assert steps["of its floor"].str.fullmatch(r"\d+%").all()
+    assert steps[answers.FLOOR].str.fullmatch(r"\d+%").all()
 
 
 def test_every_path_keeps_one_look():

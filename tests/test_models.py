@@ -122,10 +122,11 @@ def test_the_report_names_the_fastest_path_per_model_and_step():
     rows.append(dict(rows[0], impl="decode-trim", median_us=1.0, sinks=False, logits_soft_cap=0.0))  # the plain twin
     out = serving.fastest_per_model(Run("x", pd.DataFrame(rows), {}))
     assert out.to_dict("records") == [{"model": "gpt-oss-120b", "step": "decode paged", "fastest": "decode-tc-trim [fa2]",
-                                       "us": 10.0, "next": "paged-window [fa2] 1.10x", "fa3 / fa2 (best)": 3.0}]
+                                       serving.TIME: 10.0, serving.RUNNER_UP: "paged-window [fa2] 1.10x",
+                                       serving.FA3_FA2: 3.0}]
     rows += [dict(rows[0], case_id="c2", median_us=20.0), dict(rows[1], case_id="c2", median_us=13.0)]
     two = serving.fastest_per_model(Run("x", pd.DataFrame(rows), {})).iloc[0]  # two steps: the mean over both, fa3 timed only one
-    assert (two["fastest"], two["us"], two["next"], two["fa3 / fa2 (best)"]) == \
+    assert (two["fastest"], two[serving.TIME], two[serving.RUNNER_UP], two[serving.FA3_FA2]) == \
         ("paged-window [fa2]", 12.0, "decode-tc-trim [fa2] 1.25x", None)
 
 

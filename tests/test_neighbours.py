@@ -59,7 +59,7 @@ def test_chunked_paths_are_held_against_the_window_of_the_chunks_keys():
     assert t.loc["chunk-as-window [fa2]", ["pass", "xfail"]].tolist() == [1, 1]
     said = neighbours.chunked_said(chunked_run())
     assert said[0] == "Chunk 8192, flashinfer 0.7.4 (`r`)."
-    assert "`chunk-as-window` is wrong on 1 of 1 points where a query sees keys before its chunk start, and exact " \
+    assert "`chunk-as-window` is wrong on its one point where a query sees keys before its chunk start, and exact " \
            "on the 1 where none does (0 not caught)" in said[1]
     assert "Every correct chunked path passes" in said[2]
 
@@ -78,7 +78,7 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
                 "on 3 of 6" in line]
     assert len(declared) == 1 and all(f"`{root / name}`" in declared[0]  # said once, of both releases
                                       for name in ("h200-noncausal-0.7.4", "h200-noncausal-0.7.2.post1"))
-    assert "`chunk-as-window` is wrong on 32 of 32 points" in beside
+    assert "`chunk-as-window` is wrong on all 32 points" in beside
     price = {"model": "m", "windowed_layers": 5, "num_layers": 6, "model_steps": 1,
              "kv": [{"kv_mib_all_pages": 100.0, "kv_mib_evicted": 25.0}, {"kv_mib_all_pages": 10.0,
                                                                            "kv_mib_evicted": 5.0}]}

@@ -108,7 +108,7 @@ def test_a_profiled_run_shows_its_kernels_against_the_reference(tmp_path):
     table = kernels.table(profiled)
     assert table["case"].tolist() == ["decode 0102"] * 2 + ["decode 0101"] * 2  # the run's order, ids kept as text
     assert table["path"].tolist() == ["paged-window [fa2]", "flex-window [flex]"] * 2
-    assert table["/ reference"].tolist() == ["1.00", "4.00", "1.00", "1.50"]
+    assert table["its time / the reference path's"].tolist() == ["1.00", "4.00", "1.00", "1.50"]
     assert table["kernels (launches, busy us a call)"].iloc[1] == "k_flex-window x1 20 us"
     assert kernels.said(profiled) == [f"- `flex-window` [flex]: its kernels take 1.50 to 4.00 times the reference's "
                                       f"busy time over 2 points (`{tmp_path / 'p'}`)."]
@@ -129,7 +129,7 @@ def test_the_findings_page_keeps_a_profiled_run_to_its_kernels_runs_and_correctn
     from swabench.publish.sections import by_key
 
     profiled, plain = findings.load([profiled_folder(tmp_path / "p"), profiled_folder(tmp_path / "r", nsys=False)])
-    page = findings.page([profiled, plain], "swabench findings p r")
+    page = findings.page([profiled, plain])
     kernels, peers = page.split("## Under Nsight Systems")[1], page.split("## Peers:")[1].split("\n## ")[0]
     assert profiled.name in kernels and profiled.name not in peers and plain.name in peers
     assert f"- {profiled.name}: run of scenario `peers` made under a profiler" in page

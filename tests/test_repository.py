@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1_000_000
 PUBLISHED_BUDGET = 18 * MB  # results/, plots/, findings/ and FINDINGS.md together: the checkout (23 MB) and a
 # 36 MiB part of a bundle must fit one 64 MiB transfer to the GPU node (docs/gpu-node.md)
-PAGE_LIMIT, ANSWERS_LIMIT = 40_000, 10 * 1024  # bytes of FINDINGS.md, and of its Answers (10 KiB)
+PAGE_LIMIT, ANSWERS_LIMIT = 48_000, 10 * 1024  # bytes of FINDINGS.md (its decision table a row a model and step), and
+# of its Answers (10 KiB)
 FILE_LIMIT = 2 * MB
 
 
@@ -64,8 +65,9 @@ def test_published_pages_name_no_machines_paths():
 
 
 def test_the_findings_page_is_short_and_links_every_topic_page():
-    """FINDINGS.md keeps the answers (at most 10 KiB), a link per topic and the runs; the topic pages it links are
-    the ones in findings/, every link on every page resolves, and the README links the page alone."""
+    """FINDINGS.md keeps the decision table, the answers (at most 10 KiB), a link per topic and the runs; the topic
+    pages it links are the ones in findings/, every link on every page resolves, and the README links the page
+    alone."""
     page = (ROOT / "FINDINGS.md").read_text()
     answers = page.split("\n## Answers\n")[1].split("\n## ")[0]
     assert len(page.encode()) <= PAGE_LIMIT and len(answers.encode()) <= ANSWERS_LIMIT, \

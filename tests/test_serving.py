@@ -290,5 +290,5 @@ def test_the_sink_wrapper_is_costed_against_the_reference_path_and_decode_per_wi
                                                                                     1.2]]
     decode = speed.decode(Run("x", table, {}))
     assert decode["context"].tolist() == ["8192", "32768"]  # in numeric order, beside drawn mixes by summary
-    assert decode["decode-window [fa2]"].tolist() == ["8.00x", "32.00x"]
+    assert decode["decode-window [fa2]"].tolist() == ["8.00x", "32.0x"]
     assert decode["decode-tc-trim [fa2]"].tolist() == ["1.05x", "1.05x"]

@@ -9,7 +9,7 @@ from swabench.analysis import derived
 from swabench.core.cases import MODES
 from swabench.publish import sections
 from swabench.publish.sections import answers, shelf
-from swabench.publish.sections.base import Run
+from swabench.publish.sections.base import FLOOR, Run
 
 PUBLISHED = Path(__file__).resolve().parent / "fixtures" / "published" / "results" / "h200-default-0.7.4"
 META = {"scenario": "shelf", "gpu": "NVIDIA H200", "libraries": {"flashinfer": "0.7.4"}}
@@ -44,13 +44,13 @@ def test_each_family_is_held_to_the_best_existing_path_on_the_same_cases():
     t = shelf.families_table(Run("shelf-run", SHELF_RUN, META)).set_index(["step", "family"])
     xqa = t.loc[("decode", "xqa")]
     assert xqa["fastest correct path"] == "`xqa-window [xqa]`" and xqa["cases"] == 2
-    assert xqa["/ best existing"] == "0.95"  # the median of 8 / 10 and 22 / 20
-    assert xqa["of its floor"] == "39%" and xqa["statuses"] == "pass 2, xfail 1, xpass 1"
+    assert xqa[shelf.VS_EXISTING] == "0.95"  # the median of 8 / 10 and 22 / 20
+    assert xqa[FLOOR] == "39%" and xqa["statuses"] == "pass 2, xfail 1, xpass 1"
     holistic = t.loc[("decode", "holistic")]  # a known mistake timed where its semantics make it exact
-    assert holistic["fastest correct path"] == "`batch-attention-trim [fa2]`" and holistic["/ best existing"] == "2.00"
+    assert holistic["fastest correct path"] == "`batch-attention-trim [fa2]`" and holistic[shelf.VS_EXISTING] == "2.00"
     assert holistic["cases"] == 1 and holistic["statuses"] == "pass 1, xfail 1"
     assert t.loc[("decode", "decode (existing)"), "fastest correct path"] == "`decode-tc-trim [fa2]`"
-    assert t.loc[("verify blocks", "ranges"), "/ best existing"] == "0.50"
+    assert t.loc[("verify blocks", "ranges"), shelf.VS_EXISTING] == "0.50"
     assert t.loc[("verify", "fmha-v2"), "fastest correct path"].startswith("skips")
     steps = list(dict.fromkeys(t.index.get_level_values("step")))
     assert steps == sorted(steps, key=lambda s: (MODES.index(s.split()[0]), s))  # as a server meets them
@@ -166,7 +166,7 @@ def test_a_block_step_meets_the_plain_wrappers_planned_non_causal_on_its_twin():
             dict(shape, case_id="nc", impl="paged-window", block=0, causal=False, median_us=4.0)]
     t = shelf.families_table(Run("blocks", pd.DataFrame(rows), META)).set_index(["step", "family"])
     ranges = t.loc[("verify blocks", "ranges")]
-    assert ranges["/ best existing"] == "1.00"  # the median of 6 / 4 on b16 (against the twin) and 6 / 12 on b8
+    assert ranges[shelf.VS_EXISTING] == "1.00"  # the median of 6 / 4 on b16 (against the twin) and 6 / 12 on b8
     assert t.loc[("verify blocks", "prefill (existing)"), "fastest correct path"] == \
         "`paged-window [fa2] (causal=False)`"
     assert "verify non-causal" not in set(t.index.get_level_values("step"))

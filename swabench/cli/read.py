@@ -75,8 +75,7 @@ def findings(run_dirs, out, force):
     from swabench.publish import findings as page
 
     if out is None:
-        runs = page.load(run_dirs)
-        click.echo(page.page(runs, f"swabench findings {' '.join(r.folder for r in runs)}"), nl=False)
+        click.echo(page.page(page.load(run_dirs)), nl=False)
         return
     written = page.write([Path(r) for r in run_dirs], outputs.file_path(out, run_dirs), force)
     click.echo(f"{written[0]} and {len(written) - 1} topic pages in {written[0].parent / 'findings'}"

@@ -33,12 +33,20 @@ def short_commit(meta: dict, width: int = 10) -> str:
     return commit[:width] + plus + label
 
 
-def environment_line(meta: dict, folder: str | None = None) -> str:
+def machine_line(meta: dict) -> str:
+    """What a run ran on: the GPU (or CPU), its driver, CUDA, torch and the libraries under test."""
     gpu = meta.get("gpu") or f"CPU ({meta.get('cpu')})"
-    commit = short_commit(meta)
     return (f"{gpu}, driver {meta.get('nvidia_smi.driver_version', 'n/a')}, CUDA {meta.get('cuda') or 'n/a'}, "
-            f"torch {meta.get('torch')}, {library_versions(meta)}, "
-            f"swabench {meta.get('swabench')} @ {commit}; `{published_command(meta, folder)}`")
+            f"torch {meta.get('torch')}, {library_versions(meta)}")
+
+
+def code_line(meta: dict, folder: str | None = None) -> str:
+    """The code a run ran and how it was started: swabench's version and commit, and the command."""
+    return f"swabench {meta.get('swabench')} @ {short_commit(meta)}; `{published_command(meta, folder)}`"
+
+
+def environment_line(meta: dict, folder: str | None = None) -> str:
+    return f"{machine_line(meta)}, {code_line(meta, folder)}"
 
 
 def published_command(meta: dict, folder: str | None = None) -> str:

@@ -2,19 +2,19 @@
 the findings page's sentences), in page order.  ``swabench report``, ``swabench findings`` and
 ``swabench summary`` draw their sections from here; adding a table is one Section in one module.
 
-The findings page holds the answers, a link per topic and the runs (INDEX); every other module is a topic (its ``TOPIC``
-is the title) with a page of its own under findings/, which the answers link."""
+The findings page holds the decision table, the answers, a link per topic and the runs (INDEX); every other module
+is a topic (its ``TOPIC`` is the title) with a page of its own under findings/, which the answers link."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from swabench.publish.sections import (answers, backends, compiles, correctness, kernels, machine, method, modes,
-                                       neighbours, releases, repros, runs, serving, shelf, speed, trees)
+from swabench.publish.sections import (answers, backends, compiles, correctness, decisions, kernels, machine, method,
+                                       modes, neighbours, releases, repros, runs, serving, shelf, speed, trees)
 from swabench.publish.sections.base import FINDINGS, REPORT, SUMMARY, Run, Section, topic_name
 from swabench.publish.sections.releases import older_releases
 
-INDEX = (answers, runs)
+INDEX = (decisions, answers, runs)
 TOPICS = (correctness, repros, speed, machine, modes, compiles, kernels, serving, shelf, backends, neighbours, trees,
           releases, method)
 SECTIONS: list[Section] = [s for module in INDEX + TOPICS for s in module.SECTIONS]

@@ -13,11 +13,13 @@ from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table, trace_name
 from swabench.publish.sections import backends, machine, modes, neighbours, releases, serving, shelf, speed, trees
-from swabench.publish.sections.base import (FINDINGS, Run, Section, merged, micros, own_mistake_caught, ratio,
-                                            run_for_step, topic_link)
-from swabench.publish.sections.serving import fastest_per_model, price_table, replay_table
+from swabench.publish.sections.base import (FINDINGS, FLOOR, Run, Section, merged, micros, own_mistake_caught,
+                                            ratio, run_for_step, topic_link)
+from swabench.publish.sections.serving import price_table, replay_table
 
-SHELF_COLUMN = "on the shelf / best existing"
+SHELF_COLUMN = "best Hopper-shelf kernel: its time / the best wrapper path's"
+VS_REFERENCE, VS_MASK = "its time / the reference path's", "the custom mask's time / its"
+SLOWEST = "slowest correct path: its time / the fastest's"
 COVERAGE = 0.5  # a path competes for a step when it timed at least this share of the cases the reference timed
 
 
@@ -57,11 +59,11 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
             continue
         best, worst = paths.iloc[0], paths.iloc[-1]
         rows.append({"step": mode, "fastest correct path": f"`{best['impl']}` [{best['backend']}]",
-                     "/ reference": ratio(best["ratio"]), "median us": micros(best["us"]), "cases": int(best["cases"]),
-                     "of its floor": machine.step_limits(run, mode, best["impl"], best["backend"]),
-                     "mask / it": ratio(best["mask"]) if best["mask"] == best["mask"] else "",
-                     "slowest correct / it": f"`{worst['impl']}` [{worst['backend']}] "
-                                             f"{ratio(worst['ratio'] / best['ratio'])}x" if len(paths) > 1 else "",
+                     VS_REFERENCE: ratio(best["ratio"]), "median time (us)": micros(best["us"]),
+                     "cases": int(best["cases"]), FLOOR: machine.step_limits(run, mode, best["impl"], best["backend"]),
+                     VS_MASK: ratio(best["mask"]) if best["mask"] == best["mask"] else "",
+                     SLOWEST: f"`{worst['impl']}` [{worst['backend']}] {ratio(worst['ratio'] / best['ratio'])}x"
+                     if len(paths) > 1 else "",
                      "known bugs caught": _bugs_of_step(run, mode),
                      SHELF_COLUMN: shelf.shelf_pick(runs, mode), "run": run.name})
     table = pd.DataFrame(rows)
@@ -73,25 +75,6 @@ def per_step(runs: list[Run]) -> pd.DataFrame:
     table[SHELF_COLUMN] = [pick[0] if pick and pick[1] == most else shelf.in_words(pick) for pick in picks]
     table.attrs["shelf_run"] = most
     return table
-
-
-def per_model(runs: list[Run]) -> tuple[pd.DataFrame, Run | None]:
-    """Per model preset of the run that timed the most, each step's fastest correct path; models with the same
-    paths share a row."""
-    found = [(r, fastest_per_model(r)) for r in runs if r.timed]
-    found = [(r, f) for r, f in found if len(f)]
-    if not found:
-        return pd.DataFrame(), None
-    run, table = max(found, key=lambda rf: rf[1]["model"].nunique())
-    table = table.assign(mode=table["step"].str.split().str[0])
-    best = table.sort_values("us").drop_duplicates(["model", "mode"])
-    best = best.assign(cell="`" + best["fastest"] + "`")
-    wide = best.pivot(index="model", columns="mode", values="cell").reindex(columns=[m for m in MODES if m in
-                                                                                      set(best["mode"])])
-    wide = wide.reindex(list(dict.fromkeys(table["model"]))).fillna("")
-    steps = list(wide.columns)
-    same = wide.reset_index().groupby(steps, sort=False)["model"].agg(", ".join).reset_index()
-    return same[["model", *steps]], run
 
 
 def served_mixes(runs: list[Run]) -> list[str]:
@@ -198,9 +181,10 @@ def answers(runs: list[Run]) -> list[str]:
     runs = newest
     steps = per_step(runs)
     if len(steps):
-        parts += [f"**Which path for each step** ({topic_link(speed)}), medians over each step's cases: 'of its "
-                  f"floor' is the floor at the GPU's peak clocks / its time ({topic_link(machine, 'roofline')})"
-                  + ("; 'on the shelf' is the best other Hopper kernel ("
+        parts += [f"**Which path for each step** on the plain shapes of the run that timed it most "
+                  f"({topic_link(speed)}), medians over the step's cases; the roofline floor is at the GPU's peak "
+                  f"clocks ({topic_link(machine, 'roofline')})"
+                  + ("; the Hopper shelf is FlashInfer's other Hopper kernels, held against its wrapper paths ("
                      + "".join(f"{run}, " for run in [steps.attrs.get("shelf_run")] if run) + f"{topic_link(shelf)})"
                      if SHELF_COLUMN in steps else "")
                   + ":",
@@ -210,10 +194,6 @@ def answers(runs: list[Run]) -> list[str]:
                   f"median (least-most), per step the paths past {machine.AMPLIFIED}x; (calls): counted a call at a "
                   f"time, with its intermediates ({topic_link(machine)}):\n"
                   + "\n".join(reads)]
-    models, run = per_model(runs)
-    if len(models):
-        parts += [f"**Which path for each model** as served (its sinks and soft-cap): each step's fastest correct "
-                  f"path, from {run.name} (its times: {topic_link(serving)}):", markdown_table(models)]
     graph = modes.in_short(widest) if (widest := modes.widest(runs)) else []
     if graph:
         parts += [f"**What CUDA-graph mode costs**: a FlashInfer path's kernel time with its wrappers built for graph "

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.publish.sections.base import Run, Section, figure_link, path_of, ratio
+from swabench.publish.sections.base import FLOOR, Run, Section, figure_link, path_of, ranged, ratio
 from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, fastest, mistakes_said, skipped, timed_table
 
 BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
 FLASHINFER = "FlashInfer"
+VS_FLASHINFER = "its time / FlashInfer's best"  # a column
 
 
 def backend_of(t: pd.DataFrame) -> pd.Series:
@@ -62,10 +63,10 @@ def backends_table(run: Run) -> pd.DataFrame:
         for engine in [FLASHINFER, *[b for b in BEYOND.values() if b in set(here["engine"])]]:
             mine, g = here[here["engine"] == engine], ran[ran["engine"] == engine]
             row = {"model": model, "step": step, "backend": engine, "fastest correct path": "", "cases": "",
-                   "/ FlashInfer's best": "", "of its floor": "", "DRAM read / needed": "",
+                   VS_FLASHINFER: "", FLOOR: "", "DRAM read / needed": "",
                    "statuses": ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))}
             if len(g):
-                row.update(fastest(g, "/ FlashInfer's best"))
+                row.update(fastest(g, VS_FLASHINFER))
             elif len(mine) and (mine["status"] == "skip").all():
                 row["fastest correct path"] = skipped(mine)
             rows.append(row)
@@ -112,7 +113,7 @@ def answer(runs: list[Run]) -> list[str]:
         won = wins[wins == engine].index.get_level_values("step").value_counts()
         where = [", ".join(f"{step} {won[step]}" for step in sorted(won.index, key=_step_order))] if len(won) else []
         span = [] if engine == FLASHINFER else \
-            [f"{ratio(mine.min())}-{ratio(mine.max())}x FlashInfer's best on the {len(mine)} it ran"]
+            [f"{ranged(mine)}x FlashInfer's best on the {len(mine)} it ran"]
         said.append(f"{engine}'s on {int(won.sum())}" + (f" ({'; '.join(where + span)})" if where + span else ""))
     steps, models = versus.droplevel("engine").index.nunique(), versus.index.get_level_values("model").nunique()
     return [f"- Of {steps} step{'s' * (steps != 1)} of {models} model{'s' * (models != 1)}, the fastest correct path "

@@ -15,6 +15,7 @@ from swabench.publish.markdown import markdown_table
 NOISE = 0.02  # the noise bar (IQR / median) a timed point is held to
 LONG_US = 20  # points this long or longer are held to the noise bar: under it, jitter alone is a few percent
 TIE = NOISE  # a ratio within the noise bar of 1 is the same time, not a win or a loss
+FLOOR = "its roofline floor / its time"  # a column: the floor at the GPU's peak clocks / the path's time, in percent
 REPORT, FINDINGS, SUMMARY = "report", "findings", "summary"  # the pages a section can appear on
 
 
@@ -197,16 +198,28 @@ def micros(x: float) -> str:
     return f"{x:.3g}" if x < 1000 else f"{x:.0f}"
 
 
+def extent(lo: str, hi: str, between: str = "-") -> str:
+    """'lo-hi' (or 'lo to hi'), said once where the two ends read the same."""
+    return lo if lo == hi else f"{lo}{between}{hi}"
+
+
+def ranged(values: pd.Series, words=None) -> str:
+    """The least and the most of ``values`` in ``words`` (``ratio`` unless given): '0.99-1.07', or '1.00' once."""
+    words = words or ratio
+    return extent(words(values.min()), words(values.max()))
+
+
 def span(values: pd.Series) -> str:
-    lo, hi = ratio(values.min()), ratio(values.max())
-    return lo if lo == hi else f"{lo} to {hi}"
+    return extent(ratio(values.min()), ratio(values.max()), " to ")
 
 
 def spread(ratios: pd.Series) -> str:
-    """'1.07x' for one value, else 'median (best-worst, n)'."""
+    """'1.07x' for one value, else 'median (best-worst, n)', or 'median (each of n)' where best and worst read the
+    same."""
     if len(ratios) == 1:
-        return f"{ratios.iloc[0]:.2f}x"
-    return f"{ratios.median():.2f}x ({ratios.min():.2f}-{ratios.max():.2f}, {len(ratios)})"
+        return f"{ratio(ratios.iloc[0])}x"
+    lo, hi = ratio(ratios.min()), ratio(ratios.max())
+    return f"{ratio(ratios.median())}x ({f'{lo}-{hi}, ' if lo != hi else 'each of '}{len(ratios)})"
 
 
 def merged(said: list[tuple[str, Run]], most: int | None = None) -> list[str]:
@@ -221,5 +234,20 @@ def merged(said: list[tuple[str, Run]], most: int | None = None) -> list[str]:
             for text, names in named.items()]
 
 
+def folded(said: list[tuple[str, str]]) -> list[str]:
+    """One line per thing said, naming every subject it was said of: '- `a`, `b`: text', in the order first said."""
+    subjects: dict[str, list[str]] = {}
+    for subject, text in said:
+        subjects.setdefault(text, []).append(subject)
+    return [f"- {', '.join(names)}: {text}" for text, names in subjects.items()]
+
+
 def points(n: int) -> str:
     return f"{n} point" + "s" * (n != 1)
+
+
+def of(part: int, whole: int, noun: str = "point") -> str:
+    """'3 of 8 points', 'all 4 points', 'its one point': a count out of a whole as a person says it."""
+    if whole == 1:
+        return f"its one {noun}" if part == 1 else f"none of its one {noun}"
+    return f"all {whole} {noun}s" if part == whole else f"{part} of {whole} {noun}s"

@@ -36,7 +36,8 @@ def kernels_table(run: Run) -> pd.DataFrame:
     t = t.assign(rank=t["case_id"].map(case_rank), order=t["path"].map(path_order)).sort_values(["rank", "order"])
     return pd.DataFrame({"case": t["case"], "path": t["path"], "kernels (launches, busy us a call)": t["kernels"],
                          "kernels' busy us a call": t["nsys_kernel_us"].map(micros),
-                         "/ reference": t["ratio"].map(lambda x: ratio(x) if x == x else "")}).reset_index(drop=True)
+                         "its time / the reference path's": t["ratio"].map(lambda x: ratio(x) if x == x else "")}
+                        ).reset_index(drop=True)
 
 
 def kernels_said(run: Run) -> list[str]:

@@ -16,7 +16,7 @@ from swabench.core.footprint import ELEMENT_BYTES
 from swabench.measure.ceiling import ceilings
 from swabench.publish.markdown import library_versions, markdown_table
 from swabench.publish.sections.base import (Run, Section, figure_link, micros, mode_order, path_of, path_order, points,
-                                            ratio, run_for_step)
+                                            ranged, ratio, run_for_step)
 from swabench.store import schema, tables
 
 MB = 1e6
@@ -84,8 +84,8 @@ def bytes_table(run: Run) -> pd.DataFrame:
         output = g["min_bytes"] - g["min_read_bytes"]
         kernels = pd.Series([names.get(k, "") for k in zip(g["case_id"], g["impl"], g["backend"])]).value_counts()
         rows.append({"step": mode, "path": path, "points": len(g),
-                     "DRAM read / needed": f"{ratio(amp.median())}x" + (f" ({ratio(amp.min())}-{ratio(amp.max())})"
-                                                                        if len(g) > 1 else ""),
+                     "DRAM read / needed": f"{ratio(amp.median())}x" + (f" ({ranged(amp)})"
+                                                                        if ranged(amp) != ratio(amp.median()) else ""),
                      "DRAM read MB (median)": _mb(g["dram_read_bytes"].median()),
                      "needed MB (median)": _mb(g["min_read_bytes"].median()),
                      "DRAM written / output": f"{ratio((g['dram_write_bytes'] / output).median())}x",

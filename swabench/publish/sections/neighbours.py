@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import Run, Section, path_of, points, ratio
+from swabench.publish.sections.base import Run, Section, of, path_of, points, ranged, ratio
 
 TWIN = ["mode", "batch_size", "prefix_len", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim", "storage",
         "page_size", "dtype", "kv_dtype", "logits_soft_cap", "sinks"]  # a step's shape, as far as the table has it
@@ -102,7 +102,7 @@ def chunked_table(run: Run) -> pd.DataFrame:
         rows.append({"path": path, "kind": kind, **{s: int((g["status"] == s).sum())
                                                     for s in ("pass", "xfail", "xpass", "fail", "skip")},
                      f"time / {REFERENCE[0]} [{REFERENCE[1]}] on the window of C keys":
-                         f"{ratio(r.median())} ({ratio(r.min())}-{ratio(r.max())}, {len(r)})" if len(r) else ""})
+                         f"{ratio(r.median())} ({ranged(r)}, {len(r)})" if len(r) else ""})
     return pd.DataFrame(rows)
 
 
@@ -124,9 +124,10 @@ def chunked_leads(run: Run) -> list[str]:
     for impl, g in t[t["kind"] == "known-bug"].groupby("impl", sort=False):
         must = g["must_fail"].astype(str).str.lower() == "true"
         caught = int(((g["status"] == "xfail") & must).sum())
-        said.append(f"`{impl}` is wrong on {caught} of {int(must.sum())} points where a query sees keys before its "
-                    f"chunk start, and exact on the {int((~must & (g['status'] == 'pass')).sum())} where none does "
-                    f"({int((g['status'] == 'xpass').sum())} not caught)")
+        exact = int((~must & (g["status"] == "pass")).sum())
+        said.append(f"`{impl}` is wrong on {of(caught, int(must.sum()))} where a query sees keys before its "
+                    f"chunk start" + (f", and exact on the {exact} where none does" if exact else "")
+                    + f" ({int((g['status'] == 'xpass').sum())} not caught)")
     failed = t[(t["kind"] == "correct") & (t["status"] == "fail")]
     said.append(f"{len(failed)} points of the correct chunked paths fail" if len(failed) else
                 "Every correct chunked path passes every point it ran")

@@ -6,8 +6,8 @@ import json
 
 import pandas as pd
 
-from swabench.publish.markdown import environment_line, published_command
-from swabench.publish.sections.base import FINDINGS, REPORT, Run, Section
+from swabench.publish.markdown import code_line, machine_line, published_command
+from swabench.publish.sections.base import FINDINGS, REPORT, Run, Section, points
 from swabench.store import tables
 
 ENVIRONMENT = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "libraries", "swabench", "git_commit", "python",
@@ -16,15 +16,17 @@ ENVIRONMENT = ["gpu", "nvidia_smi.driver_version", "cuda", "torch", "libraries",
 
 def run_lines(runs: list[Run]) -> list[str]:
     """Each run's folder, what it is and its environment, once, so the sections below can name the
-    folder alone; a run that did not finish says so here."""
-    lines = []
+    folder alone, under the machine and libraries it ran on (said once for the runs that share them); a run that did
+    not finish says so here."""
+    machines: dict[str, list[str]] = {}
     for r in runs:
-        note = tables.completeness(r.meta, r.table)
-        lines.append(f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`"
-                     + (" made under a profiler" if r.profiled else "") + ", "
-                     f"{len(r.table)} points over {r.table['case_id'].nunique()} cases"
-                     + (f". **Incomplete run**: {note}" if note else "") + f". {environment_line(r.meta, r.folder)}")
-    return ["\n".join(lines)] if lines else []
+        note, cases = tables.completeness(r.meta, r.table), r.table["case_id"].nunique()
+        machines.setdefault(machine_line(r.meta), []).append(
+            f"- {r.name}: {r.meta.get('what', 'run')} of scenario `{r.meta.get('scenario')}`"
+            + (" made under a profiler" if r.profiled else "") + ", "
+            f"{points(len(r.table))} over {cases} case{'s' * (cases != 1)}"
+            + (f". **Incomplete run**: {note}" if note else "") + f"; {code_line(r.meta, r.folder)}")
+    return [f"On {machine}:\n\n" + "\n".join(lines) for machine, lines in machines.items()]
 
 
 def _as_text(value) -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swabench.analysis import replay, versus
+from swabench.analysis import decisions, replay, versus
 from swabench.core.cases import CACHE_FILLS, MODES
 from swabench.impls import registry
 from swabench.publish.markdown import trace_name
 from swabench.publish.sections.base import Run, Section, points, ratio, span, spread
-from swabench.inputs import models
 from swabench.store import schema, tables
 
 
@@ -44,18 +43,17 @@ def dropped_features(run: Run) -> list[str]:
     return said
 
 
+TIME, RUNNER_UP, FA3_FA2 = "time (us)", "runner-up: its time / the fastest's", "fa3's best time / fa2's best"
+
+
 def fastest_per_model(run: Run) -> pd.DataFrame:
     """Per model preset and step (mode, storage), on the cases with the model's own sinks and soft-cap
     (not their plain twins): the fastest correct path that passed, its time (the mean over the step's
     cases where there are several, as in a trace, among the paths that timed every one), the runner-up,
     and fa3's best time against fa2's best (below 1: fa3 is faster)."""
-    table = run.table
-    if "model" not in table:
+    t = decisions.served(run.table)
+    if t.empty:
         return pd.DataFrame()
-    t = table[(table["kind"] == "correct") & (table["status"] == "pass")].dropna(subset=["median_us", "model"])
-    features = t.reindex(columns=["sinks", "logits_soft_cap"])
-    served = [models.serves(m, s, c) for m, s, c in zip(t["model"], features["sinks"], features["logits_soft_cap"])]
-    t = t[pd.Series(served, index=t.index, dtype=bool)]
     rows = []
     for (model, mode, storage), g in t.groupby(["model", "mode", "storage"], sort=False):
         paths = g.groupby(["impl", "backend"], sort=False)["median_us"].agg(["mean", "count"])
@@ -64,10 +62,10 @@ def fastest_per_model(run: Run) -> pd.DataFrame:
             continue
         (impl, backend), best = paths.index[0], paths["mean"].iloc[0]
         by_backend = paths.groupby(level="backend")["mean"].min()
-        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{impl} [{backend}]", "us": best,
-                     "next": f"{paths.index[1][0]} [{paths.index[1][1]}] {paths['mean'].iloc[1] / best:.2f}x"
+        rows.append({"model": model, "step": f"{mode} {storage}", "fastest": f"{impl} [{backend}]", TIME: best,
+                     RUNNER_UP: f"{paths.index[1][0]} [{paths.index[1][1]}] {paths['mean'].iloc[1] / best:.2f}x"
                      if len(paths) > 1 else "",
-                     "fa3 / fa2 (best)": by_backend["fa3"] / by_backend["fa2"]
+                     FA3_FA2: by_backend["fa3"] / by_backend["fa2"]
                      if {"fa2", "fa3"} <= set(by_backend.index) else None})
     return pd.DataFrame(rows)
 

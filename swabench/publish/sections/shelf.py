@@ -10,12 +10,14 @@ from swabench.core.cases import MODES
 from swabench.core.footprint import ELEMENT_BYTES
 from swabench.impls import registry
 from swabench.publish.markdown import library_versions, markdown_table
-from swabench.publish.sections.base import Run, Section, declared_upstream, own_mistake_caught, path_of, points, ratio
+from swabench.publish.sections.base import (FLOOR, Run, Section, declared_upstream, extent, of, own_mistake_caught,
+                                            path_of, points, ranged, ratio)
 from swabench.publish.sections.machine import counted_points, trusted
 from swabench.store import schema
 
 SHELF = ("xqa", "fmha-v2", "pod", "holistic", "ranges")  # the families the shelf adds, by each path's wrapper
 STATUSES = ("pass", "xfail", "xpass", "fail", "crash", "skip")
+VS_EXISTING = "its time / the best wrapper path's"  # a column: the shelf path's time / the best existing path's
 COVERAGE = 0.5  # a shelf path speaks for a step in the answers where it timed this share of the existing paths' cases
 
 
@@ -96,11 +98,11 @@ def families_table(run: Run) -> pd.DataFrame:
             mine, g = here[here["family"] == fam], ran[ran["family"] == fam]
             counts = ", ".join(f"{s} {n}" for s in STATUSES if (n := int((mine["status"] == s).sum())))
             row = {"step": step, "family": fam if fam in SHELF else f"{fam} (existing)", "fastest correct path": "",
-                   "cases": "", "/ best existing": "", "of its floor": "", "DRAM read / needed": "",
+                   "cases": "", VS_EXISTING: "", FLOOR: "", "DRAM read / needed": "",
                    "statuses": counts}
             if len(g):
                 row.update(fastest(g.assign(versus=g["median_us"] / g["case_id"].map(best).astype(float)),
-                                   "/ best existing"))
+                                   VS_EXISTING))
             elif (mine["status"] == "skip").all() and len(mine):
                 row["fastest correct path"] = skipped(mine)
             rows.append(row)
@@ -118,7 +120,7 @@ def fastest(g: pd.DataFrame, against: str) -> dict:
     amp = picked["read_amplification"].median() if "read_amplification" in picked else float("nan")
     return {"fastest correct path": f"`{pick.name}`", "cases": int(pick["cases"]) or "",
             against: ratio(pick["versus"]) if pick["versus"] == pick["versus"] else "",
-            "of its floor": f"{floor:.0f}%" if floor == floor else "",
+            FLOOR: f"{floor:.0f}%" if floor == floor else "",
             "DRAM read / needed": f"{ratio(amp)}x" if amp == amp else ""}
 
 
@@ -157,7 +159,7 @@ def mistakes_said(bugs: pd.DataFrame, run: Run) -> list[str]:
         predicted = own["rows_as_predicted"].dropna().astype(str).str.lower() if "rows_as_predicted" in own else []
         rows = f"; the wrong rows as predicted on {int((predicted == 'true').sum())} of {len(predicted)}" \
             if len(predicted) else ""
-        said.append(f"- `{impl}`, {step}: caught on {len(own)} of {points(len(g))}"
+        said.append(f"- `{impl}`, {step}: caught on {of(len(own), len(g))}"
                     + (f", right on {count['pass']} where its semantics make it exact" if count["pass"] else "")
                     + "".join(f", wrong on {n} where it should be exact, inside upstream bug `{ref}`"
                               for ref, n in upstream.value_counts().items())
@@ -232,11 +234,11 @@ def xqa_tiles_said(run: Run) -> list[str]:
     tokens = [xqa.tokens_read(n, int(w)) for n, w in zip(kv_len, t["window_left"])]
     side = t["batch_size"] * t["num_kv_heads"] * t["head_dim"] * width[t.index]
     said = (t["dram_read_bytes"] / (2 * side * pd.Series(tokens, index=t.index))).sort_values()
-    span = f"{said.iloc[0]:.2f}-{said.iloc[-1]:.2f}x" if len(said) > 1 else f"{said.iloc[0]:.2f}x"
+    span = extent(f"{said.iloc[0]:.2f}", f"{said.iloc[-1]:.2f}") + "x"
     return [f"XQA's decode reads against its 256-token tile rule (docs/shelf.md): DRAM read / the rule's K and V "
             f"{span} over {points(len(said))}, at contexts {', '.join(map(str, sorted(set(kv_len))))} and windows "
             f"{', '.join(str(w + 1) for w in sorted(set(t['window_left'])))}, where the read / needed is "
-            f"{t['read_amplification'].min():.2f}-{t['read_amplification'].max():.2f}x ({run.name})."]
+            f"{ranged(t['read_amplification'], '{:.2f}'.format)}x ({run.name})."]
 
 
 def across(runs: list[Run]) -> list[str]:

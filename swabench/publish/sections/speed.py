@@ -7,9 +7,10 @@ import pandas as pd
 
 from swabench.analysis import versus
 from swabench.impls import registry
+from swabench.publish.markdown import markdown_table
 from swabench.analysis.derived import with_span
-from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, mode_order, path_of, path_order, points,
-                                            ratio, span, span_words, spread)
+from swabench.publish.sections.base import (FINDINGS, TIE, Run, Section, folded, mode_order, path_of, path_order,
+                                            points, ratio, span, span_words, spread)
 
 MEDIAN, CELL = "time / reference (median)", ["mode", "storage", "window (keys)"]
 
@@ -38,16 +39,30 @@ def _speedup(cell: pd.Series) -> str:
     return f"{cell['speedup_vs_mask']:.1f}x ({cell['mode']}, {span_words(cell['span'])})"
 
 
+def _against_mask(c: pd.DataFrame) -> str:
+    """One path's headline cells in words: the least and the most (said once where they read alike), and whether it
+    is faster than the custom mask in them."""
+    lo, hi = c.loc[c["speedup_vs_mask"].idxmin()], c.loc[c["speedup_vs_mask"].idxmax()]
+    slower, cells = int((c["speedup_vs_mask"] < 1).sum()), len(c)
+    if cells == 1:
+        value = _speedup(lo)
+    elif f"{lo['speedup_vs_mask']:.1f}" == f"{hi['speedup_vs_mask']:.1f}":
+        value = f"{lo['speedup_vs_mask']:.1f}x"
+    else:
+        value = f"{_speedup(lo)} to {_speedup(hi)}"
+    every = " in every cell" if cells > 1 else ""
+    if not slower:
+        return f"{value} faster than the custom mask{every}"
+    if slower == cells:
+        return f"{value}, slower than the custom mask{every}"
+    return f"{value} over the custom mask; slower than it in {slower} of {cells} cells"
+
+
 def headline_said(run: Run) -> list[str]:
-    cells, said = _headline_cells(run.table), []
-    for impl in sorted(set(cells["impl"]), key=registry.order):
-        c = cells[cells["impl"] == impl]
-        lo, hi = c.loc[c["speedup_vs_mask"].idxmin()], c.loc[c["speedup_vs_mask"].idxmax()]
-        slower = int((c["speedup_vs_mask"] < 1).sum())
-        said.append(f"- `{impl}`: {_speedup(lo)} to {_speedup(hi)} "
-                    + ("faster than the custom mask in every cell" if not slower else
-                       f"over the custom mask; slower than it in {slower} of {len(c)} cells") + f" ({run.name}).")
-    return ["\n".join(said)] if said else []
+    cells = _headline_cells(run.table)
+    said = [(f"`{impl}`", f"{_against_mask(cells[cells['impl'] == impl])} ({run.name}).")
+            for impl in sorted(set(cells["impl"]), key=registry.order)]
+    return ["\n".join(folded(said))] if said else []
 
 
 def headline_caption() -> str:
@@ -82,8 +97,8 @@ def against_reference(run: Run) -> pd.DataFrame:
     if not len(v):
         return pd.DataFrame()
     v = v.assign(path=path_of(v))
-    v["cell"] = [ratio(m) if n == 1 else f"{ratio(m)} ({ratio(b)}-{ratio(w)}, {n})"
-                 for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
+    v["cell"] = [ratio(m) if n == 1 else f"{ratio(m)} ({ratio(b)}-{ratio(w)}, {n})" if ratio(b) != ratio(w) else
+                 f"{ratio(m)} (each of {n})" for m, b, w, n in zip(v[MEDIAN], v["best"], v["worst"], v["cases"])]
     wide = v.pivot_table(index=CELL, columns="path", values="cell", aggfunc="first", sort=False).reset_index()
     wide = wide.sort_values(CELL, key=mode_order)
     return wide[CELL + sorted(set(v["path"]), key=path_order)].fillna("")
@@ -94,8 +109,19 @@ def against_reference_said(run: Run) -> list[str]:
     if not len(v):
         return []
     v = v.assign(path=path_of(v))
-    said = [_where(v[v["path"] == path], run) for path in sorted(set(v["path"]), key=path_order)]
-    return ["\n".join(said), _resolved(versus.against_reference(run.table, baselines=False), run)]
+    uniform: dict[str, list[str]] = {}  # paths with one verdict in every cell, by that verdict
+    mixed = []
+    for path in sorted(set(v["path"]), key=path_order):
+        p = v[v["path"] == path]
+        name, verdicts = f"`{p['impl'].iloc[0]}` [{p['backend'].iloc[0]}]", _verdicts(p)
+        if len(verdicts) == 1:
+            uniform.setdefault(verdicts[0][0], []).append(f"{name} ({span(verdicts[0][1][MEDIAN])})")
+        else:
+            mixed.append(f"- {name}: " + "; ".join(f"{word} in {_cells(list(g[CELL].itertuples(index=False)), len(p))} "
+                                                   f"({span(g[MEDIAN])})" for word, g in verdicts) + f" ({run.name}).")
+    lines = mixed + [f"- {word[0].upper()}{word[1:]} in every cell: {', '.join(paths)} ({run.name})."
+                     for word, paths in uniform.items()]
+    return ["\n".join(lines), _resolved(versus.against_reference(run.table, baselines=False), run)]
 
 
 def _cells(keys: list[tuple], every: int) -> str:
@@ -111,13 +137,11 @@ def _cells(keys: list[tuple], every: int) -> str:
         + [span_words(w) for w in ws if not w.isdigit()]) for (mode, storage), ws in grouped.items())
 
 
-def _where(p: pd.DataFrame, r: Run) -> str:
-    """One path's sentence: the cells where it is faster than the reference, the same, slower."""
+def _verdicts(p: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """One path's cells where it is faster than the reference, the same, slower (those it has)."""
     groups = (("faster", p[p[MEDIAN] < 1 - TIE]), (f"the same within {TIE:.0%}", p[(p[MEDIAN] - 1).abs() <= TIE]),
               ("slower", p[p[MEDIAN] > 1 + TIE]))
-    words = [f"{word} in {_cells(list(g[CELL].itertuples(index=False)), len(p))} ({span(g[MEDIAN])})"
-             for word, g in groups if len(g)]
-    return f"- `{p['impl'].iloc[0]}` [{p['backend'].iloc[0]}]: {'; '.join(words)} ({r.name})."
+    return [(word, g) for word, g in groups if len(g)]
 
 
 def _resolved(v: pd.DataFrame, r: Run) -> str:
@@ -172,16 +196,17 @@ def decode(run: Run) -> pd.DataFrame:
 
 def decode_said(run: Run) -> list[str]:
     per_point = decode_against_reference(run.table)
-    said = [f"- `{impl}` [{backend}]: {span(g['ratio'])} times the reference's time over {points(len(g))}, "
-            f"median {ratio(g['ratio'].median())} ({run.name})."
+    said = [f"`{impl}` [{backend}] {spread(g['ratio'])}"
             for (impl, backend), g in sorted(per_point.groupby(["impl", "backend"]),
                                              key=lambda kv: (registry.order(kv[0][0]), kv[0][1]))]
-    return ["\n".join(said)] if said else []
+    return [f"- Time / the reference's over each path's decode points, median (least-most, points): "
+            f"{'; '.join(said)} ({run.name})."] if said else []
 
 
 
 
 PEER_BATCH, PEER_CONTEXT, PEER_BOUND = 32, 8192, 10  # where a peer is held to 10x the reference (serving sizes)
+LAYOUT = "layout (one case)"
 
 
 def peer_points(table: pd.DataFrame) -> pd.DataFrame:
@@ -212,7 +237,7 @@ def peers(run: Run) -> pd.DataFrame:
         rows.append({"peer": impl, "mode": mode, MEDIAN: spread(g["ratio"]),
                      f"within {PEER_BOUND}x at batch >= {PEER_BATCH}, context >= {PEER_CONTEXT // 1024}k":
                          f"{int((big['ratio'] <= PEER_BOUND).sum())} of {len(big)}" if len(big) else "",
-                     "layout (one case)": layouts.iloc[0] if len(layouts) else ""})
+                     LAYOUT: layouts.iloc[0] if len(layouts) else ""})
     out = pd.DataFrame(rows)
     return out.sort_values(["peer", "mode"], key=lambda c: c.map(registry.order) if c.name == "peer"
                            else mode_order(c)).reset_index(drop=True)
@@ -230,6 +255,18 @@ def peers_said(run: Run) -> list[str]:
     parts = [f"{mode} {spread(g['ratio'])}" for mode, g in r.groupby("mode", sort=False)]
     return [f"- What the page table costs FlexAttention (`flex-window` / `flex-contiguous` on the same cases): "
             f"{', '.join(parts)} ({run.name})."]
+
+
+def peers_across(runs: list[Run]) -> list[str]:
+    """Every run's peers in one table, each peer's layout on a step said once, in the first row that has it."""
+    said = [s for r in runs for s in peers_said(r)]
+    frames = [f.assign(run=r.name) for r in runs if len(f := peers(r))]
+    if not frames:
+        return said
+    table = pd.concat([f[["run", *f.columns[:-1]]] for f in frames], ignore_index=True)
+    told = table.assign(told=table[LAYOUT] != "").groupby(["peer", "mode"])["told"].cumsum()
+    table[LAYOUT] = table[LAYOUT].where((table[LAYOUT] != "") & (told == 1), "")
+    return said + [markdown_table(table)]
 
 
 REBUILT = {"flex-flat": "flex-window"}  # a peer rebuilt since older runs: its old form -> the name it has now
@@ -275,10 +312,11 @@ SECTIONS = [
             "Each correct path of another library (FlexAttention, PyTorch SDPA) against the reference path of "
             "its storage on the same cases: time / reference (median (best-worst, cases)), how many of the "
             f"decode and verify cases at batch >= {PEER_BATCH} and context >= {PEER_CONTEXT // 1024}k it serves "
-            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`layout`). Runs of a "
-            "scenario on older releases stay in this table, so that a peer rebuilt since shows beside its old "
-            "numbers (format-5 folders name the flattened FlexAttention peer `flex-flat`).", peers,
-            peers_said, one_table=True, timed=True, every_release=True),
+            f"within {PEER_BOUND}x of it, and the layout one of its rows states (`layout`; on this page once a peer "
+            "and step, in the first row that states it). Runs of a scenario on older releases stay in this table, so "
+            "that a peer rebuilt since shows beside its old numbers (format-5 folders name the flattened "
+            "FlexAttention peer `flex-flat`).", peers, peers_said, timed=True, across=peers_across,
+            every_release=True),
     Section("peers-rebuilt", "Peers rebuilt: the old numbers beside the new",
             "A peer built differently since an older run of the same scenario, on the cases both runs hold: its "
             "time / the reference path's then and now, median (best-worst, cases) per mode. `flex-flat` is "

@@ -10,8 +10,8 @@ from swabench.analysis import versus
 from swabench.core import trees
 from swabench.impls.recipes import sglang_refuses
 from swabench.publish.markdown import library_versions
-from swabench.publish.sections.base import (Run, Section, figure_link, micros, path_of, path_order, ratio,
-                                            topic_link)
+from swabench.publish.sections.base import (Run, Section, figure_link, micros, of, path_of, path_order, ranged,
+                                            ratio, topic_link)
 
 SLOT = "tree-window-slot"  # the kernel's own window with a tree mask: exact on chains, timed there
 CORRECT = ("tree-trim-depth", "tree-mask-depth", "tree-branches", "tree-branches-sink")
@@ -126,9 +126,10 @@ def findings(run: Run) -> list[str]:
         losses = (f"; where wrong, a node misses up to {int(lost['keys_lost'].max())} keys of its window and up to "
                   f"{lost['rows_losing'].max():.0%} of a step's nodes miss some"
                   if len(lost) and lost["keys_lost"].max() > 0 else "")
-        said.append(f"`{impl}` is wrong on {wrong} of {int((~chain).sum())} tree points and "
-                    f"{int((ran[chain]['status'] == 'xfail').sum())} of {int(chain.sum())} chains; on "
-                    f"{int(_yes(ran['rows_as_predicted']).sum())} of {len(ran)} points the rows it got wrong are "
+        chains = f" and {of(int((ran[chain]['status'] == 'xfail').sum()), int(chain.sum()), 'chain')}" \
+            if chain.any() else ""
+        said.append(f"`{impl}` is wrong on {of(wrong, int((~chain).sum()), 'tree point')}{chains}; on "
+                    f"{of(int(_yes(ran['rows_as_predicted']).sum()), len(ran))} the rows it got wrong are "
                     f"exactly the ones its semantics predict{losses} ({release}, {run.name}).")
     recipe = t[t["impl"] == "sglang-verify-tree"]
     if "model" in recipe and recipe["model"].notna().any():  # a run of the served models, not of bare shapes
@@ -152,7 +153,7 @@ def findings(run: Run) -> list[str]:
 def trim_cost(run: Run) -> str:
     """'1.02x (0.99-1.07, 36 tree steps)': tree-trim-depth's time on each tree step / the slot rule's on its chain."""
     r = ratios_to_slot(run, "tree-trim-depth")
-    return f"{ratio(r.median())}x ({ratio(r.min())}-{ratio(r.max())}, {len(r)} tree steps)" if len(r) else ""
+    return f"{ratio(r.median())}x ({ranged(r)}, {len(r)} tree steps)" if len(r) else ""
 
 
 def bytes_table(run: Run) -> pd.DataFrame:
@@ -163,8 +164,7 @@ def bytes_table(run: Run) -> pd.DataFrame:
         return pd.DataFrame()
     t = t[t["read_amplification"].notna()].assign(path=path_of(t))
     rows = [{"path": path, "on": "chains" if chain else "trees", "points": len(g),
-             "DRAM read / needed": f"{ratio(g['read_amplification'].median())}x ({ratio(g['read_amplification'].min())}"
-                                   f"-{ratio(g['read_amplification'].max())})"}
+             "DRAM read / needed": f"{ratio(g['read_amplification'].median())}x ({ranged(g['read_amplification'])})"}
             for (path, chain), g in t.groupby(["path", is_chain(t)])]
     return pd.DataFrame(rows).sort_values("path", key=lambda c: c.map(path_order), kind="stable")
 
@@ -232,7 +232,7 @@ def in_short(run: Run) -> list[str]:
     branches = t[(t["impl"] == "tree-branches-sink") & (t["status"] == "pass") & ~is_chain(t)]
     sinks = (f"on a sink layer the sink wrapper drops the tree mask (`tree-sink-mask` wrong on "
              f"{int((sink['status'] == 'xfail').sum())} of {len(sink)}) and `tree-branches-sink` is correct, "
-             f"{micros(branches['median_us'].min())}-{micros(branches['median_us'].max())} us"
+             f"{ranged(branches['median_us'], micros)} us"
              if len(sink) and len(branches) else "")
     if trim or sinks:
         said.append("; ".join(x for x in (f"`tree-trim-depth` [fa2] is correct at {trim} the slot rule's time on a "
