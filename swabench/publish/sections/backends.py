@@ -9,7 +9,9 @@ import pandas as pd
 from swabench.publish.sections.base import FLOOR, Run, Section, figure_link, path_of, ranged, ratio
 from swabench.publish.sections.shelf import STATUSES, _step_order, _steps, fastest, mistakes_said, skipped, timed_table
 
-BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "flex": "FlexAttention"}  # by the backend column
+BEYOND = {"cudnn": "cuDNN", "fa4": "FlashAttention-4", "vllm-fa3": "FlashAttention-3 (vLLM)",
+          "sgl-fa3": "FlashAttention-3 (SGLang)", "flex": "FlexAttention"}  # by the backend column
+OTHER_LIBRARIES = tuple(b for b in BEYOND if b != "flex")  # the backends timed beside FlashInfer's by name
 FLASHINFER = "FlashInfer"
 VS_FLASHINFER = "its time / FlashInfer's best"  # a column
 
@@ -23,9 +25,9 @@ def backend_of(t: pd.DataFrame) -> pd.Series:
 
 def engine_rows(table: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """A run's rows of some backend, with their step, model (a priced model's global layers named so, else '-'
-    where a row names none) and path; empty unless cuDNN or FlashAttention-4 timed a point."""
+    where a row names none) and path; empty unless cuDNN, FlashAttention-4 or -3 timed a point."""
     t = table.assign(engine=backend_of(table)).dropna(subset=["engine"])
-    beyond = t[t["backend"].isin(("cudnn", "fa4"))]
+    beyond = t[t["backend"].isin(OTHER_LIBRARIES)]
     if beyond["median_us"].isna().all():
         return t.iloc[:0]
     priced = meta.get("price") or {}
@@ -78,18 +80,19 @@ def caught_said(run: Run) -> list[str]:
     t = engine_rows(run.table, run.meta)
     if t.empty:
         return []
-    beyond = t[t["backend"].isin(("cudnn", "fa4"))]
+    beyond = t[t["backend"].isin(OTHER_LIBRARIES)]
     correct = beyond[(beyond["kind"] == "correct") & (beyond["status"] != "skip")]
     failed = correct[correct["status"] == "fail"].groupby("path").size()
-    bugs = ([f"- Every correct cuDNN and FlashAttention-4 path passed the gate wherever it ran ({len(correct)} "
-             f"points): no library bug on these shapes ({run.name})."] if failed.empty else
+    bugs = ([f"- Every correct cuDNN, FlashAttention-4 and FlashAttention-3 path passed the gate wherever it ran "
+             f"({len(correct)} points): no library bug on these shapes ({run.name})."] if failed.empty else
             [f"- `{path}` failed the gate on {n} of {int((correct['path'] == path).sum())} points: a library bug until "
              f"shown otherwise ({run.name})." for path, n in failed.items()])
     return mistakes_said(beyond[(beyond["kind"] == "known-bug") & (beyond["status"] != "skip")], run) + bugs
 
 
 def across(runs: list[Run]) -> list[str]:
-    """Per timed run that holds cuDNN or FlashAttention-4 points: the conventions caught and its table."""
+    """Per timed run that holds cuDNN, FlashAttention-4 or FlashAttention-3 points: the conventions caught and its
+    table."""
     return [s for r in runs
             for s in timed_table(r, runs, backends_table, caught_said) + [figure_link(r, "which_backend")] if s]
 
@@ -123,7 +126,7 @@ def answer(runs: list[Run]) -> list[str]:
 TOPIC = "Beyond FlashInfer's wrappers"
 
 SECTIONS = [
-    Section("backends", "Beyond FlashInfer's wrappers: cuDNN and FlashAttention-4",
+    Section("backends", "Beyond FlashInfer's wrappers: cuDNN, FlashAttention-4 and FlashAttention-3",
             "Per model and step, each backend an engine can pick (FlashInfer with the TRT-LLM kernels it ships, cuDNN "
             "through FlashInfer and through its own graph, FlashAttention-4, FlexAttention; docs/backends.md): its "
             "fastest correct path, the cases it timed, the median of its time / FlashInfer's best correct time on "
