@@ -177,4 +177,20 @@ def test_the_heatmap_names_the_step_of_each_panel_and_holds_window_128():
     cells = {t.get_text() for t in extend.texts}
     t = table[(table["impl"] == "paged-window") & (table["mode"] == "extend") & (table["sliding_window"] == 128)
               & (table["backend"] == "fa2") & (table["page_size"] == 16) & (table["status"] == "pass")]
-    assert f"{t['speedup_vs_mask'].median():.1f}x" in cells  # the speed page's headline cell
+    assert f"{t['speedup_vs_mask'].median():.0f}x" in cells  # the speed page's headline cell, to two figures
+
+
+def test_a_case_without_a_place_on_a_figures_axis_is_left_out_and_an_empty_figure_is_not_made(tmp_path):
+    """Chunked cases (no window) on the window axis drew a tick at -1 on a log axis; decode steps whose requests
+    each have their own context drew an empty panel."""
+    models = derived.load(ROOT / "results" / "h200-models-0.7.4")
+    ticks = [t.get_text() for ax in plots.time_vs_window(*models).axes for t in ax.get_xticklabels()]
+    assert "128" in ticks and "-1" not in ticks
+    replay = derived.load(ROOT / "results" / "h200-replay-imported-0.7.4")
+    assert replay[0].loc[replay[0]["mode"] == "decode", "prefix_len"].isna().all()
+    assert plots.decode(*replay) is None
+    empty = style.pyplot().figure()
+    empty.add_subplot()
+    assert not plots.draws_anything(empty) and plots.draws_anything(plots.speculative(*replay))
+    labels = [t.get_text() for t in plots.speculative(*replay).axes[0].get_xticklabels()]
+    assert labels == ["4", "8"]  # draft tokens, not 4.0

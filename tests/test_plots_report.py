@@ -170,6 +170,7 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
     labels = ["decode b32 p[32 of 1..9 sum 80] q1 W7 h8/2 [m]", "verify b32 p[32 of 1..9 sum 81] q4 W7 h8/2 [m]"]
     assert _differences(labels) == ["decode p[32 of 1..9 sum 80] q1", "verify p[32 of 1..9 sum 81] q4"]
     assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label
+    assert _differences(["decode b32 W127 sinks", "decode b32 W127"]) == ["sinks", "without sinks"]
 
 
 @pytest.mark.parametrize("name", list(PANELS))

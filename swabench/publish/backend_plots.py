@@ -54,7 +54,8 @@ def backends(table, meta):
             if "auto" in c.index and c["median_us"].min() < c.loc["auto", "median_us"] / 1.05:
                 ax.text(i, c["median_us"].max() * 1.15, f"auto({c.loc['auto', 'resolved_backend']}) loses",
                         ha="center", fontsize=6, color="#D55E00")
-        ax.set(xticks=range(len(cases)), ylabel=time_label(meta), title=impl, yscale="log")
+        ax.set(xticks=range(len(cases)), xlim=(-0.5, len(cases) - 0.5), ylabel=time_label(meta), title=impl,
+               yscale="log")  # every case in view, those with no bar (skipped, failed) too
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticklabels(tick_labels(g, cases), rotation=30, ha="right", fontsize=6)
         ax.grid(alpha=0.3, axis="y")

@@ -17,7 +17,7 @@ from swabench.publish.style import figure
 
 SHAPE = ("mode", "batch_size", "prefix_len", "seq_len", "qo_len", "accept", "length_dist", "sliding_window",
          "num_qo_heads", "num_kv_heads", "head_dim", "dtype")  # a case's shape, less its page size
-TICKS = (0.5, 1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100)  # the colour bar's labels, those within the run's range
+TICKS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200)  # the colour bar's labels, those within the run's range
 
 
 def _speedups(table: pd.DataFrame) -> pd.DataFrame:
@@ -57,15 +57,17 @@ def speedup_heatmap(table, meta):
     baseline = registry.baseline_for(t["library"].iloc[0], "paged")
     ncols = max(len(top), len(below))
     widths = [max(panels[j][1][0].shape[1] if j < len(panels) else 1 for panels in (top, below)) + 1
-              for j in range(ncols)]  # a panel as wide as its columns
+              for j in range(ncols)]  # a panel as wide as its columns, the figure as wide as them all
+    inches = 0.42 * sum(widths) + 0.9 * ncols + 1.2
     fig, axes = figure(meta, f"Speedup over {baseline} per step ({t['backend'].iloc[0]}, scattered pages; * a cell "
-                             f"with a noisy point)", 2 if below else 1, ncols, size=(3.6, 3.6),
+                             f"with a noisy point)", 2 if below else 1, ncols, size=(inches / ncols ** 0.8, 3.6),
                        gridspec_kw={"width_ratios": widths})
     for row, panels in zip(axes, (top, below)):
-        for ax, (title, (grid, flags)) in zip(row, panels):
+        for k, (ax, (title, (grid, flags))) in enumerate(zip(row, panels)):
             image = _cells(ax, grid, flags, norm)
             ax.set_title(title, fontsize=9)
-            ax.set_ylabel("sliding window (keys)")
+            if k == 0:
+                ax.set_ylabel("sliding window (keys)")
         for ax in row[len(panels):]:
             fig.delaxes(ax)
     bar = fig.colorbar(image, ax=fig.axes, shrink=0.8, label="speedup (x)")
@@ -106,8 +108,8 @@ def _cells(ax, grid: pd.DataFrame, flags: pd.DataFrame, norm):
     image = ax.imshow(grid.values, cmap="cividis", norm=norm, aspect="auto", origin="lower")
     for (r, c), v in np.ndenumerate(grid.values):
         if v == v:
-            ax.text(c, r, f"{v:.1f}x" + ("*" if flags.values[r, c] else ""), ha="center", va="center", fontsize=7,
-                    color="white" if norm(v) < 0.5 else "black")
+            ax.text(c, r, (f"{v:.0f}x" if v >= 10 else f"{v:.1f}x") + ("*" if flags.values[r, c] else ""),
+                    ha="center", va="center", fontsize=7, color="white" if norm(v) < 0.5 else "black")
     ax.set_xticks(range(grid.shape[1]), [_label(c) for c in grid.columns], rotation=30, ha="right", fontsize=7)
-    ax.set_yticks(range(grid.shape[0]), [f"{int(w)}" if w >= 0 else "none (chunked)" for w in grid.index], fontsize=7)
+    ax.set_yticks(range(grid.shape[0]), [f"{int(w)}" if w >= 0 else "chunked" for w in grid.index], fontsize=7)
     return image

@@ -65,15 +65,15 @@ class Series:
     hollow: bool = False
 
 
-def draw(ax, series: list[Series], xname: str, show=lambda x: f"{x:g}") -> bool:
+def draw(ax, series: list[Series], xname: str, show=lambda x: f"{x:g}", log: bool = True) -> bool:
     """Each series as a line in its path's look, noisy points ringed; where the panel has one x value, a bar per
     series instead (white where the series is hollow), labelled below with the series' label, which names its backend,
-    and ``xname``: that value as the axis label.  Returns whether bars were drawn (the caller then leaves the x axis
-    as it is)."""
+    and ``xname``: that value as the axis label; on a log y axis (``log``) the bars rise from a floor below the
+    lowest, else from 0.  Returns whether bars were drawn (the caller then leaves the x axis as it is)."""
     series = [s for s in series if len(s.points)]
     xs = sorted({x for s in series for x in s.points.index})
     if len(xs) == 1:
-        _bars(ax, series, f"{xname}: {show(xs[0])}")
+        _bars(ax, series, f"{xname}: {show(xs[0])}", log)
         return True
     for s in series:
         style = look(s.impl)
@@ -84,10 +84,10 @@ def draw(ax, series: list[Series], xname: str, show=lambda x: f"{x:g}") -> bool:
     return False
 
 
-def _bars(ax, series: list[Series], xlabel: str) -> None:
+def _bars(ax, series: list[Series], xlabel: str, log: bool) -> None:
     series = sorted(series, key=lambda s: (registry.order(s.impl), s.label))
     heights = [float(s.points["y"].iloc[0]) for s in series]
-    floor = min(heights) / 3  # a log axis has no zero: every bar rises from the same floor below the lowest
+    floor = min(heights) / 3 if log else 0.0  # a log axis has no zero: every bar rises from one floor below the lowest
     for i, (s, height) in enumerate(zip(series, heights)):
         colour = look(s.impl)["color"]
         ax.bar(i, height - floor, 0.7, bottom=floor, color="white" if s.hollow else colour, edgecolor=colour,
@@ -103,8 +103,9 @@ def _header(text: str):
     return Line2D([], [], ls="none"), text
 
 
-def legend_by_path(fig, axes, backends: str | None = "line", keys: list | None = None) -> None:
-    """One legend beside the panels: a path per entry (its colour and marker, in registry order), then a key: the
+def legend_by_path(fig, axes, backends: str | None = "line", keys: list | None = None, lines: bool | None = None) -> None:
+    """One legend beside the panels: a path per entry (its colour and marker, in registry order; on a line unless the
+    figure draws points alone: ``lines``, by default whether backends are told apart by line), then a key: the
     backends by line style (``backends="line"``) or by fill (``"fill"``), the caller's ``keys`` (handle, label),
     and what else the panels label (failed and skipped points, noisy rings, ceilings)."""
     from matplotlib.lines import Line2D
@@ -121,7 +122,8 @@ def legend_by_path(fig, axes, backends: str | None = "line", keys: list | None =
                 other.setdefault(label, handle)
     if not paths and not other:
         return
-    entries = [_header("path")] + [(Line2D([], [], ms=4, **st), impl) for impl, st in
+    style = "-" if (backends == "line" if lines is None else lines) else "none"
+    entries = [_header("path")] + [(Line2D([], [], ls=style, ms=4, **st), impl) for impl, st in
                                    sorted(paths.items(), key=lambda kv: registry.order(kv[0]))]
     key = _backend_key(list(seen), backends) + list(keys or []) + [(h, label) for label, h in other.items()]
     if key:

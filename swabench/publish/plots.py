@@ -15,7 +15,7 @@ import pandas as pd
 from swabench.analysis import versus
 from swabench.analysis.versus import against_reference, reference_library
 from swabench.impls import registry
-from swabench.publish import backend_plots, heatmap, limits, tree_plots
+from swabench.publish import backend_plots, heatmap, limits, style, tree_plots
 from swabench.publish.marks import Series, draw, face, legend_by_path, medians, noisy, ring, time_label, timed
 from swabench.publish.style import BACKEND_STYLE, figure, log_x_ticks, look, save
 from swabench.core.cases import MODES
@@ -31,10 +31,13 @@ def tick_labels(frame: pd.DataFrame, case_ids: list[str]) -> list[str]:
 
 
 def _differences(labels: list[str]) -> list[str]:
-    """Case labels without the words every one of them shares (the head shape, dtype, model, ...)."""
+    """Case labels without the words every one of them shares (the head shape, dtype, model, ...); a label left with
+    none says which of the others' words it lacks ("without sinks"), and the whole label where they all are equal."""
     words = [re.findall(r"\S*\[[^\]]*\]\S*|\S+", label) for label in labels]  # "p[32 of 1..9 sum 80]" is one word
     shared = set.intersection(*map(set, words)) if len(words) > 1 else set()
-    return [" ".join(w for w in ws if w not in shared) or label for ws, label in zip(words, labels)]
+    rest = [[w for w in ws if w not in shared] for ws in words]
+    others = list(dict.fromkeys(w for ws in rest for w in ws))
+    return [" ".join(ws) or (f"without {' '.join(others)}" if others else label) for ws, label in zip(rest, labels)]
 
 
 def timed_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -53,23 +56,26 @@ def _primary(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["backend"] == table["library"].map(main)]
 
 
-def _mark_untimed(ax, rows: pd.DataFrame, x: str, middle: float | None = None) -> None:
-    """Failed points as red crosses along the top, skipped as grey squares along the bottom (at ``middle`` where the
-    panel is drawn as bars, whose axis has no x values)."""
+def _mark_untimed(ax, rows: pd.DataFrame, x: str, bars: bool = False) -> None:
+    """Failed points as red crosses along the top, skipped as grey squares along the bottom; on a panel drawn as
+    bars, whose axis has no x values, their counts in its corners instead."""
     for status, y, marker, col, label in (("fail", 0.97, "X", "#D55E00", "failed gate"),
                                           ("skip", 0.03, "s", "#999999", "skipped")):
         xs = rows.loc[rows["status"] == status, x].dropna().unique()
-        if len(xs) and middle is not None:
-            xs = [middle]
-        if len(xs):
+        if len(xs) and bars:
+            count = int((rows["status"] == status).sum())
+            ax.text(0.99, y, f"{label}: {count} point" + ("s" if count > 1 else ""), transform=ax.transAxes,
+                    ha="right", va="top" if y > 0.5 else "bottom", fontsize=6, color=col)
+        elif len(xs):
             ax.scatter(xs, [y] * len(xs), marker=marker, color=col, s=30, transform=ax.get_xaxis_transform(),
                        label=label, zorder=5, clip_on=False)
 
 
 def time_vs_window(table, meta):
     """Time against the window (the kernel's on a GPU, host wall time on a CPU), per implementation, faceted by mode
-    and storage; a panel of one window as a bar per path."""
-    every = table[table["kind"] == "correct"]
+    and storage; a panel of one window as a bar per path.  Cases without a window (chunked attention: the sawtooth
+    figure's) have no place on its axis and are left out."""
+    every = table[(table["kind"] == "correct") & (pd.to_numeric(table["sliding_window"], errors="coerce") > 0)]
     correct = _primary(every)
     modes = [m for m in MODES if m in set(correct["mode"])]
     storages = [s for s in ("paged", "ragged") if s in set(correct["storage"])]
@@ -89,7 +95,7 @@ def time_vs_window(table, meta):
             series = [Series(impl, f"{impl} [{backend}]", medians(g, "sliding_window"), BACKEND_STYLE.get(backend, "-"))
                       for (impl, backend), g in timed_rows(rows).groupby(["impl", "backend"])]
             bars = draw(ax, series, "sliding window (keys)", show=lambda w: f"{int(w)}")
-            _mark_untimed(ax, every[facet], "sliding_window", (len(series) - 1) / 2 if bars else None)
+            _mark_untimed(ax, every[facet], "sliding_window", bars)
             ax.set(yscale="log", title=f"{mode}, {storage}", ylabel=time_label(meta))
             if not bars:
                 log_x_ticks(ax, rows["sliding_window"])
@@ -148,14 +154,19 @@ def speculative(table, meta):
         series = [Series(impl, f"{impl} [{backend}]", medians(g, "_x"), BACKEND_STYLE.get(backend, "-"))
                   for (impl, backend), g in timed_rows(rows).groupby(["impl", "backend"])]
         bars = draw(ax, series, "draft tokens" if mode == "verify" else "acceptance distribution / draft block",
-                    show=lambda x: str(categories[int(x)]))
-        _mark_untimed(ax, rows, "_x", (len(series) - 1) / 2 if bars else None)
+                    show=lambda x: _word(categories[int(x)]))
+        _mark_untimed(ax, rows, "_x", bars)
         ax.set(yscale="log", title=mode, ylabel=time_label(meta))
         if not bars:
-            ax.set_xticks(range(len(categories)), [str(c) for c in categories], fontsize=7)
+            ax.set_xticks(range(len(categories)), [_word(c) for c in categories], fontsize=7)
         ax.grid(alpha=0.3, which="both")
     legend_by_path(fig, axes)
     return fig
+
+
+def _word(category) -> str:
+    """A category as a tick label: a number without a trailing .0 (draft tokens 8, not 8.0)."""
+    return f"{category:g}" if isinstance(category, (int, float)) else str(category)
 
 
 def decode(table, meta):
@@ -163,6 +174,7 @@ def decode(table, meta):
     line style per backend), one panel per window; hollow marks for one-token pages.  Cases with sinks, a soft-cap
     or an fp8 cache are left out (the report's feature table has them)."""
     t = timed_rows(versus.plain(table[table["mode"] == "decode"]))  # chunked decode is the sawtooth figure's
+    t = t.dropna(subset=["prefix_len"]) if "prefix_len" in t else t.iloc[0:0]  # a context per request has no place
     if t.empty:
         return None
     windows = sorted(t["sliding_window"].unique())
@@ -217,7 +229,7 @@ def sawtooth(table, meta):
             series = [Series(impl, f"{impl} [{backend}]" + ("" if is_chunk else " (window)"), medians(g, "context"),
                              BACKEND_STYLE.get(backend, "-"), hollow=not is_chunk)
                       for (impl, backend, is_chunk), g in rows.groupby(["impl", "backend", rows["chunk"] > 0])]
-            if not draw(ax, series, "context (keys before the queries)", show=lambda c: f"{int(c)}"):
+            if not draw(ax, series, "context (keys before the queries)", show=lambda c: f"{int(c)}", log=False):
                 for start in range(chunk, int(rows["context"].max()) + 1, chunk):
                     ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.set(title=f"{mode}, chunk {chunk}", ylabel=time_label(meta))
@@ -295,7 +307,7 @@ def wrapper_modes(table, meta):
         both = rows.assign(noise=rows.reindex(columns=["noise", "plain_noise"]).max(axis=1))  # a ratio is as noisy as either time
         series = [Series(impl, f"{impl} [{backend}]", medians(g, "batch_size", "cost"), BACKEND_STYLE.get(backend, "-"))
                   for (impl, backend), g in both.groupby(["impl", "backend"])]
-        if not draw(ax, series, "batch (requests)", show=lambda b: f"{int(b)}"):
+        if not draw(ax, series, "batch (requests)", show=lambda b: f"{int(b)}", log=False):
             log_x_ticks(ax, rows["batch_size"])
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=step, ylabel=f"graph / plain {timed(meta)}")
@@ -316,15 +328,23 @@ def figure_files() -> list[str]:
 
 
 def make_all(table: pd.DataFrame, meta: dict, out: Path) -> dict[str, list[Path] | None]:
-    """Every figure the run has data for, as PNG in ``out``; None for those it has none for.  The draft-tree
-    figure reads the tree points; the others, every point but those."""
+    """Every figure the run has data for, as PNG in ``out``; None for those it has none for, or whose panels would
+    all be empty.  The draft-tree figure reads the tree points; the others, every point but those."""
     out.mkdir(parents=True, exist_ok=True)
     made, chains = {}, table[table["tree"].isna()] if "tree" in table else table
     for name, build in FIGURES.items():
         with quiet():
             fig = build(table if name in tree_plots.FIGURES else chains, meta)
+            if fig is not None and not draws_anything(fig):
+                style.pyplot().close(fig)
+                fig = None
             made[name] = None if fig is None else save(fig, out, name)
     return made
+
+
+def draws_anything(fig) -> bool:
+    """Whether some panel of ``fig`` holds a line, a mark, a bar or an image (a colour bar alone is not one)."""
+    return any(ax.lines or ax.collections or ax.patches or ax.images for ax in fig.axes if ax.get_label() != "<colorbar>")
 
 
 @contextlib.contextmanager

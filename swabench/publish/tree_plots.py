@@ -45,7 +45,7 @@ def tree_cost(table, meta):
     from matplotlib.lines import Line2D
 
     chain = Line2D([], [], ls="--", marker="o", ms=4, color="#555555", mfc="none")
-    legend_by_path(fig, axes, backends=None, keys=[(chain, "a chain of the same size (hollow, dashed)")])
+    legend_by_path(fig, axes, backends=None, keys=[(chain, "a chain of the same size (hollow, dashed)")], lines=True)
     return fig
 
 
