@@ -226,7 +226,7 @@ seq_len = [8, 31, 32, 33, 63, 64, 65]
 def test_a_chunked_run_draws_its_sawtooth_beside_the_window_and_the_known_mistake_is_caught(tmp_path):
     from conftest import invoke
     from swabench.analysis import derived
-    from swabench.publish import plots
+    from swabench.publish import marks, plots
 
     (tmp_path / "saw.toml").write_text(SAWTOOTH)
     r = invoke("run", tmp_path / "saw.toml", "--device", "cpu", "--out", tmp_path / "run")
@@ -238,7 +238,7 @@ def test_a_chunked_run_draws_its_sawtooth_beside_the_window_and_the_known_mistak
     assert set(mistake["status"]) == {"pass", "xfail"}
     fig = plots.sawtooth(table, meta)
     assert len(fig.axes) == 2  # one chunk size, two steps
-    labels = set(fig.axes[0].get_legend_handles_labels()[1])
+    labels = set(fig.axes[0].get_legend_handles_labels()[1]) - {marks.NOISY}  # a CPU run's points may be noisy
     assert labels == {"torch-trim [torch]", "torch-trim [torch] (window)"}
     assert plots.decode(table, meta) is not None and len(plots.decode(table, meta).axes) == 1  # the window's only
     assert plots.sawtooth(table[table["attention_chunk"] == 0], meta) is None

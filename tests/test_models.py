@@ -1,6 +1,8 @@
 """Model presets: each one's axes make a valid case of every step, the scenario axis and the CLI's
 --model reach them, and a shape FlashInfer is not built for is a skip that says so."""
 
+from pathlib import Path
+
 import pytest
 from conftest import invoke
 
@@ -81,7 +83,25 @@ def test_show_with_a_model_shows_the_template_run_would_use(monkeypatch, cuda, a
 def test_models_lists_every_preset_with_its_source():
     r = invoke("models")
     assert r.exit_code == 0 and all(name in r.output for name in models.MODELS)
-    assert "attn_logit_softcapping" in r.output and "checked against" in r.output
+    assert "attn_logit_softcapping" in r.output and "checked instead against" in r.output
+
+
+def test_each_preset_names_its_own_config_whether_it_is_gated_and_the_copies_read_instead():
+    """A third-party copy (Alignment-Lab-AI/...) is named as what was read, beside the model's own repository and
+    why it was not read; docs/models.md says the same per preset."""
+    said = invoke("models").output
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    for m in models.MODELS.values():
+        line = next(line for line in said.splitlines() if line.startswith(f"  {m.name}: own config "))
+        assert f"https://huggingface.co/{m.hf_id}/blob/main/config.json" in line
+        assert ("(gated: it opens only to an account that" in line) is bool(m.gated), m.name
+        assert ("(public)" in line) is not bool(m.gated) and line.endswith(m.verified)
+        row = next(row for row in docs.splitlines() if row.startswith(f"| `{m.name}` |"))
+        assert f"[{m.hf_id}]({m.own})" in row and ("| gated: " in row) is bool(m.gated) and m.verified in row
+    phi = models.get("phi-3-mini")
+    assert "Alignment-Lab-AI" in phi.verified and not phi.gated and phi.hf_id == "microsoft/Phi-3-mini-4k-instruct"
+    assert {m.name for m in models.MODELS.values() if m.gated} >= {"gemma-3-27b", "llama-4-scout", "mistral-7b-v0.1"}
+    assert "the hub was not reachable from the machine that wrote these presets" in said
 
 
 @pytest.mark.slow

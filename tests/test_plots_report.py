@@ -14,8 +14,9 @@ from swabench.publish import plots, report
 # seven whole cases of the published results/h200x2-default-2gpu run (default.toml with peers), cut by
 # fixtures/make_h200_run.py so that every figure keeps the panels it has on the whole run
 H200_RUN = Path(__file__).resolve().parent / "fixtures" / "h200-run"
-PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatmap": 4, "speculative": 2,
-          "rate_vs_context": 4, "backends": 5, "decode": 1, "plan_vs_kernel": 1, "roofline": 1}  # heatmap: 2 panels + 2 colour bars
+PANELS = {"time_vs_window": 8, "speedup_by_mode": 1, "peers": 1, "speedup_heatmap": 6, "speculative": 2,
+          "rate_vs_context": 4, "backends": 5, "decode": 1, "plan_vs_kernel": 1, "roofline": 1}
+# heatmap: a panel per step (4), one for the step timed at several page sizes, and the colour bar
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +170,7 @@ def test_tick_labels_keep_only_what_tells_cases_apart():
     labels = ["decode b32 p[32 of 1..9 sum 80] q1 W7 h8/2 [m]", "verify b32 p[32 of 1..9 sum 81] q4 W7 h8/2 [m]"]
     assert _differences(labels) == ["decode p[32 of 1..9 sum 80] q1", "verify p[32 of 1..9 sum 81] q4"]
     assert _differences(["same W7", "same W7"]) == ["same W7", "same W7"]  # nothing left: the whole label
+    assert _differences(["decode b32 W127 sinks", "decode b32 W127"]) == ["sinks", "without sinks"]
 
 
 @pytest.mark.parametrize("name", list(PANELS))
@@ -176,6 +178,8 @@ def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(drawn,
     """A path's colour and marker are its own (style.look) in every figure, and no legend sits on a panel,
     where it would hide points or the title."""
     import matplotlib.colors as mcolors
+    from matplotlib.container import BarContainer
+    from matplotlib.patches import Rectangle
 
     from swabench.publish.style import look
 
@@ -184,6 +188,7 @@ def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(drawn,
     drawn = 0
     for ax in fig.axes:
         bars = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_xerr")]
+        bars += [(c.get_label(), c.patches[0]) for c in ax.containers if isinstance(c, BarContainer)]
         for label, artist in [(a.get_label(), a) for a in [*ax.lines, *ax.collections]] + bars:
             impl = label.split(" [")[0]
             if impl not in {i.name for i in registry.all_implementations()}:
@@ -191,6 +196,8 @@ def test_each_path_looks_the_same_in_every_figure_and_legends_sit_outside(drawn,
             want = look(impl)
             if hasattr(artist, "get_marker"):
                 colour, marker = artist.get_color(), artist.get_marker()
+            elif isinstance(artist, Rectangle):  # a bar: its edge in the path's colour, hollow or not
+                colour, marker = artist.get_edgecolor(), None
             else:
                 colour, marker = artist.get_edgecolor()[0], None
             assert mcolors.to_hex(colour) == mcolors.to_hex(want["color"]), (name, label)

@@ -23,14 +23,14 @@ def timed_both_ways(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def pairs(table: pd.DataFrame) -> pd.DataFrame:
-    """Every path timed on a step in both modes: its graph-mode row with ``plain_us`` and ``plain_plan_us``,
-    ``cost_us`` = graph - plain and ``cost`` = graph / plain."""
+    """Every path timed on a step in both modes: its graph-mode row with ``plain_us``, ``plain_plan_us`` and
+    ``plain_noise``, ``cost_us`` = graph - plain and ``cost`` = graph / plain."""
     t = timed_both_ways(table)
     if t.empty:
         return pd.DataFrame()
     graph, plain = t[t["wrapper_mode"] == GRAPH], t[t["wrapper_mode"] == PLAIN]
-    plain = plain[["step", "impl", "backend", "median_us", "plan_us"]].rename(
-        columns={"median_us": "plain_us", "plan_us": "plain_plan_us"})
+    plain = plain.reindex(columns=["step", "impl", "backend", "median_us", "plan_us", "noise"]).rename(
+        columns={"median_us": "plain_us", "plan_us": "plain_plan_us", "noise": "plain_noise"})
     m = graph.merge(plain, on=["step", "impl", "backend"])
     return m.assign(cost_us=m["median_us"] - m["plain_us"], cost=m["median_us"] / m["plain_us"])
 

@@ -3,9 +3,11 @@
 One row per model, each field with the Hugging Face ``config.json`` key it came from and where the
 value was read.  ``window_left = sliding_window - 1`` (SGLang's ``get_attention_sliding_window_size``
 and vLLM both convert HF's inclusive count so); ``sm_scale`` is ``query_pre_attn_scalar ** -0.5``
-where the config has one.  ``verified`` says where each row was checked; the official configs of
-google/, openai/ and mistralai/ were not reachable from here, so rows were checked against copies of
-them (duplicates and derived models that keep the hub's values) and transformers' own defaults.
+where the config has one.  A model's own config is ``config.json`` in its repository on the hub (``hf_id``);
+``gated`` names the licence its owner asks a reader to accept before the files can be read (Gemma, Llama 4,
+Mistral), empty where the repository is public.  The hub was not reachable from the machine that wrote
+the presets, so ``verified`` names the copies each row was checked against instead: duplicates and
+derived models whose config keeps the hub's values, transformers' own defaults and the engines' code.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ class Model:
     attention_chunk: int = 0  # chunked local attention's C (Llama 4), in place of a sliding window
     num_layers: int = 0  # num_hidden_layers
     global_every: int = 0  # layer i attends globally where (i + 1) % global_every == 0; 0: every layer windowed
+    gated: str = ""  # who the own repository opens to, where its owner gates it; "" = public
+
+    @property
+    def own(self) -> str:
+        """The model's own config: config.json in its repository on the Hugging Face hub."""
+        return f"https://huggingface.co/{self.hf_id}/blob/main/config.json"
+
+    def source(self) -> str:
+        """Which copy is the model's own, whether it is open to read, and what the preset was checked against."""
+        access = f"gated: it opens only to {self.gated}" if self.gated else "public"
+        return f"own config {self.own} ({access}), not read where the preset was written; checked instead against " \
+               f"{self.verified}"
 
     def layer_types(self) -> list[str]:
         """Each layer's attention, in order, as its config's rule lays it out: "window" (sliding or chunked)
@@ -91,6 +105,9 @@ LLAMA4 = ("transformers configuration_llama4.py @b17cfe48 (Llama4TextConfig defa
           "models/llama4.py @0303cbd8 (ChunkedLocalAttention on RoPE layers); SGLang models/llama4.py @871da34d "
           "((layer_id + 1) % 4 != 0 uses RoPE); MaxText configs/models/llama4-17b-16e.yml @ab0fa7f0 and "
           "llama4-17b-128e.yml @48445cf0")
+GEMMA_TERMS = "an account that has accepted Google's Gemma terms of use"
+LLAMA4_TERMS = "an account that has accepted Meta's Llama 4 community license"
+MISTRAL_TERMS = "an account that has shared its contact details with Mistral AI"
 GEMMA3 = ("transformers configuration_gemma3.py @008f5c8c and convert_gemma3_weights_orbax_to_hf.py @0d914582; "
           "TensorRT-LLM test_modeling_gemma3.py @fe6fa01d (1b and 27b head shapes); HF OpenPipe/gemma-3-12b-it-"
           "text-only config.json (12b)")
@@ -101,29 +118,29 @@ MODELS = {m.name: m for m in (
     Model("gpt-oss-120b", "openai/gpt-oss-120b", 64, 8, 64, 128, "every other layer: 18 of 36", sinks=True,
           verified=GPT_OSS + "; HF Fred808/helium_memory @9ce9198 (the 120b diff of that config)", num_layers=36, global_every=2),
     Model("gemma-2-2b", "google/gemma-2-2b", 8, 4, 256, 4096, "every other layer: 13 of 26", logits_soft_cap=50.0,
-          query_pre_attn_scalar=256, verified=GEMMA2, num_layers=26, global_every=2),
+          query_pre_attn_scalar=256, verified=GEMMA2, num_layers=26, global_every=2, gated=GEMMA_TERMS),
     Model("gemma-2-9b", "google/gemma-2-9b", 16, 8, 256, 4096, "every other layer: 21 of 42", logits_soft_cap=50.0,
           query_pre_attn_scalar=256, verified=GEMMA2 + "; query_pre_attn_scalar 256 as the hub config has it "
-          "(transformers' convert_gemma2_weights_to_hf.py @15ea02a2 says 224)", num_layers=42, global_every=2),
+          "(transformers' convert_gemma2_weights_to_hf.py @15ea02a2 says 224)", num_layers=42, global_every=2, gated=GEMMA_TERMS),
     Model("gemma-2-27b", "google/gemma-2-27b", 32, 16, 128, 4096, "every other layer: 23 of 46",
-          logits_soft_cap=50.0, query_pre_attn_scalar=144, verified=GEMMA2, num_layers=46, global_every=2),
+          logits_soft_cap=50.0, query_pre_attn_scalar=144, verified=GEMMA2, num_layers=46, global_every=2, gated=GEMMA_TERMS),
     Model("gemma-3-1b", "google/gemma-3-1b-pt", 4, 1, 256, 512, "5 of every 6 (sliding_window_pattern 6): 22 of 26",
-          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=26, global_every=6),
+          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=26, global_every=6, gated=GEMMA_TERMS),
     Model("gemma-3-4b", "google/gemma-3-4b-pt", 8, 4, 256, 1024, "5 of every 6: 29 of 34 (text_config)",
-          query_pre_attn_scalar=256, verified=GEMMA3 + "; text_config copies (head counts equal the defaults)", num_layers=34, global_every=6),
+          query_pre_attn_scalar=256, verified=GEMMA3 + "; text_config copies (head counts equal the defaults)", num_layers=34, global_every=6, gated=GEMMA_TERMS),
     Model("gemma-3-12b", "google/gemma-3-12b-pt", 16, 8, 256, 1024, "5 of every 6: 40 of 48 (text_config)",
-          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=48, global_every=6),
+          query_pre_attn_scalar=256, verified=GEMMA3, num_layers=48, global_every=6, gated=GEMMA_TERMS),
     Model("gemma-3-27b", "google/gemma-3-27b-pt", 32, 16, 128, 1024, "5 of every 6: 52 of 62 (text_config)",
-          query_pre_attn_scalar=168, verified=GEMMA3, num_layers=62, global_every=6),
+          query_pre_attn_scalar=168, verified=GEMMA3, num_layers=62, global_every=6, gated=GEMMA_TERMS),
     Model("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", 32, 8, 128, 4096, "every layer: 32 of 32",
           verified="copies with _name_or_path mistralai/Mistral-7B-v0.1 (Open-Orca/Mistral-7B-OpenOrca); "
                    "mlx-community/mistral-7B-v0.1 params.json (head_dim 128); transformers configuration_mistral.py "
-                   "@001f85b3 (head_dim = hidden_size / num_attention_heads)", num_layers=32),
+                   "@001f85b3 (head_dim = hidden_size / num_attention_heads)", num_layers=32, gated=MISTRAL_TERMS),
     Model("llama-4-scout", "meta-llama/Llama-4-Scout-17B-16E", 40, 8, 128, -1, "chunked: 3 of every 4 (the RoPE "
-          "layers; every 4th, NoPE, is global): 36 of 48", attention_chunk=8192, verified=LLAMA4, num_layers=48, global_every=4),
+          "layers; every 4th, NoPE, is global): 36 of 48", attention_chunk=8192, verified=LLAMA4, num_layers=48, global_every=4, gated=LLAMA4_TERMS),
     Model("llama-4-maverick", "meta-llama/Llama-4-Maverick-17B-128E", 40, 8, 128, -1, "chunked: 3 of every 4: 36 of "
           "48", attention_chunk=8192, verified=LLAMA4 + "; TensorRT-LLM test_modeling_llama_min_latency.py @b35ac1b6 "
-          "(the Maverick config cut to 2 layers: 40/8, head_dim 128, chunk 8192)", num_layers=48, global_every=4),
+          "(the Maverick config cut to 2 layers: 40/8, head_dim 128, chunk 8192)", num_layers=48, global_every=4, gated=LLAMA4_TERMS),
     Model("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", 32, 32, 96, 2047, "every layer: 32 of 32",
           verified="HF Alignment-Lab-AI/idfkphi4kiguess config.json (a duplicate of microsoft/Phi-3-mini-4k-"
                    "instruct); transformers modular_phi3.py @06053b84 (head_dim = 3072 / 32)", num_layers=32),
@@ -158,5 +175,9 @@ def listing() -> str:
         lines.append(f"  {m.name:16s} {heads:7s} {m.head_dim:<8d} {m.sliding_window:<7d} "
                      f"{m.window_left:<5d} {extras or '-'}; layers: {m.layers}")
     lines.append("fields: " + "; ".join(f"{axis} = {key}" for axis, key in KEYS.items()))
-    lines += [f"  {m.name}: {m.hf_id}; checked against {m.verified}" for m in MODELS.values()]
+    lines.append("sources: each model's own config is config.json in its repository on the Hugging Face hub; the hub "
+                 "was not reachable from the machine that wrote these presets (and a gated repository opens only to "
+                 "an account that accepted its license), so each preset was checked against the copies named here, "
+                 "whose configs keep the hub's values, and against transformers' defaults and the engines' code")
+    lines += [f"  {m.name}: {m.source()}" for m in MODELS.values()]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ import matplotlib.ticker
 from swabench.impls import registry
 from swabench.publish.sections.backends import BEYOND, FLASHINFER, engine_rows, fastest_versus
 from swabench.publish.sections.shelf import _step_order
+from swabench.publish.marks import noisy, ring, time_label
 from swabench.publish.style import BACKEND_COLOUR, ENGINE_COLOUR, figure, legend_outside
 
 MOST_BARS = 24  # cases a panel labels one by one; past them it sets each backend's time against fa2's
@@ -16,8 +17,9 @@ MOST_BARS = 24  # cases a panel labels one by one; past them it sets each backen
 
 def backends(table, meta):
     """fa2 against fa3 per shape, and what auto picked: a red note where auto is >5% off the best; points that were
-    skipped or failed are written where their bar would be.  A path with more shapes than a panel can label is drawn
-    as each other backend's time against fa2's on the same shape (below the diagonal: faster than fa2)."""
+    skipped or failed are written where their bar would be; noisy points are ringed.  A path with more shapes than a
+    panel can label is drawn as each other backend's time against fa2's on the same shape (below the diagonal: faster
+    than fa2)."""
     from swabench.publish.plots import tick_labels, timed_rows
 
     every = table[table["kind"] == "correct"]
@@ -31,7 +33,7 @@ def backends(table, meta):
         cases = list(dict.fromkeys(g["case_id"]))
         names = [b for b in BACKEND_COLOUR if b in set(g["backend"])]
         if len(cases) > MOST_BARS:
-            _against_fa2(ax, timed_rows(g), [b for b in names if b != "fa2"], impl, len(cases))
+            _against_fa2(ax, timed_rows(g), [b for b in names if b != "fa2"], impl, len(cases), meta)
             continue
         width = 0.8 / len(names)
         for k, backend in enumerate(names):
@@ -43,6 +45,7 @@ def backends(table, meta):
                 r = rows.loc[case]
                 if r["status"] == "pass" and r["median_us"] == r["median_us"]:
                     ax.bar(x, r["median_us"], width, color=BACKEND_COLOUR[backend], label=backend if i == 0 else None)
+                    ring(ax, [x], [r["median_us"]], noisy(rows.loc[[case]]))
                 else:
                     ax.text(x, 0.02, r["status"], transform=ax.get_xaxis_transform(), rotation=90, ha="center",
                             va="bottom", fontsize=6, color="#999999" if r["status"] == "skip" else "#D55E00")
@@ -51,7 +54,8 @@ def backends(table, meta):
             if "auto" in c.index and c["median_us"].min() < c.loc["auto", "median_us"] / 1.05:
                 ax.text(i, c["median_us"].max() * 1.15, f"auto({c.loc['auto', 'resolved_backend']}) loses",
                         ha="center", fontsize=6, color="#D55E00")
-        ax.set(xticks=range(len(cases)), ylabel="kernel time (us)", title=impl, yscale="log")
+        ax.set(xticks=range(len(cases)), xlim=(-0.5, len(cases) - 0.5), ylabel=time_label(meta), title=impl,
+               yscale="log")  # every case in view, those with no bar (skipped, failed) too
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticklabels(tick_labels(g, cases), rotation=30, ha="right", fontsize=6)
         ax.grid(alpha=0.3, axis="y")
@@ -59,22 +63,27 @@ def backends(table, meta):
     return fig
 
 
-def _against_fa2(ax, timed, others: list[str], impl: str, shapes: int) -> None:
-    """Each other backend's kernel time against fa2's on the same shape, log-log, with the diagonal."""
-    fa2 = timed[timed["backend"] == "fa2"].set_index("case_id")["median_us"]
+def _against_fa2(ax, timed, others: list[str], impl: str, shapes: int, meta: dict) -> None:
+    """Each other backend's time against fa2's on the same shape, log-log, with the diagonal; a point noisy in
+    either time ringed."""
+    timed = timed.assign(_noisy=noisy(timed))
+    fa2 = timed[timed["backend"] == "fa2"].set_index("case_id")
     paired = 0
     for backend in others:
-        mine = timed[timed["backend"] == backend].set_index("case_id")["median_us"]
+        mine = timed[timed["backend"] == backend].set_index("case_id")
         both = mine.index.intersection(fa2.index)
-        ax.scatter(fa2[both], mine[both], s=9, color=BACKEND_COLOUR[backend], label=backend)
+        ax.scatter(fa2.loc[both, "median_us"], mine.loc[both, "median_us"], s=9, color=BACKEND_COLOUR[backend],
+                   label=backend)
+        ring(ax, fa2.loc[both, "median_us"], mine.loc[both, "median_us"],
+             fa2.loc[both, "_noisy"] | mine.loc[both, "_noisy"])
         paired += len(both)
     if not paired:
         ax.text(0.5, 0.5, f"no shape timed on fa2 and on {' or '.join(others)}", transform=ax.transAxes,
                 ha="center", va="center", fontsize=8, color="#999999")
     edge = [timed["median_us"].min() / 1.3, timed["median_us"].max() * 1.3]
     ax.plot(edge, edge, color="grey", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlim=edge, ylim=edge, xlabel="fa2 kernel time (us)",
-           ylabel="kernel time (us)", title=f"{impl}: {shapes} shapes, each against fa2 (below the line: faster)")
+    ax.set(xscale="log", yscale="log", xlim=edge, ylim=edge, xlabel=f"fa2 {time_label(meta)}",
+           ylabel=time_label(meta), title=f"{impl}: {shapes} shapes, each against fa2 (below the line: faster)")
     ax.grid(alpha=0.3, which="both")
 
 

@@ -14,7 +14,8 @@ from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.measure.ceiling import ceilings
 from swabench.publish.sections.machine import ceiling_parts, counted_points
-from swabench.publish.style import BACKEND_STYLE, figure, legend_outside, look
+from swabench.publish.marks import Series, draw, face, legend_by_path, medians, noisy, ring
+from swabench.publish.style import BACKEND_STYLE, figure, look
 
 
 def _paths(t: pd.DataFrame) -> list[tuple[str, str]]:
@@ -26,17 +27,16 @@ def _correct_timed(table: pd.DataFrame) -> pd.DataFrame:
     return t.dropna(subset=["median_us"]) if "median_us" in t else t.iloc[0:0]
 
 
-def _points(ax, g: pd.DataFrame, x, y, impl: str, backend: str, k: int | None = None) -> None:
-    """One path's points: its look, hollow on fa3 and pale on auto (the library's pick between the two); with
-    ``k`` (its place among the paths drawn), a size a step smaller than the path drawn before it, so that points
-    several paths share show as rings."""
-    from matplotlib.colors import to_rgb
-
+def _points(ax, g: pd.DataFrame | None, x, y, impl: str, backend: str, k: int | None = None) -> None:
+    """One path's points: its look, hollow on fa3 and pale on auto (``marks.face``); with ``k`` (its place among the
+    paths drawn), a size a step smaller than the path drawn before it, so that points several paths share show as
+    nested marks; the noisy ones among ``g``'s rows ringed."""
     style = look(impl)
-    pale = tuple(0.35 * c + 0.65 for c in to_rgb(style["color"]))  # the colour on white
-    face = {"fa3": "none", "auto": pale}.get(backend, style["color"])
     ax.scatter(x, y, s=14 if k is None else max(6.0, 120 * 0.72 ** k), alpha=0.85, label=f"{impl} [{backend}]",
-               marker=style["marker"], edgecolors=style["color"], facecolors=face, linewidths=0.8)
+               marker=style["marker"], edgecolors=style["color"], facecolors=face(style["color"], backend),
+               linewidths=0.8)
+    if g is not None:
+        ring(ax, x, y, noisy(g))
 
 
 def roofline(table, meta):
@@ -67,7 +67,7 @@ def roofline(table, meta):
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (useful flops / min_bytes)",
            ylabel="achieved TFLOP/s")
     ax.grid(alpha=0.3, which="both")
-    legend_outside(fig, axes)
+    legend_by_path(fig, axes, backends="fill")
     return fig
 
 
@@ -80,9 +80,10 @@ def _memory_bound(rows: pd.DataFrame, mode: str, peaks: dict) -> bool:
 
 
 def rate_vs_context(table, meta):
-    """The rate each step reaches against context, per path, beside the GPU's ceiling (solid) and what the node
-    attained (dashed: its measured copy, or its matmul): TB/s (min_bytes / time) for decode, verify and draft
-    extend, which are memory-bound; TFLOP/s (useful flops / time) for extend."""
+    """The rate each step reaches against context, per path: TB/s (min_bytes / time) for decode, verify and draft
+    extend, which are memory-bound; TFLOP/s (useful flops / time) for extend.  On a run that measured the GPU's
+    peaks, its ceiling is drawn beside them (solid), and what the node attained where it falls short of it (dashed:
+    its measured copy, or its matmul)."""
     t = _correct_timed(table)
     if t.empty:
         return None
@@ -99,10 +100,11 @@ def rate_vs_context(table, meta):
         memory = _memory_bound(rows, mode, peaks)
         column, unit = ("tbps", "TB/s") if memory else ("tflops", "TFLOP/s")
         at = {c: i for i, c in enumerate(sorted(rows["context"].unique()))}  # evenly spaced: 0 and 32768 alike
-        for impl, backend in _paths(rows):
-            line = rows[(rows["impl"] == impl) & (rows["backend"] == backend)].groupby("context")[column].median()
-            ax.plot([at[c] for c in line.index], line.values, BACKEND_STYLE.get(backend, "-"), ms=3,
-                    label=f"{impl} [{backend}]", **look(impl))
+        series = [Series(impl, f"{impl} [{backend}]", medians(g, g["context"].map(at), column),
+                         BACKEND_STYLE.get(backend, "-"))
+                  for impl, backend in _paths(rows) for g in [rows[(rows["impl"] == impl) & (rows["backend"] == backend)]]]
+        contexts = list(at)
+        bars = draw(ax, series, "context (keys before the queries)", show=lambda i: f"{int(contexts[int(i)])}")
         if peaks:
             side = 0 if memory else 1
             ceiling, measured = ceilings(peaks)[side], (peaks["copy_tbps"], peaks["bf16_matmul_tflops"])[side]
@@ -110,11 +112,12 @@ def rate_vs_context(table, meta):
             attained = f"copy {measured:.2f} TB/s" if memory else f"matmul {measured:.0f} TFLOP/s"
             if measured != ceiling:
                 ax.axhline(measured, color="black", ls="--", lw=0.8, label=f"attainable (measured): {attained}")
-        ax.set(yscale="log", title=f"{mode} ({unit})", xlabel="context (keys before the queries)", ylabel=unit,
-               xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
-        ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)
+        ax.set(yscale="log", title=f"{mode} ({unit})", ylabel=unit)
+        if not bars:
+            ax.set(xticks=list(at.values()), xlim=(-0.5, len(at) - 0.5))
+            ax.set_xticklabels([str(int(c)) for c in at], fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    legend_outside(fig, axes)
+    legend_by_path(fig, axes)
     return fig
 
 
@@ -131,7 +134,7 @@ def bytes_read(table, meta):
         rows = t[t["mode"] == mode]
         for k, (impl, backend) in enumerate(_paths(rows)):
             g = rows[(rows["impl"] == impl) & (rows["backend"] == backend)]
-            _points(ax, g, g["min_read_bytes"] / 1e6, g["dram_read_bytes"] / 1e6, impl, backend, k)
+            _points(ax, None, g["min_read_bytes"] / 1e6, g["dram_read_bytes"] / 1e6, impl, backend, k)
         lo = rows["min_read_bytes"].min() / 1e6 / 2
         top = max(rows["min_read_bytes"].max(), rows["dram_read_bytes"].max()) / 1e6 * 2
         for times, ls in ((1, "-"), (10, ":"), (100, ":")):  # one decade as long on both axes: true slopes
@@ -140,7 +143,7 @@ def bytes_read(table, meta):
         ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top), aspect="equal", title=mode,
                xlabel="bytes the window needs (MB)", ylabel="DRAM bytes read (MB)")
         ax.grid(alpha=0.3, which="both")
-    legend_outside(fig, axes)
+    legend_by_path(fig, axes, backends="fill")
     return fig
 
 

@@ -1,9 +1,10 @@
-"""The look every figure shares: Okabe-Ito colours (safe for colour-blind readers), one colour per
-implementation and one line style per backend, the caption that says where the numbers came from,
-and one PNG per figure at a width that reads in a pull request."""
+"""The look every figure shares: one colour table of paths (a hue per path family, from the Okabe-Ito colours, which
+are safe for colour-blind readers, and a shade and a marker per member), one line style per backend, the caption that
+says where the numbers came from, and one PNG per figure at a width that reads in a pull request."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -19,18 +20,55 @@ matplotlib.use("Agg")
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
 BACKEND_STYLE = {"fa2": "-", "fa3": "--", "auto": ":", "torch": "-."}
 BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6], "cudnn": OKABE_ITO[2]}
-ENGINE_COLOUR = {"FlashInfer": OKABE_ITO[0], "cuDNN": BACKEND_COLOUR["cudnn"], "FlashAttention-4": OKABE_ITO[1],
-                 "FlexAttention": OKABE_ITO[3]}  # the backends an engine picks among (publish.sections.backends)
 
 
-MARKERS = "osD^vXP*<>hp"  # with the eight colours, a look of its own for each of 96 implementations
+MARKERS = "osD^vXP*<>h"
+
+# The one colour table of paths: a path family (the wrapper a path goes through; FlashInfer's Hopper kernels as one
+# shelf; cuDNN and FlashAttention-4, the backends beyond FlashInfer's wrappers; else the library) has one hue, and
+# its members shades of it, each with a marker of its own.
+FAMILY_HUES = {"prefill": "#0072B2", "decode": "#D55E00", "sink": "#009E73", "recipe": "#CC79A7", "shelf": "#E69F00",
+               "torch": "#555555", "flex": "#6A3D9A", "beyond": "#999933", "other": "#AAAAAA"}
+FAMILY_OF_WRAPPER = {"xqa": "shelf", "trtllm-gen": "shelf", "ranges": "shelf", "fmha-v2": "shelf", "holistic": "shelf",
+                     "pod": "shelf", "cudnn": "beyond", "fa4": "beyond"}
+DARKEST, LIGHTEST = 0.18, 0.7  # the lightness a member's shade spans, dark enough to read on white
+GOLDEN = 0.618034  # the k-th member's place in that span steps by it, so any few members lie apart
+
+
+def family(impl: str) -> str:
+    """The colour family of a path: its wrapper family as the registry declares it, the shelf's kernels as one."""
+    if not registry.known(impl):
+        return "other"
+    wrapper = registry.get(impl).family
+    return FAMILY_OF_WRAPPER.get(wrapper, wrapper if wrapper in FAMILY_HUES else "other")
+
+
+def shade(colour: str, lightness: float) -> str:
+    """``colour`` at ``lightness`` (0 black, 1 white), its hue and saturation kept."""
+    import colorsys
+
+    from matplotlib.colors import to_hex, to_rgb
+
+    h, _, s = colorsys.rgb_to_hls(*to_rgb(colour))
+    return to_hex(colorsys.hls_to_rgb(h, lightness, s))
+
+
+def member_shade(k: int) -> float:
+    """The lightness of a family's k-th member: the first a third of the way up the span, the next ones by golden-ratio
+    steps, so that the members of a family that share a figure are rarely close."""
+    return DARKEST + (LIGHTEST - DARKEST) * ((0.35 + GOLDEN * k) % 1.0)
 
 
 def look(impl: str) -> dict:
-    """The colour and marker of an implementation, the same in every figure that uses it: eight colours
-    by its place in the registry, then a marker per eight, so no two registered paths share both."""
-    i = registry.order(impl)
-    return {"color": OKABE_ITO[i % len(OKABE_ITO)], "marker": MARKERS[(i // len(OKABE_ITO)) % len(MARKERS)]}
+    """The colour and marker of a path, the same in every figure: its family's hue (FAMILY_HUES) in its own shade, and
+    a marker, both by its place among the family's registered members."""
+    members = [name for name in registry.names() if family(name) == family(impl)]
+    k = members.index(impl) if impl in members else len(members) + zlib.crc32(impl.encode()) % len(MARKERS)
+    return {"color": shade(FAMILY_HUES[family(impl)], member_shade(k)), "marker": MARKERS[k % len(MARKERS)]}
+
+
+ENGINE_COLOUR = {"FlashInfer": FAMILY_HUES["prefill"], "cuDNN": FAMILY_HUES["beyond"], "FlashAttention-4":
+                 shade(FAMILY_HUES["beyond"], DARKEST), "FlexAttention": FAMILY_HUES["flex"]}  # an engine's backends
 
 
 def legend_outside(fig, axes) -> None:
@@ -59,9 +97,11 @@ def pyplot():
     return plt
 
 
-def figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2)):
+def figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2), **layout):
+    """A figure of ``nrows`` x ``ncols`` panels with its title and caption; ``layout`` goes to pyplot's subplots
+    (e.g. gridspec_kw)."""
     fig, axes = pyplot().subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
-                             squeeze=False, constrained_layout=True)
+                                  squeeze=False, constrained_layout=True, **layout)
     fig.suptitle(title, fontsize=11)
     fig.text(0.5, -0.01, caption(meta), ha="center", va="top", fontsize=7, color="#444444")
     return fig, axes
