@@ -168,3 +168,13 @@ def test_a_subset_wheel_keeps_the_files_asked_for_and_says_what_it_is(tmp_path):
     assert checked.returncode == 0, checked.stderr
     refused = subprocess.run(script[:-2] + ["--keep", "engine/nope.so", "--build", "x"], capture_output=True, text=True)
     assert refused.returncode == 2 and "engine/nope.so" in refused.stderr
+
+
+def test_fa3_is_drawn_and_named_as_a_backend_beyond_flashinfers():
+    """Every engine the backends section names has its colour, and FA3's paths take the hue of the backends beyond
+    FlashInfer's wrappers, as cuDNN's and FA4's do."""
+    from swabench.publish import style
+    from swabench.publish.sections.backends import BEYOND
+
+    assert set(BEYOND.values()) <= set(style.ENGINE_COLOUR)
+    assert {style.family(n) for n in ("fa3-window", "fa3-window-count", "sglang-fa3", "fa4-window")} == {"beyond"}

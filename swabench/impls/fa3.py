@@ -178,4 +178,4 @@ _register("fa3-window-count", "FlashAttention-3 (vLLM's build) given the window 
           kind="known-bug", visibility=lambda w, prefix, ps: semantics.Visibility(w + 1 if w >= 0 else semantics.NO_WINDOW))
 _register("sglang-fa3", "SGLang's FA3 backend on an SWA layer (SGLang's build): flash_attn_with_kvcache over the "
           "request's whole page table, cache_seqlens, causal, window_size=(sliding_window - 1, 0)", SGL, 0,
-          storages=("paged",), refuses=sglang_unsupported, wrapper="recipe")
+          storages=("paged",), refuses=sglang_unsupported)
