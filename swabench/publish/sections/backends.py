@@ -83,8 +83,10 @@ def caught_said(run: Run) -> list[str]:
     beyond = t[t["backend"].isin(OTHER_LIBRARIES)]
     correct = beyond[(beyond["kind"] == "correct") & (beyond["status"] != "skip")]
     failed = correct[correct["status"] == "fail"].groupby("path").size()
-    bugs = ([f"- Every correct cuDNN, FlashAttention-4 and FlashAttention-3 path passed the gate wherever it ran "
-             f"({len(correct)} points): no library bug on these shapes ({run.name})."] if failed.empty else
+    ran = [BEYOND[b] for b in OTHER_LIBRARIES if b in set(correct["backend"])]
+    names = " and ".join(filter(None, [", ".join(ran[:-1]), ran[-1]])) if ran else "other library's"
+    bugs = ([f"- Every correct {names} path passed the gate wherever it ran ({len(correct)} points): no library bug "
+             f"on these shapes ({run.name})."] if failed.empty else
             [f"- `{path}` failed the gate on {n} of {int((correct['path'] == path).sum())} points: a library bug until "
              f"shown otherwise ({run.name})." for path, n in failed.items()])
     return mistakes_said(beyond[(beyond["kind"] == "known-bug") & (beyond["status"] != "skip")], run) + bugs
