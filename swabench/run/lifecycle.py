@@ -122,7 +122,16 @@ class Outcome:
                           f"--retry-crashed", "red" if crashed_correct(self.table) else "yellow"))
         if fail or (strict and xpass):
             lines.append((f"{fail} points failed the gate" + (f", {xpass} xpass (--strict)" if strict else ""), "red"))
+        if self.noise_warning:
+            lines.append((self.noise_warning, "yellow"))
         return lines
+
+    @property
+    def noise_warning(self) -> str | None:
+        """What to say when most of the run's timed points are noisy (analysis.noise), else None."""
+        from swabench.analysis import noise
+
+        return noise.warning(self.table)
 
     def exit_status(self, strict: bool = False) -> int:
         """130 interrupted; 2 when nothing ran (every point skipped); 1 when a correct implementation failed the
