@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-RESULTS_ROOT = Path("results")
+RUNS_ROOT = Path("runs")  # where a run goes without --out: git-ignored, apart from the published runs in results/
 WARMUP_JOBS = 8  # JIT modules built at once before a sweep
 
 
@@ -197,10 +197,10 @@ def since_start() -> float:
     return round(time.perf_counter() - STARTED, 1)
 
 
-def default_out(scenario_name: str, device_type: str, what: str, root: Path = RESULTS_ROOT) -> Path:
-    """``results/NAME-WHAT-DEVICE-TIME``, created empty now (with a suffix, -2 ..., when a run started
+def default_out(scenario_name: str, device_type: str, what: str, root: Path = RUNS_ROOT) -> Path:
+    """``runs/NAME-WHAT-DEVICE-TIME``, created empty now (with a suffix, -2 ..., when a run started
     in the same second took the name); the name is a slug (scenarios.check_name), so the folder stays
-    under the results root."""
+    under the root."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
     assert (root / name).resolve().parent == root.resolve(), name
