@@ -67,6 +67,17 @@ def brief_host_timing():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def idle_cpu_pace():
+    """Estimates inside a test are made at the idle pace, not measured (a second or more on a busy machine, and
+    different each time): tests/test_cpu_cost.py measures it.  Commands run in a process of their own measure it."""
+    from swabench.run import cpu_cost
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_cost, "pace", lambda: cpu_cost.IDLE)
+        yield
+
+
 @functools.cache
 def shipped(name: str):
     """A shipped scenario, loaded once a process for the tests that only read it (edges.toml expands to some

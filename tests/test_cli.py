@@ -178,7 +178,7 @@ def test_run_without_scenario_runs_cpu_toml_on_a_cpu_machine(tmp_path, monkeypat
     r = invoke("run", "--case", case.case_id, "--impl", "torch-trim")
     assert r.exit_code == 0, r.output
     assert "running cpu.toml" in r.output and "embedded backend" in r.output
-    (run,) = (tmp_path / "results").iterdir()
+    (run,) = (tmp_path / "runs").iterdir()
     table = pd.read_csv(run / run_folder.TABLE)
     assert table["impl"].tolist() == ["torch-trim"] and table["backend"].tolist() == ["torch"]
     assert (table["status"] == "pass").all() and (table["median_us"] > 0).all()

@@ -52,15 +52,15 @@ def test_a_name_that_is_not_a_slug_is_refused(tmp_path, monkeypatch, name):
     path = scenario(tmp_path, TINY.replace('name = "tiny"', f"name = {json.dumps(name)}"))
     r = invoke("run", path, "--device", "cpu")
     assert r.exit_code == 2 and "name: must be letters, digits" in r.output
-    assert not (tmp_path / "results").exists() and not os.path.exists("/tmp/evil")
+    assert not (tmp_path / "runs").exists() and not os.path.exists("/tmp/evil")
 
 
-def test_the_default_folder_stays_under_results(tmp_path, monkeypatch):
+def test_the_default_folder_stays_under_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = scenario(tmp_path, TINY.replace('name = "tiny"', ""), "my scenario!.toml")  # no name: the stem
     r = invoke("run", path, "--device", "cpu", "--impl", "torch-trim")
     assert r.exit_code == 0, r.output
-    (run,) = (tmp_path / "results").iterdir()
+    (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("my-scenario--run-cpu-")
 
 
@@ -313,7 +313,7 @@ def test_a_report_of_another_run_with_the_same_name_needs_force(tmp_path, good_r
     monkeypatch.chdir(tmp_path)
     twin = shutil.copytree(good_run, tmp_path / "elsewhere" / good_run.name)
     assert invoke("report", good_run).exit_code == 0
-    report = tmp_path / "plots" / good_run.name / "REPORT.md"
+    report = tmp_path / "runs" / "plots" / good_run.name / "REPORT.md"
     first = report.read_text()
     assert invoke("report", good_run).exit_code == 0  # the same run again: fine
     r = invoke("report", twin)

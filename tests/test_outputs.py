@@ -179,7 +179,7 @@ def test_a_default_folder_the_command_wrote_nothing_in_is_gone_at_exit(tmp_path)
     done = subprocess.run([sys.executable, "-m", "swabench", "price", "--model", "gemma-3-27b"], cwd=tmp_path,
                           env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "price on the CPU" in done.stderr, done.stderr
-    assert not [p for p in (tmp_path / "results").iterdir()], "an empty default folder was left behind"
+    assert not [p for p in (tmp_path / "runs").iterdir()], "an empty default folder was left behind"
     kept, empty = tmp_path / "kept", tmp_path / "empty"
     for folder in (kept, empty):
         folder.mkdir()
@@ -212,13 +212,13 @@ def test_a_matrix_of_other_runs_needs_force(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = three_releases(tmp_path)
     assert invoke("matrix", *runs).exit_code == 0
-    written = {p.name: p.read_bytes() for p in (tmp_path / "plots" / "matrix-release").iterdir()}
+    written = {p.name: p.read_bytes() for p in (tmp_path / "runs" / "plots" / "matrix-release").iterdir()}
     assert invoke("matrix", *reversed(runs)).exit_code == 0  # the same runs again: fine
     r = invoke("matrix", *runs[:2])
     assert r.exit_code == 2 and "holds the matrix of other run folders" in r.output and "--force" in r.output
-    assert {p.name: p.read_bytes() for p in (tmp_path / "plots" / "matrix-release").iterdir()} == written
+    assert {p.name: p.read_bytes() for p in (tmp_path / "runs" / "plots" / "matrix-release").iterdir()} == written
     assert invoke("matrix", *runs[:2], "--force").exit_code == 0
-    assert "0.7.2.post1" not in (tmp_path / "plots" / "matrix-release" / "MATRIX.md").read_text().splitlines()[0]
+    assert "0.7.2.post1" not in (tmp_path / "runs" / "plots" / "matrix-release" / "MATRIX.md").read_text().splitlines()[0]
 
 
 @pytest.mark.slow

@@ -158,7 +158,7 @@ def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estim
     assert r.exit_code == 2 and not (tmp_path / "p").exists()
     said = re.search(r"price on the CPU: gemma-3-1b's template steps in models\.toml, sized for a GPU \(up to 32769 keys, "
                      r"batches of up to 32\) need up to ([\d.]+) T multiply-adds to gate and time \(8 layer steps\), "
-                     r"about (\d+) min on 2 CPU threads, past the 10 min", r.output)
+                     r"about (\d+) min on 2 idle CPU threads, past the 10 min", r.output)
     assert said, r.output
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)  # a trace's few short steps take seconds
@@ -166,7 +166,7 @@ def test_a_price_that_would_take_the_cpu_past_its_limit_is_refused_with_an_estim
     assert pricing.request("gemma-3-1b", None, (), (), tmp_path / "r", torch.device("cpu"), resume=True)  # chosen
     monkeypatch.setattr(pricing, "CPU_LIMIT_S", float("inf"))
     scenario = pricing.request("gemma-3-1b", None, (), (), tmp_path / "c", torch.device("cpu")).scenario
-    cost = cpu_cost.estimate(scenario.points, torch.device("cpu"))
+    cost = cpu_cost.estimate(scenario.points, torch.device("cpu"), at=cpu_cost.IDLE)
     assert float(said[1]) == round(cost.multiply_adds / 1e12, 1) and int(said[2]) == round(cost.seconds / 60)
     one = next(c for c in scenario.cases if c.mode == "decode")  # 32 requests, one query on 32769 keys, 4 heads x 256
     assert footprint.call_work(one, "torch", every_key=True)[0] == 2 * 32 * 32769 * 4 * 256

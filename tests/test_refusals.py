@@ -555,16 +555,16 @@ def test_repro_refuses_an_issue_body_on_its_own_script(tmp_path):
 def test_a_run_where_nothing_can_run_is_refused_before_a_folder_is_made(tmp_path, monkeypatch, write_scenario):
     from swabench.inputs import scenarios
 
-    monkeypatch.chdir(tmp_path)  # the default run folder would go to ./results
+    monkeypatch.chdir(tmp_path)  # the default run folder would go to ./runs
     shelf = len(scenarios.load(scenarios.find("shelf")).points)
     r = invoke("run", "shelf", "--device", "cpu")
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert f"every one of {shelf} points skips here: flashinfer needs CUDA (device is cpu) ({shelf}); run on a GPU " \
-           f"node" in r.output and not (tmp_path / "results").exists()
+           f"node" in r.output and not (tmp_path / "runs").exists()
     rules = write_scenario(TINY_DECODE + '[[skip]]\nwhen = "mode == \'decode\'"\nreason = "none left"\n', "zero.toml")
     r = invoke("run", rules, "--device", "cpu")
     assert r.exit_code == 2 and "the scenario expands to 0 points (its [[skip]] rules removed all 2)" in r.output
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "runs").exists()
     r = invoke("replay", trace(tmp_path / "t.jsonl"), "--impl", "paged-window", "--device", "cpu", "--out", "rp")
     assert r.exit_code == 2 and "points skips here: flashinfer needs CUDA" in r.output and not Path("rp").exists()
 
@@ -583,7 +583,7 @@ def test_no_point_to_run_says_why_for_a_trace_a_price_and_a_scenario(tmp_path, m
     scenario = write_scenario(TINY_DECODE.replace('"torch-trim", "torch-mask"', '"tree-xqa"'), "zero.toml")
     assert decode_only in invoke("run", scenario, "--device", "cpu").output
     assert "0 points  backends: -  (models verify steps, not decode)" in invoke("show", scenario).output
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_gpus_launcher_refuses_a_scenario_of_no_points_and_keeps_nothing(tmp_path, monkeypatch, write_scenario):

@@ -163,7 +163,7 @@ model_option = opt("--model", metavar="NAME", help="Only this model preset's cas
                                                    "SCENARIO, the shipped template for it (models.toml on a GPU, "
                                                    "models-cpu.toml without one).")
 impl_option = opt("--impl", "impls", multiple=True, metavar="NAME", help="Only these implementations (repeatable).")
-out_option = opt("--out", type=PathArg(file_okay=False), help="Run folder (default: results/NAME-WHAT-DEVICE-TIME).")
+out_option = opt("--out", type=PathArg(file_okay=False), help="Run folder (default: runs/NAME-WHAT-DEVICE-TIME).")
 run_dir = click.argument("run_dir", type=PathArg(exists=True, file_okay=False))
 
 

@@ -35,7 +35,9 @@ def summary_cmd(run_dir):
 
 @click.command("report")
 @run_dir
-@opt("--out", type=PathArg(file_okay=False), help="Folder for REPORT.md and figures (default: plots/RUN_NAME).")
+@opt("--out", type=PathArg(file_okay=False),
+     help="Folder for REPORT.md and figures (default: runs/plots/RUN_NAME; plots/RUN_NAME for a published run in "
+          "results/).")
 @force_option
 def report_cmd(run_dir, out, force):
     """One Markdown report (environment, method, correctness, headline, figures) for a pull request."""
@@ -50,7 +52,8 @@ def report_cmd(run_dir, out, force):
 
 @click.command()
 @run_dir
-@opt("--out", type=PathArg(file_okay=False), help="Folder for the figures (default: plots/RUN_NAME).")
+@opt("--out", type=PathArg(file_okay=False),
+     help="Folder for the figures (default: runs/plots/RUN_NAME; plots/RUN_NAME for a published run in results/).")
 @force_option
 def plot(run_dir, out, force):
     """Figures of a run folder, as PNG."""
@@ -105,7 +108,8 @@ def compare_cmd(base, new, threshold, alpha, fmt, allow_different_gpus):
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=PathArg(exists=True, file_okay=False))
 @opt("--out", type=PathArg(file_okay=False),
-     help="Folder for MATRIX.md, matrix.csv and matrix.png (default: plots/matrix-SCENARIO).")
+     help="Folder for MATRIX.md, matrix.csv and matrix.png (default: runs/plots/matrix-SCENARIO; "
+          "plots/matrix-SCENARIO for published runs in results/).")
 @opt("--library", default="flashinfer", show_default=True,
      help="The library under test whose releases the runs differ in (meta.json records its release).")
 @opt("--unbuilt", multiple=True, metavar="RELEASE=WHY",

@@ -86,7 +86,7 @@ def print_counted(result, out: Path) -> bool:
 
 
 @click.command("bench-host")
-@opt("--out", type=PathArg(file_okay=False), help="Run folder (default: results/host-bench-TIME).")
+@opt("--out", type=PathArg(file_okay=False), help="Run folder (default: runs/host-bench-TIME).")
 @opt("--quick", is_flag=True, help="Small batches and contexts only (seconds, for a smoke test).")
 def bench_host(out, quick):
     """pytest-benchmark of the host work a step pays (mask build and packing, trimmed page tables,

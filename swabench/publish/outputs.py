@@ -182,26 +182,41 @@ def _output_folder(out, default: Path, inputs, force: bool, kind: str, files) ->
     return folder
 
 
+PUBLISHED = Path("results")  # the published runs: their reports and figures are published in plots/
+PUBLISHED_FIGURES = Path("plots")
+FIGURES = Path("runs") / "plots"  # every other run's, beside a user's runs (lifecycle.RUNS_ROOT): git-ignored
+
+
+def figures_root(runs) -> Path:
+    """Where the reports and figures of ``runs`` go by default: ``plots/`` for runs that are all published (in a
+    ``results/`` folder), as published; ``runs/plots/`` for any other, so that a user's output stays out of what
+    the repository keeps."""
+    published = all(Path(run).resolve().parent.name == PUBLISHED.name for run in runs)
+    return PUBLISHED_FIGURES if published else FIGURES
+
+
 def figures_folder(run, out, files, force: bool = False) -> Path:
-    """The folder for a run's report and figures (default plots/RUN_NAME), which it writes as ``files``: not
-    holding those of another run folder, nor such a file swabench did not write (unless ``force``); it then records
-    ``run`` as its source."""
-    return _output_folder(out, Path("plots") / Path(run).resolve().name, [run], force, "report or figures", files)
+    """The folder for a run's report and figures (default ``figures_root``/RUN_NAME), which it writes as ``files``:
+    not holding those of another run folder, nor such a file swabench did not write (unless ``force``); it then
+    records ``run`` as its source."""
+    default = figures_root([run]) / Path(run).resolve().name
+    return _output_folder(out, default, [run], force, "report or figures", files)
 
 
 def matrix_folder(out, scenario: str, runs, force: bool = False) -> Path:
-    """A release matrix's folder (default plots/matrix-SCENARIO): not holding the matrix of another set
+    """A release matrix's folder (default ``figures_root``/matrix-SCENARIO): not holding the matrix of another set
     of run folders, nor a MATRIX.md, matrix.csv or matrix.png swabench did not write (unless ``force``); it then
     records ``runs`` as its source.  The default's name comes from the runs' meta.json, so it must be a slug."""
     from swabench.inputs import scenarios
 
+    root = figures_root(runs)
     if out is None:
         try:
             scenarios.check_name(scenario)
         except ValueError as e:
-            raise OutputError(f"the default --out plots/matrix-SCENARIO: the scenario the runs' meta.json names "
+            raise OutputError(f"the default --out {root}/matrix-SCENARIO: the scenario the runs' meta.json names "
                               f"{e}; give --out") from None
-    return _output_folder(out, Path("plots") / f"matrix-{scenario}", runs, force, "matrix",
+    return _output_folder(out, root / f"matrix-{scenario}", runs, force, "matrix",
                           ("MATRIX.md", "matrix.csv", "matrix.png"))
 
 

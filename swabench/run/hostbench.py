@@ -24,7 +24,10 @@ class HostBenchError(UserError):
 
 
 def default_out() -> Path:
-    return places.new_folder(Path("results"), f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    """``runs/host-bench-TIME``, beside a user's other runs."""
+    from swabench.run.lifecycle import RUNS_ROOT
+
+    return places.new_folder(RUNS_ROOT, f"host-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
 def bench(out: Path, quick: bool = False) -> list[Path]:

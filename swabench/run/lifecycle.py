@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-RESULTS_ROOT = Path("results")
+RUNS_ROOT = Path("runs")  # where a run goes without --out: git-ignored, apart from the published runs in results/
 WARMUP_JOBS = 8  # JIT modules built at once before a sweep
 
 
@@ -122,7 +122,16 @@ class Outcome:
                           f"--retry-crashed", "red" if crashed_correct(self.table) else "yellow"))
         if fail or (strict and xpass):
             lines.append((f"{fail} points failed the gate" + (f", {xpass} xpass (--strict)" if strict else ""), "red"))
+        if self.noise_warning:
+            lines.append((self.noise_warning, "yellow"))
         return lines
+
+    @property
+    def noise_warning(self) -> str | None:
+        """What to say when most of the run's timed points are noisy (analysis.noise), else None."""
+        from swabench.analysis import noise
+
+        return noise.warning(self.table)
 
     def exit_status(self, strict: bool = False) -> int:
         """130 interrupted; 2 when nothing ran (every point skipped); 1 when a correct implementation failed the
@@ -188,10 +197,10 @@ def since_start() -> float:
     return round(time.perf_counter() - STARTED, 1)
 
 
-def default_out(scenario_name: str, device_type: str, what: str, root: Path = RESULTS_ROOT) -> Path:
-    """``results/NAME-WHAT-DEVICE-TIME``, created empty now (with a suffix, -2 ..., when a run started
+def default_out(scenario_name: str, device_type: str, what: str, root: Path = RUNS_ROOT) -> Path:
+    """``runs/NAME-WHAT-DEVICE-TIME``, created empty now (with a suffix, -2 ..., when a run started
     in the same second took the name); the name is a slug (scenarios.check_name), so the folder stays
-    under the results root."""
+    under the root."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"{scenarios.check_name(scenario_name)}-{what}-{device_type}-{stamp}"
     assert (root / name).resolve().parent == root.resolve(), name

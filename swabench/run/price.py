@@ -15,7 +15,8 @@ from swabench.errors import UserError
 from swabench.inputs import models, traces
 
 KV_BYTES = 2  # bf16 or fp16 cache elements
-CPU_LIMIT_S = 600  # a price on the CPU longer than this is refused before it starts
+CPU_LIMIT_S = 600  # a price on the CPU longer than this (on an idle CPU) is refused before it starts
+SMALL_TRACE = "traces/small.jsonl"  # a trace of the repository small enough to price on a CPU
 
 
 def preset(name: str) -> models.Model:
@@ -102,11 +103,13 @@ def request(model_name: str, trace, implementations, backends, out: Path | None,
 
 
 def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> None:
+    """UserError for steps that would keep even an idle CPU past ``CPU_LIMIT_S``: the refusal is about the work, the
+    same whatever else the machine runs now (the run's own estimate, at this machine's pace, is said when it starts)."""
     import torch
 
     from swabench.run import cpu_cost
 
-    cost = cpu_cost.estimate(scenario.points, device)
+    cost = cpu_cost.estimate(scenario.points, device, at=cpu_cost.IDLE)
     work, threads, minutes = cost.multiply_adds, torch.get_num_threads(), cost.seconds / 60
     if minutes * 60 <= CPU_LIMIT_S:
         return
@@ -115,9 +118,10 @@ def _refuse_hours_on_the_cpu(model: models.Model, trace, scenario, device) -> No
         (f"{model.name}'s template steps in models.toml, sized for a GPU (up to {max(c.largest()[1] for c in cases)} "
          f"keys, batches of up to {max(c.batch_size for c in cases)})")
     raise UserError(f"price on the CPU: {steps} need up to {work / 1e12:.1f} T multiply-adds to gate and time "
-                    f"({len(cases)} layer steps), about {minutes:.0f} min on {threads} CPU threads, past the "
+                    f"({len(cases)} layer steps), about {minutes:.0f} min on {threads} idle CPU threads, past the "
                     f"{CPU_LIMIT_S // 60} min a price may take on the CPU; give a TRACE of shorter steps of "
-                    f"{model.name}, or run it on a GPU (--device cuda)")
+                    f"{model.name} (the repository's {SMALL_TRACE} is one of gemma-3-27b: `swabench price --model "
+                    f"gemma-3-27b {SMALL_TRACE}` takes minutes on a CPU), or run it on a GPU (--device cuda)")
 
 
 def _refuse_wrong_paths(implementations) -> None:
