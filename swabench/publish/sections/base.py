@@ -8,12 +8,10 @@ from typing import Callable
 
 import pandas as pd
 
+from swabench.analysis.noise import LONG_US, NOISE  # noqa: F401  (the bar a timed point is held to)
 from swabench.core.cases import MODES
 from swabench.impls import registry
 from swabench.publish.markdown import markdown_table
-
-NOISE = 0.02  # the noise bar (IQR / median) a timed point is held to
-LONG_US = 20  # points this long or longer are held to the noise bar: under it, jitter alone is a few percent
 TIE = NOISE  # a ratio within the noise bar of 1 is the same time, not a win or a loss
 FLOOR = "its roofline floor / its time"  # a column: the floor at the GPU's peak clocks / the path's time, in percent
 REPORT, FINDINGS, SUMMARY = "report", "findings", "summary"  # the pages a section can appear on
