@@ -2,6 +2,7 @@
 noisy points are listed and a run that is mostly noise is warned of; the estimate before a CPU sweep is made at
 this machine's pace; the repository's small trace replays and prices on the CPU."""
 
+import os
 import re
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def test_the_small_trace_replays_and_prices_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SWABENCH_TIMING_TESTS") != "1",
+                    reason="a wall-clock check: run it alone, on an otherwise idle machine (SWABENCH_TIMING_TESTS=1); "
+                           "beside other pytest workers the machine's pace changes under the estimate")
 def test_the_estimate_holds_within_twice_on_this_machine(tmp_path):
     """cpu.toml's decode points in a process of their own, as a user runs them: full timers, the pace measured."""
     done = subprocess.run([sys.executable, "-m", "swabench", "run", "cpu", "--case", "decode", "--device", "cpu",
