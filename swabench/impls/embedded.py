@@ -16,6 +16,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from swabench.core.query_batch import QueryBatch
 from swabench.core import semantics, workloads
 from .implementation import computed, exact
 from .registry import Implementation, register
@@ -80,7 +81,7 @@ class BatchedSdpaRunner:
     every gathered key (decode with full windows), so that SDPA may pick its flash kernel."""
 
     def __init__(self, w):
-        self.w, self.queries = w, workloads.QueryBatch(w)
+        self.w, self.queries = w, QueryBatch(w)
         self.out = torch.empty_like(w.q)
         self.resolved_backend = f"torch-sdpa-{w.device.type}"
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from swabench.core.query_batch import QueryBatch
 from swabench.core import semantics, workloads
 from .flex_span import Span, TreeSpan
 from .registry import Implementation, ResourceError, register
@@ -195,7 +196,7 @@ class BatchedFlex(FlexRunner):
         super().__init__(w)
         c = w.case
         self.contiguous = contiguous
-        self.queries = workloads.QueryBatch(w)
+        self.queries = QueryBatch(w)
         self.batch, self.rows = self.queries.batch, self.queries.rows
         self.group = c.gqa_group
         self.q_block = q_block_size(self.rows, self.group)
