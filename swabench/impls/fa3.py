@@ -25,25 +25,26 @@ window runs FA3's local kernel.  FA3 skips the key blocks wholly before a query 
 take the full table.  The known mistake beside it: the window given as a count of keys (a config's
 ``sliding_window``), ``(W + 1, 0)``: each query sees one key before its window (``fa3-window-count``).
 
-``sglang-fa3-tree``: SGLang's FA3 backend on a sliding-window layer in EAGLE target verify at topk > 1 (sglang 0.5.17,
-``python/sglang/srt/layers/attention/flashattention_backend.py``).  SGLang runs the cascade (a prefix call and an
-"expand" call, each with ``return_softmax_lse=True``, joined by ``merge_state_v2``) on the other layers only:
+``sglang-fa3-tree``: SGLang's FA3 backend on a sliding-window layer in EAGLE target verify at topk > 1 (sglang
+0.5.17, ``python/sglang/srt/layers/attention/flashattention_backend.py``).  SGLang runs the cascade (a prefix call
+and an "expand" call, each with ``return_softmax_lse=True``, joined by ``merge_state_v2``) on the other layers only:
 ``use_cascade_attn`` is ``is_target_verify() and topk > 1 and not is_swa_layer`` (l.1260-1268; its comment: FA3 takes
-no window a query), so a sliding-window layer takes ``swa_spec_metadata`` (l.1313-1319) and makes ONE call (l.1453-1471):
-``causal=True``, ``window_size=(W, 0)``, ``return_softmax_lse=False``, one query a row (``max_seqlen_q=1``).  The rows
-are built per step in ``init_forward_metadata`` (l.826-923): the prefix metadata (``cache_seqlens = seq_lens``, the
-page table ``req_to_token[:, :max(seq_lens)]``), the expand metadata (one row a draft token; its ancestors and itself
-among the draft slots, read from the tree mask, sorted to the front in slot order; ``cache_seqlens`` their count), and,
-where the model has a window, ``_init_sliding_window_attn_spec_metadata`` (l.3215-3272): each row the request's whole
-prefix table then its expand row (``prepare_swa_spec_page_table_triton``, ``sglang/kernels/ops/attention/metadata.py``
-l.63-158), ``cache_seqlens = prefix + depth + 1``, ``cu_seqlens_k`` their prefix sums (handed as ``cu_seqlens_k_new``,
-which FA3 ignores without new keys).  It asserts page size 1 (l.3221-3224), so other page sizes skip, naming it.  The
-CUDA-graph replay builds the same rows (l.2929-2933).  Nothing else refuses the pair: SGLang picks FA3 by default at
-topk > 1 only for GPT-OSS on SM90 (``arg_groups/overrides.py:874-882``; ``server_args.py:5681-5689`` leaves other
-models on FlashInfer), and ``--attention-backend fa3`` is accepted at topk > 1 (``speculative_hook.py:667-681``).
-In row ``(b, i)`` FA3's query sits at ``p = prefix + depth`` and column ``prefix + t`` holds the ancestor at depth
-``t``, so ``(W, 0)`` keeps the cached keys from ``prefix + depth - W`` and the ancestors at depth ``>= depth - W``:
-the window by depth over the node's own branch, the suite's reference.  A correct path.
+one window a call, not one a query), so a sliding-window layer takes ``swa_spec_metadata`` (l.1313-1319) and makes
+one call (l.1453-1471): ``causal=True``, ``window_size=(W, 0)``, ``return_softmax_lse=False``, one query a row
+(``max_seqlen_q=1``).  The rows are built per step in ``init_forward_metadata`` (l.826-923): the prefix metadata
+(``cache_seqlens = seq_lens``, the page table ``req_to_token[:, :max(seq_lens)]``), the expand metadata (one row a
+draft token; its ancestors and itself among the draft slots, read from the tree mask, sorted to the front in slot
+order; ``cache_seqlens`` their count), and, where the model has a window, ``_init_sliding_window_attn_spec_metadata``
+(l.3215-3272): each row the request's whole prefix table then its expand row (``prepare_swa_spec_page_table_triton``,
+``sglang/kernels/ops/attention/metadata.py`` l.63-158), ``cache_seqlens = prefix + depth + 1``, ``cu_seqlens_k``
+their prefix sums (handed as ``cu_seqlens_k_new``, which FA3 ignores without new keys).  It asserts page size 1
+(l.3221-3224), so other page sizes skip, naming it.  The CUDA-graph replay builds the same rows
+(l.2929-2933).  Nothing else refuses the pair: SGLang picks FA3 by default at topk > 1 only for GPT-OSS on SM90
+(``arg_groups/overrides.py:874-882``; ``server_args.py:5681-5689`` leaves other models on FlashInfer), and
+``--attention-backend fa3`` is accepted at topk > 1 (``speculative_hook.py:667-681``).  In row ``(b, i)`` FA3's query
+sits at ``p = prefix + depth`` and column ``prefix + t`` holds the ancestor at depth ``t``, so ``(W, 0)`` keeps the
+cached keys from ``prefix + depth - W`` and the ancestors at depth ``>= depth - W``: the window by depth over the
+node's own branch, the suite's reference.  A correct path.
 
 GPT-OSS's sinks go in as ``s_aux`` (vLLM) or ``sinks`` (SGLang): bfloat16 only (flash_api.cpp:1211-1224), one logit
 per query head in the scaled logits' units (softmax.h:156-175), so the suite's float32 sinks are rounded to
