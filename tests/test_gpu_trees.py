@@ -1,9 +1,10 @@
-"""On a CUDA machine: draft trees through FlashInfer.  The depth paths and the per-node branches pass the gate on
-trees and chains, below and past the window; the slot rule, SGLang's verify recipe and the sink wrapper under a
-tree mask are wrong exactly on the rows their semantics predict (and right on every row they do not); the tree
-paths replay in a CUDA graph.
+"""On a CUDA machine: draft trees through FlashInfer and SGLang's FA3 build.  The depth paths and the per-node branches
+pass the gate on trees and chains, below and past the window; the slot rule, SGLang's verify recipe and the sink
+wrapper under a tree mask are wrong exactly on the rows their semantics predict (and right on every row they do
+not); the tree paths replay in a CUDA graph.  SGLang's FA3 backend, one row a draft token (``sglang-fa3-tree``),
+passes on trees and chains, with and without GPT-OSS's sinks, and replays in a CUDA graph.
 
-Marked ``gpu``: skipped without CUDA (and the FlashInfer ones without flashinfer)."""
+Marked ``gpu``: skipped without CUDA (and the FlashInfer ones without flashinfer, SGLang's without its FA3 build)."""
 
 import pytest
 import torch
@@ -83,5 +84,17 @@ def test_on_a_sink_layer_the_branches_pass_and_the_sink_wrapper_drops_the_tree_m
 def test_tree_runners_replay_in_a_cuda_graph(impl):
     w = workload("eagle:4:3", 16, 127, 1000, page_size=1)
     runner, result = gated(impl, w)
+    assert result.passed, result.reason
+    assert_replays_in_a_graph(runner)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("tree,n,window_left,prefix", TREES)
+def test_sglangs_fa3_backend_runs_a_tree_as_one_row_a_draft_token_and_passes(tree, n, window_left, prefix, chain,
+                                                                              sinks):
+    w = workload("chain" if chain else tree, n, window_left, prefix, page_size=1, sinks=sinks,
+                 head_dim=64 if sinks else 128)
+    runner, result = gated("sglang-fa3-tree", w, "sgl-fa3")
     assert result.passed, result.reason
     assert_replays_in_a_graph(runner)

@@ -148,6 +148,16 @@ EVERY_PATH = textwrap.dedent("""
     window_left = 5
     page_size = 16
     [[sweep]]
+    group = "fa3-sgl-tree"
+    implementations = ["sglang-fa3-tree"]
+    backend = "sgl-fa3"
+    mode = "verify"
+    tree = "eagle:2:2"
+    draft_tokens = 5
+    prefix_len = [30, 12]
+    window_left = 7
+    page_size = 1
+    [[sweep]]
     group = "fmha-v2"
     implementations = ["fmha-v2-window"]
     backend = "fmha-v2"
@@ -196,7 +206,8 @@ EVERY_PATH = textwrap.dedent("""
 FLEX = ("flex-window", "flex-contiguous", "flex-flat")
 NO_SCRIPT_YET = ("xqa-window", "xqa-window-off-by-one", "fmha-v2-window", "fmha-v2-chunked", "batch-attention-trim",
                  "mixed-two-calls", "pod-window", "cudnn-prefill", "cudnn-decode", "cudnn-graph", "cudnn-graph-band-w",
-                 "fa4-window", "fa4-window-count", "fa3-window", "fa3-window-count", "sglang-fa3")
+                 "fa4-window", "fa4-window-count", "fa3-window", "fa3-window-count", "sglang-fa3",
+                 "sglang-fa3-tree")
 PUBLISHED = "tests/fixtures/published/results"  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
 

@@ -25,6 +25,27 @@ window runs FA3's local kernel.  FA3 skips the key blocks wholly before a query 
 take the full table.  The known mistake beside it: the window given as a count of keys (a config's
 ``sliding_window``), ``(W + 1, 0)``: each query sees one key before its window (``fa3-window-count``).
 
+``sglang-fa3-tree``: SGLang's FA3 backend on a sliding-window layer in EAGLE target verify at topk > 1 (sglang
+0.5.17, ``python/sglang/srt/layers/attention/flashattention_backend.py``).  SGLang runs the cascade (a prefix call
+and an "expand" call, each with ``return_softmax_lse=True``, joined by ``merge_state_v2``) on the other layers only:
+``use_cascade_attn`` is ``is_target_verify() and topk > 1 and not is_swa_layer`` (l.1260-1268; its comment: FA3 takes
+one window a call, not one a query), so a sliding-window layer takes ``swa_spec_metadata`` (l.1313-1319) and makes
+one call (l.1453-1471): ``causal=True``, ``window_size=(W, 0)``, ``return_softmax_lse=False``, one query a row
+(``max_seqlen_q=1``).  The rows are built per step in ``init_forward_metadata`` (l.826-923): the prefix metadata
+(``cache_seqlens = seq_lens``, the page table ``req_to_token[:, :max(seq_lens)]``), the expand metadata (one row a
+draft token; its ancestors and itself among the draft slots, read from the tree mask, sorted to the front in slot
+order; ``cache_seqlens`` their count), and, where the model has a window, ``_init_sliding_window_attn_spec_metadata``
+(l.3215-3272): each row the request's whole prefix table then its expand row (``prepare_swa_spec_page_table_triton``,
+``sglang/kernels/ops/attention/metadata.py`` l.63-158), ``cache_seqlens = prefix + depth + 1``, ``cu_seqlens_k``
+their prefix sums (handed as ``cu_seqlens_k_new``, which FA3 ignores without new keys).  It asserts page size 1
+(l.3221-3224), so other page sizes skip, naming it.  The CUDA-graph replay builds the same rows
+(l.2929-2933).  Nothing else refuses the pair: SGLang picks FA3 by default at topk > 1 only for GPT-OSS on SM90
+(``arg_groups/overrides.py:874-882``; ``server_args.py:5681-5689`` leaves other models on FlashInfer), and
+``--attention-backend fa3`` is accepted at topk > 1 (``speculative_hook.py:667-681``).  In row ``(b, i)`` FA3's query
+sits at ``p = prefix + depth`` and column ``prefix + t`` holds the ancestor at depth ``t``, so ``(W, 0)`` keeps the
+cached keys from ``prefix + depth - W`` and the ancestors at depth ``>= depth - W``: the window by depth over the
+node's own branch, the suite's reference.  A correct path.
+
 GPT-OSS's sinks go in as ``s_aux`` (vLLM) or ``sinks`` (SGLang): bfloat16 only (flash_api.cpp:1211-1224), one logit
 per query head in the scaled logits' units (softmax.h:156-175), so the suite's float32 sinks are rounded to
 bfloat16 for the call.  Gemma 2's soft-cap is ``softcap``.  FA3 compiles nothing at run time: its first call
@@ -142,9 +163,15 @@ class Fa3Runner:
 
 
 def unsupported(case, backend: str) -> str | None:
-    """Why FA3's Hopper forward cannot run a case, from its own checks (flash_api.cpp)."""
+    """Why FA3's Hopper forward cannot run a case as one call over each request's table."""
     if case.tree not in (None, trees.CHAIN):
-        return "FA3 takes no tree mask (SGLang runs a draft tree on an SWA layer as one row a draft token, page size 1)"
+        return "FA3 takes no tree mask (SGLang runs a draft tree on an SWA layer as one row a draft token: " \
+               "sglang-fa3-tree)"
+    return fa3_limits(case)
+
+
+def fa3_limits(case) -> str | None:
+    """Why FA3's Hopper forward cannot run a case, from its own checks (flash_api.cpp)."""
     if case.dtype not in DTYPES or case.kv_dtype not in (None, case.dtype):
         return f"FA3 here takes {' and '.join(DTYPES)} queries and caches of one dtype (its FP8 path is not built here)"
     if case.head_dim not in HEAD_DIMS:
@@ -154,12 +181,16 @@ def unsupported(case, backend: str) -> str | None:
     return None
 
 
-def sglang_unsupported(case, backend: str) -> str | None:
-    """FA3's limits, and the models SGLang runs with no sliding window at all (sglang 0.5.17: Mistral's
-    ``MistralForCausalLM`` is ``LlamaForCausalLM``, whose RadixAttention takes none)."""
+def sglang_runs_no_window(case) -> str | None:
+    """The models SGLang runs with no sliding window at all (sglang 0.5.17: Mistral's ``MistralForCausalLM`` is
+    ``LlamaForCausalLM``, whose RadixAttention takes none)."""
     if (case.model or "").startswith("mistral"):
         return "SGLang runs Mistral's layers as full attention (srt/models/mistral.py, llama.py): no SWA layer to run"
-    return unsupported(case, backend)
+    return None
+
+
+def sglang_unsupported(case, backend: str) -> str | None:
+    return sglang_runs_no_window(case) or unsupported(case, backend)
 
 
 def _register(name: str, summary: str, backend: str, extra_keys: int, storages=("paged", "ragged"),
@@ -179,3 +210,76 @@ _register("fa3-window-count", "FlashAttention-3 (vLLM's build) given the window 
 _register("sglang-fa3", "SGLang's FA3 backend on an SWA layer (SGLang's build): flash_attn_with_kvcache over the "
           "request's whole page table, cache_seqlens, causal, window_size=(sliding_window - 1, 0)", SGL, 0,
           storages=("paged",), refuses=sglang_unsupported)
+
+
+# ---------------------------------------------------------------- EAGLE verify at topk > 1 on a sliding-window layer
+
+def swa_spec_rows(w) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's rows for a sliding-window layer in EAGLE target verify at topk > 1, built as ``init_forward_metadata``
+    and ``_init_sliding_window_attn_spec_metadata`` build them (page size 1): the page table ``[batch * n, max prefix +
+    n]``, each row its request's whole prefix, then its draft token's ancestors and itself in slot order, zeros after;
+    and each row's key count, ``prefix + depth + 1``."""
+    n, device = w.qo_lens[0], w.device
+    req_to_token = workloads.block_tables(w.kv_indptr_host, w.kv_indices_host).to(device)
+    seq_lens = torch.tensor(w.prefix_lens, device=device)
+    prefix_table = req_to_token[:, :max(w.prefix_lens)]  # metadata.page_table
+    mask = torch.cat([t.ancestors() for t in w.trees]).to(device)  # the tree mask's draft columns, a row a token
+    cols = torch.arange(n, device=device).expand(len(mask), n)
+    order = torch.sort(torch.where(mask, cols, cols + n), dim=1).indices  # its ancestors first, in slot order
+    drafts = req_to_token.gather(1, seq_lens[:, None] + cols[:1]).repeat_interleave(n, dim=0)
+    expand_table, expand_lens = drafts.gather(1, order), mask.sum(dim=1)
+    prefix_of_row = seq_lens.repeat_interleave(n)[:, None]
+    col = torch.arange(prefix_table.shape[1] + n, device=device)[None, :]
+    from_prefix = torch.nn.functional.pad(prefix_table.repeat_interleave(n, dim=0), (0, n))
+    from_expand = expand_table.gather(1, (col - prefix_of_row).clamp(0, n - 1))
+    table = torch.where(col < prefix_of_row, from_prefix,
+                        torch.where(col < prefix_of_row + expand_lens[:, None], from_expand, 0))
+    return table.to(torch.int32), (prefix_of_row[:, 0] + expand_lens).to(torch.int32)
+
+
+class SwaSpecRunner:
+    """SGLang's one FA3 call on a sliding-window layer in EAGLE verify at topk > 1: its rows built at plan (SGLang
+    builds them every step), the call at run."""
+
+    def __init__(self, w, backend: str):
+        self.w, self.backend = w, backend
+        self.out = torch.empty_like(w.q)
+        self.resolved_backend = backend
+        self.compile_s = None
+
+    def plan(self) -> None:
+        w, i32 = self.w, torch.int32
+        self.page_table, self.cache_seqlens = swa_spec_rows(w)
+        self.cu_seqlens_q = torch.arange(len(self.cache_seqlens) + 1, dtype=i32, device=w.device)
+        self.cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(self.cache_seqlens, 0, dtype=i32), (1, 0))
+        self.window_size = window(w.case.window_left)
+        self.sinks = w.sinks_as(torch.bfloat16)
+        self.compile_s = first_call(self, self.compile_s)
+
+    def run(self) -> None:
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache
+
+        w = self.w
+        flash_attn_with_kvcache(q=w.q, k_cache=w.k_store, v_cache=w.v_store, page_table=self.page_table,
+                                cache_seqlens=self.cache_seqlens, cu_seqlens_q=self.cu_seqlens_q,
+                                cu_seqlens_k_new=self.cu_seqlens_k, max_seqlen_q=1, softmax_scale=w.sm_scale,
+                                causal=True, window_size=self.window_size, softcap=w.case.logits_soft_cap or 0.0,
+                                return_softmax_lse=False, num_splits=0, out=self.out, ver=3, sinks=self.sinks)
+
+
+def sglang_tree_unsupported(case, backend: str) -> str | None:
+    """Where SGLang's FA3 backend does not run a draft tree as one row a draft token."""
+    if case.page_size != 1:
+        return (f"SGLang's FA3 backend asserts page size 1 for topk > 1 on a model with sliding-window layers "
+                f"(flashattention_backend.py:3221-3224, sglang 0.5.17), not {case.page_size}")
+    if case.window_left < 0:
+        return "a layer without a window takes SGLang's cascade at topk > 1 (flashattention_backend.py:1260-1268)"
+    return sglang_runs_no_window(case) or fa3_limits(case)
+
+
+register(Implementation(
+    "sglang-fa3-tree", SGL, ("paged",), "SGLang's FA3 backend on an SWA layer in EAGLE verify at topk > 1 (SGLang's "
+    "build): flash_attn_with_kvcache, one row a draft token over its request's whole prefix and its ancestors, page "
+    "size 1, causal, window_size=(sliding_window - 1, 0), no cascade", lambda w, b: SwaSpecRunner(w, b),
+    backends=(SGL,), modes=("verify",), requires=frozenset({"tree"}), tree=True, needs_cuda=True,
+    unsupported=sglang_tree_unsupported, available=lambda: import_error(SGL)), __name__)
