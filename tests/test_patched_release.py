@@ -200,3 +200,31 @@ def test_each_committed_patch_applies_to_the_0_7_4_wheel(path, tmp_path):
         for f in patch.files:
             wheel.extract(f"flashinfer/{f}", tmp_path)
     pr.check(patch, tmp_path / "flashinfer", "0.7.4")
+
+
+def test_an_issue_body_says_the_fix_and_the_gates_verdict_read_from_the_runs(tmp_path):
+    from test_matrix import FIX, patched_run
+
+    from swabench.repro import fixes
+
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    gate = "python3 -m swabench run noncausal --patch patches/flashinfer-4992.diff --out runs/x"
+    path = diff("flashinfer-4992", "  line 5;", "  line 5 fixed;", folder=folder,
+                header=f"Fixes: flashinfer#4972 (fa2 non-causal)\nGate: {gate}\n")
+    root = tmp_path / "results"
+    root.mkdir()
+    (said,) = fixes.lines("flashinfer#4972", folder, root)
+    assert said.startswith("**A fix:** `patches/flashinfer-4992.diff`") and f"not yet gated on a GPU; the gate: " \
+                                                                             f"`{gate}`" in said
+    assert fixes.lines("holistic-offset", folder, root) == []  # no patch fixes it
+    points = [("c1", "paged-window", "correct", "xfail", "flashinfer#4972"), ("c2", "paged-trim", "correct", "pass", None)]
+    base = patched_run(root / "h200-noncausal-0.7.4", "0.7.4", points)
+    patched_run(root / "h200-noncausal-0.7.2", "0.7.2", points)  # another release: not the base
+    fixed = patched_run(root / "h200-noncausal-0.7.4+flashinfer-4992", "0.7.4+flashinfer-4992",
+                        [("c1", "paged-window", "correct", "pass", "flashinfer#4972"), points[1]],
+                        {**FIX, "sha256": pr.read(path).sha256})
+    (said,) = fixes.lines("flashinfer#4972", folder, root)
+    assert said == (f"**A fix, checked by swabench's gate:** `patches/flashinfer-4992.diff` (sha256 "
+                    f"{pr.read(path).sha256[:12]}). 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 1 wrong "
+                    f"points right; no other point of the 2 both ran changed status (runs `{base}` and `{fixed}`).")
