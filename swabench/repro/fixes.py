@@ -37,14 +37,15 @@ def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
     return None
 
 
-def gated(fix: Fix, root: Path = PUBLISHED) -> tuple[str, Path, Path] | None:
-    """(the gate's verdict line, the base run, the patched run) from the run folders under ``root``, or None where no
-    run there was made with ``fix`` beside one of its base release without a patch."""
+def gated(fix: Fix, root: Path = PUBLISHED) -> list[tuple[str, Path, Path]]:
+    """(the gate's verdict line, the base run, the patched run) for each run folder under ``root`` made with ``fix``
+    beside one of its base release without a patch, of the same scenario."""
     from swabench.analysis import patched
     from swabench.store import run_folder
 
     folders = sorted(p for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
     metas = {p: run_folder.read_meta(p) for p in folders}
+    found = []
     for folder, meta in metas.items():
         patch = meta.get("patch") or {}
         if patch.get("sha256") != fix.sha256:
@@ -57,8 +58,8 @@ def gated(fix: Fix, root: Path = PUBLISHED) -> tuple[str, Path, Path] | None:
             base_table, base_meta = run_folder.load(bases[0])
             table, _ = run_folder.load(folder)
             release = (meta.get("libraries") or {}).get(library) or f"{patch.get('base')}+{patch.get('name')}"
-            return patched.compare(patch["base"], base_table, release, table, patch).line(), bases[0], folder
-    return None
+            found.append((patched.compare(patch["base"], base_table, release, table, patch).line(), bases[0], folder))
+    return found
 
 
 def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]:
@@ -69,7 +70,6 @@ def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]
         return []
     found = gated(fix, root)
     if found:
-        said, base, run = found
-        return [f"**A fix, checked by swabench's gate:** `{fix.name}` (sha256 {fix.sha256[:12]}). {said} (runs "
-                f"`{base}` and `{run}`)."]
+        return [f"**A fix, checked by swabench's gate:** `{fix.name}` (sha256 {fix.sha256[:12]}). " +
+                " ".join(f"{said} (runs `{base}` and `{run}`)." for said, base, run in found)]
     return [f"**A fix:** `{fix.name}` (sha256 {fix.sha256[:12]}), not yet gated on a GPU; the gate: `{fix.gate}`."]
