@@ -159,3 +159,64 @@ def test_the_release_matrix_published_from_the_h200():
     assert (t[t["release"] == "0.7.2.post1"]["verdict"] == "same").all()
     slower = t[(t["release"] == "0.6.18.post1") & (t["verdict"] == "slower")]
     assert len(slower) and set(slower["backend"]) == {"fa2"} and (slower["ratio"] > 1.05).all()
+
+
+def patched_run(folder, release, points, patch=None):
+    """A run folder like ``release_run``'s with several cases: ``points`` maps (case, impl, kind, status, upstream)
+    to nothing; ``patch``: the record ``swabench run --patch`` leaves (its base, name, ...)."""
+    meta = {"gpu": "NVIDIA H200", "scenario": "noncausal", "libraries": {"flashinfer": release}}
+    meta.update({"patch": patch} if patch else {})
+    store = RunStore.create(folder, meta, "noncausal")
+    for case, impl, kind, status, bug in points:
+        store.append({"case_id": case, "case": f"extend {case}", "mode": "extend", "storage": "paged",
+                      "batch_size": 1, "prefix_len": 300, "window_left": 333, "impl": impl, "kind": kind,
+                      "library": "flashinfer", "backend": "fa2", "status": status, "upstream": bug,
+                      "reason": ""})
+    store.finalize(state="complete")
+    return folder
+
+
+FIX = {"name": "flashinfer-4992", "file": "patches/flashinfer-4992.diff", "sha256": "ab" * 32, "base": "0.7.4",
+       "files": ["data/include/flashinfer/attention/scheduler.cuh"], "library": "flashinfer"}
+BUG = "flashinfer#4972"
+
+
+def base_and_patched(tmp_path, patched_statuses):
+    base = [("c1", "paged-window", "correct", "xfail", BUG), ("c2", "paged-window", "correct", "xfail", BUG),
+            ("c3", "paged-window", "correct", "pass", None), ("c1", "paged-plan", "known-bug", "xfail", None),
+            ("c4", "paged-window", "correct", "skip", None)]
+    patched = [(c, i, k, s, b) for (c, i, k, _, b), s in zip(base, patched_statuses)]
+    return (patched_run(tmp_path / "base", "0.7.4", base),
+            patched_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", patched, FIX))
+
+
+def test_a_patched_release_is_set_against_its_base_bug_by_bug(tmp_path):
+    m = matrix.build(base_and_patched(tmp_path, ["pass", "pass", "pass", "xfail", "pass"]))
+    assert [r.version for r in m.releases] == ["0.7.4", "0.7.4+flashinfer-4992"]
+    (c,) = m.patched
+    bugs = c.bugs.set_index("bug")
+    assert bugs.loc[BUG, ["predicted", "wrong", "right", "verdict"]].tolist() == [2, 2, 2, "turns right"]
+    assert bugs.loc["paged-plan", "verdict"] == "still wrong"  # the known bug's caught row is still caught
+    assert set(c.changed["case_id"]) == {"c1", "c2"} and c.points == 4  # the skip on the base is left out
+    assert c.line() == "0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 2 of 2 wrong points right; " \
+                       "paged-plan: 0 of 1 wrong points right; no other point of the 4 both ran changed status"
+
+
+def test_a_patch_that_changes_other_points_says_so_in_the_matrix_report(tmp_path):
+    base, fixed = base_and_patched(tmp_path, ["pass", "xfail", "fail", "xpass", "pass"])
+    out = tmp_path / "m"
+    r = invoke("matrix", base, fixed, "--out", out)
+    assert r.exit_code == 0, r.output
+    text = (out / "MATRIX.md").read_text()
+    assert "### 0.7.4+flashinfer-4992 against 0.7.4" in text
+    assert "**Verdict:** 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 2 wrong points right; " \
+           "paged-plan: 1 of 1 wrong points right; 1 other points of the 4 both ran changed status." in text
+    assert "| extend c3 | paged-window | fa2 | pass | fail |" in text  # the point it broke
+    assert "partly right" in text
+
+
+def test_a_patched_release_without_its_base_is_said_not_compared(tmp_path):
+    other = patched_run(tmp_path / "old", "0.7.2", [("c1", "paged-window", "correct", "xfail", BUG)])
+    _, fixed = base_and_patched(tmp_path, ["pass"] * 5)
+    m = matrix.build([other, fixed])
+    assert not m.patched and any("patches 0.7.4, which no folder here ran without a patch" in w for w in m.warnings)

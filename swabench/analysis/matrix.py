@@ -4,7 +4,9 @@ Three tables come out of it: the points per status of each implementation on eac
 whose API a release lacks is a skip that names the release); the timed points of each release as a
 ratio to the newest release's, judged by the rule ``compare`` uses (each point's own noise and a
 Mann-Whitney U test on the samples); and the declared upstream bugs (``impls.upstream``) each release
-shows.  A release whose runs could not run the library at all says why in its row.
+shows.  A release whose runs could not run the library at all says why in its row.  A patched release (a run of
+``swabench run --patch``, named ``BASE+NAME``) is also set against its base (``analysis.patched``): which points
+changed status, and whether each bug's wrong rows turn right.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from swabench.analysis import compare
+from swabench.analysis import patched as patching
 from swabench.errors import UserError
 from swabench.store import run_folder, tables
 
@@ -41,6 +44,7 @@ class Matrix:
     timings: pd.DataFrame  # one row per timed point x release: its time, ratio to the newest, verdict
     bugs: pd.DataFrame  # declared bug x release: points where its condition held, and where it showed
     warnings: list[str] = field(default_factory=list)
+    patched: list = field(default_factory=list)  # analysis.patched.Comparison: each patched release against its base
 
     @property
     def newest(self) -> Release:
@@ -101,8 +105,9 @@ def build(folders, library: str = "flashinfer", threshold: float = 0.05, alpha: 
     hashes = {r.meta.get("scenario_sha256") for r in releases}
     if len(hashes) > 1:
         warnings.append("the scenario file differs between runs: only the points in both are set side by side")
+    comparisons, unmatched = patching.against_bases(releases)
     return Matrix(library, scenarios.pop(), releases, _statuses(releases, library),
-                  _timings(releases, threshold, alpha), _bugs(releases), warnings)
+                  _timings(releases, threshold, alpha), _bugs(releases), warnings + unmatched, comparisons)
 
 
 def _release(folder: Path, library: str) -> Release:

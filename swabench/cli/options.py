@@ -170,8 +170,11 @@ run_dir = click.argument("run_dir", type=PathArg(exists=True, file_okay=False))
 def run_options(command):
     """The options ``run`` and ``check`` share."""
     resume = opt("--resume", is_flag=True, help="Continue the run in --out, skipping the points it already has.")
-    for option in (*isolation_options, strict_option, resume, model_option, case_option, impl_option, device_option,
-                   out_option):
+    patch = opt("--patch", type=PathArg(exists=True, dir_okay=False), metavar="FILE.diff",
+                help="Run a patched release: this unified diff to the installed FlashInfer's JIT sources (paths from "
+                     "its package folder), applied to a copy with a JIT cache of its own; recorded as BASE+NAME.")
+    for option in (patch, *isolation_options, strict_option, resume, model_option, case_option, impl_option,
+                   device_option, out_option):
         command = option(command)
     return command
 

@@ -20,7 +20,10 @@ MAX_BUCKET = 1 << 16  # coarser than this merges steps a window apart: no longer
 
 
 def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2="cold", shard=None, costs_from=None,
-                  model=None, counted=False, supervision=None):
+                  model=None, counted=False, supervision=None, patch=None):
+    from swabench.run import patched_release
+
+    patched = {"patch": patched_release.activate(patch)} if patch else None  # before anything imports the library
     device = device_of(device)
     supervision = supervision or {}
     if supervision.get("retry_crashed") and not resume:
@@ -33,8 +36,8 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
     if resume and out is None:
         raise InputError("--resume needs --out DIR: the run folder to continue")
     isolated = not supervision.get("in_process") and lifecycle.isolation.isolated_by_default()
-    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, counted=counted, isolated=isolated,
-                                retry_crashed=bool(supervision.get("retry_crashed")),
+    request = lifecycle.Request(s, out, device, timed, resume, l2, sharding, patched, counted=counted,
+                                isolated=isolated, retry_crashed=bool(supervision.get("retry_crashed")),
                                 limits=lifecycle.isolation.Limits(point_s=supervision.get("point_timeout") or
                                                                   lifecycle.isolation.POINT_LIMIT_S))
     out = Path(out) if out else lifecycle.default_out(s.name, device.type, request.what)
@@ -51,13 +54,15 @@ def sweep_command(scenario, out, device, impls, cases, resume, strict, timed, l2
 @costs_option
 @opt("--count", "counted", is_flag=True, hidden=True,
      help="Gate, then count one call per point instead of timing it: what `profile --tool ncu` runs under ncu.")
-def run(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process, l2,
+def run(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process, patch, l2,
         shard, gpus, costs_from, counted):
     """Gate and time every point of SCENARIO (a file, or a scenario name: see `swabench list`).
 
     Without SCENARIO: default.toml on a GPU, cpu.toml (the embedded backend) elsewhere."""
     if gpus and counted:
         raise InputError("--count with --gpus: a run under Nsight Compute counts on one GPU (swabench profile --tool ncu)")
+    if gpus and patch:
+        raise InputError("--patch runs a patched release on one GPU: drop --gpus")
     if gpus and (shard or resume or device == "cpu"):
         raise InputError("--gpus shards, and resumes, on its own GPUs: drop --shard, --resume and --device cpu "
                          "(run the same command again to continue a launch)")
@@ -68,7 +73,7 @@ def run(scenario, out, device, impls, cases, model, resume, strict, retry_crashe
     if costs_from and not shard:
         raise InputError("--costs-from balances shards: use it with --shard or --gpus")
     sweep_command(scenario, out, device, impls, cases, resume, strict, not counted, l2, shard, costs_from, model,
-                  counted, supervision)
+                  counted, supervision, patch)
 
 
 def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model=None, supervision=None) -> None:
@@ -96,12 +101,13 @@ def run_on_gpus(scenario, out, impls, cases, l2, gpus, costs_from, strict, model
 @click.command()
 @click.argument("scenario", type=PathArg(), required=False)
 @run_options
-def check(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process):
+def check(scenario, out, device, impls, cases, model, resume, strict, retry_crashed, point_timeout, in_process, patch):
     """Run the correctness gate only (no timing): a correctness matrix of case x implementation."""
     if not scenario and not model:
         raise InputError("check needs SCENARIO or --model NAME")
     sweep_command(scenario, out, device, impls, cases, resume, strict, timed=False, model=model,
-                  supervision=dict(retry_crashed=retry_crashed, point_timeout=point_timeout, in_process=in_process))
+                  supervision=dict(retry_crashed=retry_crashed, point_timeout=point_timeout, in_process=in_process),
+                  patch=patch)
 
 
 def step_options(command):

@@ -60,6 +60,7 @@ def to_markdown(m: Matrix, unbuilt: dict[str, str], threshold: float, alpha: flo
         parts += ["## Declared upstream bugs", "",
                   "Per bug declared in `swabench/impls/upstream.py` and met by the scenario: on how many of the points "
                   "where its condition held each release got it wrong.", "", markdown_table(m.bugs), ""]
+    parts += patched_sections(m)
     summary = timing_summary(m)
     if len(summary):
         parts += [f"## Time against {m.newest.version}", "",
@@ -69,6 +70,26 @@ def to_markdown(m: Matrix, unbuilt: dict[str, str], threshold: float, alpha: flo
                   f"(the rule of `swabench compare`); too noisy when either point's IQR / median is above "
                   f"{threshold:g}.", "", markdown_table(summary), "", markdown_table(timing_points(m)), ""]
     return "\n".join(parts)
+
+
+def patched_sections(m: Matrix) -> list[str]:
+    """Per patched release: the gate's verdict on its patch, its bugs' rows, and every point that changed status."""
+    if not m.patched:
+        return []
+    parts = ["## Patched releases", "",
+             "Each release run with a patch to its JIT sources (`swabench run --patch`) against the same release "
+             "without it: on the points both gated, whether the rows each bug got wrong turn right, and every point "
+             "whose status changed.", ""]
+    for c in m.patched:
+        files = ", ".join(f"`{f}`" for f in c.patch.get("files", []))
+        parts += [f"### {c.release} against {c.base}", "",
+                  f"Patch `{c.patch.get('file') or c.patch.get('name')}` (sha256 {str(c.patch.get('sha256'))[:12]}, "
+                  f"changes {files}). **Verdict:** {c.line()}.", ""]
+        if len(c.bugs):
+            parts += [markdown_table(c.bugs), ""]
+        parts += [markdown_table(c.changed.drop(columns=["case_id"])) if len(c.changed) else
+                  "No point changed status.", ""]
+    return parts
 
 
 def to_csv(m: Matrix) -> str:

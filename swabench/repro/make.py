@@ -209,14 +209,16 @@ def measured_table(ref: str, runs) -> list[str]:
 def issue_body(ref: str, text: str, name: str, observed, table=()) -> str:
     """The issue body for bug ``ref``'s script ``text`` (filed as ``name``): a comment on the upstream issue or pull
     request that reports it, where one does; ``table``: the suite's own rows it quotes (``measured_table``)."""
-    from swabench.repro import issue
+    from swabench.repro import fixes, issue
 
     bug = bugs.get(ref)
     header = text.split('"""')[1].splitlines()[2:]
     if bug.filing.matters and not any(line.startswith("Matters: ") for line in header):
         header.append(f"Matters: {bug.filing.matters}")
     comment_on = bug.filing.comment_on or (bug.ref if "/issues/" in bug.url else "")
-    return issue.body(bug.filing.title, header, name, text, list(observed), bug.filing, comment_on, list(table))
+    fix = fixes.lines(ref)  # the patch that fixes it and the gate's verdict, read from the published runs
+    quoted = list(table) + ([""] if table and fix else []) + fix
+    return issue.body(bug.filing.title, header, name, text, list(observed), bug.filing, comment_on, quoted)
 
 
 EXPECTED = ("every row is float32 softmax attention over the keys its mask allows (reference() below), within "

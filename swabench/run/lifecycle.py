@@ -229,6 +229,8 @@ def open_store(request: Request) -> RunStore:
             raise
         return store
     places.check_new_run(request.out, hint=places.NOTHING_WRITTEN, resumable=True)  # before collecting
+    from swabench.run import patched_release
+
     meta = {**environment.collect(request.device), "what": request.what, "scenario": s.name,
             "scenario_path": s.path, "implementations": s.implementations, "points": len(s.points),
             "selection": selection(request), "method": sweep.timer_method(sweep_options(request)),
@@ -236,15 +238,16 @@ def open_store(request: Request) -> RunStore:
             "isolation": {"worker": True, "point_limit_s": request.limits.point_s,
                           "build_limit_s": request.limits.build_s} if request.in_worker else {"worker": False},
             **(request.meta or {})}
-    return RunStore.create(request.out, meta, s.text)
+    return RunStore.create(request.out, patched_release.label(meta), s.text)
 
 
 def selection(request: Request) -> dict:
-    """What a resume must match: the device, the L2 mode, and exactly the points (the scenario's,
-    after --impl, --case and --shard)."""
+    """What a resume must match: the device, the L2 mode, exactly the points (the scenario's, after --impl, --case
+    and --shard), and the patch where one was applied."""
     keys = json.dumps(sorted(p.key for p in request.scenario.points))
+    patch = (request.meta or {}).get("patch")
     return {"device": request.device.type, "l2": request.l2 if request.timed or request.counted else None,
-            "points_sha256": text_hash(keys)}
+            "points_sha256": text_hash(keys), **({"patch_sha256": patch["sha256"]} if patch else {})}
 
 
 def rerun_command(out: Path, command: str | None = None, resume: bool = True) -> str:

@@ -64,6 +64,8 @@ META_KEYS = {
     "sharding": "this folder's shard (index, count, cases, the whole sweep's points, how costs were known), or null",
     "trace": "a replay's trace: its file, its sha256, its steps, and each case's weight (steps it stands for)",
     "price": "a price run's model: its layers, windowed layers, model steps, each case's layer kind, KV bytes per step",
+    "patch": "a run of a patched release (swabench run --patch): the patch's name, file, sha256, the files it "
+             "changes, the release it was applied to (base), the library, and the patched copy that ran",
     "embedded_backend": "true when the run used the pure-PyTorch CPU backend",
     "state": "running, complete, skipped (finished, but every point skipped), interrupted, crashed, or incomplete "
              "(a merge missing shards)",
@@ -143,6 +145,7 @@ META_FIELDS = {
     "implementations": "list of text", "points": "integer >= 0 or null", "selection": "object", "method": "object",
     "sharding": OBJECT, "trace": OBJECT, "trace.file": TEXT, "trace.steps": "integer >= 0",
     "trace.distinct": "integer >= 0", "trace.weights": "object of number >= 0", "trace.modes": "object of text",
+    "patch": OBJECT, "patch.name": TEXT, "patch.sha256": TEXT, "patch.base": TEXT, "patch.files": "list of text",
     "price": OBJECT, "price.layers": "object of text", "price.model_steps": "number >= 0", "price.kv": "list of object",
     "embedded_backend": FLAG, "state": "state", "rows": "integer >= 0", "status_counts": "object of integer >= 0",
     "peaks": OBJECT, "peaks.bf16_matmul_tflops": "number > 0", "peaks.copy_tbps": "number > 0",

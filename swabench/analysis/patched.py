@@ -1,0 +1,90 @@
+"""A patched release against its base (``swabench run --patch``): which points changed status, and for each bug
+whose rows the base got wrong, whether the patch turns them right.
+
+A patched run records its patch in ``meta.json`` (``patch``: its name, sha256, files, and ``base``, the release it was
+applied to); the base is the run of that release without a patch.  The points are joined on case, implementation and
+backend.  A bug is a declared upstream bug (the ``upstream`` column: its predicted rows are the base's points where
+its condition held) or a known-bug implementation (its predicted rows: the base's points where the gate caught it);
+its rows turn right where the patched release passes them (``pass``, or ``xpass`` for a known bug: the call that was
+wrong is now right).  The verdict line says it in one sentence, for the report and an issue body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+KEYS = ["case_id", "impl", "backend"]
+RIGHT = ("pass", "xpass")  # the gate saw the right answer
+WRONG = ("xfail", "fail")  # the gate saw a wrong one
+
+
+@dataclass
+class Comparison:
+    release: str  # the patched release's label: "0.7.4+flashinfer-4992"
+    base: str  # "0.7.4"
+    patch: dict  # meta.json's record of the patch
+    points: int  # points both runs gated (a skip on either side is left out)
+    changed: pd.DataFrame  # case, impl, backend, the status on each side, the declared bug
+    bugs: pd.DataFrame  # per bug: its predicted rows, wrong on the base, right with the patch, the verdict
+
+    def line(self) -> str:
+        """'0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 9 of 9 wrong points right; no other point of the
+        82 both ran changed status'."""
+        fixed = [f"{b.bug}: {b.right} of {b.wrong} wrong points right" for b in self.bugs.itertuples() if b.wrong]
+        bug_keys = set(self.bugs.attrs.get("keys", ()))
+        others = [r for r in self.changed.itertuples(index=False) if (r.case_id, r.impl, r.backend) not in bug_keys]
+        said = f"{len(others)} other points of the {self.points} both ran changed status" if others else \
+            f"no other point of the {self.points} both ran changed status"
+        return f"{self.release} against {self.base}: " + "; ".join(fixed + [said])
+
+
+def compare(base_version: str, base: pd.DataFrame, version: str, patched: pd.DataFrame, patch: dict) -> Comparison:
+    """``patched`` (a run's table on the patched release) against ``base`` (on the release it patches)."""
+    columns = KEYS + ["case", "kind", "status", "upstream"]
+    joined = base.reindex(columns=columns).merge(patched.reindex(columns=KEYS + ["status", "reason"]), on=KEYS,
+                                                 suffixes=(" base", " patched"))
+    joined = joined[(joined["status base"] != "skip") & (joined["status patched"] != "skip")]
+    moved = joined[joined["status base"] != joined["status patched"]]
+    changed = pd.DataFrame({"case_id": moved["case_id"], "case": moved["case"], "impl": moved["impl"],
+                            "backend": moved["backend"], base_version: moved["status base"],
+                            version: moved["status patched"], "declared bug": moved["upstream"].fillna(""),
+                            "reason": moved["reason"].fillna("")}).reset_index(drop=True)
+    return Comparison(version, base_version, patch, len(joined), changed, _bugs(joined))
+
+
+def _bugs(joined: pd.DataFrame) -> pd.DataFrame:
+    """Per declared upstream bug and known-bug implementation met on the base: its rows, wrong there, right here."""
+    upstream = joined[joined["upstream"].notna()]
+    known = joined[(joined["kind"] == "known-bug") & joined["status base"].isin(WRONG)]
+    groups = [(ref, g) for ref, g in upstream.groupby("upstream", sort=False)] + \
+        [(impl, g) for impl, g in known.groupby("impl", sort=False)]
+    rows, keys = [], []
+    for bug, g in groups:
+        wrong = g[g["status base"].isin(WRONG)]
+        right = int(wrong["status patched"].isin(RIGHT).sum())
+        keys += list(zip(wrong["case_id"], wrong["impl"], wrong["backend"]))
+        verdict = "not shown on the base" if not len(wrong) else \
+            "turns right" if right == len(wrong) else "partly right" if right else "still wrong"
+        rows.append({"bug": bug, "predicted": len(g), "wrong": len(wrong), "right": right, "verdict": verdict})
+    table = pd.DataFrame(rows, columns=["bug", "predicted", "wrong", "right", "verdict"])
+    table.attrs["keys"] = keys
+    return table
+
+
+def against_bases(releases) -> tuple[list[Comparison], list[str]]:
+    """Each patched release of a matrix (``analysis.matrix.Release``) against the unpatched run of its base; a
+    warning for one whose base is not among them."""
+    found, warnings = [], []
+    for r in releases:
+        patch = r.meta.get("patch")
+        if not patch:
+            continue
+        base = next((b for b in releases if b.version == patch.get("base") and not b.meta.get("patch")), None)
+        if base is None:
+            warnings.append(f"{r.version} ({r.folder}) patches {patch.get('base')}, which no folder here ran without "
+                            f"a patch: nothing to set it against")
+            continue
+        found.append(compare(base.version, base.table, r.version, r.table, patch))
+    return found, warnings

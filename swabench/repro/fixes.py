@@ -1,0 +1,75 @@
+"""A bug's fix in ``patches/`` (one unified diff per fix, whose header names the bug it fixes, ``Fixes: REF``, and the
+command that gates it, ``Gate: ...``) and the gate's verdict on it, read from the run folders: a run made with that
+patch (``meta.json``'s ``patch``, by its sha256) and a run of its base release without a patch, of the same scenario
+(``analysis.patched``).  An issue body says the patch and that verdict, or, where no run has gated it, the command."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from swabench.publish.outputs import PUBLISHED
+
+PATCHES = Path(__file__).resolve().parents[2] / "patches"  # the repository's; absent from an installed wheel
+FIXES = re.compile(r"^Fixes: (\S+)", re.M)
+GATE = re.compile(r"^Gate: (.+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str  # "patches/flashinfer-4992.diff"
+    sha256: str
+    gate: str  # the command its header gives
+
+
+def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
+    """The patch in ``folder`` whose header says it fixes ``ref``, or None."""
+    from swabench.run import patched_release
+
+    for path in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
+        patch = patched_release.read(path)
+        head = patch.text.split("\n--- ", 1)[0]
+        said = FIXES.search(head)
+        if said and said[1] == ref:
+            gate = GATE.search(head)
+            return Fix(f"{folder.name}/{path.name}", patch.sha256, gate[1].strip() if gate else "")
+    return None
+
+
+def gated(fix: Fix, root: Path = PUBLISHED) -> list[tuple[str, Path, Path]]:
+    """(the gate's verdict line, the base run, the patched run) for each run folder under ``root`` made with ``fix``
+    beside one of its base release without a patch, of the same scenario."""
+    from swabench.analysis import patched
+    from swabench.store import run_folder
+
+    folders = sorted(p for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
+    metas = {p: run_folder.read_meta(p) for p in folders}
+    found = []
+    for folder, meta in metas.items():
+        patch = meta.get("patch") or {}
+        if patch.get("sha256") != fix.sha256:
+            continue
+        library = patch.get("library", "flashinfer")
+        bases = [p for p, m in metas.items() if not m.get("patch") and m.get("scenario") == meta.get("scenario")
+                 and (m.get("libraries") or {}).get(library) == patch.get("base")]
+        bases.sort(key=lambda p: metas[p].get("gpu") != meta.get("gpu"))  # the same card first
+        if bases:
+            base_table, base_meta = run_folder.load(bases[0])
+            table, _ = run_folder.load(folder)
+            release = (meta.get("libraries") or {}).get(library) or f"{patch.get('base')}+{patch.get('name')}"
+            found.append((patched.compare(patch["base"], base_table, release, table, patch).line(), bases[0], folder))
+    return found
+
+
+def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]:
+    """What an issue body says of ``ref``'s fix: the patch and the gate's verdict on it, or the command that gates it;
+    nothing where no patch fixes it."""
+    fix = for_bug(ref, folder)
+    if fix is None:
+        return []
+    found = gated(fix, root)
+    if found:
+        return [f"**A fix, checked by swabench's gate:** `{fix.name}` (sha256 {fix.sha256[:12]}). " +
+                " ".join(f"{said} (runs `{base}` and `{run}`)." for said, base, run in found)]
+    return [f"**A fix:** `{fix.name}` (sha256 {fix.sha256[:12]}), not yet gated on a GPU; the gate: `{fix.gate}`."]
