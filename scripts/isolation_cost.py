@@ -3,6 +3,7 @@
 the whole command's time and the setup of each run set side by side.
 
     python3 scripts/isolation_cost.py OUT [SCENARIO ...] [--rounds N] [--case FILTER ...] [--impl NAME ...]
+                                      [--shard I/N]
 
 Writes OUT/isolation-cost.csv (one line a run) and prints the table with each scenario's median ratio; the run
 folders stay in OUT (isolation-SCENARIO-HOW-ROUND)."""
@@ -27,11 +28,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2, choices=range(1, 11), metavar="1..10")
     parser.add_argument("--case", action="append", default=[])
     parser.add_argument("--impl", action="append", default=[])
+    parser.add_argument("--shard", help="I/N: the same shard of each scenario in both modes (a cheaper sample)")
     args = parser.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"OUT {args.out} is a file: give a folder")
     args.out.mkdir(parents=True, exist_ok=True)
     filters = [x for c in args.case for x in ("--case", c)] + [x for i in args.impl for x in ("--impl", i)]
+    shard = ["--shard", args.shard] if args.shard else []
     lines = []
     for scenario in args.scenarios:
         subprocess.run([sys.executable, "-m", "swabench", "warmup", scenario, "--jobs", "16", *filters], check=False,
@@ -40,7 +43,8 @@ def main(argv=None) -> int:
             for how, flags in HOW.items():
                 folder = args.out / f"isolation-{scenario}-{how}-{round_}"
                 started = time.perf_counter()
-                command = [sys.executable, "-m", "swabench", "run", scenario, "--out", str(folder), *flags, *filters]
+                command = [sys.executable, "-m", "swabench", "run", scenario, "--out", str(folder), *flags, *filters,
+                           *shard]
                 code = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
                 command_s = time.perf_counter() - started
                 meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
