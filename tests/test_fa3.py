@@ -171,10 +171,15 @@ def test_a_subset_wheel_keeps_the_files_asked_for_and_says_what_it_is(tmp_path):
 
 
 def test_fa3_is_drawn_and_named_as_a_backend_beyond_flashinfers():
-    """Every engine the backends section names has its colour, and FA3's paths take the hue of the backends beyond
-    FlashInfer's wrappers, as cuDNN's and FA4's do."""
+    """Every engine the backends section names has a colour of its own, and FA3's paths share a hue of their own,
+    apart from cuDNN's and FA4's: an engine figure's bars tell the five engines apart."""
+    from matplotlib.colors import to_rgb
+
     from swabench.publish import style
     from swabench.publish.sections.backends import BEYOND
 
     assert set(BEYOND.values()) <= set(style.ENGINE_COLOUR)
-    assert {style.family(n) for n in ("fa3-window", "fa3-window-count", "sglang-fa3", "fa4-window")} == {"beyond"}
+    assert {style.family(n) for n in ("fa3-window", "fa3-window-count", "sglang-fa3", "sglang-fa3-tree")} == {"fa3"}
+    assert style.family("fa4-window") == style.family("cudnn-prefill") == "beyond"
+    colours = [to_rgb(c) for c in style.ENGINE_COLOUR.values()]
+    assert min(sum(abs(a - b) for a, b in zip(x, y)) for i, x in enumerate(colours) for y in colours[i + 1:]) > 0.25

@@ -16,7 +16,8 @@ from swabench.inputs import models
 
 # backends whose kernels, as the suite builds and runs them, are Hopper's (SM90) own: an answer on them holds only
 # on Hopper (docs/shelf.md, docs/backends.md)
-HOPPER_ONLY = {"fa3": "FA3", "fa4": "FA4's SM90 kernel", "xqa": "XQA as built for SM90", "fmha-v2": "fmha v2"}
+HOPPER_ONLY = {"fa3": "FA3", "vllm-fa3": "FA3 (vLLM's build)", "sgl-fa3": "FA3 (SGLang's build)",
+               "fa4": "FA4's SM90 kernel", "xqa": "XQA as built for SM90", "fmha-v2": "fmha v2"}
 PAGED, RAGGED = "paged", "ragged"
 
 

@@ -25,12 +25,12 @@ BACKEND_COLOUR = {"fa2": OKABE_ITO[4], "fa3": OKABE_ITO[5], "auto": OKABE_ITO[6]
 MARKERS = "osD^vXP*<>h"
 
 # The one colour table of paths: a path family (the wrapper a path goes through; FlashInfer's Hopper kernels as one
-# shelf; cuDNN, FlashAttention-4 and -3, the backends beyond FlashInfer's wrappers; else the library) has one hue, and
-# its members shades of it, each with a marker of its own.
+# shelf; cuDNN and FlashAttention-4, backends beyond FlashInfer's wrappers; FlashAttention-3's two builds; else the
+# library) has one hue, and its members shades of it, each with a marker of its own.
 FAMILY_HUES = {"prefill": "#0072B2", "decode": "#D55E00", "sink": "#009E73", "recipe": "#CC79A7", "shelf": "#E69F00",
-               "torch": "#555555", "flex": "#6A3D9A", "beyond": "#999933", "other": "#AAAAAA"}
+               "torch": "#555555", "flex": "#6A3D9A", "beyond": "#999933", "fa3": "#882255", "other": "#AAAAAA"}
 FAMILY_OF_WRAPPER = {"xqa": "shelf", "trtllm-gen": "shelf", "ranges": "shelf", "fmha-v2": "shelf", "holistic": "shelf",
-                     "pod": "shelf", "cudnn": "beyond", "fa4": "beyond", "vllm-fa3": "beyond", "sgl-fa3": "beyond"}
+                     "pod": "shelf", "cudnn": "beyond", "fa4": "beyond", "vllm-fa3": "fa3", "sgl-fa3": "fa3"}
 DARKEST, LIGHTEST = 0.18, 0.7  # the lightness a member's shade spans, dark enough to read on white
 GOLDEN = 0.618034  # the k-th member's place in that span steps by it, so any few members lie apart
 
@@ -68,8 +68,8 @@ def look(impl: str) -> dict:
 
 
 ENGINE_COLOUR = {"FlashInfer": FAMILY_HUES["prefill"], "cuDNN": FAMILY_HUES["beyond"], "FlashAttention-4":
-                 shade(FAMILY_HUES["beyond"], DARKEST), "FlashAttention-3 (vLLM)": shade(FAMILY_HUES["beyond"], 0.35),
-                 "FlashAttention-3 (SGLang)": shade(FAMILY_HUES["beyond"], LIGHTEST),
+                 shade(FAMILY_HUES["beyond"], DARKEST), "FlashAttention-3 (vLLM)": shade(FAMILY_HUES["fa3"], 0.3),
+                 "FlashAttention-3 (SGLang)": shade(FAMILY_HUES["fa3"], 0.6),
                  "FlexAttention": FAMILY_HUES["flex"]}  # an engine's backends
 
 

@@ -1,6 +1,7 @@
 """Beyond FlashInfer's wrappers (docs/backends.md): per model and step, each backend's fastest correct path (cuDNN,
-FlashAttention-4 and FlexAttention beside FlashInfer's own, TRT-LLM's kernels among them) against FlashInfer's best
-on the same cases, what it reaches of its floor and what it reads, and the window conventions the gate caught."""
+FlashAttention-4, FlashAttention-3 and FlexAttention beside FlashInfer's own, TRT-LLM's kernels among them) against
+FlashInfer's best on the same cases, what it reaches of its floor and what it reads, and the window conventions the
+gate caught."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ VS_FLASHINFER = "its time / FlashInfer's best"  # a column
 
 
 def backend_of(t: pd.DataFrame) -> pd.Series:
-    """Each row's backend as an engine names it: cuDNN, FlashAttention-4, FlexAttention, or FlashInfer (its
-    wrappers and the TRT-LLM kernels it ships); None for the suite's own PyTorch paths."""
+    """Each row's backend as an engine names it: cuDNN, FlashAttention-4, FlashAttention-3 (vLLM's or SGLang's),
+    FlexAttention, or FlashInfer (its wrappers and the TRT-LLM kernels it ships); None for the suite's own PyTorch
+    paths."""
     named = t["backend"].map(BEYOND)
     return named.where(named.notna(), t["library"].map({"flashinfer": FLASHINFER}))
 
@@ -130,9 +132,9 @@ TOPIC = "Beyond FlashInfer's wrappers"
 SECTIONS = [
     Section("backends", "Beyond FlashInfer's wrappers: cuDNN, FlashAttention-4 and FlashAttention-3",
             "Per model and step, each backend an engine can pick (FlashInfer with the TRT-LLM kernels it ships, cuDNN "
-            "through FlashInfer and through its own graph, FlashAttention-4, FlexAttention; docs/backends.md): its "
-            "fastest correct path, the cases it timed, the median of its time / FlashInfer's best correct time on "
-            "each case, its median share of the floor, DRAM read / needed where the run counted bytes, and its "
-            "statuses on the step. Above: the window conventions the gate caught.",
+            "through FlashInfer and through its own graph, FlashAttention-4, FlashAttention-3 as vLLM and SGLang build "
+            "it, FlexAttention; docs/backends.md): its fastest correct path, the cases it timed, the median of its "
+            "time / FlashInfer's best correct time on each case, its median share of the floor, DRAM read / needed "
+            "where the run counted bytes, and its statuses on the step. Above: the window conventions the gate caught.",
             backends_table, caught_said, across=across, profiled=True),
 ]

@@ -14,7 +14,7 @@ from swabench.publish.sections.base import (Run, Section, figure_link, micros, o
                                             ratio, topic_link)
 
 SLOT = "tree-window-slot"  # the kernel's own window with a tree mask: exact on chains, timed there
-CORRECT = ("tree-trim-depth", "tree-mask-depth", "tree-branches", "tree-branches-sink")
+CORRECT = ("tree-trim-depth", "tree-mask-depth", "tree-branches", "tree-branches-sink", "sglang-fa3-tree")
 CHAIN_PATHS = (SLOT, "paged-trim", "sink-window")  # what a chain of the same size costs
 
 
@@ -94,6 +94,8 @@ def cost_table(run: Run) -> pd.DataFrame:
                      **{f"chain: {p}": v for p, v in twin.items()},
                      "cheapest correct / the slot rule on the chain": ratio(best / slot) if slot else "",
                      "cheapest correct / the chain's fastest": ratio(best / twin.min()) if len(twin) else ""})
+    if not rows:
+        return pd.DataFrame()
     table = pd.DataFrame(rows)
     timed = sorted((c for c in table.columns if " [" in c), key=lambda c: (c.startswith("chain: "),
                                                                            path_order(c.removeprefix("chain: "))))
