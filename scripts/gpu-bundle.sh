@@ -20,6 +20,7 @@
 #                    which pins the node's torch 2.11.0; no vllm install) as one 7.9 MB part in parts/
 #   SGL_FA3=1 ...    also bundles SGLang's FlashAttention-3 (flash_ops and its wrapper out of sglang-kernel 0.4.5,
 #                    the build sglang 0.5.17 pins for torch 2.11.0) in parts of at most 36 MiB: xz takes long on it
+#                    (about 50 min on 2 cores) and, with a dictionary that spans the library, 16 GB of memory
 #
 # The bundle holds:
 #   whl/               wheels the node lacks: apache-tvm-ffi, nvtx, cupti-python (unless NO_CUPTI), pyelftools
@@ -93,7 +94,7 @@ if [ -n "${SGL_FA3:-}" ]; then
     sgl="$(python3 "$HERE/subset-wheel.py" "$TMP"/sgl/sglang_kernel-0.4.5-*.whl "$TMP/sglfa3" --name swabench-sgl-fa3 \
         --keep sgl_kernel/flash_ops.abi3.so --keep sgl_kernel/flash_attn.py --keep sgl_kernel/debug_utils.py \
         --empty sgl_kernel/__init__.py --build "$build")"
-    bash "$HERE/gpu-split.sh" "$sgl" "$NEW/parts" $((36 << 20))
+    XZ_DICT=1536MiB bash "$HERE/gpu-split.sh" "$sgl" "$NEW/parts" $((36 << 20))
 fi
 if [ -z "${NO_CUPTI:-}" ]; then download "${PLAT[@]}" -d "$NEW/whl" cupti-python; fi
 download --only-binary=:all: -d "$TMP" "flashinfer-python==$RELEASE"

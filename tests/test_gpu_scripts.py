@@ -77,6 +77,25 @@ def test_a_wheel_in_parts_joins_back_to_its_files_whatever_transfers_bring_them(
     assert r.returncode == 1 and "do not join" in r.stderr and not unpacked.exists()
 
 
+def test_a_larger_xz_dictionary_joins_the_same_and_a_wrong_one_is_refused_first(tmp_path):
+    """XZ_DICT (a large library's parts) changes only how the stream is packed: gpu-join.sh puts the same files
+    back; a value that is not a size in MiB is refused, exit 2, before any part is written."""
+    files = {"big/lib.so": os.urandom(200_000) * 2, "big-1.0.dist-info/METADATA": b"Name: big\nVersion: 1.0\n"}
+    wheel = wheel_of(tmp_path / "big-1.0-py3-none-any.whl", files)
+    env = {**os.environ, "XZ_DICT": "nope"}
+    r = subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "XZ_DICT nope" in r.stderr and not (tmp_path / "parts").exists()
+    env["XZ_DICT"] = "8MiB"
+    subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts"], env=env, check=True)
+    stage = tmp_path / "stage"
+    shutil.copytree(tmp_path / "parts", stage / "parts")
+    run("gpu-join.sh", stage, check=True)
+    unpacked = stage / "unpacked" / wheel.name
+    with zipfile.ZipFile(wheel) as z:
+        assert all((unpacked / name).read_bytes() == z.read(name) for name in z.namelist())
+
+
 def test_a_file_that_differs_from_the_wheels_record_is_refused(tmp_path):
     """By gpu-split.sh before it writes a part (exit 2, the old parts kept), and by gpu-join.sh in parts made of it
     all the same (exit 1: they do not join to the wheel)."""
