@@ -21,7 +21,8 @@ name="$(basename "$WHEEL")"
 [ -f "$WHEEL" ] || fail "WHEEL $WHEEL: not a regular file (missing, a folder, a FIFO or a device)"
 [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*\.whl$ ]] || fail "WHEEL $WHEEL: not a wheel's file name (NAME.whl)"
 [[ "$PART_BYTES" =~ ^[1-9][0-9]{0,11}$ ]] || fail "PART_BYTES $PART_BYTES: not a whole number of bytes above 0"
-[ -z "${XZ_DICT:-}" ] || [[ "$XZ_DICT" =~ ^[1-9][0-9]{0,5}MiB$ ]] || fail "XZ_DICT $XZ_DICT: not a size in MiB (1536MiB)"
+[ -z "${XZ_DICT:-}" ] || { [[ "$XZ_DICT" =~ ^[1-9][0-9]{0,3}MiB$ ]] && [ "${XZ_DICT%MiB}" -le 1536 ]; } \
+    || fail "XZ_DICT $XZ_DICT: not a size in MiB from 1 to 1536 (xz's largest dictionary; 1536MiB)"
 [ ! -e "$DEST" ] || [ -d "$DEST" ] || fail "DEST $DEST: exists and is not a folder"
 files="$(mktemp -d)"
 trap 'rm -rf "$files" ${new:+"$new"}' EXIT

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,9 @@ def main(argv=None) -> int:
     parser.add_argument("--impl", action="append", default=[])
     parser.add_argument("--shard", help="I/N: the same shard of each scenario in both modes (a cheaper sample)")
     args = parser.parse_args(argv)
+    shard = re.fullmatch(r"(\d+)/([1-9]\d{0,5})", args.shard or "0/1")
+    if not shard or int(shard[1]) >= int(shard[2]):
+        parser.error(f"--shard {args.shard}: I/N with 0 <= I < N, such as 1/4")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"OUT {args.out} is a file: give a folder")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,9 @@ def test_a_larger_xz_dictionary_joins_the_same_and_a_wrong_one_is_refused_first(
     r = subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts"], env=env, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "XZ_DICT nope" in r.stderr and not (tmp_path / "parts").exists()
+    r = subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts"], capture_output=True, text=True,
+                       env={**env, "XZ_DICT": "2048MiB"})  # past xz's largest dictionary
+    assert r.returncode == 2 and "from 1 to 1536" in r.stderr and not (tmp_path / "parts").exists()
     env["XZ_DICT"] = "8MiB"
     subprocess.run(["bash", SCRIPTS / "gpu-split.sh", wheel, tmp_path / "parts"], env=env, check=True)
     stage = tmp_path / "stage"

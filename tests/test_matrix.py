@@ -200,6 +200,7 @@ def test_a_patched_release_is_set_against_its_base_bug_by_bug(tmp_path):
     assert set(c.changed["case_id"]) == {"c1", "c2"} and c.points == 4  # the skip on the base is left out
     assert c.line() == "0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 2 of 2 wrong points right; " \
                        "paged-plan: 0 of 1 wrong points right; no other point of the 4 both ran changed status"
+    assert m.newest.version == "0.7.4"  # a patched build sorts after its base, but the releases are timed against it
 
 
 def test_a_patch_that_changes_other_points_says_so_in_the_matrix_report(tmp_path):

@@ -117,6 +117,41 @@ def test_the_copy_patches_its_own_files_links_the_rest_and_loads_nothing_prebuil
     assert pr.prepare(patch, source, tmp_path / "p") == copy and (copy.workspace / "kept").exists()  # reused
 
 
+def test_a_package_without_its_dist_info_names_the_release_its_build_meta_gives(tmp_path):
+    """0.7's version.py reads _build_meta and holds only a fallback literal: the release is _build_meta's."""
+    package = tmp_path / "flashinfer"
+    package.mkdir()
+    (package / "version.py").write_text('try:\n    from ._build_meta import __version__\nexcept ImportError:\n'
+                                        '    __version__ = "0.0.0+unknown"\n')
+    assert pr._version_file(package) == "unknown"
+    (package / "_build_meta.py").write_text('__version__ = "0.7.4"\n')
+    assert pr._version_file(package) == "0.7.4"
+
+
+def test_two_runs_of_one_patch_at_once_share_one_copy(tmp_path):
+    """The copy is built under a lock: a run that starts while another builds waits, then takes the finished copy."""
+    import threading
+
+    site = fake_site(tmp_path / "site")
+    patch = pr.read(diff("fix", "  line 5;", "  line 5 fixed;", folder=tmp_path))
+    source = pr.Installed(site / "flashinfer", "0.7.4")
+    copies, errors = [], []
+
+    def build():
+        try:
+            copies.append(pr.prepare(patch, source, tmp_path / "p"))
+        except Exception as e:  # noqa: BLE001: the test reports whatever either build raised
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(copies) == 4 and len(set(copies)) == 1
+    assert "  line 5 fixed;" in (copies[0].package / HEADER).read_text()
+
+
 def test_a_patched_run_records_the_patch_and_runs_the_copy(tmp_path):
     site = fake_site(tmp_path / "site")
     patch = diff("flashinfer-fix", "  line 5;", "  line 5 fixed;", folder=tmp_path)
@@ -168,7 +203,7 @@ def test_the_label_names_the_patched_release_and_refuses_another_release():
             "patch": {"name": "flashinfer-4992", "base": "0.7.4", "library": "flashinfer"}}
     assert pr.label(meta)["libraries"] == {"flashinfer": "0.7.4+flashinfer-4992", "fa4": None}
     assert pr.label({"libraries": {"flashinfer": "0.7.4"}}) == {"libraries": {"flashinfer": "0.7.4"}}
-    with pytest.raises(ValueError, match="runs flashinfer 0.7.2, not 0.7.4"):
+    with pytest.raises(pr.PatchError, match="runs flashinfer 0.7.2, not 0.7.4"):
         pr.label({**meta, "libraries": {"flashinfer": "0.7.2"}})
 
 

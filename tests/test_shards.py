@@ -120,6 +120,11 @@ def test_merge_refuses_overlaps_and_other_scenarios(tiny, tmp_path):
     assert invoke("run", other, "--device", "cpu", "--out", tmp_path / "b").exit_code == 0
     r = invoke("merge", tmp_path / "m2", tmp_path / "a", tmp_path / "b")
     assert r.exit_code == 2 and "different scenario files" in r.output
+    assert invoke("run", tiny, "--device", "cpu", "--shard", "1/2", "--out", tmp_path / "c").exit_code == 0
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    (tmp_path / "c" / "meta.json").write_text(json.dumps({**meta, "patch": {"name": "fix", "sha256": "ab" * 32}}))
+    r = invoke("merge", tmp_path / "m3", tmp_path / "a", tmp_path / "c")
+    assert r.exit_code == 2 and "different patches" in r.output and not (tmp_path / "m3").exists()
 
 
 def test_an_unfinished_shard_merges_only_with_partial_and_counts_the_whole_sweep(tiny, tmp_path):

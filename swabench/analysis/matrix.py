@@ -48,7 +48,9 @@ class Matrix:
 
     @property
     def newest(self) -> Release:
-        return self.releases[-1]
+        """The newest release as published: a patched build (BASE+NAME) is set against its base, never the rest."""
+        plain = [r for r in self.releases if not r.meta.get("patch")]
+        return (plain or self.releases)[-1]
 
 
 def version_key(version: str):

@@ -24,11 +24,16 @@ class Fix:
 
 
 def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
-    """The patch in ``folder`` whose header says it fixes ``ref``, or None."""
+    """The patch in ``folder`` whose header says it fixes ``ref``, or None (a file ``--patch`` would refuse is no
+    fix of anything)."""
     from swabench.run import patched_release
 
-    for path in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
-        patch = patched_release.read(path)
+    paths = sorted(p for p in folder.iterdir() if p.suffix in (".diff", ".patch")) if folder.is_dir() else []
+    for path in paths:
+        try:
+            patch = patched_release.read(path)
+        except patched_release.PatchError:
+            continue
         head = patch.text.split("\n--- ", 1)[0]
         said = FIXES.search(head)
         if said and said[1] == ref:

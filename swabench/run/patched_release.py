@@ -14,6 +14,7 @@ the release ``BASE+NAME`` (``0.7.4+flashinfer-4992``), so that ``swabench matrix
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -120,9 +121,14 @@ def installed() -> Installed:
 
 
 def _version_file(folder: Path) -> str:
-    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (folder / "version.py").read_text()) \
-        if (folder / "version.py").is_file() else None
-    return found[1] if found else "unknown"
+    """The release a package without its dist-info names: 0.7's ``_build_meta.py`` (whose ``version.py`` reads it
+    and holds only a fallback literal), else ``version.py``."""
+    for name in ("_build_meta.py", "version.py"):
+        found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (folder / name).read_text()) \
+            if (folder / name).is_file() else None
+        if found and not found[1].startswith("0.0.0"):
+            return found[1]
+    return "unknown"
 
 
 def check(patch: Patch, folder: Path, version: str) -> None:
@@ -189,6 +195,13 @@ def prepare(patch: Patch, source: Installed, where: Path | None = None) -> Copy:
     final = where / f"{MODULE}-{source.version}+{patch.name}-{patch.sha256[:12]}"
     copy = Copy(final, final / "site", final / "workspace")
     wanted = {"sha256": patch.sha256, "source": str(source.folder), "version": source.version}
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / f".{final.name}.lock", "w") as lock:  # two runs of one patch at once: one builds, one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepared(patch, source, where, final, copy, wanted)
+
+
+def _prepared(patch: Patch, source: Installed, where: Path, final: Path, copy: Copy, wanted: dict) -> Copy:
     marker = final / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return copy
@@ -249,7 +262,7 @@ def activate(path, environ=None) -> dict:
 
 
 def label(meta: dict) -> dict:
-    """``meta`` with its patched library named ``BASE+NAME``; ValueError where the release that ran is not the base
+    """``meta`` with its patched library named ``BASE+NAME``; PatchError where the release that ran is not the base
     the patch was applied to."""
     patch = meta.get("patch")
     if not patch:
@@ -257,6 +270,6 @@ def label(meta: dict) -> dict:
     libraries = dict(meta.get("libraries") or {})
     ran = libraries.get(patch["library"])
     if ran != patch["base"]:
-        raise ValueError(f"the patched copy runs {patch['library']} {ran}, not {patch['base']}, the release it patches")
+        raise PatchError(f"the patched copy runs {patch['library']} {ran}, not {patch['base']}, the release it patches")
     libraries[patch["library"]] = f"{ran}+{patch['name']}"
     return {**meta, "libraries": libraries}

@@ -236,6 +236,9 @@ def merge(out: Path, folders: list[Path], partial: bool = False) -> tuple[run_fo
     hashes = {m.get("scenario_sha256") for m in metas}
     if len(hashes) != 1:
         raise ShardError("these run folders ran different scenario files; only shards of one sweep merge")
+    if len({(m.get("patch") or {}).get("sha256") for m in metas}) != 1:
+        raise ShardError("these run folders ran different patches of the library (meta.json's patch), or some one "
+                         "and some none; only shards of one sweep merge")
     gap = check_complete(metas, folders)
     if gap and not partial:
         raise ShardError(f"{gap}; merge them all, or pass --partial to merge what is there")

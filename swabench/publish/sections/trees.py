@@ -255,9 +255,10 @@ SECTIONS = [
     Section("tree-releases", "Draft trees on each release", "Where the slot rule was caught, per library release "
             "that ran it.", across=across_releases, every_release=True, trees=True),
     Section("tree-cost", "Draft trees: what the correct paths cost",
-            "Per tree step (layer, batch, context, page size; fa2): each correct path's kernel time in us, the chain "
-            "of the same size through the slot rule (where it is exact) and through paged-trim (no custom mask at "
-            "all), and the cheapest correct path's time / the slot rule's on that chain.", cost_table, timed=True,
+            "Per tree step (layer, batch, context, page size): each correct path's kernel time in us on each backend "
+            "it ran (FlashInfer's on fa2; SGLang's FA3 call on its own build), the chain of the same size through "
+            "the slot rule (where it is exact) and through paged-trim (no custom mask at all), and the cheapest "
+            "correct path's time / the slot rule's on that chain.", cost_table, timed=True,
             trees=True),
     Section("tree-bytes", "Draft trees: the bytes each path reads",
             "Under Nsight Compute, per path: DRAM bytes read / the bytes the window needs (Q and the K/V rows some "
