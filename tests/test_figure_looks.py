@@ -194,3 +194,19 @@ def test_a_case_without_a_place_on_a_figures_axis_is_left_out_and_an_empty_figur
     assert not plots.draws_anything(empty) and plots.draws_anything(plots.speculative(*replay))
     labels = [t.get_text() for t in plots.speculative(*replay).axes[0].get_xticklabels()]
     assert labels == ["4", "8"]  # draft tokens, not 4.0
+
+
+def test_a_long_caption_wraps_inside_the_figure():
+    """A run of many libraries with long build names gives a caption longer than the figure is wide: wrapped, it
+    stays inside, so the saved PNG is not widened around panels left adrift in white space."""
+    from swabench.publish import style
+
+    meta = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "swabench": "0.1.0", "scenario": "backends",
+            "libraries": {f"library-{i}": f"0.{i}.0 (a build for torch 2.11.0 and CUDA 13, from engine {i}'s wheel)"
+                          for i in range(6)}}
+    fig, _ = style.figure(meta, "a title", 1, 2, size=(3.4, 3.6))
+    fig.canvas.draw()
+    text = fig.texts[-1]
+    assert "\n" in text.get_text()
+    assert text.get_window_extent().width <= fig.bbox.width
+    style.pyplot().close(fig)

@@ -105,8 +105,20 @@ def figure(meta: dict, title: str, nrows=1, ncols=1, size=(7.0, 4.2), **layout):
     fig, axes = pyplot().subplots(nrows, ncols, figsize=(size[0] * ncols ** 0.8, size[1] * nrows ** 0.8),
                                   squeeze=False, constrained_layout=True, **layout)
     fig.suptitle(title, fontsize=11)
-    fig.text(0.5, -0.01, caption(meta), ha="center", va="top", fontsize=7, color="#444444")
+    fig.text(0.5, -0.01, fill_caption(caption(meta), fig.get_figwidth()), ha="center", va="top", fontsize=7,
+             color="#444444")
     return fig, axes
+
+
+CAPTION_CHARS_PER_INCH = 17  # 7-point text: a caption wrapped at this many characters an inch stays inside the panels
+
+
+def fill_caption(text: str, width_in: float) -> str:
+    """The caption in lines no wider than the figure: one long line (many libraries, long build names) would widen
+    the saved PNG and leave its panels adrift in white space."""
+    import textwrap
+
+    return textwrap.fill(text, width=max(40, int(width_in * CAPTION_CHARS_PER_INCH)), break_long_words=False)
 
 
 def log_x_ticks(ax, values) -> None:
