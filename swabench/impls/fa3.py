@@ -237,15 +237,9 @@ def swa_spec_rows(w) -> tuple[torch.Tensor, torch.Tensor]:
     return table.to(torch.int32), (prefix_of_row[:, 0] + expand_lens).to(torch.int32)
 
 
-class SwaSpecRunner:
+class SwaSpecRunner(Fa3Runner):
     """SGLang's one FA3 call on a sliding-window layer in EAGLE verify at topk > 1: its rows built at plan (SGLang
     builds them every step), the call at run."""
-
-    def __init__(self, w, backend: str):
-        self.w, self.backend = w, backend
-        self.out = torch.empty_like(w.q)
-        self.resolved_backend = backend
-        self.compile_s = None
 
     def plan(self) -> None:
         w, i32 = self.w, torch.int32
@@ -280,6 +274,6 @@ def sglang_tree_unsupported(case, backend: str) -> str | None:
 register(Implementation(
     "sglang-fa3-tree", SGL, ("paged",), "SGLang's FA3 backend on an SWA layer in EAGLE verify at topk > 1 (SGLang's "
     "build): flash_attn_with_kvcache, one row a draft token over its request's whole prefix and its ancestors, page "
-    "size 1, causal, window_size=(sliding_window - 1, 0), no cascade", lambda w, b: SwaSpecRunner(w, b),
+    "size 1, causal, window_size=(sliding_window - 1, 0), no cascade", lambda w, b: SwaSpecRunner(w, b, 0),
     backends=(SGL,), modes=("verify",), requires=frozenset({"tree"}), tree=True, needs_cuda=True,
     unsupported=sglang_tree_unsupported, available=lambda: import_error(SGL)), __name__)
