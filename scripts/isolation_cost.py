@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from swabench.run import shards  # noqa: E402
 
 HOW = {"supervised": [], "in-process": ["--in-process"]}
 
@@ -31,9 +33,12 @@ def main(argv=None) -> int:
     parser.add_argument("--impl", action="append", default=[])
     parser.add_argument("--shard", help="I/N: the same shard of each scenario in both modes (a cheaper sample)")
     args = parser.parse_args(argv)
-    shard = re.fullmatch(r"(\d+)/([1-9]\d{0,5})", args.shard or "0/1")
-    if not shard or int(shard[1]) >= int(shard[2]):
-        parser.error(f"--shard {args.shard}: I/N with 0 <= I < N, such as 1/4")
+    if args.shard:
+        try:
+            if shards.parse_shard(args.shard)[1] > 999_999:
+                parser.error(f"--shard {args.shard}: at most 999999 shards")
+        except shards.ShardError as e:
+            parser.error(str(e))
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"OUT {args.out} is a file: give a folder")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -110,14 +110,10 @@ def installed() -> Installed:
     if spec is None or not spec.origin:
         raise PatchError(f"--patch: {MODULE} is not installed here; a patch applies to an installed release's sources "
                          f"(install {DISTRIBUTION}, or run on the GPU node)")
-    from importlib.metadata import PackageNotFoundError, version
+    from swabench.run import environment
 
     folder = Path(spec.origin).resolve().parent
-    try:
-        release = version(DISTRIBUTION)
-    except PackageNotFoundError:
-        release = _version_file(folder)
-    return Installed(folder, release)
+    return Installed(folder, environment.package_version(DISTRIBUTION) or _version_file(folder))
 
 
 def _version_file(folder: Path) -> str:
