@@ -250,8 +250,8 @@ def test_an_issue_body_says_the_fix_and_the_gates_verdict_read_from_the_runs(tmp
     root = tmp_path / "results"
     root.mkdir()
     (said,) = fixes.lines("flashinfer#4972", folder, root)
-    assert said.startswith("**A fix:** `patches/flashinfer-4992.diff`") and f"not yet gated on a GPU; the gate: " \
-                                                                             f"`{gate}`" in said
+    assert said == f"**A fix:** `patches/flashinfer-4992.diff` (sha256 {pr.read(path).sha256[:12]}), not yet checked " \
+                   f"on a GPU."  # in the library's terms: no command of this suite's for a maintainer to read
     assert fixes.lines("holistic-offset", folder, root) == []  # no patch fixes it
     points = [("c1", "paged-window", "correct", "xfail", "flashinfer#4972"), ("c2", "paged-trim", "correct", "pass", None)]
     base = patched_run(root / "h200-noncausal-0.7.4", "0.7.4", points)
@@ -260,6 +260,7 @@ def test_an_issue_body_says_the_fix_and_the_gates_verdict_read_from_the_runs(tmp
                         [("c1", "paged-window", "correct", "pass", "flashinfer#4972"), points[1]],
                         {**FIX, "sha256": pr.read(path).sha256})
     (said,) = fixes.lines("flashinfer#4972", folder, root)
-    assert said == (f"**A fix, checked by swabench's gate:** `patches/flashinfer-4992.diff` (sha256 "
+    assert said == (f"**A fix, checked on a GPU:** `patches/flashinfer-4992.diff` (sha256 "
                     f"{pr.read(path).sha256[:12]}). 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 1 wrong "
-                    f"points right; no other point of the 2 both ran changed status (runs `{base}` and `{fixed}`).")
+                    f"points right; no other point of the 2 both ran changed status.")
+    assert [(b, f) for _, b, f in fixes.gated(fixes.for_bug("flashinfer#4972", folder), root)] == [(base, fixed)]

@@ -1,7 +1,8 @@
 """A bug's fix in ``patches/`` (one unified diff per fix, whose header names the bug it fixes, ``Fixes: REF``, and the
 command that gates it, ``Gate: ...``) and the gate's verdict on it, read from the run folders: a run made with that
 patch (``meta.json``'s ``patch``, by its sha256) and a run of its base release without a patch, of the same scenario
-(``analysis.patched``).  An issue body says the patch and that verdict, or, where no run has gated it, the command."""
+(``analysis.patched``).  An issue body says the patch and that verdict, in the library's terms (a maintainer runs
+no command of this suite's), or that no GPU has checked it yet."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ from swabench.publish.outputs import PUBLISHED
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"  # the repository's; absent from an installed wheel
 FIXES = re.compile(r"^Fixes: (\S+)", re.M)
-GATE = re.compile(r"^Gate: (.+)$", re.M)
 
 
 @dataclass(frozen=True)
 class Fix:
     name: str  # "patches/flashinfer-4992.diff"
     sha256: str
-    gate: str  # the command its header gives
 
 
 def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
@@ -37,8 +36,7 @@ def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
         head = patch.text.split("\n--- ", 1)[0]
         said = FIXES.search(head)
         if said and said[1] == ref:
-            gate = GATE.search(head)
-            return Fix(f"{folder.name}/{path.name}", patch.sha256, gate[1].strip() if gate else "")
+            return Fix(f"{folder.name}/{path.name}", patch.sha256)
     return None
 
 
@@ -75,6 +73,6 @@ def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]
         return []
     found = gated(fix, root)
     if found:
-        return [f"**A fix, checked by swabench's gate:** `{fix.name}` (sha256 {fix.sha256[:12]}). " +
-                " ".join(f"{said} (runs `{base}` and `{run}`)." for said, base, run in found)]
-    return [f"**A fix:** `{fix.name}` (sha256 {fix.sha256[:12]}), not yet gated on a GPU; the gate: `{fix.gate}`."]
+        return [f"**A fix, checked on a GPU:** `{fix.name}` (sha256 {fix.sha256[:12]}). " +
+                " ".join(f"{said}." for said, _, _ in found)]
+    return [f"**A fix:** `{fix.name}` (sha256 {fix.sha256[:12]}), not yet checked on a GPU."]
