@@ -73,6 +73,12 @@ def _fa4_tma_page_not_finite(impl: str, case, backend: str) -> bool:
         fa4.last_page_partly_used(case)
 
 
+def _fa3_ragged_rows_not_finite(impl: str, case, backend: str) -> bool:
+    """FA3's varlen shape: a ragged K/V buffer longer than the batch's keys (the cache_fill axis's spare rows) holds
+    NaN or Inf past the last request's keys."""
+    return case.storage == "ragged" and case.cache_fill in ("nan", "inf")
+
+
 def fa2_noncausal_wrong_rows(impl: str, case, num_sms: int) -> list[range]:
     """Per request, the rows fa2's split-KV schedule gets wrong for this path under a non-causal window, over
     the lengths it plans."""
@@ -115,6 +121,14 @@ _DECLARED: list[UpstreamBug] = [
         frozenset({"fa4-window", "fa4-window-count"}), _fa4_tma_page_not_finite,
         documented="flash-attn-4 4.0.0b36, flash_attn/cute/interface.py:4277-4281 (flash_attn_varlen_func's "
                    "docstring, page_table)"),
+    UpstreamBug(
+        "fa3-varlen-total-k", "https://github.com/Dao-AILab/flash-attention/issues/1228", "vllm-fa3",
+        "flash_attn_varlen_func takes k and v of exactly the batch's key count (cu_seqlens_k[-1] rows): a longer "
+        "buffer's rows past the last sequence are loaded with its last key tile, masked, and P = 0 times a NaN or "
+        "Inf V row is NaN (flash-attention#1228 reports it; sgl-flash-attn#47 would assert on a longer buffer)",
+        frozenset({"fa3-window", "fa3-window-count"}), _fa3_ragged_rows_not_finite,
+        documented="vllm 0.26.0, vllm/vllm_flash_attn/flash_attn_interface.py:240-241 (flash_attn_varlen_func's "
+                   "docstring: k and v are (total_k, nheads_k, headdim), total_k the batch's key count)"),
 ]
 
 
