@@ -1,6 +1,7 @@
 """The release matrix: one scenario on several releases, side by side (statuses, declared upstream
 bugs, time against the newest release), and the command's refusals."""
 
+import json
 import random
 from pathlib import Path
 
@@ -201,6 +202,19 @@ def test_a_patched_release_is_set_against_its_base_bug_by_bug(tmp_path):
     assert c.line() == "0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 2 of 2 wrong points right; " \
                        "paged-plan: 0 of 1 wrong points right; no other point of the 4 both ran changed status"
     assert m.newest.version == "0.7.4"  # a patched build sorts after its base, but the releases are timed against it
+
+
+def test_a_patched_release_is_timed_against_its_base(tmp_path):
+    base = release_run(tmp_path / "base", "0.7.4", {("window", "correct", "pass", None): 20.0}, seed=1)
+    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", {("window", "correct", "pass", None): 30.0},
+                        seed=2)
+    meta = json.loads((fixed / "meta.json").read_text())
+    (fixed / "meta.json").write_text(json.dumps({**meta, "patch": FIX}))
+    m = matrix.build([fixed, base])
+    t = m.timings.set_index("release")
+    assert list(t.index) == ["0.7.4+flashinfer-4992"] and m.newest.version == "0.7.4"
+    patched = t.loc["0.7.4+flashinfer-4992"]
+    assert patched["verdict"] == "slower" and abs(patched["ratio"] - 1.5) < 0.03
 
 
 def test_a_patch_that_changes_other_points_says_so_in_the_matrix_report(tmp_path):

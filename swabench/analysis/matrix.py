@@ -48,9 +48,14 @@ class Matrix:
 
     @property
     def newest(self) -> Release:
-        """The newest release as published: a patched build (BASE+NAME) is set against its base, never the rest."""
-        plain = [r for r in self.releases if not r.meta.get("patch")]
-        return (plain or self.releases)[-1]
+        return newest(self.releases)
+
+
+def newest(releases: list[Release]) -> Release:
+    """The newest release as published, the one every other is timed against: a patched build (BASE+NAME) sorts after
+    its base but is set against it, never the rest against it."""
+    plain = [r for r in releases if not r.meta.get("patch")]
+    return (plain or releases)[-1]
 
 
 def version_key(version: str):
@@ -145,11 +150,11 @@ def _statuses(releases: list[Release], library: str) -> pd.DataFrame:
 def _timings(releases: list[Release], threshold: float, alpha: float) -> pd.DataFrame:
     """Every point timed on the newest release and on another, as that release's time / the newest's,
     with compare's verdict from the newest release's side: slower, faster, same, too noisy."""
-    newest = releases[-1]
+    reference = newest(releases)
     words = {"regression": "slower", "improvement": "faster"}
     frames = []
-    for r in releases[:-1]:
-        c = compare.compare(newest.folder, r.folder, threshold, alpha, allow_different_gpus=True)
+    for r in (r for r in releases if r is not reference):
+        c = compare.compare(reference.folder, r.folder, threshold, alpha, allow_different_gpus=True)
         t = c.table.dropna(subset=["base_us", "new_us"])
         frames.append(pd.DataFrame({"case": t["case"], "impl": t["impl"], "backend": t["backend"], "release": r.version,
                                     "us": t["new_us"], "newest_us": t["base_us"], "ratio": t["ratio"],

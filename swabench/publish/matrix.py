@@ -64,8 +64,8 @@ def to_markdown(m: Matrix, unbuilt: dict[str, str], threshold: float, alpha: flo
     summary = timing_summary(m)
     if len(summary):
         parts += [f"## Time against {m.newest.version}", "",
-                  f"Each point timed on both: that release's median kernel time / {m.newest.version}'s (above 1: the "
-                  f"older release is slower). A point is slower or faster when |ratio - 1| > max({threshold:g}, "
+                  f"Each point timed on both: that release's median kernel time / {m.newest.version}'s (above 1: "
+                  f"that release is slower). A point is slower or faster when |ratio - 1| > max({threshold:g}, "
                   f"the two points' combined noise) and the Mann-Whitney U test on the samples gives p < {alpha:g} "
                   f"(the rule of `swabench compare`); too noisy when either point's IQR / median is above "
                   f"{threshold:g}.", "", markdown_table(summary), "", markdown_table(timing_points(m)), ""]
@@ -119,19 +119,24 @@ def figure(m: Matrix, out: Path) -> Path | None:
     t = m.timings.assign(path=m.timings["impl"] + " [" + m.timings["backend"] + "] " +
                          m.timings["case"].str.split().str[0])
     impls = list(dict.fromkeys(t["impl"]))
+    reference = order.index(m.newest.version)  # a patched build sorts after its base, which is the reference
     for (path, case), g in t.groupby(["path", "case"], sort=False):
         path_look = style.look(g["impl"].iloc[0])
         colour, marker = path_look["color"], path_look["marker"]
-        x = [order.index(v) for v in g["release"]] + [len(order) - 1]
+        x = [order.index(v) for v in g["release"]] + [reference]
         y = list(g["ratio"]) + [1.0]
         ax.plot(x, y, style.BACKEND_STYLE.get(g["backend"].iloc[0], "-"), color=colour, alpha=0.5, lw=1)
         for xi, yi, verdict in zip(x, y, list(g["verdict"]) + ["same"]):
             ax.plot(xi, yi, marker, color=colour, mfc="none" if verdict == "same" else colour)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
-    for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        axis_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    lo, hi = ax.get_ylim()
+    if hi / lo < 10:  # within a decade a log axis labels only its bases: label even steps instead
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(8, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))  # 1.05 and 1.1 apart
     ax.set_xticks(range(len(order)), order)
+    ax.set_xlim(-0.5, len(order) - 0.5)
     ax.set_xlabel(f"{m.library} release")
     ax.set_ylabel(f"kernel time / {m.newest.version}")
     for impl in impls:
