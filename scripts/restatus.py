@@ -1,11 +1,14 @@
-"""Recompute a committed run's statuses where the suite's prediction of a known mistake has changed since it ran.
+"""Recompute a committed run's statuses where the suite's prediction of a known mistake, or its table of declared
+upstream bugs and documented preconditions (``impls.upstream``), has changed since it ran.
 
 A known-bug point's status is the gate's outcome (did the output pass?) read against the prediction (must its
 mistake show here?).  When the model of what a path computes is corrected, the outcome stored in the row stays
 true and only the prediction moves, so the status can be recomputed without running the point again.  Only rows
 whose ``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and the verdict's note in ``reason``),
 and ``rows_as_predicted`` where the row's count of wrong rows settles it; a row with a declared upstream bug, or
-with no gate outcome (the point raised), is left alone.  With ``--write`` the table is written back byte for byte
+with no gate outcome (the point raised), is left alone.  A correct path's row with no ``upstream`` where a bug now
+declared holds takes that bug's verdict (``xfail`` with its reason where the gate failed it, ``pass`` saying it was
+declared there where it passed) and its reference in ``upstream``.  With ``--write`` the table is written back byte for byte
 but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its
 ``statuses_recomputed`` list, each file replaced whole by a rename.  Every folder is checked before any is
 recomputed: one that is not a finished run folder (no meta.json, a file that does not read as its kind, a journal
@@ -104,6 +107,8 @@ def restatus(folder: Path, table) -> tuple[object, collections.Counter]:
     with mock.patch.object(fa2_split, "device_sms", lambda: sms):  # the schedule the run's own GPU made
         for i, row in table.iterrows():
             impl = registry.get(row["impl"]) if row["impl"] in registry.names() else None
+            if impl is not None and not impl.expected_to_fail and row["case_id"] in cases:
+                declared(table, i, row, cases[row["case_id"]], changes)
             if impl is None or not impl.expected_to_fail or row["status"] == "skip" or row["must_fail"] == "":
                 continue
             if row.get("rel_l2", "") == "":  # no gate outcome (the point raised): nothing to read again
@@ -136,6 +141,23 @@ def restatus(folder: Path, table) -> tuple[object, collections.Counter]:
     return table, changes
 
 
+def declared(table, i: int, row, case, changes: collections.Counter) -> None:
+    """A correct path's row, gated (a pass or a fail) with no bug in ``upstream``, read again against the bugs
+    declared now: where one's condition holds, its verdict and its reference."""
+    from swabench.impls import upstream
+    from swabench.run.verdict import verdict
+
+    if row["status"] not in ("pass", "fail") or row.get("upstream", "") or row.get("rel_l2", "") == "":
+        return
+    bug = upstream.hit(row["impl"], case, row["backend"])
+    if bug is None:
+        return
+    status, note = verdict(False, False, row["status"] == "pass", bug)
+    table.at[i, "status"], table.at[i, "upstream"] = status, bug.ref
+    table.at[i, "reason"] = "; ".join(s for s in (note, row["reason"]) if s)
+    changes[f"{row['status']} -> {status} ({bug.ref})"] += 1
+
+
 def record(folder: Path, table, changes: collections.Counter, why: str) -> None:
     """Write the table back and say in meta.json (as stored, not migrated) what was recomputed, at which commit and
     why; each file replaced whole by a rename."""
@@ -150,7 +172,7 @@ def record(folder: Path, table, changes: collections.Counter, why: str) -> None:
     meta.setdefault("statuses_recomputed", []).append(
         {"commit": commit, "why": why, "changes": dict(changes),
          "method": "scripts/restatus.py: the stored gate outcome (passed or not) read against the corrected "
-                   "must_fail; no point was run again"})
+                   "must_fail and the bugs declared now; no point was run again"})
     run_folder.atomic_write(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 

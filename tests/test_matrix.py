@@ -138,6 +138,18 @@ def test_older_releases_show_only_where_releases_are_compared(tmp_path):
     assert not any(str(tmp_path / old) in part for part in elsewhere for old in ("old", "mid"))
 
 
+
+def test_a_patched_build_is_shown_beside_its_base_and_never_read_as_the_newest_release(tmp_path):
+    from swabench.publish import findings, sections
+
+    base = release_run(tmp_path / "base", "0.7.4", {("window", "correct", "xfail", SINK_BUG): 20.0}, seed=1)
+    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", {("window", "correct", "pass", SINK_BUG): 20.0},
+                        seed=2)
+    meta = json.loads((fixed / "meta.json").read_text())
+    (fixed / "meta.json").write_text(json.dumps({**meta, "patch": FIX}))
+    runs = findings.load([base, fixed])
+    assert [r.folder for r in sections.older_releases(runs)] == [str(fixed)]
+
 PUBLISHED = sorted((Path(__file__).resolve().parent / "fixtures" / "published" / "results").glob(
     "h200-release-[0-9]*"))  # frozen copies of the published runs (tests/fixtures/make_published.py)
 
@@ -225,7 +237,7 @@ def test_a_patch_that_changes_other_points_says_so_in_the_matrix_report(tmp_path
     text = (out / "MATRIX.md").read_text()
     assert "### 0.7.4+flashinfer-4992 against 0.7.4" in text
     assert "**Verdict:** 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 2 wrong points right; " \
-           "paged-plan: 1 of 1 wrong points right; 1 other points of the 4 both ran changed status." in text
+           "paged-plan: 1 of 1 wrong points right; 1 other point of the 4 both ran changed status." in text
     assert "| extend c3 | paged-window | fa2 | pass | fail |" in text  # the point it broke
     assert "partly right" in text
 

@@ -261,6 +261,38 @@ def test_an_issue_body_says_the_fix_and_the_gates_verdict_read_from_the_runs(tmp
                         {**FIX, "sha256": pr.read(path).sha256})
     (said,) = fixes.lines("flashinfer#4972", folder, root)
     assert said == (f"**A fix, checked on a GPU:** `patches/flashinfer-4992.diff` (sha256 "
-                    f"{pr.read(path).sha256[:12]}). 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 1 wrong "
-                    f"points right; no other point of the 2 both ran changed status.")
+                    f"{pr.read(path).sha256[:12]}). On noncausal, 0.7.4+flashinfer-4992 against 0.7.4: "
+                    f"flashinfer#4972: 1 of 1 wrong points right; no other point of the 2 both ran changed status.")
     assert [(b, f) for _, b, f in fixes.gated(fixes.for_bug("flashinfer#4972", folder), root)] == [(base, fixed)]
+
+
+def test_an_issue_body_names_each_other_point_the_patch_changed_and_its_time(tmp_path):
+    from test_matrix import FIX, patched_run, release_run
+
+    from swabench.repro import fixes
+
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    path = diff("flashinfer-4992", "  line 5;", "  line 5 fixed;", folder=folder,
+                header="Fixes: flashinfer#4972 (fa2 non-causal)\nGate: python3 -m swabench run release\n")
+    root = tmp_path / "results"
+    points = [("c1", "paged-window", "correct", "xfail", "flashinfer#4972"),
+              ("c2", "pod-window", "correct", "pass", None), ("c3", "paged-plan", "known-bug", "xfail", None)]
+    patched_run(root / "base", "0.7.4", points)
+    patched_run(root / "fixed", "0.7.4+flashinfer-4992",
+                [("c1", "paged-window", "correct", "pass", "flashinfer#4972"),
+                 ("c2", "pod-window", "correct", "fail", None), points[2]], {**FIX, "sha256": pr.read(path).sha256})
+    (said,) = fixes.lines("flashinfer#4972", folder, root)
+    assert said.endswith("On noncausal, 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 1 wrong points "
+                         "right; 1 other point of the 3 both ran changed status (pod-window [fa2] on extend c2: pass "
+                         "to fail).")  # the known bug still caught is no change; no times, so no time said
+    slow = root / "slow"
+    release_run(root / "timed-base", "0.7.4", {("window", "correct", "pass", None): 20.0}, scenario="timed", seed=1)
+    release_run(slow, "0.7.4+flashinfer-4992", {("window", "correct", "pass", None): 30.0}, scenario="timed", seed=2)
+    meta = json.loads((slow / "meta.json").read_text())
+    (slow / "meta.json").write_text(json.dumps({**meta, "patch": {**FIX, "sha256": pr.read(path).sha256}}))
+    timed = [s for s, _, f in fixes.gated(fixes.for_bug("flashinfer#4972", folder), root, "flashinfer#4972")
+             if f == slow]
+    assert timed == ["On timed, 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972's rows not met; no other point "
+                     "of the 1 both ran changed status; of 1 timed points, 1 slower (up to 1.50x) and 0 faster on one "
+                     "NVIDIA H200"]

@@ -421,7 +421,9 @@ CITED = {"include/flashinfer/attention/persistent.cuh:66": "indices[page_iter]",
          "include/flashinfer/attention/scheduler.cuh:512": "inline cudaError_t DecodePlan(",
          "include/flashinfer/attention/scheduler.cuh:517": "WorkEstimationFunc work_estimation_func) {",
          "flashinfer/prefill.py:4603": "self._window_left = window_left",
-         "flashinfer/prefill.py:4987": "assert window_left == self._window_left"}
+         "flashinfer/prefill.py:4987": "assert window_left == self._window_left",
+         "include/flashinfer/attention/pod.cuh:354": "uint32_t max_num_kv_chunks =",
+         "include/flashinfer/attention/pod.cuh:376": "prefill_params.partition_kv = num_chunks;"}
 
 
 def test_every_file_and_line_a_filing_cites_is_written_in_full_and_listed_with_what_it_holds():

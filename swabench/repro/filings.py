@@ -61,6 +61,9 @@ FILINGS: dict[str, Filing] = {
                    "inputs (the control)",
         origin="FlashInfer 0.4.0: flashinfer#1661 sized fa2's split-KV chunks by the window (the effective KV length "
                "of PrefillSplitQOKVIndptr in scheduler.cuh)",
+        note="the patch checked below is written from flashinfer#4992's description, not its diff: it widens every "
+             "windowed plan's span, causal ones too, and leaves as it is the rule by which "
+             "BatchPODWithPagedKVCacheWrapper sizes its prefill's KV chunks (include/flashinfer/attention/pod.cuh:354-376)",
     ),
     "holistic-offset": Filing(
         title="BatchAttention reads the wrong K/V rows from pages past 2^32 elements of the cache",
@@ -225,6 +228,9 @@ FILINGS: dict[str, Filing] = {
                "mask is the window alone",
         affected="any caller that hands this wrapper a mask, such as a draft tree verified on a model with sinks "
                  "(GPT-OSS): the mask is taken without a word",
+        note="with the mask read (the patch checked below), the window still counts from the query's row, as in every "
+             "FlashInfer wrapper (tree-window-slot): on a tree, not a chain, past the window a caller still passes "
+             "window_left=-1 and puts the window, by depth, in the mask",
     ),
     "sglang-verify-tree": Filing(
         title="SGLang's EAGLE target verify on an SWA layer: the tree mask out of step past the window",

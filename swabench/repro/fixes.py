@@ -40,9 +40,10 @@ def for_bug(ref: str, folder: Path = PATCHES) -> Fix | None:
     return None
 
 
-def gated(fix: Fix, root: Path = PUBLISHED) -> list[tuple[str, Path, Path]]:
-    """(the gate's verdict line, the base run, the patched run) for each run folder under ``root`` made with ``fix``
-    beside one of its base release without a patch, of the same scenario."""
+def gated(fix: Fix, root: Path = PUBLISHED, bug: str | None = None) -> list[tuple[str, Path, Path]]:
+    """(the gate's verdict on each scenario, the base run, the patched run) for each run folder under ``root`` made
+    with ``fix`` beside one of its base release without a patch, of the same scenario; ``bug``: the verdict says that
+    bug's rows alone (``analysis.patched.Comparison.line``) and the timed points' change where both ran on one GPU."""
     from swabench.analysis import patched
     from swabench.store import run_folder
 
@@ -61,8 +62,25 @@ def gated(fix: Fix, root: Path = PUBLISHED) -> list[tuple[str, Path, Path]]:
             base_table, base_meta = run_folder.load(bases[0])
             table, _ = run_folder.load(folder)
             release = (meta.get("libraries") or {}).get(library) or f"{patch.get('base')}+{patch.get('name')}"
-            found.append((patched.compare(patch["base"], base_table, release, table, patch).line(), bases[0], folder))
+            said = patched.compare(patch["base"], base_table, release, table, patch).line(bug)
+            if bug is not None:
+                said = f"On {meta.get('scenario')}, {said}" + timed(bases[0], folder, base_meta, meta)
+            found.append((said, bases[0], folder))
     return found
+
+
+def timed(base: Path, folder: Path, base_meta: dict, meta: dict) -> str:
+    """'; of 64 timed points, 3 slower (up to 1.08x) and 0 faster' by compare's rule, where both ran on one GPU."""
+    from swabench.analysis import compare
+
+    if base_meta.get("gpu") != meta.get("gpu"):
+        return ""
+    t = compare.compare(base, folder).table.dropna(subset=["base_us", "new_us"])
+    if t.empty:
+        return ""
+    slower, faster = t[t["verdict"] == "regression"], t[t["verdict"] == "improvement"]
+    worst = f" (up to {slower['ratio'].max():.2f}x)" if len(slower) else ""
+    return f"; of {len(t)} timed points, {len(slower)} slower{worst} and {len(faster)} faster on one {meta['gpu']}"
 
 
 def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]:
@@ -71,7 +89,7 @@ def lines(ref: str, folder: Path = PATCHES, root: Path = PUBLISHED) -> list[str]
     fix = for_bug(ref, folder)
     if fix is None:
         return []
-    found = gated(fix, root)
+    found = gated(fix, root, ref)
     if found:
         return [f"**A fix, checked on a GPU:** `{fix.name}` (sha256 {fix.sha256[:12]}). " +
                 " ".join(f"{said}." for said, _, _ in found)]

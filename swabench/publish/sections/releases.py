@@ -68,11 +68,11 @@ def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
 
 
 def older_releases(runs: list[Run]) -> list[Run]:
-    """Every run of a release set's scenario made on a release older than its newest: the findings page
-    shows them in this section only, so that the other sections read the newest release."""
+    """Every run of a release set's scenario made on a release older than its newest, or on a patched build of it: the
+    findings page shows them in this section only, so that the other sections read the newest release as released."""
     older = []
     for library, group in release_sets(runs):
-        newest = (group[-1].meta.get("libraries") or {}).get(library)
+        newest = (matrix.newest(group).meta.get("libraries") or {}).get(library)
         older += [r for r in runs if _release_set_key(r) == _release_set_key(group[0])
                   and (r.meta.get("libraries") or {}).get(library) not in (None, newest)]
     return older
