@@ -29,11 +29,14 @@ class Comparison:
     changed: pd.DataFrame  # case, impl, backend, the status on each side, the declared bug
     bugs: pd.DataFrame  # per bug: its predicted rows, wrong on the base, right with the patch, the verdict
 
-    def line(self, bug: str | None = None) -> str:
+    def line(self, bug: str | None = None, short: bool = False) -> str:
         """'0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 9 of 9 wrong points right; no other point of the
-        82 both ran changed status'.  ``bug``: that bug's rows alone (an issue body's), and each other point that
-        changed named with its statuses and the gate's reason."""
-        shown = self.bugs if bug is None else self.bugs[self.bugs["bug"] == bug]
+        82 both ran changed status'; each other point that changed named with its statuses and the gate's reason (the
+        first three).  ``bug``: that bug's rows alone (an issue body's); else every declared bug's, and each known
+        mistake's where some of its rows turn right.  ``short``: without the releases, the other points counted only
+        ('... right; nothing else of 82 points changed')."""
+        shown = self.bugs[(self.bugs["kind"] == "upstream") | (self.bugs["right"] > 0)] if bug is None else \
+            self.bugs[self.bugs["bug"] == bug]  # a caller's mistake still caught is as expected: not said
         fixed = [f"{b.bug}: {b.right} of {b.wrong} wrong points right" for b in shown.itertuples() if b.wrong]
         if bug is not None and not fixed:
             fixed = [f"{bug}'s rows not met"]
@@ -41,9 +44,13 @@ class Comparison:
         bug_keys = {k for b in shown["bug"] for k in keys.get(b, ())}
         others = self.changed[[k not in bug_keys for k in zip(self.changed["case_id"], self.changed["impl"],
                                                               self.changed["backend"])]]
+        if short:
+            said = f"{len(others)} other of {self.points} points changed ({', '.join(dict.fromkeys(others['impl']))})" \
+                if len(others) else f"nothing else of {self.points} points changed"
+            return "; ".join(fixed + [said])
         said = f"{len(others)} other point{'s' * (len(others) > 1)} of the {self.points} both ran changed status" \
             if len(others) else f"no other point of the {self.points} both ran changed status"
-        if bug is not None and len(others):
+        if len(others):
             said += " (" + "; ".join(f"{r['impl']} [{r['backend']}] on {r['case']}: {r[self.base]} to {r[self.release]}"
                                      + (f", {r['reason'].split(';')[0]}" if r["reason"] else "")
                                      for _, r in others.head(3).iterrows()) + ")"
@@ -68,17 +75,18 @@ def _bugs(joined: pd.DataFrame) -> pd.DataFrame:
     """Per declared upstream bug and known-bug implementation met on the base: its rows, wrong there, right here."""
     upstream = joined[joined["upstream"].notna()]
     known = joined[(joined["kind"] == "known-bug") & joined["status base"].isin(WRONG)]
-    groups = [(ref, g) for ref, g in upstream.groupby("upstream", sort=False)] + \
-        [(impl, g) for impl, g in known.groupby("impl", sort=False)]
+    groups = [(ref, "upstream", g) for ref, g in upstream.groupby("upstream", sort=False)] + \
+        [(impl, "known-bug", g) for impl, g in known.groupby("impl", sort=False)]
     rows, keys = [], {}
-    for bug, g in groups:
+    for bug, kind, g in groups:
         wrong = g[g["status base"].isin(WRONG)]
         right = int(wrong["status patched"].isin(RIGHT).sum())
         keys[bug] = list(zip(wrong["case_id"], wrong["impl"], wrong["backend"]))
         verdict = "not shown on the base" if not len(wrong) else \
             "turns right" if right == len(wrong) else "partly right" if right else "still wrong"
-        rows.append({"bug": bug, "predicted": len(g), "wrong": len(wrong), "right": right, "verdict": verdict})
-    table = pd.DataFrame(rows, columns=["bug", "predicted", "wrong", "right", "verdict"])
+        rows.append({"bug": bug, "kind": kind, "predicted": len(g), "wrong": len(wrong), "right": right,
+                     "verdict": verdict})
+    table = pd.DataFrame(rows, columns=["bug", "kind", "predicted", "wrong", "right", "verdict"])
     table.attrs["keys"] = keys  # per bug: the (case_id, impl, backend) of its rows wrong on the base
     return table
 

@@ -13,13 +13,14 @@ from swabench.publish.sections.base import FINDINGS, Run, Section, ratio, span
 
 
 def _release_set_key(r: Run) -> tuple:
-    """What a release set holds fixed: the scenario, and the cases its command picked (``--case``: a run of some of
-    a scenario's groups, on each release, is a set of its own)."""
-    return r.meta.get("scenario"), picked_cases(str(r.meta.get("command") or ""))
+    """What a release set holds fixed: the scenario, the cases its command picked (``--case``: a run of some of a
+    scenario's groups, on each release, is a set of its own) and the GPU (a release is timed against another on one
+    card)."""
+    return r.meta.get("scenario"), picked_cases(str(r.meta.get("command") or "")), r.meta.get("gpu")
 
 
-def picked_cases(command: str) -> tuple[str, ...]:
-    """The ``--case`` filters of a recorded command line, sorted.  Lines recorded before they were quoted hold a
+def picked_cases(command: str, option: str = "--case") -> tuple[str, ...]:
+    """The ``option`` filters of a recorded command line, sorted.  Lines recorded before they were quoted hold a
     filter's words unquoted: a filter runs to the next option."""
     import shlex
 
@@ -30,9 +31,9 @@ def picked_cases(command: str) -> tuple[str, ...]:
     picked, current = [], None
     for word in words:
         if word.startswith("--"):
-            current = [] if word == "--case" else None
-            if word.startswith("--case="):
-                picked.append(word.removeprefix("--case="))
+            current = [] if word == option else None
+            if word.startswith(f"{option}="):
+                picked.append(word.removeprefix(f"{option}="))
             if current is not None:
                 picked.append(current)
         elif current is not None:
@@ -42,7 +43,7 @@ def picked_cases(command: str) -> tuple[str, ...]:
 
 def named(group: list[Run]) -> str:
     """A release set as the page names it: '`release`', or '`release` (groups tree)' for a part of it."""
-    scenario, picked = _release_set_key(group[0])
+    scenario, picked, _ = _release_set_key(group[0])
     stem = os.path.commonprefix(list(picked)) if len(picked) > 1 else ""
     stem = stem[:stem.rfind("-") + 1]  # 'shelf-{blocks,decode}', never 'shelf-{b,d}ecode'
     said = f"{stem}{{{','.join(g[len(stem):] for g in picked)}}}" if stem else ", ".join(picked)
@@ -112,14 +113,18 @@ def in_short(runs: list[Run]) -> list[str]:
         for _, bug in m.bugs.iterrows():
             has = [v for v in versions if str(bug[v]).startswith("has it")]
             fixed = bug.get("fixed upstream in")
-            parts.append(f"`{bug['upstream']}` shows on {', '.join(has) or 'none'}"
+            if not has:  # met and passed on every release: the matrix says so, the answer need not
+                continue
+            parts.append(f"`{bug['upstream']}` shows on {', '.join(has)}"
                          + (f" (fixed upstream in {fixed})" if fixed and fixed != "not yet" else ""))
-        odd = unexpected(m)
+        patched = {c.release for c in m.patched}  # a patched build's changes are its verdict's to say
+        odd = {v: what for v, what in unexpected(m).items() if v not in patched}
         alike: dict[str, list[str]] = {}
         for v, what in odd.items():
             alike.setdefault(what, []).append(v)
         parts += [f"on {' and '.join(vs)}: {what}" for what, vs in alike.items()]
-        for r in m.releases[:-1]:
+        parts += [f"the patch: {c.line(short=True)}" for c in m.patched]
+        for r in (r for r in m.releases if r is not m.newest):
             t = m.timings[m.timings["release"] == r.version]
             shifts = [f"{verdict} on {len(p)}/{len(t)} points ({span(p['ratio'])}x)"
                       for verdict in ("slower", "faster") if len(p := t[t["verdict"] == verdict])]
@@ -166,7 +171,7 @@ def across_releases(runs: list[Run]) -> list[str]:
             said.append(f"- `{bug['upstream']}` ({bug['what']}): " +
                         (f"shown on {', '.join(has)}" if has else "shown on none") +
                         (f"; not shown on {', '.join(clean)}" if clean else "") + ".")
-        for r in m.releases[:-1]:
+        for r in (r for r in m.releases if r is not m.newest):
             t = m.timings[m.timings["release"] == r.version]
             if not len(t):
                 continue
@@ -176,6 +181,7 @@ def across_releases(runs: list[Run]) -> list[str]:
                         f"noise" + "".join(f"; {verdict} on {moved(t[t['verdict'] == verdict])}"
                                            for verdict in ("slower", "faster") if (t["verdict"] == verdict).any())
                         + ".")
+        said += [f"- Patched: {c.line()}." for c in m.patched]
         said += ["Points per status:", markdown_table(m.statuses)]
         if len(m.bugs):
             said += ["Declared upstream bugs, per release:", markdown_table(m.bugs)]
