@@ -31,6 +31,16 @@ def release_run(folder, release, points, scenario="release", gpu="NVIDIA H200", 
     return folder
 
 
+
+def base_and_fixed(tmp_path, base_points, fixed_points, patch=None):
+    """Two release_run folders: ``base`` on 0.7.4 and ``fixed`` on 0.7.4+flashinfer-4992, its meta.json recording
+    ``patch`` (FIX by default) as ``swabench run --patch`` does."""
+    base = release_run(tmp_path / "base", "0.7.4", base_points, seed=1)
+    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", fixed_points, seed=2)
+    meta = json.loads((fixed / "meta.json").read_text())
+    (fixed / "meta.json").write_text(json.dumps({**meta, "patch": patch or FIX}))
+    return base, fixed
+
 SINK_BUG = "flashinfer#sink-uri"  # a ref no declaration has: the matrix still lists what the rows recorded
 
 
@@ -142,11 +152,8 @@ def test_older_releases_show_only_where_releases_are_compared(tmp_path):
 def test_a_patched_build_is_shown_beside_its_base_and_never_read_as_the_newest_release(tmp_path):
     from swabench.publish import findings, sections
 
-    base = release_run(tmp_path / "base", "0.7.4", {("window", "correct", "xfail", SINK_BUG): 20.0}, seed=1)
-    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", {("window", "correct", "pass", SINK_BUG): 20.0},
-                        seed=2)
-    meta = json.loads((fixed / "meta.json").read_text())
-    (fixed / "meta.json").write_text(json.dumps({**meta, "patch": FIX}))
+    base, fixed = base_and_fixed(tmp_path, {("window", "correct", "xfail", SINK_BUG): 20.0},
+                                 {("window", "correct", "pass", SINK_BUG): 20.0})
     runs = findings.load([base, fixed])
     assert [r.folder for r in sections.older_releases(runs)] == [str(fixed)]
     page = pages_text(findings.write([base, fixed], tmp_path / "FINDINGS.md"))
@@ -221,11 +228,8 @@ def test_a_patched_release_is_set_against_its_base_bug_by_bug(tmp_path):
 
 
 def test_a_patched_release_is_timed_against_its_base(tmp_path):
-    base = release_run(tmp_path / "base", "0.7.4", {("window", "correct", "pass", None): 20.0}, seed=1)
-    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", {("window", "correct", "pass", None): 30.0},
-                        seed=2)
-    meta = json.loads((fixed / "meta.json").read_text())
-    (fixed / "meta.json").write_text(json.dumps({**meta, "patch": FIX}))
+    base, fixed = base_and_fixed(tmp_path, {("window", "correct", "pass", None): 20.0},
+                                 {("window", "correct", "pass", None): 30.0})
     m = matrix.build([fixed, base])
     t = m.timings.set_index("release")
     assert list(t.index) == ["0.7.4+flashinfer-4992"] and m.newest.version == "0.7.4"
