@@ -2,17 +2,17 @@
 upstream bugs and documented preconditions (``impls.upstream``), has changed since it ran.
 
 A known-bug point's status is the gate's outcome (did the output pass?) read against the prediction (must its
-mistake show here?).  When the model of what a path computes is corrected, the outcome stored in the row stays
-true and only the prediction moves, so the status can be recomputed without running the point again.  Only rows
-whose ``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and the verdict's note in ``reason``),
-and ``rows_as_predicted`` where the row's count of wrong rows settles it; a row with a declared upstream bug, or
-with no gate outcome (the point raised), is left alone.  A correct path's row with no ``upstream`` where a bug now
-declared holds takes that bug's verdict (``xfail`` with its reason where the gate failed it, ``pass`` saying it was
-declared there where it passed) and its reference in ``upstream``.  With ``--write`` the table is written back byte for byte
-but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its
-``statuses_recomputed`` list, each file replaced whole by a rename.  Every folder is checked before any is
-recomputed: one that is not a finished run folder (no meta.json, a file that does not read as its kind, a journal
-still there) is a message and exit 2, and so, with ``--write``, is one whose files are links or cannot be written.
+mistake show here?).  When the model of what a path computes is corrected, the outcome stored in the row stays true
+and only the prediction moves, so the status can be recomputed without running the point again.  Only rows whose
+``must_fail`` changes are touched (with ``keys_lost``, ``rows_losing`` and the verdict's note in ``reason``), and
+``rows_as_predicted`` where the row's count of wrong rows settles it; a row with a declared upstream bug, or with no
+gate outcome (the point raised), is left alone.  A correct path's row with no ``upstream`` where a bug now declared
+holds takes that bug's verdict (``xfail`` with its reason where the gate failed it, ``pass`` saying it was declared
+there where it passed) and its reference in ``upstream``.  With ``--write`` the table is written back byte for byte
+but those cells, ``meta.json``'s ``status_counts`` updated and what was done recorded in its ``statuses_recomputed``
+list, each file replaced whole by a rename.  Every folder is checked before any is recomputed: one that is not a
+finished run folder (no meta.json, a file that does not read as its kind, a journal still there) is a message and
+exit 2, and so, with ``--write``, is one whose files are links or cannot be written.
 
     python3 scripts/restatus.py results/h200-default-0.7.4 ... [--write]
 """

@@ -244,7 +244,9 @@ def test_a_documented_precondition_is_an_xfail_that_says_so_and_nothing_to_file(
 def test_fa3s_varlen_shape_is_a_precondition_only_on_a_ragged_buffer_with_nan_or_inf_past_its_keys():
     from swabench.repro import bugs
 
-    shows = lambda impl="fa3-window", **kw: upstream.hit(impl, fa4_case(**{"storage": "ragged", **kw}), "vllm-fa3")  # noqa: E731
+    def shows(impl="fa3-window", **kw):
+        return upstream.hit(impl, fa4_case(**{"storage": "ragged", **kw}), "vllm-fa3")
+
     assert shows().ref == shows(cache_fill="inf").ref == shows("fa3-window-count").ref == "fa3-varlen-total-k"
     assert shows().documented.startswith("vllm 0.26.0, vllm/vllm_flash_attn/flash_attn_interface.py:240-241")
     assert shows(cache_fill="large") is None and shows(cache_fill="random") is None  # finite rows: nothing asked

@@ -245,8 +245,8 @@ def test_a_patch_that_changes_other_points_says_so_in_the_matrix_report(tmp_path
     text = (out / "MATRIX.md").read_text()
     assert "### 0.7.4+flashinfer-4992 against 0.7.4" in text
     assert "**Verdict:** 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 2 wrong points right; " \
-           "paged-plan: 1 of 1 wrong points right; 1 other point of the 4 both ran changed status (paged-window [fa2] " \
-           "on extend c3: pass to fail)." in text
+           "paged-plan: 1 of 1 wrong points right; 1 other point of the 4 both ran changed status " \
+           "(paged-window [fa2] on extend c3: pass to fail)." in text
     assert "| extend c3 | paged-window | fa2 | pass | fail |" in text  # the point it broke
     assert "partly right" in text
 

@@ -61,9 +61,10 @@ FILINGS: dict[str, Filing] = {
                    "inputs (the control)",
         origin="FlashInfer 0.4.0: flashinfer#1661 sized fa2's split-KV chunks by the window (the effective KV length "
                "of PrefillSplitQOKVIndptr in scheduler.cuh)",
-        note="the patch checked below is written from flashinfer#4992's description, not its diff: it widens every "
-             "windowed plan's span, causal ones too, and leaves as it is the rule by which "
-             "BatchPODWithPagedKVCacheWrapper sizes its prefill's KV chunks (include/flashinfer/attention/pod.cuh:354-376)",
+        note="the patch checked below is written from flashinfer#4992's description, not its diff: it widens "
+             "every windowed plan's span, causal ones too, and leaves as it is the rule by which "
+             "BatchPODWithPagedKVCacheWrapper sizes its prefill's KV chunks "
+             "(include/flashinfer/attention/pod.cuh:354-376)",
     ),
     "holistic-offset": Filing(
         title="BatchAttention reads the wrong K/V rows from pages past 2^32 elements of the cache",
