@@ -19,8 +19,8 @@ def _release_set_key(r: Run) -> tuple:
     return r.meta.get("scenario"), picked_cases(str(r.meta.get("command") or "")), r.meta.get("gpu")
 
 
-def picked_cases(command: str, option: str = "--case") -> tuple[str, ...]:
-    """The ``option`` filters of a recorded command line, sorted.  Lines recorded before they were quoted hold a
+def picked_cases(command: str) -> tuple[str, ...]:
+    """The ``--case`` filters of a recorded command line, sorted.  Lines recorded before they were quoted hold a
     filter's words unquoted: a filter runs to the next option."""
     import shlex
 
@@ -31,9 +31,9 @@ def picked_cases(command: str, option: str = "--case") -> tuple[str, ...]:
     picked, current = [], None
     for word in words:
         if word.startswith("--"):
-            current = [] if word == option else None
-            if word.startswith(f"{option}="):
-                picked.append(word.removeprefix(f"{option}="))
+            current = [] if word == "--case" else None
+            if word.startswith("--case="):
+                picked.append(word.removeprefix("--case="))
             if current is not None:
                 picked.append(current)
         elif current is not None:
