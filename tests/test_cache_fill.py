@@ -251,7 +251,7 @@ def test_fa3s_varlen_shape_is_a_precondition_only_on_a_ragged_buffer_with_nan_or
     assert shows().documented.startswith("vllm 0.26.0, vllm/vllm_flash_attn/flash_attn_interface.py:240-241")
     assert shows(cache_fill="large") is None and shows(cache_fill="random") is None  # finite rows: nothing asked
     assert shows(storage="paged") is None  # a block table: the pages past seqused_k may hold anything
-    assert upstream.hit("sglang-fa3", fa4_case(), "sgl-fa3") is None
+    assert upstream.hit("sglang-fa3", fa4_case(storage="ragged"), "sgl-fa3") is None
     assert upstream.hit("ragged-window", fa4_case(storage="ragged"), "fa3") is None  # FlashInfer's own wrapper
     assert "fa3-varlen-total-k" not in {b.ref for b in bugs.catalogue()}
 

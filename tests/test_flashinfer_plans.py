@@ -641,33 +641,6 @@ def test_restatus_recomputes_only_the_rows_whose_prediction_moved(tmp_path):
 
 
 
-def test_restatus_reads_a_correct_paths_failed_rows_against_a_precondition_declared_since(tmp_path):
-    """The FA3 stale run's four ragged fails (before fa3-varlen-total-k was declared) become xfail naming it; its
-    paged points and the rows no declaration covers stay as they are."""
-    import importlib.util
-    import json
-    import shutil
-    from pathlib import Path
-
-    import pandas as pd
-
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("restatus", root / "scripts" / "restatus.py")
-    restatus = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(restatus)
-    run = shutil.copytree(root / "tests" / "fixtures" / "h100-stale-fa3", tmp_path / "run")
-    before = pd.read_csv(run / "results.csv.gz", dtype=str, keep_default_na=False)
-    assert restatus.main([str(run), "--write", "--why", "fa3-varlen-total-k declared"]) == 0
-    after = pd.read_csv(run / "results.csv.gz", dtype=str, keep_default_na=False)
-    moved = before["status"] != after["status"]
-    assert moved.sum() == 4 and set(before[moved]["status"]) == {"fail"} and set(after[moved]["status"]) == {"xfail"}
-    assert set(after[moved]["upstream"]) == {"fa3-varlen-total-k"} and set(after[moved]["storage"]) == {"ragged"}
-    assert after[moved]["reason"].str.startswith("documented precondition fa3-varlen-total-k: ").all()
-    assert before[~moved].equals(after[~moved])
-    meta = json.loads((run / "meta.json").read_text())
-    assert meta["statuses_recomputed"][-1]["changes"] == {"fail -> xfail (fa3-varlen-total-k)": 4}
-    assert "fail" not in meta["status_counts"]
-
 def test_a_split_request_of_several_queries_merges_its_rows_out_of_step():
     """fa2 planned without a window splits a 2008-key request into more KV chunks than W + tile keys need; the
     kernel lays each row's partials out for the fewer chunks, the merge reads them for the planned ones: every row

@@ -160,6 +160,9 @@ def test_a_patched_build_is_shown_beside_its_base_and_never_read_as_the_newest_r
     section = page.split("## Across releases")[1].split("\n## ")[0]
     assert f"- Patched: 0.7.4+flashinfer-4992 against 0.7.4: {SINK_BUG}: 1 of 1 wrong points right;" in section
     assert "- 0.7.4+flashinfer-4992 against 0.7.4: median time ratio 1.00 over 1 timed points" in section
+    answer = next(line for line in page.split("\n## Answers")[1].splitlines() if line.startswith("- `release` on"))
+    assert answer.startswith(f"- `release` on 0.7.4 to 0.7.4+flashinfer-4992: `{SINK_BUG}` shows on 0.7.4; the patch: "
+                             f"{SINK_BUG}: 1 of 1 wrong points right; nothing else of 1 points changed")
 
 PUBLISHED = sorted((Path(__file__).resolve().parent / "fixtures" / "published" / "results").glob(
     "h200-release-[0-9]*"))  # frozen copies of the published runs (tests/fixtures/make_published.py)

@@ -121,3 +121,24 @@ def test_write_replaces_the_table_by_a_rename(run):
     assert restatus.main([str(run), *WRITE]) == 0
     assert (run / "results.csv").stat().st_ino != inode
     assert ",pass,case does not exercise the bug" in (run / "results.csv").read_text()
+
+
+def test_a_correct_paths_failed_rows_read_against_a_precondition_declared_since(tmp_path):
+    """The FA3 stale run's four ragged fails (before fa3-varlen-total-k was declared) become xfail naming it; its
+    paged points and the rows no declaration covers stay as they are."""
+    import json
+
+    import pandas as pd
+
+    run = shutil.copytree(ROOT / "tests" / "fixtures" / "h100-stale-fa3", tmp_path / "run")
+    before = pd.read_csv(run / "results.csv.gz", dtype=str, keep_default_na=False)
+    assert restatus.main([str(run), "--write", "--why", "fa3-varlen-total-k declared"]) == 0
+    after = pd.read_csv(run / "results.csv.gz", dtype=str, keep_default_na=False)
+    moved = before["status"] != after["status"]
+    assert moved.sum() == 4 and set(before[moved]["status"]) == {"fail"} and set(after[moved]["status"]) == {"xfail"}
+    assert set(after[moved]["upstream"]) == {"fa3-varlen-total-k"} and set(after[moved]["storage"]) == {"ragged"}
+    assert after[moved]["reason"].str.startswith("documented precondition fa3-varlen-total-k: ").all()
+    assert before[~moved].equals(after[~moved])
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["statuses_recomputed"][-1]["changes"] == {"fail -> xfail (fa3-varlen-total-k)": 4}
+    assert "fail" not in meta["status_counts"]

@@ -52,10 +52,16 @@ class Matrix:
 
 
 def newest(releases: list[Release]) -> Release:
-    """The newest release as published, the one every other is timed against: a patched build (BASE+NAME) sorts after
-    its base but is set against it, never the rest against it."""
+    """The newest release as published, the one every other is timed against but a patched build (BASE+NAME), which
+    sorts after its base and is timed against it (``base_of``)."""
     plain = [r for r in releases if not r.meta.get("patch")]
     return (plain or releases)[-1]
+
+
+def base_of(release: Release, releases: list[Release]) -> Release | None:
+    """The unpatched run of the release a patched build patches, where one is among ``releases``."""
+    base = (release.meta.get("patch") or {}).get("base")
+    return next((r for r in releases if base and r.version == base and not r.meta.get("patch")), None)
 
 
 def version_key(version: str):
@@ -150,15 +156,17 @@ def _statuses(releases: list[Release], library: str) -> pd.DataFrame:
 def _timings(releases: list[Release], threshold: float, alpha: float) -> pd.DataFrame:
     """Every point timed on the newest release and on another, as that release's time / the newest's,
     with compare's verdict from the newest release's side: slower, faster, same, too noisy."""
-    reference = newest(releases)
+    latest = newest(releases)
     words = {"regression": "slower", "improvement": "faster"}
     frames = []
-    for r in (r for r in releases if r is not reference):
+    for r in (r for r in releases if r is not latest):
+        reference = base_of(r, releases) or latest  # a patched build against its base
         c = compare.compare(reference.folder, r.folder, threshold, alpha, allow_different_gpus=True)
         t = c.table.dropna(subset=["base_us", "new_us"])
         frames.append(pd.DataFrame({"case": t["case"], "impl": t["impl"], "backend": t["backend"], "release": r.version,
-                                    "us": t["new_us"], "newest_us": t["base_us"], "ratio": t["ratio"],
-                                    "p": t["p"], "verdict": t["verdict"].map(lambda v: words.get(v, v))}))
+                                    "against": reference.version, "us": t["new_us"], "newest_us": t["base_us"],
+                                    "ratio": t["ratio"], "p": t["p"],
+                                    "verdict": t["verdict"].map(lambda v: words.get(v, v))}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

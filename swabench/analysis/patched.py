@@ -72,9 +72,10 @@ def compare(base_version: str, base: pd.DataFrame, version: str, patched: pd.Dat
 
 
 def _bugs(joined: pd.DataFrame) -> pd.DataFrame:
-    """Per declared upstream bug and known-bug implementation met on the base: its rows, wrong there, right here."""
+    """Per declared upstream bug and known-bug implementation met on the base: its rows, wrong there, right here (a
+    known mistake's rows where a declared bug speaks are that bug's)."""
     upstream = joined[joined["upstream"].notna()]
-    known = joined[(joined["kind"] == "known-bug") & joined["status base"].isin(WRONG)]
+    known = joined[(joined["kind"] == "known-bug") & joined["status base"].isin(WRONG) & joined["upstream"].isna()]
     groups = [(ref, "upstream", g) for ref, g in upstream.groupby("upstream", sort=False)] + \
         [(impl, "known-bug", g) for impl, g in known.groupby("impl", sort=False)]
     rows, keys = [], {}

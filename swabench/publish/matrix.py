@@ -119,14 +119,15 @@ def figure(m: Matrix, out: Path) -> Path | None:
     t = m.timings.assign(path=m.timings["impl"] + " [" + m.timings["backend"] + "] " +
                          m.timings["case"].str.split().str[0])
     impls = list(dict.fromkeys(t["impl"]))
-    reference = order.index(m.newest.version)  # a patched build sorts after its base, which is the reference
     for (path, case), g in t.groupby(["path", "case"], sort=False):
         path_look = style.look(g["impl"].iloc[0])
         colour, marker = path_look["color"], path_look["marker"]
-        x = [order.index(v) for v in g["release"]] + [reference]
-        y = list(g["ratio"]) + [1.0]
+        references = {order.index(v) for v in g["against"]}  # the newest; a patched build's base
+        points = sorted([(order.index(v), r, verdict) for v, r, verdict in zip(g["release"], g["ratio"], g["verdict"])]
+                        + [(x, 1.0, "same") for x in references])
+        x, y, verdicts = (list(column) for column in zip(*points))
         ax.plot(x, y, style.BACKEND_STYLE.get(g["backend"].iloc[0], "-"), color=colour, alpha=0.5, lw=1)
-        for xi, yi, verdict in zip(x, y, list(g["verdict"]) + ["same"]):
+        for xi, yi, verdict in zip(x, y, verdicts):
             ax.plot(xi, yi, marker, color=colour, mfc="none" if verdict == "same" else colour)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")

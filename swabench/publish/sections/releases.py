@@ -51,8 +51,8 @@ def named(group: list[Run]) -> str:
 
 
 def release_sets(runs: list[Run]) -> list[tuple[str, list[Run]]]:
-    """(library, runs) per scenario (and the cases its runs picked) whose runs were made on two or more releases of
-    one library, one run a release (the first given where a release ran twice), oldest release first."""
+    """(library, runs) per scenario, the cases its runs picked and the GPU, whose runs were made on two or more releases
+    of one library, one run a release (the first given where a release ran twice), oldest release first."""
     sets = []
     for sweep in dict.fromkeys(_release_set_key(r) for r in runs):
         same = [r for r in runs if _release_set_key(r) == sweep]
@@ -123,7 +123,7 @@ def in_short(runs: list[Run]) -> list[str]:
         for v, what in odd.items():
             alike.setdefault(what, []).append(v)
         parts += [f"on {' and '.join(vs)}: {what}" for what, vs in alike.items()]
-        parts += [f"the patch: {c.line(short=True)}" for c in m.patched]
+        parts += [f"{'the patch' if len(m.patched) == 1 else c.release}: {c.line(short=True)}" for c in m.patched]
         for r in (r for r in m.releases if r is not m.newest):
             t = m.timings[m.timings["release"] == r.version]
             shifts = [f"{verdict} on {len(p)}/{len(t)} points ({span(p['ratio'])}x)"
@@ -176,7 +176,7 @@ def across_releases(runs: list[Run]) -> list[str]:
             if not len(t):
                 continue
             slower, faster = (t["verdict"] == "slower").sum(), (t["verdict"] == "faster").sum()
-            said.append(f"- {r.version} against {m.newest.version}: median time ratio {ratio(t['ratio'].median())} "
+            said.append(f"- {r.version} against {t['against'].iloc[0]}: median time ratio {ratio(t['ratio'].median())} "
                         f"over {len(t)} timed points; {slower} slower, {faster} faster, the rest the same within "
                         f"noise" + "".join(f"; {verdict} on {moved(t[t['verdict'] == verdict])}"
                                            for verdict in ("slower", "faster") if (t["verdict"] == verdict).any())
