@@ -32,11 +32,11 @@ def release_run(folder, release, points, scenario="release", gpu="NVIDIA H200", 
 
 
 
-def base_and_fixed(tmp_path, base_points, fixed_points, patch=None):
-    """Two release_run folders: ``base`` on 0.7.4 and ``fixed`` on 0.7.4+flashinfer-4992, its meta.json recording
-    ``patch`` (FIX by default) as ``swabench run --patch`` does."""
-    base = release_run(tmp_path / "base", "0.7.4", base_points, seed=1)
-    fixed = release_run(tmp_path / "fixed", "0.7.4+flashinfer-4992", fixed_points, seed=2)
+def base_and_fixed(tmp_path, base_points, fixed_points, patch=None, scenario="release", names=("base", "fixed")):
+    """Two release_run folders under ``tmp_path`` (``names``): on 0.7.4 and on 0.7.4+flashinfer-4992, its meta.json
+    recording ``patch`` (FIX by default) as ``swabench run --patch`` does."""
+    base = release_run(tmp_path / names[0], "0.7.4", base_points, scenario=scenario, seed=1)
+    fixed = release_run(tmp_path / names[1], "0.7.4+flashinfer-4992", fixed_points, scenario=scenario, seed=2)
     meta = json.loads((fixed / "meta.json").read_text())
     (fixed / "meta.json").write_text(json.dumps({**meta, "patch": patch or FIX}))
     return base, fixed

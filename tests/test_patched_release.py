@@ -267,7 +267,7 @@ def test_an_issue_body_says_the_fix_and_the_gates_verdict_read_from_the_runs(tmp
 
 
 def test_an_issue_body_names_each_other_point_the_patch_changed_and_its_time(tmp_path):
-    from test_matrix import FIX, patched_run, release_run
+    from test_matrix import FIX, base_and_fixed, patched_run
 
     from swabench.repro import fixes
 
@@ -286,11 +286,9 @@ def test_an_issue_body_names_each_other_point_the_patch_changed_and_its_time(tmp
     assert said.endswith("On noncausal, 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972: 1 of 1 wrong points "
                          "right; 1 other point of the 3 both ran changed status (pod-window [fa2] on extend c2: pass "
                          "to fail).")  # the known bug still caught is no change; no times, so no time said
-    slow = root / "slow"
-    release_run(root / "timed-base", "0.7.4", {("window", "correct", "pass", None): 20.0}, scenario="timed", seed=1)
-    release_run(slow, "0.7.4+flashinfer-4992", {("window", "correct", "pass", None): 30.0}, scenario="timed", seed=2)
-    meta = json.loads((slow / "meta.json").read_text())
-    (slow / "meta.json").write_text(json.dumps({**meta, "patch": {**FIX, "sha256": pr.read(path).sha256}}))
+    _, slow = base_and_fixed(root, {("window", "correct", "pass", None): 20.0},
+                             {("window", "correct", "pass", None): 30.0}, {**FIX, "sha256": pr.read(path).sha256},
+                             scenario="timed", names=("timed-base", "slow"))
     timed = [s for s, _, f in fixes.gated(fixes.for_bug("flashinfer#4972", folder), root, "flashinfer#4972")
              if f == slow]
     assert timed == ["On timed, 0.7.4+flashinfer-4992 against 0.7.4: flashinfer#4972's rows not met; no other point "
