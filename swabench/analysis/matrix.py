@@ -53,15 +53,9 @@ class Matrix:
 
 def newest(releases: list[Release]) -> Release:
     """The newest release as published, the one every other is timed against but a patched build (BASE+NAME), which
-    sorts after its base and is timed against it (``base_of``)."""
+    sorts after its base and is timed against it (``patched.base_of``)."""
     plain = [r for r in releases if not r.meta.get("patch")]
     return (plain or releases)[-1]
-
-
-def base_of(release: Release, releases: list[Release]) -> Release | None:
-    """The unpatched run of the release a patched build patches, where one is among ``releases``."""
-    base = (release.meta.get("patch") or {}).get("base")
-    return next((r for r in releases if base and r.version == base and not r.meta.get("patch")), None)
 
 
 def version_key(version: str):
@@ -160,7 +154,7 @@ def _timings(releases: list[Release], threshold: float, alpha: float) -> pd.Data
     words = {"regression": "slower", "improvement": "faster"}
     frames = []
     for r in (r for r in releases if r is not latest):
-        reference = base_of(r, releases) or latest  # a patched build against its base
+        reference = patching.base_of(r, releases) or latest  # a patched build against its base
         c = compare.compare(reference.folder, r.folder, threshold, alpha, allow_different_gpus=True)
         t = c.table.dropna(subset=["base_us", "new_us"])
         frames.append(pd.DataFrame({"case": t["case"], "impl": t["impl"], "backend": t["backend"], "release": r.version,

@@ -92,6 +92,13 @@ def _bugs(joined: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def base_of(release, releases):
+    """The unpatched run of the release a patched build (``analysis.matrix.Release``) patches, where one is among
+    ``releases``; None for an unpatched one."""
+    base = (release.meta.get("patch") or {}).get("base")
+    return next((r for r in releases if base and r.version == base and not r.meta.get("patch")), None)
+
+
 def against_bases(releases) -> tuple[list[Comparison], list[str]]:
     """Each patched release of a matrix (``analysis.matrix.Release``) against the unpatched run of its base; a
     warning for one whose base is not among them."""
@@ -100,7 +107,7 @@ def against_bases(releases) -> tuple[list[Comparison], list[str]]:
         patch = r.meta.get("patch")
         if not patch:
             continue
-        base = next((b for b in releases if b.version == patch.get("base") and not b.meta.get("patch")), None)
+        base = base_of(r, releases)
         if base is None:
             warnings.append(f"{r.version} ({r.folder}) patches {patch.get('base')}, which no folder here ran without "
                             f"a patch: nothing to set it against")
