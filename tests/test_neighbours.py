@@ -93,6 +93,11 @@ def test_the_answers_say_what_the_window_s_neighbours_and_a_whole_model_show(tmp
     said = answers.whole_models([priced, traced])
     assert said == [f"- `m`, 5 of 6 layers windowed: over models.toml steps, 25% windowed, 4 ms (`{tmp_path}`); "
                     f"over the trace `example` (200 steps), 50% windowed, 8 / 9 ms (`{tmp_path / 't'}`)."]
+    here = Run(str(tmp_path), pd.DataFrame(), {**priced.meta, "gpu": "NVIDIA H200"})
+    elsewhere = Run(str(tmp_path / "t"), pd.DataFrame(), {**traced.meta, "gpu": "NVIDIA H100 80GB HBM3"})
+    said = answers.whole_models([here, elsewhere])[0]  # runs on two cards: each names its own
+    assert f"4 ms (H200, `{tmp_path}`)" in said
+    assert f"8 / 9 ms (H100 80GB HBM3, `{tmp_path / 't'}`)" in said
 
 
 def test_a_sentence_of_many_runs_names_the_first_and_counts_the_rest():

@@ -109,8 +109,8 @@ def served_mixes(runs: list[Run]) -> list[str]:
 
 def whole_models(runs: list[Run]) -> list[str]:
     """Per model, one line: the windowed layers' share of its attention over each set of steps it was priced on
-    (the KV eviction keeps is in the detail)."""
-    lines: dict[str, list[str]] = {}
+    (the KV eviction keeps is in the detail), each naming its card where the line's runs ran on more than one."""
+    lines: dict[str, list[tuple[str, str, str]]] = {}
     for r in runs:
         table, model = price_table(r), r.meta.get("price")
         if not len(table) or not model:
@@ -121,8 +121,10 @@ def whole_models(runs: list[Run]) -> list[str]:
                  + (f" / {micros(picked)}" if picked == picked else "") + " ms"
                  if every["whole model (ms)"] == every["whole model (ms)"] else "not every step had a correct path")
         head = f"- `{model['model']}`, {model['windowed_layers']} of {model['num_layers']} layers windowed: "
-        lines.setdefault(head, []).append(f"{priced_over(r.meta)}, {share} ({r.name})")
-    return [head + "; ".join(said) + "." for head, said in lines.items()]
+        card = str(r.meta.get("gpu", "")).removeprefix("NVIDIA ")
+        lines.setdefault(head, []).append((f"{priced_over(r.meta)}, {share}", card, r.name))
+    return [head + "; ".join(f"{text} ({card + ', ' if card and len({c for _, c, _ in said}) > 1 else ''}{name})"
+                             for text, card, name in said) + "." for head, said in lines.items()]
 
 
 def priced_over(meta: dict) -> str:
