@@ -274,6 +274,6 @@ def sglang_tree_unsupported(case, backend: str) -> str | None:
 register(Implementation(
     "sglang-fa3-tree", SGL, ("paged",), "SGLang's FA3 backend on an SWA layer in EAGLE verify at topk > 1 (SGLang's "
     "build): flash_attn_with_kvcache, one row a draft token over its request's whole prefix and its ancestors, page "
-    "size 1, causal, window_size=(sliding_window - 1, 0), no cascade", lambda w, b: SwaSpecRunner(w, b, 0),
+    "size 1, causal, window_size=(sliding_window - 1, 0), no cascade", lambda w, b: SwaSpecRunner(w, b, extra_keys=0),
     backends=(SGL,), modes=("verify",), requires=frozenset({"tree"}), tree=True, needs_cuda=True,
     unsupported=sglang_tree_unsupported, available=lambda: import_error(SGL)), __name__)

@@ -123,8 +123,12 @@ def whole_models(runs: list[Run]) -> list[str]:
         head = f"- `{model['model']}`, {model['windowed_layers']} of {model['num_layers']} layers windowed: "
         card = str(r.meta.get("gpu", "")).removeprefix("NVIDIA ")
         lines.setdefault(head, []).append((f"{priced_over(r.meta)}, {share}", card, r.name))
-    return [head + "; ".join(f"{text} ({card + ', ' if card and len({c for _, c, _ in said}) > 1 else ''}{name})"
-                             for text, card, name in said) + "." for head, said in lines.items()]
+    said = []
+    for head, parts in lines.items():
+        several_cards = len({card for _, card, _ in parts}) > 1
+        said.append(head + "; ".join(f"{text} ({card + ', ' if card and several_cards else ''}{name})"
+                                     for text, card, name in parts) + ".")
+    return said
 
 
 def priced_over(meta: dict) -> str:
